@@ -1,0 +1,205 @@
+"""The recipe schema: one YAML file, validated once into frozen pydantic models.
+
+Defaults live here and nowhere else. Functions take the sub-config they need
+(`BufferConfig`, `LearnerConfig`, ...), never the root. Imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from envs.yamlio import ConfigError, load_model
+
+__all__ = ["ConfigError", "Recipe", "load_recipe"]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, values are frozen after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Strict):
+    path: str
+    """Hugging Face model directory (config.json + safetensors) the policy starts from."""
+    tokenizer: str | None = None
+    """Tokenizer directory; defaults to `path`."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class EngineConfig(Strict):
+    type: Literal["embedded", "sglang", "vllm"] = "embedded"
+    """embedded: our CPU engine, started in-process per replica; sglang/vllm: servers at `urls`."""
+    count: int = Field(1, ge=1)
+    """Number of embedded engine replicas (ignored for external servers: one per url)."""
+    urls: tuple[str, ...] = ()
+    max_batch: int = Field(64, ge=1)
+    max_seq_len: int = Field(2048, ge=16)
+    weight_sync: Literal["memory", "disk", "nccl"] = "memory"
+    """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: SGLang broadcast."""
+
+    @model_validator(mode="after")
+    def _urls_for_servers(self) -> EngineConfig:
+        if self.type != "embedded" and not self.urls:
+            raise ValueError(f"engines.type={self.type!r} needs engines.urls (the server addresses)")
+        return self
+
+
+class EnvRef(Strict):
+    train: str
+    """Environment YAML used for training rollouts."""
+    eval: tuple[str, ...] = ()
+    """Environment YAML files evaluated by `agent-rl eval` and periodic eval (default: the train env)."""
+
+
+class RolloutConfig(Strict):
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    max_concurrent_episodes: int = Field(64, ge=1)
+    fixed_lag: int | None = Field(None, ge=0)
+    """Research switch: every batch is exactly this many versions stale (deterministic lag injection)."""
+
+
+class BufferConfig(Strict):
+    max_staleness: int = Field(2, ge=0)
+    """k: no trajectory whose oldest token is more than k versions behind the learner enters a batch."""
+    max_inflight_prompts: int | None = Field(None, ge=1)
+    """Admission control; default (k + 1) * batch_prompts."""
+    drop_uniform_groups: bool = False
+    """Drop groups whose rewards are all equal (zero advantage under GRPO)."""
+    mask_void: bool = True
+    """Void-turn trajectories get loss mask 0 but stay in their group's reward statistics."""
+
+
+class TrainConfig(Strict):
+    steps: int = Field(..., ge=1)
+    batch_prompts: int = Field(..., ge=1)
+    """Groups (prompts) per optimizer step; each group has the env's n samples."""
+    seed: int = 0
+
+
+class LearnerConfig(Strict):
+    backend: Literal["torch", "megatron"] = "torch"
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    sp: bool = False
+    cp: int = Field(1, ge=1)
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _parallelism_needs_megatron(self) -> LearnerConfig:
+        if self.backend == "torch" and (self.tp > 1 or self.sp or self.cp > 1):
+            raise ValueError("tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)")
+        if self.sp and self.tp < 2:
+            raise ValueError("learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2")
+        return self
+
+
+LossName = Literal["reinforce", "tis_token", "tis_seq", "mis", "icepop", "m2po", "ppo_clip", "gspo", "cispo", "vcpo"]
+
+
+class AlgorithmConfig(Strict):
+    loss: LossName = "vcpo"
+    advantage: Literal["grpo", "rloo", "opob"] = "opob"
+    is_truncation: float = Field(8.0, gt=0)
+    ess_lr_rule: Literal["sqrt", "linear", "none"] = "sqrt"
+    ess_base_ratio: float = Field(1.0, gt=0, le=1)
+    opob_mode: Literal["exact", "proxy"] = "exact"
+    opob_weight: Literal["default", "reference"] = "default"
+    """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
+    loss_kwargs: dict[str, float] = Field(default_factory=dict)
+    """Extra hyper-parameters of the chosen loss (clip ranges, M2PO threshold, ...)."""
+
+
+class LoggingConfig(Strict):
+    run_dir: str | None = None
+    """Default runs/<recipe name>."""
+    tensorboard: bool = True
+
+
+class CheckpointConfig(Strict):
+    every: int = Field(0, ge=0)
+    """Steps between checkpoints; 0 = only at the end."""
+    keep: int = Field(2, ge=1)
+
+
+class EvalConfig(Strict):
+    every: int = Field(0, ge=0)
+    """Steps between evaluations of the current policy; 0 = never during training."""
+    split: str = "test"
+    limit: int | None = Field(None, ge=1)
+    samples_per_task: int = Field(1, ge=1)
+
+
+class PlacementConfig(Strict):
+    address: str | None = None
+    """Existing Ray cluster (`ray://...` or `auto`); None starts a quiet local instance."""
+    num_cpus: int | None = Field(None, ge=1)
+    engine_gpus: int = Field(0, ge=0)
+    learner_gpus: int = Field(0, ge=0)
+
+
+class Recipe(Strict):
+    name: str
+    model: ModelConfig
+    engines: EngineConfig = EngineConfig()
+    envs: EnvRef
+    rollout: RolloutConfig = RolloutConfig()
+    buffer: BufferConfig = BufferConfig()
+    train: TrainConfig
+    learner: LearnerConfig = LearnerConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
+    placement: PlacementConfig = PlacementConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_dir_name(cls, v: str) -> str:
+        if not v or "/" in v:
+            raise ValueError(f"name {v!r} must be a non-empty string without '/': it names the run directory")
+        return v
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.logging.run_dir or f"runs/{self.name}")
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load and validate a recipe; `overrides` are `dotted.key=value` strings (YAML values)."""
+    if not overrides:
+        return load_model(path, Recipe)
+    import yaml
+
+    from envs.yamlio import read_yaml, validation_messages
+
+    data, lines = read_yaml(path)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError([f"--set {item!r}: expected dotted.key=value"])
+        node: dict[str, Any] = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError([f"--set {item!r}: {p} is not a section"])
+        node[leaf] = yaml.safe_load(raw)
+    from pydantic import ValidationError
+
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(validation_messages(e, path, lines)) from None

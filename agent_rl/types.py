@@ -1,0 +1,265 @@
+"""The token-level trajectory: the one data model shared by rollout, buffer and learner.
+
+A trajectory is prompt ids followed by segments. A *sampled* segment holds tokens the
+policy produced, with the behaviour log-prob and the policy version of every token; an
+*env* segment holds tool output or template glue (loss mask 0). Text is never
+re-tokenized: what the engine sampled is what the learner trains on.
+
+Imports neither torch nor Ray (see agent_rl/batch.py for tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from array import array
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    """Why an episode (or the last turn of a partial one) stopped."""
+
+    ANSWER = "answer"  # a final answer (\\boxed{}) was given
+    VOID = "void"  # a turn with neither code nor answer; the trajectory is masked
+    MAX_TURNS = "max_turns"
+    LENGTH = "length"  # response token budget or context exhausted
+    ABORT = "abort"  # interrupted by a weight update; a continuation is expected
+    ERROR = "error"  # infrastructure failure; never silently becomes reward 0
+
+
+class TrajectoryError(ValueError):
+    """A trajectory violates an invariant (lengths, NaN log-probs, bad versions)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of tokens that are either all model-sampled or all environment tokens."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None  # behaviour log μ per token; sampled only
+    versions: tuple[int, ...] | None = None  # policy version per token; sampled only
+
+    @property
+    def sampled(self) -> bool:
+        return self.logprobs is not None
+
+    def check(self, where: str) -> None:
+        n = len(self.token_ids)
+        if self.logprobs is None:
+            if self.versions is not None:
+                raise TrajectoryError(f"{where}: env segment carries versions; only sampled tokens have versions")
+            return
+        if self.versions is None:
+            raise TrajectoryError(f"{where}: sampled segment has logprobs but no versions")
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise TrajectoryError(
+                f"{where}: {n} token ids but {len(self.logprobs)} logprobs and {len(self.versions)} versions"
+            )
+        for i, lp in enumerate(self.logprobs):
+            if math.isnan(lp) or lp > 1e-4:
+                raise TrajectoryError(f"{where}: token {i} (id {self.token_ids[i]}) has log-prob {lp}; must be <= 0")
+        if any(v < 0 for v in self.versions):
+            raise TrajectoryError(f"{where}: negative policy version in {sorted(set(self.versions))}")
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """What happened in one turn: for metrics, never read by the learner."""
+
+    sampled_tokens: int
+    env_tokens: int = 0
+    code_ran: bool = False
+    exit_code: int | None = None
+    timed_out: bool = False
+    gen_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    aborts: int = 0  # how many times a weight update interrupted this turn
+
+
+@dataclass(frozen=True)
+class FlatTrajectory:
+    """Per-token learner view: four equal-length lists."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    behavior_logprobs: list[float]  # 0.0 where loss_mask == 0
+    versions: list[int]  # -1 where loss_mask == 0
+
+
+@dataclass
+class Trajectory:
+    """One episode (possibly unfinished). Extend it only through append_sampled/append_env."""
+
+    uid: str
+    group_id: str  # the prompt this sample belongs to; n samples share it
+    prompt_ids: list[int]
+    task_id: str = ""  # data-set row the prompt came from (checkpoint cursor, eval)
+    segments: list[Segment] = field(default_factory=list)
+    reward: float | None = None
+    finish_reason: FinishReason | None = None
+    masked: bool = False  # void turn etc.: loss mask 0 everywhere, reward still counts in the group
+    turns: list[TurnInfo] = field(default_factory=list)
+    extras: dict[str, float] = field(default_factory=dict)  # logging only
+
+    # -- building ---------------------------------------------------------------------
+    def append_sampled(self, token_ids: list[int], logprobs: list[float], versions: list[int] | int) -> None:
+        """Append model tokens; a scalar version applies to every token."""
+        if isinstance(versions, int):
+            versions = [versions] * len(token_ids)
+        seg = Segment(tuple(token_ids), tuple(float(x) for x in logprobs), tuple(versions))
+        seg.check(f"trajectory {self.uid} segment {len(self.segments)}")
+        if seg.token_ids:
+            self.segments.append(seg)
+
+    def append_env(self, token_ids: list[int]) -> None:
+        """Append environment tokens (tool output, template glue): loss mask 0."""
+        if token_ids:
+            self.segments.append(Segment(tuple(token_ids)))
+
+    # -- views --------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None and self.finish_reason != FinishReason.ABORT
+
+    @property
+    def response_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.sampled)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + sum(len(s.token_ids) for s in self.segments)
+
+    @property
+    def min_version(self) -> int | None:
+        """Oldest policy version among sampled tokens (None if nothing was sampled)."""
+        vs = [min(s.versions) for s in self.segments if s.versions]
+        return min(vs) if vs else None
+
+    @property
+    def max_version(self) -> int | None:
+        vs = [max(s.versions) for s in self.segments if s.versions]
+        return max(vs) if vs else None
+
+    def staleness(self, learner_version: int) -> int:
+        """learner version - oldest sampled version (0 for a trajectory with no sampled tokens)."""
+        mv = self.min_version
+        return 0 if mv is None else learner_version - mv
+
+    def flatten(self) -> FlatTrajectory:
+        ids, mask, lps, vers = list(self.prompt_ids), [0] * len(self.prompt_ids), [0.0] * len(self.prompt_ids), [-1] * len(
+            self.prompt_ids
+        )
+        train = 0 if self.masked else 1
+        for s in self.segments:
+            n = len(s.token_ids)
+            ids.extend(s.token_ids)
+            if s.sampled:
+                assert s.logprobs is not None and s.versions is not None
+                mask.extend([train] * n)
+                lps.extend(s.logprobs)
+                vers.extend(s.versions)
+            else:
+                mask.extend([0] * n)
+                lps.extend([0.0] * n)
+                vers.extend([-1] * n)
+        return FlatTrajectory(ids, mask, lps, vers)
+
+    def validate(self) -> None:
+        """Raise TrajectoryError naming the first broken invariant."""
+        for i, s in enumerate(self.segments):
+            s.check(f"trajectory {self.uid} segment {i}")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise TrajectoryError(f"trajectory {self.uid}: reward is {self.reward}; rewards must be finite")
+
+    # -- serialisation ------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """Compact, versioned encoding: JSON header + packed int32 ids/versions + float64 logprobs, zlib'd."""
+        header = {
+            "uid": self.uid,
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+            "reward": self.reward,
+            "finish_reason": None if self.finish_reason is None else str(self.finish_reason),
+            "masked": self.masked,
+            "turns": [asdict(t) for t in self.turns],
+            "extras": self.extras,
+            "n_prompt": len(self.prompt_ids),
+            "segments": [[len(s.token_ids), s.sampled] for s in self.segments],
+        }
+        ints = array("i", self.prompt_ids)
+        floats = array("d")
+        for s in self.segments:
+            ints.extend(s.token_ids)
+            if s.sampled:
+                assert s.logprobs is not None and s.versions is not None
+                ints.extend(s.versions)
+                floats.extend(s.logprobs)
+        hb = json.dumps(header, separators=(",", ":")).encode()
+        body = struct.pack("<III", len(hb), len(ints), len(floats)) + hb + ints.tobytes() + floats.tobytes()
+        return _MAGIC + struct.pack("<H", _FORMAT_VERSION) + zlib.compress(body, 1)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Trajectory:
+        if data[:4] != _MAGIC:
+            raise TrajectoryError(f"not a serialised trajectory (first bytes {data[:4]!r}, expected {_MAGIC!r})")
+        (fmt,) = struct.unpack("<H", data[4:6])
+        if fmt != _FORMAT_VERSION:
+            raise TrajectoryError(f"trajectory format version {fmt}; this agent-rl reads version {_FORMAT_VERSION}")
+        body = zlib.decompress(data[6:])
+        nh, ni, nf = struct.unpack("<III", body[:12])
+        header = json.loads(body[12 : 12 + nh])
+        ints = array("i")
+        ints.frombytes(body[12 + nh : 12 + nh + 4 * ni])
+        floats = array("d")
+        floats.frombytes(body[12 + nh + 4 * ni : 12 + nh + 4 * ni + 8 * nf])
+        ip, fp = header["n_prompt"], 0
+        traj = cls(
+            uid=header["uid"],
+            group_id=header["group_id"],
+            prompt_ids=ints[:ip].tolist(),
+            task_id=header["task_id"],
+            reward=header["reward"],
+            finish_reason=None if header["finish_reason"] is None else FinishReason(header["finish_reason"]),
+            masked=header["masked"],
+            turns=[TurnInfo(**t) for t in header["turns"]],
+            extras=header["extras"],
+        )
+        for n, sampled in header["segments"]:
+            ids = tuple(ints[ip : ip + n])
+            ip += n
+            if sampled:
+                versions = tuple(ints[ip : ip + n])
+                ip += n
+                traj.segments.append(Segment(ids, tuple(floats[fp : fp + n]), versions))
+                fp += n
+            else:
+                traj.segments.append(Segment(ids))
+        traj.validate()
+        return traj
+
+
+_MAGIC = b"ARLT"
+_FORMAT_VERSION = 1
+
+
+@dataclass
+class Group:
+    """The n trajectories sampled for one prompt; delivered to the learner whole."""
+
+    group_id: str
+    trajectories: list[Trajectory]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [0.0 if t.reward is None else t.reward for t in self.trajectories]
+
+    @property
+    def min_version(self) -> int | None:
+        vs = [v for t in self.trajectories if (v := t.min_version) is not None]
+        return min(vs) if vs else None

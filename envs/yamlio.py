@@ -1,0 +1,104 @@
+"""Load a YAML file into a frozen pydantic model, with errors that name file:line:field.
+
+Lives at the bottom of the dependency graph (envs <- agent_rl) so that recipes and
+environment definitions share one loader and one error format:
+
+    recipes/x.yaml:14: learner.lr: Input should be a valid number
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+Loc = tuple[str | int, ...]
+
+
+class ConfigError(ValueError):
+    """A config file failed to parse or validate; `errors` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+def _line_index(node: yaml.Node, loc: Loc = (), out: dict[Loc, int] | None = None) -> dict[Loc, int]:
+    """Map every key path in a composed YAML tree to its 1-based line."""
+    out = {} if out is None else out
+    out.setdefault(loc, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = loc + (key_node.value,)
+            out[key] = key_node.start_mark.line + 1
+            _line_index(value_node, key, out)
+            out[key] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, loc + (i,), out)
+    return out
+
+
+def _line_for(loc: Loc, lines: dict[Loc, int]) -> int:
+    """Line of the deepest prefix of `loc` present in the file (a missing field points at its parent)."""
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return 1
+
+
+def _dotted(loc: Loc) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "<root>"
+
+
+def read_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
+    """Parse a YAML file into plain data plus a key-path -> line map."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror}"]) from e
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise ConfigError([f"{path}:{line}: invalid YAML: {getattr(e, 'problem', e)}"]) from e
+    lines = _line_index(node) if node is not None else {}
+    return data, lines
+
+
+def validation_messages(err: ValidationError, path: str | Path, lines: dict[Loc, int]) -> list[str]:
+    """Turn a pydantic error into `file:line: dotted.field: message` lines."""
+    out = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the schema in the docs)"
+        out.append(f"{path}:{_line_for(loc, lines)}: {_dotted(loc)}: {msg}")
+    return out
+
+
+def load_model(path: str | Path, model: type[M], *, context: dict[str, Any] | None = None) -> M:
+    """Read `path` and validate it as `model`; raise ConfigError with file:line:field messages."""
+    data, lines = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: <root>: expected a mapping of keys, got {type(data).__name__}"])
+    try:
+        return model.model_validate(data, context={"path": Path(path), **(context or {})})
+    except ValidationError as e:
+        raise ConfigError(validation_messages(e, path, lines)) from None
