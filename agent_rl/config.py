@@ -100,13 +100,19 @@ class LearnerConfig(Strict):
     @model_validator(mode="after")
     def _parallelism_needs_megatron(self) -> LearnerConfig:
         if self.backend == "torch" and (self.tp > 1 or self.sp or self.cp > 1):
-            raise ValueError("tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)")
+            raise ValueError(
+                "tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)"
+            )
         if self.sp and self.tp < 2:
-            raise ValueError("learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2")
+            raise ValueError(
+                "learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2"
+            )
         return self
 
 
-LossName = Literal["reinforce", "tis_token", "tis_seq", "mis", "icepop", "m2po", "ppo_clip", "gspo", "cispo", "vcpo"]
+LossName = Literal[
+    "reinforce", "tis_token", "tis_seq", "mis", "icepop", "m2po", "ppo_clip", "gspo", "cispo", "vcpo"
+]
 
 
 class AlgorithmConfig(Strict):

@@ -40,7 +40,9 @@ class RunWriter:
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
         bad = {k: v for k, v in metrics.items() if not math.isfinite(float(v))}
         if bad:
-            raise ValueError(f"step {step}: non-finite metrics {bad}; refusing to log them (find where they came from)")
+            raise ValueError(
+                f"step {step}: non-finite metrics {bad}; refusing to log them (find where they came from)"
+            )
         record: dict[str, Any] = {"step": step, "time": round(time.time() - self._t0, 3)}
         record.update({k: float(v) for k, v in metrics.items()})
         self._jsonl.write(json.dumps(record) + "\n")
@@ -64,7 +66,9 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     """All records of metrics.jsonl; a malformed line is an error naming file and line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory written by `agent-rl train`?")
+        raise FileNotFoundError(
+            f"{path} not found: is {run_dir} a run directory written by `agent-rl train`?"
+        )
     records = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -86,7 +86,9 @@ def build_model(
     return Qwen2ForCausalLM(cfg)
 
 
-def build_tiny(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 512, seed: int = 0, **model_kw) -> Path:
+def build_tiny(
+    out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 512, seed: int = 0, **model_kw
+) -> Path:
     """Train a tokenizer on `texts`, build a model over it, save both to `out_dir`; return the path."""
     out = Path(out_dir)
     tok = train_tokenizer(texts, vocab_size)
@@ -111,5 +113,7 @@ def sample_corpus() -> list[str]:
             f"```output\n{a * b + a - b}\n```\nThe answer is \\boxed{{{a * b + a - b}}}."
         )
     lines.append("Reason step by step. You may write complete Python scripts in ```python fences.")
-    lines.append("Code execution result: Traceback (most recent call last): NameError: name 'x' is not defined")
+    lines.append(
+        "Code execution result: Traceback (most recent call last): NameError: name 'x' is not defined"
+    )
     return lines

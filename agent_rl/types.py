@@ -50,7 +50,9 @@ class Segment:
         n = len(self.token_ids)
         if self.logprobs is None:
             if self.versions is not None:
-                raise TrajectoryError(f"{where}: env segment carries versions; only sampled tokens have versions")
+                raise TrajectoryError(
+                    f"{where}: env segment carries versions; only sampled tokens have versions"
+                )
             return
         if self.versions is None:
             raise TrajectoryError(f"{where}: sampled segment has logprobs but no versions")
@@ -60,7 +62,9 @@ class Segment:
             )
         for i, lp in enumerate(self.logprobs):
             if math.isnan(lp) or lp > 1e-4:
-                raise TrajectoryError(f"{where}: token {i} (id {self.token_ids[i]}) has log-prob {lp}; must be <= 0")
+                raise TrajectoryError(
+                    f"{where}: token {i} (id {self.token_ids[i]}) has log-prob {lp}; must be <= 0"
+                )
         if any(v < 0 for v in self.versions):
             raise TrajectoryError(f"{where}: negative policy version in {sorted(set(self.versions))}")
 
@@ -152,8 +156,11 @@ class Trajectory:
         return 0 if mv is None else learner_version - mv
 
     def flatten(self) -> FlatTrajectory:
-        ids, mask, lps, vers = list(self.prompt_ids), [0] * len(self.prompt_ids), [0.0] * len(self.prompt_ids), [-1] * len(
-            self.prompt_ids
+        ids, mask, lps, vers = (
+            list(self.prompt_ids),
+            [0] * len(self.prompt_ids),
+            [0.0] * len(self.prompt_ids),
+            [-1] * len(self.prompt_ids),
         )
         train = 0 if self.masked else 1
         for s in self.segments:
@@ -207,10 +214,14 @@ class Trajectory:
     @classmethod
     def from_bytes(cls, data: bytes) -> Trajectory:
         if data[:4] != _MAGIC:
-            raise TrajectoryError(f"not a serialised trajectory (first bytes {data[:4]!r}, expected {_MAGIC!r})")
+            raise TrajectoryError(
+                f"not a serialised trajectory (first bytes {data[:4]!r}, expected {_MAGIC!r})"
+            )
         (fmt,) = struct.unpack("<H", data[4:6])
         if fmt != _FORMAT_VERSION:
-            raise TrajectoryError(f"trajectory format version {fmt}; this agent-rl reads version {_FORMAT_VERSION}")
+            raise TrajectoryError(
+                f"trajectory format version {fmt}; this agent-rl reads version {_FORMAT_VERSION}"
+            )
         body = zlib.decompress(data[6:])
         nh, ni, nf = struct.unpack("<III", body[:12])
         header = json.loads(body[12 : 12 + nh])

@@ -1,0 +1,63 @@
+"""Recipe loading: errors name file:line:dotted.field; valid recipes are frozen with defaults filled in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agent_rl.config import ConfigError, load_recipe
+
+DATA = Path(__file__).parent / "data" / "recipes"
+
+
+def _error(name: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_recipe(DATA / name)
+    return str(e.value)
+
+
+def test_unknown_key_names_file_line_and_field():
+    assert (
+        _error("unknown_key.yaml")
+        == f"{DATA / 'unknown_key.yaml'}:11: learner.learning_rate_typo: unknown key (check the spelling; see the schema in the docs)"
+    )
+
+
+def test_wrong_type_names_file_line_and_field():
+    msg = _error("wrong_type.yaml")
+    assert msg.startswith(f"{DATA / 'wrong_type.yaml'}:11: learner.lr: Input should be a valid number")
+
+
+def test_missing_field_points_at_its_parent_section():
+    assert _error("missing_field.yaml") == f"{DATA / 'missing_field.yaml'}:6: train.steps: Field required"
+
+
+def test_invalid_yaml_syntax_names_the_line(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: x\nmodel: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"x.yaml:\d+: invalid YAML"):
+        load_recipe(bad)
+
+
+def test_valid_recipe_is_frozen_and_has_defaults():
+    r = load_recipe(DATA / "good.yaml")
+    assert r.learner.lr == 1e-4 and r.algorithm.loss == "vcpo" and r.buffer.max_staleness == 2
+    assert r.run_dir == Path("runs/good")
+    with pytest.raises(ValidationError):
+        r.learner.lr = 3.0  # type: ignore[misc]
+
+
+def test_overrides_apply_and_are_validated():
+    r = load_recipe(DATA / "good.yaml", ["buffer.max_staleness=0", "algorithm.loss=tis_seq"])
+    assert r.buffer.max_staleness == 0 and r.algorithm.loss == "tis_seq"
+    with pytest.raises(ConfigError, match=r"algorithm.loss: Input should be"):
+        load_recipe(DATA / "good.yaml", ["algorithm.loss=vcpoo"])
+
+
+def test_cross_field_rule_tp_needs_megatron(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text((DATA / "good.yaml").read_text().replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  tp: 2"))
+    with pytest.raises(ConfigError, match="tp/sp/cp need learner.backend: megatron"):
+        load_recipe(p)
