@@ -61,14 +61,24 @@ class RolloutConfig(Strict):
     top_k: int = -1
     max_concurrent_episodes: int = Field(64, ge=1)
     fixed_lag: int | None = Field(None, ge=0)
-    """Research switch: every batch is exactly this many versions stale (deterministic lag injection)."""
+    """Research switch: every batch is exactly this many versions stale (deterministic lag injection).
+
+    The engines are given the weights of `fixed_lag` versions ago and sampling is synchronous against
+    them, so batch b is sampled entirely by version max(0, b - fixed_lag) on any hardware."""
+    max_retries: int = Field(3, ge=0)
+    """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
+    max_errors: int = Field(20, ge=0)
+    """Episodes ending in an infrastructure error tolerated per run before training stops with the last error."""
+    sandbox_pool: int = Field(2, ge=1)
+    """Warm sandboxes shared by all rollout workers."""
 
 
 class BufferConfig(Strict):
     max_staleness: int = Field(2, ge=0)
     """k: no trajectory whose oldest token is more than k versions behind the learner enters a batch."""
     max_inflight_prompts: int | None = Field(None, ge=1)
-    """Admission control; default (k + 1) * batch_prompts."""
+    """Extra cap on prompts in flight. Admission always keeps started prompts <= (version + k + 1) * batch_prompts,
+    so a prompt is started only if it can still be consumed within the staleness bound."""
     drop_uniform_groups: bool = False
     """Drop groups whose rewards are all equal (zero advantage under GRPO)."""
     mask_void: bool = True

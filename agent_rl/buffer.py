@@ -1,0 +1,289 @@
+"""The partial-rollout buffer: where asynchrony lives.
+
+Rollout workers open a group per prompt, grow its n trajectories in place (they stay
+visible here while half-finished, so a checkpoint holds them), and report each one
+finished. The learner takes whole groups. Three rules keep the learner's data sound:
+
+- staleness bound k: a group whose oldest sampled token is more than k versions behind
+  the learner is never delivered; it is dropped and its prompt recycled (sampled again);
+- admission control: a prompt is started only while started <= (version + lag + 1) * B,
+  i.e. only if it can still be consumed within the bound (AReaL's rule), so drops stay rare;
+- every group ends exactly once: delivered, or dropped with a counted reason.
+
+It lives on the rollout event loop; all methods are called from that loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from agent_rl.config import BufferConfig
+from agent_rl.types import FinishReason, Group, Trajectory
+
+DROP_REASONS = ("stale", "uniform", "error")
+
+
+@dataclass
+class _OpenGroup:
+    group_id: str
+    task_id: str
+    seq: int
+    members: list[Trajectory | None]  # None: not started yet
+    reported: set[int] = field(default_factory=set)  # member indices finished or abandoned
+    doomed: bool = False  # already over the bound: workers should stop sampling it
+
+    def min_version(self) -> int | None:
+        vs = [v for t in self.members if t is not None and (v := t.min_version) is not None]
+        return min(vs) if vs else None
+
+
+@dataclass
+class BufferCounters:
+    admitted: int = 0
+    delivered_groups: int = 0
+    delivered_trajectories: int = 0
+    dropped_stale: int = 0
+    dropped_uniform: int = 0
+    dropped_error: int = 0
+    recycled: int = 0
+    masked_void: int = 0
+    partial_trajectories: int = 0  # delivered trajectories sampled by more than one version
+
+
+class BufferClosed(RuntimeError):
+    """The rollout side failed; the learner must not wait for a batch that will never come."""
+
+
+class RolloutBuffer:
+    """Groups in flight and ready, under a staleness bound; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: BufferConfig,
+        *,
+        batch_prompts: int,
+        group_size: int,
+        version: int = 0,
+        admit_lag: int | None = None,
+    ):
+        self.cfg = cfg
+        self.k = cfg.max_staleness
+        self.batch_prompts = batch_prompts
+        self.group_size = group_size
+        self.admit_lag = self.k if admit_lag is None else admit_lag
+        self.version = version
+        self.counters = BufferCounters()
+        self.recycled: deque[str] = deque()  # task ids whose group was dropped and must be sampled again
+        self._open: dict[str, _OpenGroup] = {}
+        self._ready: dict[str, Group] = {}  # insertion order = admission order
+        self._ready_seq: dict[str, int] = {}
+        self._live = 0  # admitted and not dropped (delivered ones included): the admission count
+        self._seq = 0
+        self._failure: BaseException | None = None
+        self._wake = asyncio.Event()
+        self.last_staleness: list[int] = []
+
+    # -- admission ----------------------------------------------------------------------
+    def can_admit(self) -> bool:
+        if self._live >= (self.version + self.admit_lag + 1) * self.batch_prompts:
+            return False
+        cap = self.cfg.max_inflight_prompts
+        return cap is None or len(self._open) < cap
+
+    def try_admit(self, task_id: str) -> str | None:
+        """Open a group for `task_id` if admission allows; return its id."""
+        if not self.can_admit():
+            return None
+        group_id = f"g{self._seq}"
+        self._open[group_id] = _OpenGroup(group_id, task_id, self._seq, [None] * self.group_size)
+        self._seq += 1
+        self._live += 1
+        self.counters.admitted += 1
+        return group_id
+
+    async def admit(self, task_id: str) -> str:
+        """Wait for an admission slot, then open a group."""
+        while (gid := self.try_admit(task_id)) is None:
+            await self._wait()
+        return gid
+
+    # -- members ------------------------------------------------------------------------
+    def start(self, group_id: str, index: int, prompt_ids: list[int]) -> Trajectory:
+        """Create member `index` of an open group; the worker grows it in place."""
+        g = self._open[group_id]
+        if g.members[index] is not None:
+            raise ValueError(f"{group_id} member {index} already started")
+        traj = Trajectory(
+            uid=f"{group_id}/{index}", group_id=group_id, prompt_ids=list(prompt_ids), task_id=g.task_id
+        )
+        g.members[index] = traj
+        return traj
+
+    def doomed(self, group_id: str) -> bool:
+        """True once the group can no longer be delivered (over the bound): stop sampling it."""
+        g = self._open.get(group_id)
+        return g is None or g.doomed or self._over_bound(g.min_version())
+
+    def finish(self, traj: Trajectory) -> None:
+        """Report a member done (any finish reason, ERROR included)."""
+        if not traj.done:
+            raise ValueError(f"{traj.uid}: finish() needs a final finish_reason, got {traj.finish_reason}")
+        self._report(traj)
+
+    def abandon(self, traj: Trajectory) -> None:
+        """Report a member of a doomed group that stopped early; the group will be dropped as stale."""
+        self._open[traj.group_id].doomed = True
+        self._report(traj)
+
+    def _report(self, traj: Trajectory) -> None:
+        g = self._open[traj.group_id]
+        index = int(traj.uid.rsplit("/", 1)[1])
+        if g.members[index] is not traj or index in g.reported:
+            raise ValueError(f"{traj.uid} is not an unreported member of open group {g.group_id}")
+        g.reported.add(index)
+        if len(g.reported) == self.group_size:
+            self._resolve(g)
+        self._notify()
+
+    def _resolve(self, g: _OpenGroup) -> None:
+        del self._open[g.group_id]
+        members = [t for t in g.members if t is not None]
+        if any(t.finish_reason == FinishReason.ERROR for t in members):
+            self._drop(g.group_id, g.task_id, "error")
+        elif g.doomed or self._over_bound(g.min_version()):
+            self._drop(g.group_id, g.task_id, "stale")
+        elif self.cfg.drop_uniform_groups and len({t.reward for t in members}) == 1:
+            self._drop(g.group_id, g.task_id, "uniform")
+        else:
+            self._ready[g.group_id] = Group(g.group_id, members)
+            self._ready_seq[g.group_id] = g.seq
+
+    def _drop(self, group_id: str, task_id: str, reason: str) -> None:
+        self._live -= 1
+        setattr(self.counters, f"dropped_{reason}", getattr(self.counters, f"dropped_{reason}") + 1)
+        if reason != "uniform":  # a filtered group used its prompt; stale/error ones must be sampled again
+            self.recycled.append(task_id)
+            self.counters.recycled += 1
+
+    def _over_bound(self, min_version: int | None) -> bool:
+        return min_version is not None and self.version - min_version > self.k
+
+    # -- versions and batches -----------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        """The learner (and the engines) moved to `version`: drop what can no longer be used."""
+        self.version = version
+        for gid in [gid for gid, grp in self._ready.items() if self._over_bound(grp.min_version)]:
+            grp = self._ready.pop(gid)
+            del self._ready_seq[gid]
+            self._drop(gid, grp.trajectories[0].task_id, "stale")
+        for g in self._open.values():
+            g.doomed = g.doomed or self._over_bound(g.min_version())
+        self._notify()
+
+    def try_take(self, n_groups: int) -> list[Group] | None:
+        """The n oldest ready groups, or None if fewer are ready."""
+        if self._failure is not None:
+            raise BufferClosed(f"rollouts failed: {self._failure!r}") from self._failure
+        if len(self._ready) < n_groups:
+            return None
+        ids = sorted(self._ready, key=self._ready_seq.__getitem__)[:n_groups]
+        batch = [self._ready.pop(gid) for gid in ids]
+        for gid in ids:
+            del self._ready_seq[gid]
+        self.last_staleness = []
+        for grp in batch:
+            self.counters.delivered_groups += 1
+            for t in grp.trajectories:
+                self.counters.delivered_trajectories += 1
+                self.last_staleness.append(t.staleness(self.version))
+                if t.finish_reason == FinishReason.VOID:
+                    t.masked = self.cfg.mask_void
+                    self.counters.masked_void += int(t.masked)
+                if t.min_version is not None and t.min_version != t.max_version:
+                    self.counters.partial_trajectories += 1
+        self._notify()
+        return batch
+
+    async def take(self, n_groups: int) -> list[Group]:
+        """Wait for n whole groups within the bound (k=0: all sampled by the current version)."""
+        while (batch := self.try_take(n_groups)) is None:
+            await self._wait()
+        return batch
+
+    def fail(self, error: BaseException) -> None:
+        """Rollouts cannot go on: make take() raise instead of waiting forever."""
+        self._failure = error
+        self._notify()
+
+    # -- views --------------------------------------------------------------------------
+    def open_groups(self) -> list[_OpenGroup]:
+        return list(self._open.values())
+
+    def stats(self) -> dict[str, float]:
+        s = self.last_staleness
+        out: dict[str, float] = {f"buffer/{k}": float(v) for k, v in vars(self.counters).items()}
+        out["buffer/ready_groups"] = len(self._ready)
+        out["buffer/inflight_groups"] = len(self._open)
+        if s:
+            out["buffer/staleness_mean"] = sum(s) / len(s)
+            out["buffer/staleness_max"] = max(s)
+        return out
+
+    # -- checkpoint ---------------------------------------------------------------------
+    def state(self) -> dict:
+        """Everything needed to continue, half-finished trajectories included (serialised bytes)."""
+
+        def enc(t: Trajectory | None) -> bytes | None:
+            return None if t is None else t.to_bytes()
+
+        return {
+            "version": self.version,
+            "seq": self._seq,
+            "live": self._live,
+            "recycled": list(self.recycled),
+            "counters": vars(self.counters).copy(),
+            "open": [
+                {
+                    "group_id": g.group_id,
+                    "task_id": g.task_id,
+                    "seq": g.seq,
+                    "doomed": g.doomed,
+                    "reported": sorted(g.reported),
+                    "members": [enc(t) for t in g.members],
+                }
+                for g in self._open.values()
+            ],
+            "ready": [
+                {"seq": self._ready_seq[gid], "members": [t.to_bytes() for t in grp.trajectories]}
+                for gid, grp in self._ready.items()
+            ],
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.version = state["version"]
+        self._seq = state["seq"]
+        self._live = state["live"]
+        self.recycled = deque(state["recycled"])
+        self.counters = BufferCounters(**state["counters"])
+        self._open = {}
+        for g in state["open"]:
+            members = [None if b is None else Trajectory.from_bytes(b) for b in g["members"]]
+            self._open[g["group_id"]] = _OpenGroup(
+                g["group_id"], g["task_id"], g["seq"], members, set(g["reported"]), g["doomed"]
+            )
+        self._ready, self._ready_seq = {}, {}
+        for r in state["ready"]:
+            members = [Trajectory.from_bytes(b) for b in r["members"]]
+            gid = members[0].group_id
+            self._ready[gid] = Group(gid, members)
+            self._ready_seq[gid] = r["seq"]
+
+    # -- waking -------------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _wait(self) -> None:
+        await self._wake.wait()
