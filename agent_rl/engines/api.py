@@ -1,0 +1,102 @@
+"""The engine interface rollout workers code against: sampling settings in, tokens + log-probs + versions out.
+
+Every backend (the embedded engine in-process or over HTTP, SGLang, vLLM, a pool of them) is an
+`EngineClient`. Token ids in, token ids out: text is never re-tokenized between turns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from agent_rl.engines.launch import EmbeddedServerHandle
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(RuntimeError):
+    """An engine refused or failed a request; the message says which request and why."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one continuation. temperature 0 = greedy; top_k -1 = off; seed None = engine's stream."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False  # keep going past the model's EOS (benchmarks, fixed-length probes)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+
+
+@dataclass
+class Generation:
+    """One continuation. token_ids, logprobs and versions have one entry per output token.
+
+    finish_reason "stop": EOS, a stop token or a stop string matched (the output INCLUDES the stop
+    tokens: the SimpleTIR env needs the closing fence); "length": max_new_tokens or the context is
+    full; "abort": paused or aborted, the tokens so far are returned and a continuation may follow.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise EngineError(f"{n} token ids but {len(self.logprobs)} logprobs and {len(self.versions)} versions")
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, request_id: str) -> Generation: ...
+
+    async def pause(self) -> None:
+        """Stop scheduling; in-flight requests return finish_reason="abort" with what they have."""
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(
+        self, *, version: int, path: str | None = None, tensors: Mapping[str, torch.Tensor] | None = None
+    ) -> None: ...
+
+    async def health(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+def launch_embedded(
+    model_dir: str,
+    *,
+    port: int = 0,
+    max_batch: int = 64,
+    max_seq_len: int = 2048,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> EmbeddedServerHandle:
+    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers."""
+    from agent_rl.engines.launch import launch_server
+
+    return launch_server(model_dir, port=port, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed)
