@@ -106,6 +106,8 @@ class LearnerConfig(Strict):
     sp: bool = False
     cp: int = Field(1, ge=1)
     gradient_checkpointing: bool = False
+    micro_batch_size: int = Field(4, ge=1)
+    """Trajectories per forward/backward pass on one rank (memory); the update is the same for any value."""
 
     @model_validator(mode="after")
     def _parallelism_needs_megatron(self) -> LearnerConfig:
