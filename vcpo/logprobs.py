@@ -1,0 +1,47 @@
+"""Per-token log-probs of a causal LM, and the forward-only proxy for ‖∇log π(τ)‖².
+
+Both take any module called as ``model(input_ids, attention_mask=...)`` whose output has
+``.logits`` [B, T, V] (Hugging Face causal LMs). Trainers with another model interface pass
+their own function of the same signature to the driver.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _shifted_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    logits = model(input_ids, attention_mask=attention_mask).logits
+    return logits[:, :-1].float()  # position t-1 predicts token t
+
+
+def _scatter_back(x: Tensor, width: int) -> Tensor:
+    out = x.new_zeros(x.shape[0], width)
+    out[:, 1:] = x
+    return out
+
+
+def logprobs_of(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, T] float32 log p(input_ids[t] | input_ids[:t]); position 0 is 0."""
+    logits = _shifted_logits(model, input_ids, attention_mask)
+    lp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
+    return _scatter_back(lp, input_ids.shape[1])
+
+
+def logit_grad_proxy_of(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(log-probs [B, T], per-token ‖∂ log p(y_t) / ∂ logits_t‖² [B, T]) from one forward pass.
+
+    ∂ log softmax(z)_y / ∂z = e_y − p, so the squared norm is 1 − 2 p_y + Σ_v p_v². Summed
+    over a trajectory's tokens it is the squared gradient norm of log π(τ) with respect to
+    the logits (positions are separate coordinates): the proxy for ‖∇_θ log π(τ)‖² that
+    the cheap OPOB mode uses in place of a backward pass per trajectory. Σ_v p_v² comes
+    from a second log-sum-exp, so no [B, T, V] softmax is kept.
+    """
+    logits = _shifted_logits(model, input_ids, attention_mask)
+    lse = logits.logsumexp(-1)
+    lp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        sum_p2 = torch.exp((2.0 * logits).logsumexp(-1) - 2.0 * lse)
+        gsq = (1.0 - 2.0 * lp.exp() + sum_p2).clamp(min=0.0)
+    return _scatter_back(lp, input_ids.shape[1]), _scatter_back(gsq, input_ids.shape[1])

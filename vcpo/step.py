@@ -1,0 +1,373 @@
+"""The trainer-facing driver: one full optimizer update on this rank's part of the global batch.
+
+    step = vcpo.Step(model, optimizer, vcpo.StepConfig())   # VCPO: seq-TIS + OPOB + sqrt ESS lr
+    metrics = step(batch)                                   # batch: vcpo.PolicyBatch
+
+Gradients of the loss Σ_i ℓ_i / N_global are accumulated on each rank without any
+communication, summed over the data-parallel group once, then clipped; the learning rate
+is scaled by the global batch's ESS for this one optimizer.step() and restored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from vcpo.advantages import ADVANTAGES, STD_EPS, group_stats, grpo_advantages, rloo_advantages
+from vcpo.baseline import opob_baseline
+from vcpo.batch import PolicyBatch
+from vcpo.dist import all_reduce, sync_grads
+from vcpo.exact import LogprobFn, exact_opob_group, new_buffers, opob_weight_inputs
+from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
+from vcpo.losses import LossInputs, get_loss, kl_k3_sum, loss_kwargs
+from vcpo.weights import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
+
+ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How one step computes its update. Comparison runs set ess_lr_rule='none' and advantage='grpo'."""
+
+    loss: str = "vcpo"  # a key of vcpo.LOSSES
+    advantage: str = "opob"  # grpo | rloo | opob (opob needs a sequence-weighted loss)
+    is_truncation: float = 8.0  # c in min(w, c)
+    ess_lr_rule: str = "sqrt"  # sqrt | linear | none
+    ess_base_ratio: float = 1.0  # ρ₀: no damping while ESS/B >= ρ₀
+    opob_mode: str = "exact"  # exact: backward per trajectory | proxy: forward-only logit-gradient proxy
+    opob_weight: str = "default"  # default: w̃²‖g‖² | reference: w̃² w² ‖∇Σ log π‖² (mit-han-lab/vcpo)
+    grad_clip: float = 1.0
+    micro_batch_size: int = 4  # trajectories per forward/backward (proxy mode: whole groups)
+    loss_kwargs: Mapping[str, float] = field(default_factory=dict)
+
+    def check(self) -> None:
+        spec = get_loss(self.loss)
+        loss_kwargs(spec, self.loss_kwargs)
+        choices = {
+            "advantage": ADVANTAGES,
+            "ess_lr_rule": ESS_RULES,
+            "opob_mode": ("exact", "proxy"),
+            "opob_weight": ("default", "reference"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"StepConfig.{name} = {getattr(self, name)!r}; expected one of {allowed}")
+        for name in ("is_truncation", "ess_base_ratio", "grad_clip"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and v > 0 and not math.isnan(v)):
+                raise ValueError(f"StepConfig.{name} must be > 0, got {v!r}")
+        if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
+            raise ValueError(
+                f"StepConfig.micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}"
+            )
+        if self.advantage == "opob" and spec.seq_log_weight is None:
+            raise ValueError(
+                f"StepConfig: advantage='opob' needs a loss with one weight per trajectory "
+                f"(reinforce, tis_seq, mis, vcpo); {self.loss!r} weights tokens: use advantage='grpo' or 'rloo'"
+            )
+
+
+@dataclass
+class StepMetrics:
+    """Global (all data-parallel ranks) statistics of one step; floats only, never NaN.
+
+    is_weight_* describe the sequence weight truncated at c, min(w, c); log_ratio_abs_max is
+    max |s_i|; kl_behavior_current is the k3 estimate of KL(μ‖π) per loss token;
+    traj_grad_norm_* are ‖∇ mean_t log π(τ_i)‖ (exact OPOB only, else 0).
+    """
+
+    loss: float
+    grad_norm: float
+    ess: float
+    ess_ratio: float
+    lr_scale: float
+    lr: float
+    is_weight_mean: float
+    is_weight_max: float
+    is_weight_min: float
+    clip_fraction: float
+    kl_behavior_current: float
+    log_ratio_abs_max: float
+    traj_grad_norm_mean: float
+    traj_grad_norm_max: float
+    baseline_mean: float
+    advantage_std: float
+    tokens: float
+    trajectories: float
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = float(getattr(self, f.name))
+            if math.isnan(v):
+                raise FloatingPointError(f"StepMetrics.{f.name} is NaN")
+            setattr(self, f.name, v)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class _Rows:
+    """Per-trajectory results on this rank, filled chunk by chunk (CPU float64)."""
+
+    def __init__(self, b: int) -> None:
+        z = lambda: torch.zeros(b, dtype=torch.float64)  # noqa: E731
+        self.s, self.adv, self.base, self.loss, self.tokens, self.clipped, self.kl = (z() for _ in range(7))
+        self.grad_sq = torch.full((b,), -1.0, dtype=torch.float64)
+
+    def record(self, rows: Tensor, lp: Tensor, sub: PolicyBatch) -> None:
+        lp = lp.detach()
+        self.s[rows] = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
+        self.tokens[rows] = sub.loss_mask.double().sum(-1).cpu()
+        self.kl[rows] = kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
+
+
+class Step:
+    """One optimizer update per call; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        cfg: StepConfig,
+        *,
+        dp_group: dist.ProcessGroup | None = None,
+        logprob_fn: LogprobFn = logprobs_of,
+        proxy_fn: ProxyFn | None = None,
+    ) -> None:
+        cfg.check()
+        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        # Forward through the inner module: DDP's own hooks would all-reduce on every backward
+        # and sync buffers on every forward (a collective per call, which deadlocks when ranks
+        # hold different numbers of trajectories). We sum gradients ourselves, once.
+        self.module = model.module if ddp else model
+        self.group = model.process_group if ddp else dp_group
+        self.optimizer, self.cfg, self.logprob_fn = optimizer, cfg, logprob_fn
+        self.spec = get_loss(cfg.loss)
+        self.kwargs = loss_kwargs(self.spec, cfg.loss_kwargs)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("Step: the model has no parameter with requires_grad=True")
+        self.proxy_fn = proxy_fn
+        if cfg.advantage == "opob" and cfg.opob_mode == "proxy" and proxy_fn is None:
+            if logprob_fn is not logprobs_of:
+                raise ValueError("Step: opob_mode='proxy' with a custom logprob_fn also needs proxy_fn")
+            self.proxy_fn = logit_grad_proxy_of
+
+    def __call__(self, batch: PolicyBatch) -> StepMetrics:
+        batch.validate()
+        batch = batch.to(self.params[0].device)
+        self.optimizer.zero_grad(set_to_none=True)
+        rows = _Rows(batch.size)
+        try:
+            if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact":
+                self._exact(batch, rows)
+            else:
+                self._chunked(batch, rows)
+            return self._finish(rows)
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    # -- gradient accumulation -------------------------------------------------------------
+
+    def _exact(self, batch: PolicyBatch, rows: _Rows) -> None:
+        acc, score = new_buffers(self.params)
+        for members in _groups(batch.group_index):
+            adv, base, res = exact_opob_group(
+                self.module, self.params, batch, members, acc, score,
+                logprob_fn=self.logprob_fn, seq_log_weight=self.spec.seq_log_weight,  # type: ignore[arg-type]
+                truncation=self.cfg.is_truncation, variant=self.cfg.opob_weight,
+            )  # fmt: skip
+            m = members.cpu()
+            rows.adv[m], rows.base[m] = adv, base
+            for k, r in zip(m.tolist(), res, strict=True):
+                rows.s[k], rows.tokens[k], rows.grad_sq[k], rows.kl[k] = r.s, r.tokens, r.grad_sq, r.kl
+                rows.loss[k] = -math.exp(r.log_wt) * float(rows.adv[k]) * r.mean_lp
+                rows.clipped[k] = r.tokens if r.log_wt != r.s else 0.0
+        for p, a in zip(self.params, acc, strict=True):
+            p.grad = (-a).to(p.dtype)
+
+    def _chunked(self, batch: PolicyBatch, rows: _Rows) -> None:
+        cfg, mbs = self.cfg, self.cfg.micro_batch_size
+        extra: dict[str, float] = {}
+        if self.spec.prepare is not None:
+            extra = self._prepare(batch)
+        if cfg.advantage != "opob":
+            fn = grpo_advantages if cfg.advantage == "grpo" else rloo_advantages
+            adv, base = fn(batch.rewards, batch.group_index)
+            rows.adv[:], rows.base[:] = adv.cpu(), base.cpu()
+            for idx in torch.arange(batch.size).split(mbs):
+                self._loss_backward(batch, idx, rows, extra)
+            return
+        for idx in _packed_groups(batch.group_index, mbs):
+            if len(idx) <= mbs:  # one forward holds the whole group: baseline, then backward
+                sub = batch.select(idx.to(batch.input_ids.device))
+                lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
+                self._proxy_advantages(sub, idx, lp.detach(), gsq, rows)
+                self._loss_backward(batch, idx, rows, extra, sub=sub, lp=lp)
+                continue
+            with torch.no_grad():  # a group larger than a micro-batch: baseline from a forward-only pass
+                parts = [self._proxy_forward(batch, part) for part in idx.split(mbs)]
+            self._proxy_advantages_parts(batch, idx, parts, rows)
+            for part in idx.split(mbs):
+                self._loss_backward(batch, part, rows, extra)
+
+    def _proxy_forward(self, batch: PolicyBatch, idx: Tensor) -> tuple[Tensor, Tensor]:
+        sub = batch.select(idx.to(batch.input_ids.device))
+        lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
+        s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask)
+        return s, (gsq * sub.loss_mask).double().sum(-1)
+
+    def _proxy_advantages(self, sub: PolicyBatch, idx: Tensor, lp: Tensor, gsq: Tensor, rows: _Rows) -> None:
+        s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask)
+        self._set_opob(sub.rewards, sub.group_index, s, (gsq * sub.loss_mask).double().sum(-1),
+                       sub.loss_mask.double().sum(-1), idx, rows)  # fmt: skip
+
+    def _proxy_advantages_parts(
+        self, batch: PolicyBatch, idx: Tensor, parts: list[tuple[Tensor, Tensor]], rows: _Rows
+    ) -> None:
+        dev_idx = idx.to(batch.input_ids.device)
+        s = torch.cat([p[0] for p in parts])
+        gsum = torch.cat([p[1] for p in parts])
+        tokens = batch.loss_mask[dev_idx].double().sum(-1)
+        self._set_opob(batch.rewards[dev_idx], batch.group_index[dev_idx], s, gsum, tokens, idx, rows)
+
+    def _set_opob(
+        self,
+        rewards: Tensor,
+        gids: Tensor,
+        s: Tensor,
+        gsq_sum: Tensor,
+        tokens: Tensor,
+        idx: Tensor,
+        rows: _Rows,
+    ) -> None:
+        """OPOB advantages from proxy norms: ‖∇ mean_t log π‖² ≈ Σ_t proxy_t / L²."""
+        log_wt = self.spec.seq_log_weight(s, self.cfg.is_truncation)  # type: ignore[misc]
+        gsq = gsq_sum / tokens.clamp(min=1.0) ** 2
+        log_w, gsq = opob_weight_inputs(s, log_wt, tokens, gsq, self.cfg.opob_weight)
+        r = rewards.double()
+        b = opob_baseline(r, log_w, gsq, gids)
+        g = group_stats(r, gids)
+        adv = torch.where(g.std > STD_EPS, (r - b) / g.std.clamp(min=STD_EPS), 0.0)
+        rows.adv[idx], rows.base[idx] = adv.cpu(), b.cpu()
+
+    def _loss_backward(
+        self,
+        batch: PolicyBatch,
+        idx: Tensor,
+        rows: _Rows,
+        extra: Mapping[str, float],
+        *,
+        sub: PolicyBatch | None = None,
+        lp: Tensor | None = None,
+    ) -> None:
+        if sub is None or lp is None:
+            sub = batch.select(idx.to(batch.input_ids.device))
+            lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
+        adv = rows.adv[idx].to(device=lp.device, dtype=lp.dtype)
+        out = self.spec.fn(
+            LossInputs(lp, sub.behavior_logprobs, sub.loss_mask, adv, self.cfg.is_truncation, extra),
+            **self.kwargs,
+        )
+        total = out.loss.sum()
+        if total.requires_grad:
+            total.backward()
+        rows.record(idx, lp, sub)
+        rows.loss[idx] = out.loss.detach().double().cpu()
+        rows.clipped[idx] = out.clipped_tokens.detach().double().cpu()
+
+    def _prepare(self, batch: PolicyBatch) -> dict[str, float]:
+        """Forward-only pass over the local batch for losses that need every token's log-ratio first."""
+        parts = []
+        with torch.no_grad():
+            for idx in torch.arange(batch.size).split(self.cfg.micro_batch_size):
+                sub = batch.select(idx.to(batch.input_ids.device))
+                lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
+                d = (lp.double() - sub.behavior_logprobs.double())[sub.loss_mask > 0]
+                parts.append(d**2)
+        return self.spec.prepare(torch.cat(parts), self.group, **self.kwargs)  # type: ignore[misc]
+
+    # -- global statistics, gradient sync, optimizer step -------------------------------------
+
+    def _finish(self, rows: _Rows) -> StepMetrics:
+        cfg, dev = self.cfg, self.params[0].device
+        live = rows.tokens > 0
+        s = rows.s[live]
+        wt = torch.exp(s.clamp(max=math.log(cfg.is_truncation)))
+        gn = rows.grad_sq[rows.grad_sq >= 0].sqrt()
+        neg = torch.tensor(-math.inf, dtype=torch.float64)
+        maxes = torch.stack([
+            s.max() if s.numel() else neg, s.abs().max() if s.numel() else neg,
+            wt.max() if wt.numel() else neg, -wt.min() if wt.numel() else neg, gn.max() if gn.numel() else neg,
+        ]).to(dev)  # fmt: skip
+        all_reduce(maxes, dist.ReduceOp.MAX, self.group)
+        s_max, abs_max, w_max, neg_w_min, gn_max = maxes.tolist()
+        e = torch.exp(s - s_max) if math.isfinite(s_max) else torch.zeros_like(s)
+        a = rows.adv[live]
+        sums = torch.stack([
+            e.sum(), (e * e).sum(), live.sum().double(), rows.loss[live].sum(), rows.tokens.sum(),
+            rows.clipped.sum(), rows.kl.sum(), wt.sum(), a.sum(), (a * a).sum(), rows.base[live].sum(),
+            gn.sum(), torch.tensor(float(gn.numel()), dtype=torch.float64),
+        ]).to(dev)  # fmt: skip
+        all_reduce(sums, dist.ReduceOp.SUM, self.group)
+        e1, e2, n, loss, tokens, clipped, kl, w_sum, a_sum, a_sq, b_sum, gn_sum, gn_n = sums.tolist()
+        if n == 0:
+            raise ValueError("Step: no trajectory in the global batch has a loss token (loss_mask is all 0)")
+        ess, ratio = ess_from_sums(s_max, e1, e2, int(n))
+        sync_grads(self.params, self.group, 1.0 / n)
+        lr_scale = ess_lr_scale(ratio, cfg.ess_lr_rule, cfg.ess_base_ratio)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"Step: gradient norm is {grad_norm}; no update was applied")
+        lr = self._apply(lr_scale)
+        mean_a = a_sum / n
+        return StepMetrics(
+            loss=loss / n, grad_norm=grad_norm, ess=ess, ess_ratio=ratio, lr_scale=lr_scale, lr=lr,
+            is_weight_mean=w_sum / n, is_weight_max=w_max, is_weight_min=-neg_w_min,
+            clip_fraction=clipped / max(tokens, 1.0), kl_behavior_current=kl / max(tokens, 1.0),
+            log_ratio_abs_max=abs_max, traj_grad_norm_mean=gn_sum / gn_n if gn_n else 0.0,
+            traj_grad_norm_max=gn_max if gn_n else 0.0, baseline_mean=b_sum / n,
+            advantage_std=math.sqrt(max(a_sq / n - mean_a * mean_a, 0.0)), tokens=tokens, trajectories=n,
+        )  # fmt: skip
+
+    def _apply(self, lr_scale: float) -> float:
+        """optimizer.step() with every param group's lr multiplied by lr_scale, then restored."""
+        groups = self.optimizer.param_groups
+        base = [g["lr"] for g in groups]
+        try:
+            for g, lr in zip(groups, base, strict=True):
+                g["lr"] = lr * lr_scale
+            scaled = float(groups[0]["lr"])
+            self.optimizer.step()
+        finally:
+            for g, lr in zip(groups, base, strict=True):
+                g["lr"] = lr
+        return scaled
+
+
+VCPOStep = Step
+
+
+def _groups(group_index: Tensor) -> list[Tensor]:
+    """Row indices of each prompt group, groups in order of first appearance."""
+    gid = group_index.cpu()
+    order: dict[int, list[int]] = {}
+    for k, g in enumerate(gid.tolist()):
+        order.setdefault(g, []).append(k)
+    return [torch.tensor(v) for v in order.values()]
+
+
+def _packed_groups(group_index: Tensor, mbs: int) -> list[Tensor]:
+    """Whole groups packed greedily into chunks of at most mbs rows; a larger group is its own chunk."""
+    chunks: list[list[int]] = []
+    for g in _groups(group_index):
+        if chunks and len(chunks[-1]) + len(g) <= mbs:
+            chunks[-1].extend(g.tolist())
+        else:
+            chunks.append(g.tolist())
+    return [torch.tensor(c) for c in chunks]
