@@ -1,0 +1,250 @@
+"""The environment schema: one YAML file declares data, prompt, tool protocol, budgets, sandbox and reward.
+
+Validated once into frozen pydantic models (unknown keys are errors); `envs.load` reports
+problems as `file:line: dotted.field: message` through the shared loader in `envs.yamlio`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from envs.yamlio import load_model
+
+DATA_ENV_VAR = "AGENT_RL_DATA"
+BUILTIN_DATASETS = (
+    "aime2024",
+    "aime2025",
+    "math500",
+    "gsm8k",
+    "dapo_math_17k",
+    "countdown",
+    "simplelr_math_35",
+)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def resolve_root(root: str | None, yaml_path: Path | None) -> Path:
+    """data.root (relative to the YAML file) wins; then $AGENT_RL_DATA; then ../shared/data beside the checkout."""
+    if root is None:
+        return default_data_root()
+    path = Path(root).expanduser()
+    return path if path.is_absolute() or yaml_path is None else (yaml_path.parent / path).resolve()
+
+
+def default_data_root() -> Path:
+    """$AGENT_RL_DATA, else ../shared/data beside the checkout (where the project's data sets live)."""
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class DataSource(Strict):
+    """One split: a built-in data set (with its defect fixes), a parquet/jsonl file with a field mapping, or a generator."""
+
+    dataset: (
+        Literal["aime2024", "aime2025", "math500", "gsm8k", "dapo_math_17k", "countdown", "simplelr_math_35"]
+        | None
+    ) = None
+    part: Literal["train", "test"] = "test"
+    """Which part of a built-in set that has both (gsm8k, countdown)."""
+    path: str | None = None
+    """A .parquet or .jsonl file, relative to the data root (or absolute)."""
+    problem_field: str = "problem"
+    """Dotted path into a row for the problem text (e.g. `prompt.0.content`); file sources only."""
+    answer_field: str = "answer"
+    id_field: str | None = None
+    generator: Literal["tiny_arith"] | None = None
+    size: int = Field(1000, ge=1)
+    """Generator sources: number of tasks."""
+    seed: int = 0
+    easy_fraction: float = Field(0.25, ge=0, le=1)
+    """tiny_arith: share of one-digit sums (solvable without the tool)."""
+    limit: int | None = Field(None, ge=1)
+    """Keep only the first `limit` tasks (after fixes and de-duplication)."""
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> DataSource:
+        kinds = [k for k in ("dataset", "path", "generator") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"give exactly one of dataset (one of {', '.join(BUILTIN_DATASETS)}), path (a parquet/jsonl file) "
+                f"or generator (tiny_arith); got {kinds or 'none'}"
+            )
+        return self
+
+    @field_validator("path")
+    @classmethod
+    def _file_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if not v.endswith((".parquet", ".jsonl")):
+            raise ValueError(f"{v!r}: expected a .parquet or .jsonl file")
+        root = (info.context or {}).get("data_root")
+        if root is not None and not (Path(root) / v).exists():
+            raise ValueError(
+                f"file not found: {Path(root) / v} (data root {root}; set data.root or ${DATA_ENV_VAR})"
+            )
+        return v
+
+
+class DataConfig(Strict):
+    root: str | None = None
+    """Data directory; relative paths are relative to this YAML file. Default: $AGENT_RL_DATA or ../shared/data."""
+    splits: dict[str, DataSource]
+    """Split name -> source. `train` feeds rollouts; `test` is the default eval split."""
+
+    @field_validator("splits")
+    @classmethod
+    def _has_splits(cls, v: dict[str, DataSource]) -> dict[str, DataSource]:
+        if not v:
+            raise ValueError("declare at least one split (e.g. train: {dataset: gsm8k, part: train})")
+        return v
+
+    def resolved_root(self, yaml_path: Path | None) -> Path:
+        return resolve_root(self.root, yaml_path)
+
+
+class PromptConfig(Strict):
+    template: str = "{problem}"
+    """User message (or plain prompt text). Placeholders: {problem}, {numbers}, {target}."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template (one user message + generation prompt); false: plain text."""
+    system: str | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _names_problem(cls, v: str) -> str:
+        if "{problem}" not in v:
+            raise ValueError("the template must contain the {problem} placeholder")
+        return v
+
+
+class ObservationConfig(Strict):
+    template: str = "```output\n{output}\n```\n"
+    """Glue around the tool output; tokenized on its own and appended as environment tokens."""
+    max_tokens: int = Field(512, ge=8)
+    """Token budget for the output inside the template; longer output is cut in the middle."""
+    on_error: Literal["last_line", "full"] = "last_line"
+    """What of stderr to show when the code fails: its last line (SimpleTIR) or all of it."""
+    empty: str = ""
+    """Shown when the code printed nothing."""
+
+    @field_validator("template")
+    @classmethod
+    def _names_output(cls, v: str) -> str:
+        if v.count("{output}") != 1:
+            raise ValueError("the observation template must contain {output} exactly once")
+        return v
+
+
+class ToolConfig(Strict):
+    protocol: Literal["simple-tir"] = "simple-tir"
+    """simple-tir: fenced ```python blocks; room for an OpenAI-style function-calling protocol later."""
+    stop: tuple[str, ...] = ("\n```\n",)
+    """Engine stop strings. The default matches a closing fence followed by a newline, never the opening
+    "```python\\n" (there "```" is followed by "python"); the engine's output includes the matched string."""
+    session: bool = False
+    """Keep interpreter state across a trajectory's turns (sandbox.session()); default: fresh process per block."""
+    observation: ObservationConfig = ObservationConfig()
+    void_turn: Literal["mask", "keep"] = "mask"
+    """A turn with neither code nor answer ends the episode; mask: its trajectory gets loss mask 0."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_opening(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            if not s:
+                raise ValueError("empty stop string")
+            if s in "```python\n":
+                raise ValueError(f"stop string {s!r} also matches the opening fence '```python\\n'")
+        return v
+
+
+class TurnConfig(Strict):
+    max_turns: int = Field(5, ge=1)
+    """Model turns per episode (each code run starts a new turn)."""
+    max_tokens_per_turn: int = Field(1024, ge=1)
+    max_response_tokens: int = Field(4096, ge=1)
+    """Budget for everything after the prompt: sampled and observation tokens."""
+
+
+class SandboxConfig(Strict):
+    backend: Literal["local", "docker", "http", "unsafe-subprocess"] = "local"
+    options: dict[str, Any] = {}
+    """Keyword options for sandboxes.create (e.g. pool_size)."""
+    limits: dict[str, Any] = {}
+    """Fields of sandboxes.Limits (checked when the sandbox is made)."""
+
+
+class RewardConfig(Strict):
+    type: Literal["math_verify", "integer", "countdown", "callable"] = "math_verify"
+    timeout_s: float = Field(5.0, gt=0)
+    """math_verify: hard wall-clock limit per comparison (the worker process is killed past it)."""
+    import_path: str | None = None
+    """callable: `package.module:function`, called as fn(response_text, task, **kwargs) -> float."""
+    kwargs: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _callable_imports(self) -> RewardConfig:
+        if self.type != "callable":
+            if self.import_path is not None:
+                raise ValueError(f"import_path is only used with type: callable (type is {self.type!r})")
+            return self
+        if not self.import_path or ":" not in self.import_path:
+            raise ValueError("type: callable needs import_path: 'package.module:function'")
+        load_callable(self.import_path)
+        return self
+
+
+def load_callable(import_path: str) -> Any:
+    """Import `package.module:function`; errors name the path."""
+    module, _, name = import_path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import {import_path!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"{import_path!r} is not callable")
+    return fn
+
+
+class EnvSpec(Strict):
+    name: str
+    data: DataConfig
+    prompt: PromptConfig = PromptConfig()
+    tool: ToolConfig = ToolConfig()
+    turns: TurnConfig = TurnConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    reward: RewardConfig = RewardConfig()
+    group_size: int = Field(8, ge=1)
+    """n samples per prompt."""
+    source_path: str | None = None
+    """Set by envs.load: the YAML file (resolves data.root, shows up in errors)."""
+
+    def data_root(self) -> Path:
+        return self.data.resolved_root(Path(self.source_path) if self.source_path else None)
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+
+def load(path: str | Path) -> EnvSpec:
+    """Read and validate an environment YAML; raise envs.yamlio.ConfigError with file:line:field messages."""
+    from envs.yamlio import read_yaml
+
+    path = Path(path)
+    data, _ = read_yaml(path)
+    raw = data.get("data") if isinstance(data, dict) else None
+    raw_root = raw.get("root") if isinstance(raw, dict) else None
+    root = resolve_root(raw_root, path) if raw_root is None or isinstance(raw_root, str) else None
+    spec = load_model(path, EnvSpec, context={"data_root": root})
+    return spec.model_copy(update={"source_path": str(path)})

@@ -1,0 +1,155 @@
+"""tiny_arith: the task the CPU recipe learns, and the scripted teacher that writes its warm-start traces.
+
+Problems are multi-digit products ("What is 4821 * 377 - 1290?") that a few-million-
+parameter model cannot do in its head but can solve by copying the expression into a
+one-line `print(...)`, mixed with one-digit sums it can learn to answer directly. The
+teacher writes short, fixed-format SimpleTIR traces (about 60-90 tokens with a
+digit-per-token tokenizer):
+
+    What is 4821 * 377 - 1290?            <- prompt (plain text, no chat template)
+    ```python                             <- model
+    print(4821 * 377 - 1290)
+    ```
+    ```output                             <- environment (the sandbox's stdout)
+    1816227
+    ```
+    \\boxed{1816227}                       <- model, then EOS
+
+With probability 1 - tool_rate it skips the tool on a hard problem and writes a guess
+(right leading digits, random tail), so the warm-start model uses the tool only part
+of the time: the room RL has to improve. The first response token (a fence or
+"\\boxed") is the whole decision.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from envs.types import Task
+
+_OPS = (
+    ("{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("{a} * {b} - {c}", lambda a, b, c: a * b - c),
+    ("{a} * {b}", lambda a, b, c: a * b),
+)
+
+
+def make_problem(rng: random.Random, easy_fraction: float) -> tuple[str, int]:
+    """(expression, value): a one-digit sum with probability easy_fraction, else a multi-digit product."""
+    if rng.random() < easy_fraction:
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return f"{a} + {b}", a + b
+    a, b, c = rng.randint(100, 9999), rng.randint(10, 999), rng.randint(100, 9999)
+    template, value = rng.choice(_OPS)
+    return template.format(a=a, b=b, c=c), value(a, b, c)
+
+
+def make_tasks(n: int, seed: int, easy_fraction: float = 0.25) -> tuple[Task, ...]:
+    """n seeded tasks; different seeds give (practically) disjoint hard problems."""
+    rng = random.Random(f"tiny_arith/{seed}")
+    out = []
+    for i in range(n):
+        expr, value = make_problem(rng, easy_fraction)
+        out.append(
+            Task(
+                id=f"tiny_arith-{seed}-{i}",
+                problem=f"What is {expr}?",
+                answer=str(value),
+                source="tiny_arith",
+            )
+        )
+    return tuple(out)
+
+
+def is_easy(task: Task) -> bool:
+    return "*" not in task.problem
+
+
+def expression(task: Task) -> str:
+    return task.problem.removeprefix("What is ").removesuffix("?")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a trace: text the model writes, or raw tool output the environment wraps in its template."""
+
+    kind: Literal["model", "observation"]
+    text: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    task: Task
+    prompt: str
+    segments: tuple[Segment, ...]
+    used_tool: bool
+
+    def render(self, observation_template: str = "```output\n{output}\n```\n") -> str:
+        """The whole episode as text (tokenizer corpus, reading); training uses envs.tiny_arith.encode_trace."""
+        parts = [self.prompt]
+        for s in self.segments:
+            parts.append(s.text if s.kind == "model" else observation_template.replace("{output}", s.text))
+        return "".join(parts)
+
+
+def guess(value: int, rng: random.Random) -> int:
+    """A plausible wrong answer: the leading two digits kept, the rest random."""
+    s = str(abs(value))
+    if len(s) <= 2:
+        return value + rng.choice((-1, 1))
+    out = int(s[:2] + "".join(rng.choice("0123456789") for _ in s[2:]))
+    if out == abs(value):
+        out += 1
+    return -out if value < 0 else out
+
+
+def teacher_trace(task: Task, rng: random.Random, tool_rate: float) -> Trace:
+    """A correct SimpleTIR trace, or (hard problems, probability 1 - tool_rate) a tool-free guess."""
+    prompt = task.problem + "\n"
+    if is_easy(task):
+        return Trace(task, prompt, (Segment("model", f"\\boxed{{{task.answer}}}"),), used_tool=False)
+    if rng.random() >= tool_rate:
+        wrong = guess(int(task.answer), rng)
+        return Trace(task, prompt, (Segment("model", f"\\boxed{{{wrong}}}"),), used_tool=False)
+    code = f"```python\nprint({expression(task)})\n```\n"
+    segments = (
+        Segment("model", code),
+        Segment("observation", task.answer),
+        Segment("model", f"\\boxed{{{task.answer}}}"),
+    )
+    return Trace(task, prompt, segments, used_tool=True)
+
+
+def teacher_traces(n: int, seed: int = 0, tool_rate: float = 0.3, easy_fraction: float = 0.25) -> list[Trace]:
+    """n teacher traces over tasks drawn with `seed` (use a seed the eval split does not use)."""
+    rng = random.Random(f"teacher/{seed}")
+    return [teacher_trace(t, rng, tool_rate) for t in make_tasks(n, seed, easy_fraction)]
+
+
+def corpus(n: int = 2000, seed: int = 12345) -> list[str]:
+    """Texts to train the tiny tokenizer on: rendered traces with and without the tool."""
+    return [t.render() for t in teacher_traces(n, seed, tool_rate=0.5)]
+
+
+def encode_trace(trace: Trace, tokenizer, observation_template: str = "```output\n{output}\n```\n"):
+    """(input_ids, loss_mask) built exactly as the env builds an episode: prompt, then each model segment
+    and each observation tokenized on its own, EOS after the last model segment; mask 1 on model tokens."""
+    from envs.tir import ObservationFormatter
+
+    fmt = ObservationFormatter(tokenizer, observation_template, max_tokens=64)
+    ids = tokenizer.encode(trace.prompt, add_special_tokens=False)
+    mask = [0] * len(ids)
+    for i, s in enumerate(trace.segments):
+        if s.kind == "model":
+            seg = tokenizer.encode(s.text, add_special_tokens=False)
+            if i == len(trace.segments) - 1:
+                seg = seg + [tokenizer.eos_token_id]
+            ids += seg
+            mask += [1] * len(seg)
+        else:
+            seg = fmt.encode(s.text)
+            ids += seg
+            mask += [0] * len(seg)
+    return ids, mask
