@@ -69,8 +69,6 @@ class RolloutConfig(Strict):
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
     max_errors: int = Field(20, ge=0)
     """Episodes ending in an infrastructure error tolerated per run before training stops with the last error."""
-    sandbox_pool: int = Field(2, ge=1)
-    """Warm sandboxes shared by all rollout workers."""
 
 
 class BufferConfig(Strict):

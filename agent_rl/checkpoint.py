@@ -1,0 +1,121 @@
+"""Atomic checkpoints of everything a run needs to continue, in-flight rollouts included.
+
+A checkpoint directory `RUN_DIR/checkpoints/step_NNNNNN/` holds:
+  learner/     `Learner.save` (model, optimizer, lr schedule, RNG, version)
+  hf/          the policy as a Hugging Face model dir (safetensors + config + tokenizer), for eval/serving
+  loop.pkl     next step, data-set cursor, python/torch RNG, and the buffer's state with every
+               half-finished trajectory (`Trajectory.to_bytes`): resuming loses no sampled token.
+It is written to a temporary directory and renamed into place, then `latest` is replaced
+atomically, so a kill at any moment leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_rl.learners import Learner
+
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+@dataclass
+class LoopState:
+    """The training loop's own state (the learner saves its own)."""
+
+    step: int  # the next step to run
+    prompts: dict[str, int]
+    buffer: dict[str, Any]
+    python_rng: Any = None
+    torch_rng: Any = None
+
+
+def save(run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, keep: int) -> Path:
+    """Write one checkpoint atomically; keep the newest `keep`. Returns its directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = run_dir / "checkpoints"
+    final = root / f"step_{state.step:06d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "hf").mkdir(parents=True)
+    learner.save(tmp / "learner")
+    export_hf(learner, model_dir, tmp / "hf", save_file)
+    state.python_rng, state.torch_rng = random.getstate(), torch.get_rng_state()
+    with open(tmp / "loop.pkl", "wb") as f:
+        pickle.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _write_atomic(root / "latest", final.name)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def export_hf(learner: Learner, model_dir: Path, out: Path, save_file: Any) -> None:
+    """The current policy as a loadable Hugging Face directory (weights + the base model's config/tokenizer)."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in learner.hf_state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"))
+    for name in HF_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out / name)
+
+
+def latest(run_dir: Path) -> Path:
+    """The newest complete checkpoint of a run; a clear error if there is none."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        raise FileNotFoundError(
+            f"--resume {run_dir}: no checkpoints/latest in it (was it written by `agent-rl train`?)"
+        )
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    if not (path / "loop.pkl").is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: {path} is incomplete (no loop.pkl)")
+    return path
+
+
+def load(path: Path, learner: Learner) -> LoopState:
+    """Restore the learner in place and return the loop's state (RNGs already restored)."""
+    import torch
+
+    learner.load(path / "learner")
+    with open(path / "loop.pkl", "rb") as f:
+        state: LoopState = pickle.load(f)  # our own file, written by save() above
+    random.setstate(state.python_rng)
+    torch.set_rng_state(state.torch_rng)
+    return state
+
+
+def truncate_logs(
+    run_dir: Path, step: int, names: tuple[str, ...] = ("metrics.jsonl", "batches.jsonl")
+) -> None:
+    """Drop log records of steps >= `step` (written after the checkpoint by a run that was then killed)."""
+    import json
+
+    for name in names:
+        path = run_dir / name
+        if path.is_file():
+            keep = [
+                ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step
+            ]
+            _write_atomic(path, "".join(ln + "\n" for ln in keep))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

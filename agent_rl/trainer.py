@@ -1,0 +1,153 @@
+"""THE training loop, top to bottom (`agent-rl train RECIPE`).
+
+Rollout workers run all the time on a background event loop and fill the buffer; this
+loop is the learner's side only. Asynchrony is the buffer's business (its staleness bound
+k and admission control), so k=0 (synchronous, on-policy) and k>0 run the same lines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from agent_rl import checkpoint, evaluate, placement
+from agent_rl.buffer import RolloutBuffer
+from agent_rl.config import Recipe
+from agent_rl.metrics import RunWriter
+from agent_rl.rollout import LoopThread, PromptSource, Rollouts
+from agent_rl.weight_sync import WeightSync
+
+
+def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = None) -> Path:
+    """Train `recipe`; with `resume`, continue that run directory from its latest checkpoint. Returns the run dir."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    import envs
+    from agent_rl.learners.torch_learner import build_learner
+
+    run_dir = Path(resume) if resume else recipe.run_dir
+    plan = placement.plan(recipe, address)
+    placement.apply(plan)  # Ray only if the plan needs it
+    spec = envs.load(recipe.envs.train)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer or recipe.model.path)
+    lag = recipe.rollout.fixed_lag
+    bcfg = recipe.buffer if lag is None else recipe.buffer.model_copy(update={"max_staleness": lag})
+    buffer = RolloutBuffer(
+        bcfg,
+        batch_prompts=recipe.train.batch_prompts,
+        group_size=spec.group_size,
+        admit_lag=None if lag is None else 0,
+    )
+    loop = LoopThread()  # buffer, engines, sandbox and episodes all live on this event loop
+    sandbox = envs.make_sandbox(spec)
+    prompts = PromptSource(envs.make(spec, tokenizer, sandbox).tasks("train"), seed=recipe.train.seed)
+    learner = build_learner(recipe)
+    start = 0
+    if resume:
+        state = checkpoint.load(checkpoint.latest(run_dir), learner)
+        buffer.load_state(state.buffer)
+        prompts.load_state(state.prompts)
+        start = state.step
+        checkpoint.truncate_logs(run_dir, start)
+    engines = loop.call(placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed))
+    sync = WeightSync(
+        engines.client, loop, mode=recipe.engines.weight_sync, lag=lag or 0, scratch=run_dir / "weights"
+    )
+    sync.push(learner)  # before step 1: a broken weight path fails now, not after the first optimizer step
+    loop.call(_set_version(buffer, learner.version))
+    rollouts = Rollouts(
+        recipe.rollout,
+        buffer,
+        prompts,
+        lambda: envs.make(spec, tokenizer, sandbox),
+        engines.client,
+        max_seq_len=recipe.engines.max_seq_len,
+        seed=recipe.train.seed,
+    )
+    loop.call(_start(rollouts))
+    writer = RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard)
+    bar = tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
+    try:
+        for step in bar:
+            t0 = time.monotonic()
+            batch = loop.call(buffer.take(recipe.train.batch_prompts))
+            t_wait = time.monotonic() - t0
+            metrics = dict(learner.step(batch))
+            t_learn = time.monotonic() - t0 - t_wait
+            sync_s = sync.push(learner)  # engines pause, abort in-flight turns, load, resume
+            buffer_stats = loop.call(_set_version(buffer, learner.version))
+            rewards = [r for g in batch for r in g.rewards]
+            step_s = time.monotonic() - t0
+            metrics |= buffer_stats | loop.call(_stats(rollouts))
+            metrics |= {
+                "rollout/reward_mean": sum(rewards) / len(rewards),
+                "perf/step_seconds": step_s,
+                "perf/wait_seconds": t_wait,
+                "perf/weight_sync_seconds": sync_s,
+                "perf/learner_busy_fraction": t_learn / step_s,
+                "version": learner.version,
+            }
+            if recipe.eval.every and (step + 1) % recipe.eval.every == 0:
+                metrics |= loop.call(
+                    evaluate.evaluate_policy(recipe, engines.client, tokenizer, sandbox)
+                ).metrics()
+            writer.log(step, metrics)
+            _log_batch(run_dir, step, batch)
+            bar.set_postfix(
+                reward=f"{metrics['rollout/reward_mean']:.3f}",
+                ess=f"{metrics.get('vcpo/ess_ratio', 1.0):.2f}",
+                stale=f"{metrics.get('buffer/staleness_mean', 0.0):.1f}",
+                tok_s=f"{metrics['perf/rollout_tokens_per_s']:.0f}",
+            )
+            if (
+                recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0
+            ) or step + 1 == recipe.train.steps:
+                state = checkpoint.LoopState(step + 1, prompts.state(), loop.call(_buffer_state(buffer)))
+                checkpoint.save(
+                    run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
+                )
+    finally:
+        bar.close()
+        loop.call(_shutdown(rollouts, engines, sandbox))
+        loop.close()
+        writer.close()
+        getattr(learner, "close", lambda: None)()
+    return run_dir
+
+
+# Small coroutines so that every touch of the buffer happens on the rollout loop's thread.
+async def _set_version(buffer: RolloutBuffer, version: int) -> dict[str, float]:
+    stats = buffer.stats()  # staleness of the batch just taken, measured against the version it trained
+    buffer.set_version(version)
+    return stats
+
+
+async def _start(rollouts: Rollouts) -> None:
+    rollouts.start()
+
+
+async def _stats(rollouts: Rollouts) -> dict[str, float]:
+    return rollouts.stats()
+
+
+async def _buffer_state(buffer: RolloutBuffer) -> dict:
+    return buffer.state()
+
+
+async def _shutdown(rollouts: Rollouts, engines, sandbox) -> None:
+    await rollouts.stop()
+    await engines.close()
+    await sandbox.close()
+
+
+def _log_batch(run_dir: Path, step: int, batch) -> None:
+    """batches.jsonl: which prompts and trajectories each step trained on (audit trail for resume tests)."""
+    record = {
+        "step": step,
+        "tasks": [g.trajectories[0].task_id for g in batch],
+        "uids": [t.uid for g in batch for t in g.trajectories],
+    }
+    with open(run_dir / "batches.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -1,0 +1,59 @@
+"""Publishing the learner's weights to the engines: pause, abort in flight, load, resume.
+
+Requests aborted by the pause return what they sampled so far and are continued by the
+rollout workers after the resume, so a sync throws nothing away. `lag` implements the
+`rollout.fixed_lag` research switch: the engines get the weights of `lag` versions ago.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent_rl.engines.api import EngineClient
+from agent_rl.learners import Learner
+from agent_rl.rollout import LoopThread
+
+if TYPE_CHECKING:
+    import torch
+
+
+class WeightSync:
+    def __init__(self, engine: EngineClient, loop: LoopThread, *, mode: str, lag: int = 0, scratch: Path):
+        self.engine, self.loop, self.mode, self.lag, self.scratch = engine, loop, mode, lag, scratch
+        self.engine_version: int | None = None
+        self._history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
+
+    def push(self, learner: Learner) -> float:
+        """Send the weights the engines should sample with now; returns seconds spent (0 if unchanged)."""
+        t0 = time.monotonic()
+        tensors = learner.hf_state_dict()
+        version = learner.version
+        if self.lag:
+            self._history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
+            target = max(0, version - self.lag)
+            version, tensors = next((v, t) for v, t in self._history if v >= target)
+        if version == self.engine_version:
+            return 0.0
+        self.loop.call(self._update(version, tensors))
+        self.engine_version = version
+        return time.monotonic() - t0
+
+    async def _update(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        await self.engine.pause()
+        try:
+            if self.mode == "memory":
+                await self.engine.update_weights(version=version, tensors=tensors)
+            else:
+                from safetensors.torch import save_file
+
+                path = self.scratch / f"v{version:06d}"
+                path.mkdir(parents=True, exist_ok=True)
+                save_file(
+                    {k: v.contiguous().cpu() for k, v in tensors.items()}, str(path / "model.safetensors")
+                )
+                await self.engine.update_weights(version=version, path=str(path))
+        finally:
+            await self.engine.resume()
