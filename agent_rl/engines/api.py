@@ -20,7 +20,15 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 class EngineError(RuntimeError):
-    """An engine refused or failed a request; the message says which request and why."""
+    """An engine failed a request; the message says which request and why."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached (connection refused or reset, timeout, 5xx); a pool retries elsewhere."""
+
+
+class BadRequest(EngineError, ValueError):
+    """The request itself is wrong (too long, bad ids, duplicate rid); servers answer it with a 4xx."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +74,16 @@ class Generation:
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if len(self.logprobs) != n or len(self.versions) != n:
-            raise EngineError(f"{n} token ids but {len(self.logprobs)} logprobs and {len(self.versions)} versions")
+            raise EngineError(
+                f"{n} token ids but {len(self.logprobs)} logprobs and {len(self.versions)} versions"
+            )
 
 
 @runtime_checkable
 class EngineClient(Protocol):
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, request_id: str) -> Generation: ...
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Generation: ...
 
     async def pause(self) -> None:
         """Stop scheduling; in-flight requests return finish_reason="abort" with what they have."""
@@ -99,4 +111,6 @@ def launch_embedded(
     """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers."""
     from agent_rl.engines.launch import launch_server
 
-    return launch_server(model_dir, port=port, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed)
+    return launch_server(
+        model_dir, port=port, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed
+    )

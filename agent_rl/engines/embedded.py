@@ -28,9 +28,17 @@ class EmbeddedEngine:
     """Implements `EngineClient` in-process. `generate_full` also returns the meta data the server reports."""
 
     def __init__(
-        self, model_dir: str | Path, *, max_batch: int = 64, max_seq_len: int = 2048, dtype: str = "float32", seed: int = 0
+        self,
+        model_dir: str | Path,
+        *,
+        max_batch: int = 64,
+        max_seq_len: int = 2048,
+        dtype: str = "float32",
+        seed: int = 0,
     ):
-        self.scheduler = Scheduler(model_dir, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed)
+        self.scheduler = Scheduler(
+            model_dir, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed
+        )
         self._cv = threading.Condition()
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._closed = False
@@ -39,7 +47,9 @@ class EmbeddedEngine:
 
     # ---- EngineClient ----
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, request_id: str) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Generation:
         return (await self.generate_full(input_ids, sampling, request_id=request_id)).generation
 
     async def pause(self) -> None:
@@ -64,7 +74,9 @@ class EmbeddedEngine:
 
     # ---- more than the protocol ----
 
-    async def generate_full(self, input_ids: list[int], sampling: SamplingParams, *, request_id: str) -> Output:
+    async def generate_full(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Output:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Output] = loop.create_future()
 

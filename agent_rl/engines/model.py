@@ -43,11 +43,15 @@ class ModelConfig:
         """Read config.json (+ generation_config.json for EOS ids); refuse what this engine can't run."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no config.json; MODEL_DIR must be a Hugging Face model directory")
+            raise FileNotFoundError(
+                f"{path}: no config.json; MODEL_DIR must be a Hugging Face model directory"
+            )
         c = json.loads(path.read_text())
         arch = (c.get("architectures") or ["?"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"{path}: architecture {arch!r} is not supported; use one of {SUPPORTED_ARCHITECTURES}")
+            raise ValueError(
+                f"{path}: architecture {arch!r} is not supported; use one of {SUPPORTED_ARCHITECTURES}"
+            )
         rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -179,7 +183,12 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache, last: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache: KVCache,
+        last: torch.Tensor,
     ) -> torch.Tensor:
         """Logits at `last[b]` of each row. tokens/positions: [B, S]; slots, last: [B]. Returns [B, V] fp32."""
         assert self.rope_cos is not None, "call setup_rope() first"

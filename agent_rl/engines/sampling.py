@@ -27,7 +27,9 @@ class RowParams:
     generator: torch.Generator | None
 
 
-def filtered_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor):
+def filtered_logprobs(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
+):
     """log softmax(filter(logits / T)) per row. logits: [B, V] fp32; temperature/top_p: [B] float; top_k: [B] int.
 
     Rows with top_k <= 0 or >= V keep every token; rows with top_p >= 1 skip the nucleus cut.
@@ -49,7 +51,9 @@ def filtered_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: to
     return torch.log_softmax(x, dim=-1)
 
 
-def sample(logits: torch.Tensor, rows: list[RowParams], default: torch.Generator) -> tuple[list[int], list[float]]:
+def sample(
+    logits: torch.Tensor, rows: list[RowParams], default: torch.Generator
+) -> tuple[list[int], list[float]]:
     """Draw one token per row; return (tokens, logprobs) as Python lists (see module doc for the log-prob)."""
     raw = torch.log_softmax(logits, dim=-1)
     greedy = [r.temperature == 0.0 for r in rows]
@@ -70,7 +74,9 @@ def sample(logits: torch.Tensor, rows: list[RowParams], default: torch.Generator
         if shared:
             drawn[shared] = torch.multinomial(probs[shared], 1, generator=default)[:, 0]
         for j, i in enumerate(rand):
-            if rows[i].generator is not None:  # seeded requests draw from their own stream: reproducible in any batch
+            if (
+                rows[i].generator is not None
+            ):  # seeded requests draw from their own stream: reproducible in any batch
                 drawn[j] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
         tokens[idx] = drawn
         logprobs[idx] = lp.gather(-1, drawn[:, None])[:, 0]

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
-from agent_rl.engines.api import EngineError, FinishReason, Generation, SamplingParams
+from agent_rl.engines.api import BadRequest, FinishReason, Generation, SamplingParams
 from agent_rl.engines.cache import KVCache
 from agent_rl.engines.model import load_model
 from agent_rl.engines.sampling import RowParams, sample
 from agent_rl.engines.weights import copy_weights_, read_safetensors_dir
 
-MAX_PREFILL_TOKENS = 8192  # per step (padded), so one burst of long prompts can't stall running decodes for long
+MAX_PREFILL_TOKENS = (
+    8192  # per step (padded), so one burst of long prompts can't stall running decodes for long
+)
 
 
 @dataclass
@@ -38,7 +40,9 @@ class Output:
     cached_tokens: int  # prompt tokens whose KV came from a previous request's slot
     matched: int | str | None  # the stop token id or stop string that ended it
     latency_s: float
-    error: str | None = None  # set when the engine failed; callers raise it instead of treating it as an abort
+    error: str | None = (
+        None  # set when the engine failed; callers raise it instead of treating it as an abort
+    )
 
 
 @dataclass
@@ -65,7 +69,13 @@ class SlotState:
 
 class Scheduler:
     def __init__(
-        self, model_dir: str | Path, *, max_batch: int = 64, max_seq_len: int = 2048, dtype: str = "float32", seed: int = 0
+        self,
+        model_dir: str | Path,
+        *,
+        max_batch: int = 64,
+        max_seq_len: int = 2048,
+        dtype: str = "float32",
+        seed: int = 0,
     ):
         self.model_dir = str(model_dir)
         self.model = load_model(model_dir, dtype=dtype, max_seq_len=max_seq_len)
@@ -94,19 +104,21 @@ class Scheduler:
     def add(self, req: Request) -> None:
         n, vocab = len(req.prompt), self.model.cfg.vocab_size
         if n == 0:
-            raise EngineError(f"request {req.rid}: input_ids is empty")
+            raise BadRequest(f"request {req.rid}: input_ids is empty")
         if n >= self.max_seq_len:
-            raise EngineError(
+            raise BadRequest(
                 f"request {req.rid}: prompt of {n} tokens does not fit the context (max_seq_len={self.max_seq_len}; "
                 "at least one token must be generated)"
             )
         bad = [t for t in req.prompt if not 0 <= t < vocab]
         if bad:
-            raise EngineError(f"request {req.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            raise BadRequest(
+                f"request {req.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
         if req.sampling.stop and self.tokenizer is None:
-            raise EngineError(f"request {req.rid}: stop strings need tokenizer files in {self.model_dir}")
+            raise BadRequest(f"request {req.rid}: stop strings need tokenizer files in {self.model_dir}")
         if any(r.rid == req.rid for r in (*self.running, *self.waiting)):
-            raise EngineError(f"request {req.rid}: a request with this rid is already in flight")
+            raise BadRequest(f"request {req.rid}: a request with this rid is already in flight")
         if req.sampling.seed is not None:
             req.generator = torch.Generator().manual_seed(req.sampling.seed)
         self.waiting.append(req)
@@ -126,13 +138,17 @@ class Scheduler:
     def resume(self) -> None:
         self.paused = False
 
-    def update_weights(self, version: int, *, path: str | None = None, tensors: Mapping[str, torch.Tensor] | None = None):
+    def update_weights(
+        self, version: int, *, path: str | None = None, tensors: Mapping[str, torch.Tensor] | None = None
+    ):
         """Copy new weights into the model in place and set the version that stamps the next tokens."""
         if (path is None) == (tensors is None):
-            raise EngineError("update_weights needs exactly one of path= or tensors=")
+            raise BadRequest("update_weights needs exactly one of path= or tensors=")
         copy_weights_(self.model, read_safetensors_dir(path) if path is not None else tensors)
         self.version = int(version)
-        for s in self.slots:  # cached keys were computed by the old weights: never reuse them for a new prompt
+        for (
+            s
+        ) in self.slots:  # cached keys were computed by the old weights: never reuse them for a new prompt
             if not s.busy:
                 s.tokens = []
 
@@ -162,7 +178,9 @@ class Scheduler:
                 break
             req = self.waiting[0]
             slot, shared = self._pick_slot(free, req.prompt)
-            start = min(shared, len(req.prompt) - 1)  # the last prompt token is always fed: its logits are needed
+            start = min(
+                shared, len(req.prompt) - 1
+            )  # the last prompt token is always fed: its logits are needed
             width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
             if admitted and width * (len(admitted) + 1) > budget:
                 break
@@ -204,7 +222,9 @@ class Scheduler:
         order = torch.argsort(slots)  # ascending slots make the common all-slots-0..B-1 case a cache view
         logits = self.model(tokens[order], positions[order], slots[order], self.cache, last[order])
         logits = logits[torch.argsort(order)]
-        rows = [RowParams(r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.generator) for r in reqs]
+        rows = [
+            RowParams(r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.generator) for r in reqs
+        ]
         ids, lps = sample(logits, rows, self.generator)
         for r, t, lp in zip(reqs, ids, lps, strict=True):
             r.tokens.append(t)
@@ -230,7 +250,9 @@ class Scheduler:
         text = self.tokenizer.decode(r.tokens[-window:])
         return next((s for s in r.sampling.stop if s in text), None)
 
-    def _finish(self, r: Request, reason: FinishReason, matched: int | str | None, error: str | None = None) -> None:
+    def _finish(
+        self, r: Request, reason: FinishReason, matched: int | str | None, error: str | None = None
+    ) -> None:
         if r in self.running:
             self.running.remove(r)
             self._clock += 1
@@ -239,7 +261,9 @@ class Scheduler:
         else:
             self.waiting.remove(r)
         gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason)
-        r.on_finish(Output(r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error))
+        r.on_finish(
+            Output(r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error)
+        )
 
     def fail_all(self, error: BaseException) -> None:
         """A step raised: fail every request with the error so no caller hangs, and free all slots."""

@@ -43,10 +43,14 @@ def copy_weights_(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> int:
     params = dict(model.named_parameters(remove_duplicate=False))
     unknown = [n for n in tensors if n not in params]
     if unknown:
-        raise KeyError(f"weight update names unknown parameters {unknown[:5]} (expected names like {next(iter(params))!r})")
+        raise KeyError(
+            f"weight update names unknown parameters {unknown[:5]} (expected names like {next(iter(params))!r})"
+        )
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
-            raise ValueError(f"weight update {name}: shape {tuple(t.shape)} != parameter shape {tuple(params[name].shape)}")
+            raise ValueError(
+                f"weight update {name}: shape {tuple(t.shape)} != parameter shape {tuple(params[name].shape)}"
+            )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"weight update {name}: contains NaN or inf")
     for name, t in tensors.items():
@@ -61,7 +65,10 @@ def write_shm_checkpoint(tensors: Mapping[str, torch.Tensor]) -> Path:
     root = SHM_ROOT if SHM_ROOT.is_dir() else None
     out = Path(tempfile.mkdtemp(prefix="agent_rl_weights_", dir=root))
     # safetensors refuses shared storage (tied embeddings) and non-contiguous views: give it plain copies.
-    save_file({n: t.detach().to("cpu").contiguous().clone() for n, t in tensors.items()}, str(out / "model.safetensors"))
+    save_file(
+        {n: t.detach().to("cpu").contiguous().clone() for n, t in tensors.items()},
+        str(out / "model.safetensors"),
+    )
     return out
 
 

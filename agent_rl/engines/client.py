@@ -1,0 +1,250 @@
+"""HTTP clients implementing `EngineClient`: `SGLangClient` (SGLang's native API; our server speaks it too)
+and `VLLMClient` (vLLM's OpenAI-compatible server with its RL/dev endpoints).
+
+Weight updates from in-memory tensors go through a safetensors file in /dev/shm (RAM, not disk;
+see weights.py), then the server's load-from-path endpoint; the file is removed afterwards. That
+needs the server on the same machine; across machines use a shared path or, on GPUs with SGLang,
+`update_weights_from_distributed` (NCCL broadcast driven by the trainer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
+from agent_rl.engines.weights import remove_checkpoint, write_shm_checkpoint
+
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class HTTPEngine:
+    """Shared plumbing: one aiohttp session per client, errors mapped to BadRequest / EngineUnavailable."""
+
+    def __init__(self, url: str, *, timeout_s: float | None = None, health_timeout_s: float = 5.0):
+        self.url = url.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.version = 0  # last version pushed through this client
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No connection cap: hundreds of concurrent generations are normal for a rollout worker.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout
+            )
+        return self._session
+
+    async def request(self, method: str, path: str, body: Any = None, **kw) -> Any:
+        try:
+            async with self.session().request(method, self.url + path, json=body, **kw) as r:
+                text = await r.text()
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            raise EngineUnavailable(f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
+        check_status(r.status, f"{method} {self.url}{path}", text)
+        return json.loads(text) if text.strip() else None
+
+    async def health(self) -> bool:
+        try:
+            async with self.session().get(self.url + "/health", timeout=self.health_timeout) as r:
+                return r.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def check_status(status: int, where: str, text: str) -> None:
+    if 400 <= status < 500:
+        raise BadRequest(f"{where} -> {status}: {text[:2000]}")
+    if status >= 500:
+        raise EngineUnavailable(f"{where} -> {status}: {text[:2000]}")
+
+
+class SGLangClient(HTTPEngine):
+    """SGLang's native API: /generate with input_ids, /pause_generation, /update_weights_from_disk, ..."""
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Generation:
+        sp: dict[str, Any] = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "max_new_tokens": sampling.max_new_tokens,
+            "stop": list(sampling.stop),
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "ignore_eos": sampling.ignore_eos,
+            "no_stop_trim": True,
+        }
+        if sampling.seed is not None:
+            sp["sampling_seed"] = sampling.seed
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": sp,
+            "rid": request_id,
+            "return_logprob": True,
+        }
+        r = await self.request("POST", "/generate", body)
+        meta = r["meta_info"]
+        ids = list(r["output_ids"])
+        logprobs = [float(x[0]) for x in meta["output_token_logprobs"]]
+        versions = meta.get("output_token_versions")
+        if (
+            versions is None
+        ):  # real SGLang: one weight_version per response (aborts split requests at updates)
+            versions = [_int_version(meta.get("weight_version"), self.version)] * len(ids)
+        return Generation(ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]])
+
+    async def pause(self) -> None:
+        await self.request("POST", "/pause_generation", {"mode": "abort"})
+
+    async def resume(self) -> None:
+        await self.request("POST", "/continue_generation", {})
+
+    async def update_weights(
+        self, *, version: int, path: str | None = None, tensors: Mapping[str, Any] | None = None
+    ) -> None:
+        if (path is None) == (tensors is None):
+            raise BadRequest("update_weights needs exactly one of path= or tensors=")
+        tmp = write_shm_checkpoint(tensors) if tensors is not None else None
+        try:
+            body = {"model_path": str(tmp or path), "weight_version": str(version)}
+            r = await self.request("POST", "/update_weights_from_disk", body)
+        finally:
+            if tmp is not None:
+                remove_checkpoint(tmp)
+        if not r.get("success", False):
+            raise EngineError(f"{self.url}: update_weights_from_disk failed: {r.get('message')}")
+        self.version = version
+
+    async def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
+        group_name: str = "weight_update_group", backend: str = "nccl",
+    ) -> None:  # fmt: skip
+        """SGLang (GPU) only: join the trainer's process group used by update_weights_from_distributed."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        await self.request("POST", "/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
+        group_name: str = "weight_update_group",
+    ) -> None:  # fmt: skip
+        """SGLang (GPU) only: receive these tensors by NCCL broadcast; the trainer broadcasts them concurrently."""
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": True,
+            "weight_version": str(version),
+        }
+        r = await self.request("POST", "/update_weights_from_distributed", body)
+        if not r.get("success", False):
+            raise EngineError(f"{self.url}: update_weights_from_distributed failed: {r.get('message')}")
+        self.version = version
+
+
+def _int_version(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+class VLLMClient(HTTPEngine):
+    """vLLM's OpenAI server (`vllm serve`, started with VLLM_SERVER_DEV_MODE=1 for /pause, /resume and
+    /collective_rpc). Streams /v1/completions with token-id prompts, so a pause (which aborts vLLM's
+    requests) still returns the tokens produced so far. vLLM does not report versions per token:
+    tokens carry the version this client last pushed when the request started (a pause-update-resume
+    cycle never lets one request span two versions). Start vLLM with `--logprobs-mode processed_logprobs`
+    to get log-probs of the sampling distribution (its default is the raw model log-softmax).
+    """
+
+    def __init__(self, url: str, *, model: str | None = None, **kw):
+        super().__init__(url, **kw)
+        self.model = model
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Generation:
+        if self.model is None:
+            self.model = (await self.request("GET", "/v1/models"))["data"][0]["id"]
+        version = self.version
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(input_ids),
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "stop": list(sampling.stop),
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "ignore_eos": sampling.ignore_eos,
+            "seed": sampling.seed,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "stream": True,
+        }
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish = None
+        headers = {"X-Request-Id": request_id}
+        try:
+            async with self.session().post(self.url + "/v1/completions", json=body, headers=headers) as r:
+                if r.status != 200:
+                    check_status(r.status, f"POST {self.url}/v1/completions ({request_id})", await r.text())
+                async for raw in r.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    if "error" in chunk:
+                        raise EngineError(f"{self.url} ({request_id}): {chunk['error']}")
+                    choice = chunk["choices"][0]
+                    lp = choice.get("logprobs") or {}
+                    ids += [int(t.removeprefix("token_id:")) for t in lp.get("tokens", [])]
+                    logprobs += [float(x) for x in lp.get("token_logprobs", [])]
+                    finish = choice.get("finish_reason") or finish
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            if not ids:
+                raise EngineUnavailable(f"POST {self.url}/v1/completions ({request_id}): {e}") from e
+        # A stream cut short (pause with mode=abort, server going away mid-request) is an abort.
+        return Generation(ids, logprobs, [version] * len(ids), FINISH.get(finish or "abort", "abort"))
+
+    async def pause(self) -> None:
+        await self.request("POST", "/pause", params={"mode": "abort"})
+
+    async def resume(self) -> None:
+        await self.request("POST", "/resume")
+
+    async def update_weights(
+        self, *, version: int, path: str | None = None, tensors: Mapping[str, Any] | None = None
+    ) -> None:
+        if (path is None) == (tensors is None):
+            raise BadRequest("update_weights needs exactly one of path= or tensors=")
+        tmp = write_shm_checkpoint(tensors) if tensors is not None else None
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp or path)}}
+            await self.request("POST", "/collective_rpc", rpc)
+        finally:
+            if tmp is not None:
+                remove_checkpoint(tmp)
+        await self.request("POST", "/reset_prefix_cache")  # cached keys were computed by the old weights
+        await self.request("POST", "/update_weight_version", {"new_version": str(version)})
+        self.version = version

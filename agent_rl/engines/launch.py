@@ -1,0 +1,98 @@
+"""Start the embedded engine's HTTP server in a subprocess and hand back its URL and a client.
+
+The server runs in its own process so its torch threads and the engine's GIL time stay out of
+the trainer's process. Its stdout/stderr go to a log file whose path errors quote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_rl.engines.client import SGLangClient
+
+READY = re.compile(r"agent-rl engine serving .* on (http://\S+)")
+
+
+@dataclass
+class EmbeddedServerHandle:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def client(self, **kw) -> SGLangClient:
+        return SGLangClient(self.url, **kw)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> EmbeddedServerHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch_server(
+    model_dir: str | Path,
+    *,
+    port: int = 0,
+    max_batch: int = 64,
+    max_seq_len: int = 2048,
+    dtype: str = "float32",
+    seed: int = 0,
+    host: str = "127.0.0.1",
+    timeout_s: float = 180.0,
+    log_path: str | Path | None = None,
+) -> EmbeddedServerHandle:
+    cmd = [
+        sys.executable, "-m", "agent_rl.engines.server", str(model_dir),
+        "--host", host, "--port", str(port), "--max-batch", str(max_batch),
+        "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed),
+    ]  # fmt: skip
+    log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_engine_", suffix=".log")[1])
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    deadline = time.monotonic() + timeout_s
+    url = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"engine server exited with code {proc.returncode} before serving; log {log}:\n{_tail(log)}"
+            )
+        if url is None and (m := READY.search(log.read_text(errors="replace"))):
+            url = m.group(1)
+        if url is not None and _healthy(url):
+            return EmbeddedServerHandle(url=url, process=proc, log_path=log)
+        time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError(
+        f"engine server not healthy after {timeout_s:.0f} s ({' '.join(cmd)}); log {log}:\n{_tail(log)}"
+    )
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:]
