@@ -1,0 +1,140 @@
+"""Data-parallel ranks as worker processes: one `TorchRank` each, stepping in lockstep.
+
+Each worker joins a torch.distributed group (gloo on CPU, NCCL on GPU) and then serves
+calls from the facade over a pipe: the facade sends every rank its own argument, waits
+for every answer, and re-raises the first rank's error with its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+
+from agent_rl.learners._torch_rank import RankSpec
+
+
+class RankError(RuntimeError):
+    """A learner rank failed; the message carries the rank's traceback."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(spec: RankSpec, rank: int, world: int, port: int, conn: Connection, threads: int) -> None:
+    import torch.distributed as dist
+
+    from agent_rl.learners._torch_rank import TorchRank
+
+    torch.set_num_threads(threads)
+    try:
+        cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+        device = f"cuda:{rank}" if cuda else "cpu"
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(minutes=30),
+        )
+        worker = TorchRank(spec, dp_group=dist.group.WORLD, device=device)
+        conn.send(("ok", None))
+    except Exception:
+        conn.send(("err", traceback.format_exc()))
+        return
+    while True:
+        method, arg = conn.recv()
+        if method == "close":
+            break
+        try:
+            conn.send(("ok", getattr(worker, method)(*arg)))
+        except Exception:
+            conn.send(("err", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class RankPool:
+    """`world` spawned processes, each running one rank; `call` runs a method on all of them."""
+
+    def __init__(self, spec: RankSpec, world: int):
+        import os
+
+        ctx = torch.multiprocessing.get_context("spawn")
+        port = _free_port()
+        threads = max(1, (os.cpu_count() or 1) // world)
+        self._conns: list[Connection] = []
+        self._procs = []
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(spec, rank, world, port, child, threads), daemon=True)
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._collect()
+
+    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Run `method(*args[r])` on rank r, all ranks concurrently; results in rank order."""
+        for conn, a in zip(self._conns, args, strict=True):
+            conn.send((method, a))
+        return self._collect()
+
+    def call_rank0(self, method: str, *args: Any) -> Any:
+        """Run `method` on rank 0 only (no collectives inside, or the other ranks would hang)."""
+        self._conns[0].send((method, args))
+        try:
+            status, value = self._conns[0].recv()
+        except EOFError:
+            status, value = "err", f"process exited with code {self._procs[0].exitcode}"
+        if status != "ok":
+            self._fail(f"learner rank 0: {value}")
+        return value
+
+    def _collect(self) -> list[Any]:
+        """Every rank's answer; the first failure (error or death) stops all ranks and is raised.
+
+        A failed rank leaves the others blocked in a collective, so nothing waits on them after it.
+        """
+        results: dict[int, Any] = {}
+        while len(results) < len(self._conns):
+            waiting = {c: r for r, c in enumerate(self._conns) if r not in results}
+            sentinels = {self._procs[r].sentinel: r for r in waiting.values()}
+            for ready in wait([*waiting, *sentinels]):
+                if ready in sentinels:
+                    rank = sentinels[ready]
+                    if self._conns[rank].poll():
+                        continue  # answered, then exited: read the answer first
+                    self._fail(f"learner rank {rank}: process exited with code {self._procs[rank].exitcode}")
+                rank = waiting[ready]  # type: ignore[index]
+                status, value = ready.recv()  # type: ignore[union-attr]
+                if status != "ok":
+                    self._fail(f"learner rank {rank}: {value}")
+                results[rank] = value
+        return [results[r] for r in range(len(self._conns))]
+
+    def _fail(self, message: str) -> None:
+        for proc in self._procs:
+            proc.kill()
+        self.close()
+        raise RankError(message)
+
+    def close(self) -> None:
+        for conn, proc in zip(self._conns, self._procs, strict=True):
+            if proc.is_alive():
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    conn.send(("close", ()))
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+        self._procs, self._conns = [], []

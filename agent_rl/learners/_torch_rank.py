@@ -1,0 +1,183 @@
+"""One data-parallel rank of the torch learner: model, AdamW, lr schedule, the vcpo step, checkpoint I/O.
+
+The same class runs in-process (dp=1) and inside each worker process (dp>1); it never
+splits or collates data (the facade does) and never talks to other ranks except through
+the vcpo step's collectives on `dp_group`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from agent_rl.learners._schedule import build_scheduler
+from vcpo.batch import PolicyBatch
+from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
+from vcpo.step import Step, StepConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs to build itself (picklable: it crosses a process boundary)."""
+
+    model_path: str
+    tokenizer_path: str
+    weights_dtype: Literal["float32", "bfloat16"]  # dtype handed to engines by hf_state_dict
+    compute_dtype: Literal["float32", "bfloat16"]  # autocast dtype of forward passes; master weights are fp32
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    lr_schedule: Literal["constant", "cosine", "linear"]
+    warmup_steps: int
+    total_steps: int
+    gradient_checkpointing: bool
+    step: StepConfig
+    seed: int
+
+
+class TorchRank:
+    def __init__(self, spec: RankSpec, *, dp_group: dist.ProcessGroup | None = None, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM
+
+        self.spec = spec
+        self.device = torch.device(device)
+        self.rank = dist.get_rank(dp_group) if dp_group is not None else 0
+        _seed_everything(spec.seed)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(self.device)
+        if spec.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        model.train()
+        self.model = model
+        # No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
+        decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=spec.lr,
+            betas=spec.betas,
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            schedule=spec.lr_schedule,
+            warmup_steps=spec.warmup_steps,
+            total_steps=spec.total_steps,
+        )
+        self._autocast = DTYPES[spec.compute_dtype] if spec.compute_dtype != "float32" else None
+        self._step = Step(
+            model,
+            self.optimizer,
+            spec.step,
+            dp_group=dp_group,
+            logprob_fn=self._logprobs,
+            proxy_fn=self._proxy,
+        )
+
+    def _logprobs(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        with torch.autocast(
+            self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+        ):
+            return logprobs_of(model, input_ids, attention_mask)
+
+    def _proxy(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        with torch.autocast(
+            self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+        ):
+            return logit_grad_proxy_of(model, input_ids, attention_mask)
+
+    def step(self, batch: PolicyBatch) -> dict[str, float]:
+        """One optimizer update on this rank's share; every rank must call it (collectives inside)."""
+        lr = self.scheduler.get_last_lr()[0]
+        metrics = dict(self._step(batch.to(self.device)).as_dict())
+        self.scheduler.step()
+        metrics["lr_scheduled"] = lr
+        return metrics
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        dtype = DTYPES[self.spec.weights_dtype]
+        return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, path: str, version: int) -> None:
+        """Rank 0 writes the HF model dir, optimizer and schedule; every rank writes its RNG state."""
+        out = Path(path)
+        if self.rank == 0:
+            from transformers import AutoTokenizer
+
+            self.model.save_pretrained(out / "model")
+            AutoTokenizer.from_pretrained(self.spec.tokenizer_path).save_pretrained(out / "model")
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                out / "optimizer.pt",
+            )
+            (out / "learner.json").write_text(json.dumps({"version": version, "backend": "torch"}))
+        torch.save(_rng_state(), out / f"rng_rank{self.rank}.pt")
+
+    def load(self, path: str) -> int:
+        """Restore everything `save` wrote; returns the saved version."""
+        src = Path(path)
+        meta = json.loads((src / "learner.json").read_text())
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted((src / "model").glob("*.safetensors")):
+            state.update(load_file(f, device=str(self.device)))
+        if not state:
+            raise FileNotFoundError(f"{src / 'model'}: no *.safetensors weights in the checkpoint")
+        result = self.model.load_state_dict(state, strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or {})
+        missing = [k for k in result.missing_keys if k not in tied]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"{src / 'model'} does not match the model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+            )
+        opt = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        self.scheduler.load_state_dict(opt["scheduler"])
+        rng = src / f"rng_rank{self.rank}.pt"
+        if rng.is_file():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        return int(meta["version"])
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,138 @@
+"""The default learner: a Hugging Face causal LM trained with torch and the vcpo step.
+
+dp=1 runs the rank in this process. dp>1 runs every rank in its own worker process
+(gloo on CPU, NCCL on GPU); this facade splits the global batch into whole groups per
+rank, the ranks step in lockstep (gradients summed once per step inside vcpo), and
+rank 0 answers with metrics and weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from agent_rl.batch import collate, split_groups, version_stats
+from agent_rl.learners._torch_rank import RankSpec, TorchRank
+from agent_rl.types import Group
+from vcpo.step import StepConfig
+
+if TYPE_CHECKING:
+    from agent_rl.config import Recipe
+    from agent_rl.learners import Learner
+    from agent_rl.learners._dp import RankPool
+
+# vcpo.StepMetrics field -> logged name (everything the step reports is logged).
+_METRIC_NAMES = {
+    "loss": "learner/loss",
+    "grad_norm": "learner/grad_norm",
+    "lr": "learner/lr_effective",
+    "tokens": "learner/tokens",
+    "trajectories": "learner/trajectories",
+}
+
+
+class TorchLearner:
+    """See the module docstring; implements `agent_rl.learners.Learner`."""
+
+    def __init__(self, spec: RankSpec, *, dp: int = 1):
+        self.spec = spec
+        self.dp = dp
+        self.version = 0
+        self._local: TorchRank | None = None
+        self._pool: RankPool | None = None
+        if dp == 1:
+            self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            from agent_rl.learners._dp import RankPool
+
+            self._pool = RankPool(spec, dp)
+
+    def _call(self, method: str, args: Sequence[tuple[object, ...]]) -> list[object]:
+        if self._local is not None:
+            return [getattr(self._local, method)(*args[0])]
+        assert self._pool is not None
+        return self._pool.call(method, args)
+
+    def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
+        """One optimizer update on whole groups; version + 1."""
+        t0 = time.perf_counter()
+        shards = [collate(s).policy for s in split_groups(groups, self.dp)]
+        for b in shards:
+            b.validate()  # here, where the error is clear, not in a worker mid-collective
+        raw = self._call("step", [(b,) for b in shards])[0]
+        assert isinstance(raw, dict)
+        seconds = time.perf_counter() - t0
+        metrics = {_METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"}
+        metrics["learner/lr"] = float(raw["lr_scheduled"])
+        metrics.update(version_stats(groups, self.version))
+        n_tokens = sum(int(b.attention_mask.sum()) for b in shards)
+        metrics["learner/input_tokens"] = float(n_tokens)
+        metrics["learner/step_seconds"] = seconds
+        metrics["perf/learner_tokens_per_s"] = n_tokens / seconds
+        self.version += 1
+        return metrics
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Rank 0's weights under HF names (ranks hold identical replicas), in the model's dtype."""
+        if self._local is not None:
+            return self._local.hf_state_dict()
+        assert self._pool is not None
+        return self._pool.call_rank0("hf_state_dict")  # type: ignore[return-value]
+
+    def save(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self._call("save", [(str(path), self.version)] * self.dp)
+
+    def load(self, path: Path) -> None:
+        versions = self._call("load", [(str(path),)] * self.dp)
+        self.version = int(versions[0])  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        """Stop the worker processes (dp>1); a no-op in-process."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def rank_spec(recipe: Recipe) -> RankSpec:
+    """The recipe's model, learner and algorithm sections as a rank's build spec."""
+    lc, ac = recipe.learner, recipe.algorithm
+    step = StepConfig(
+        loss=ac.loss,
+        advantage=ac.advantage,
+        is_truncation=ac.is_truncation,
+        ess_lr_rule=ac.ess_lr_rule,
+        ess_base_ratio=ac.ess_base_ratio,
+        opob_mode=ac.opob_mode,
+        opob_weight=ac.opob_weight,
+        grad_clip=lc.grad_clip,
+        micro_batch_size=lc.micro_batch_size,
+        loss_kwargs=dict(ac.loss_kwargs),
+    )
+    step.check()  # a bad loss/advantage pairing fails at build time, not at step 1
+    return RankSpec(
+        model_path=recipe.model.path,
+        tokenizer_path=recipe.model.tokenizer or recipe.model.path,
+        weights_dtype=recipe.model.dtype,
+        compute_dtype=lc.dtype,
+        lr=lc.lr,
+        betas=lc.betas,
+        weight_decay=lc.weight_decay,
+        lr_schedule=lc.lr_schedule,
+        warmup_steps=lc.warmup_steps,
+        total_steps=recipe.train.steps,
+        gradient_checkpointing=lc.gradient_checkpointing,
+        step=step,
+        seed=recipe.train.seed,
+    )
+
+
+def build_learner(recipe: Recipe) -> Learner:
+    """The torch learner for `recipe` (learner.backend must be 'torch')."""
+    if recipe.learner.backend != "torch":
+        raise ValueError(f"build_learner: learner.backend is {recipe.learner.backend!r}; this builds 'torch'")
+    return TorchLearner(rank_spec(recipe), dp=recipe.learner.dp)

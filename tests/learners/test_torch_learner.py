@@ -1,0 +1,114 @@
+"""The torch learner on the tiny model: direction of the update, on-policy weights, resume, data parallel."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from learner_helpers import _load, make_groups, recipe_for
+
+from agent_rl.learners.torch_learner import TorchLearner, build_learner
+from agent_rl.types import Group
+
+
+def _seq_logprob(learner: TorchLearner, group: Group) -> list[float]:
+    """Sum of the learner's current log-probs over each trajectory's loss tokens."""
+    from vcpo.logprobs import logprobs_of
+
+    out = []
+    with torch.no_grad():
+        for t in group.trajectories:
+            f = t.flatten()
+            ids = torch.tensor([f.input_ids])
+            lp = logprobs_of(learner._local.model, ids, torch.ones_like(ids))[0]  # type: ignore[union-attr]
+            out.append(float((lp * torch.tensor(f.loss_mask)).sum()))
+    return out
+
+
+@pytest.mark.parametrize("loss", ["vcpo", "tis_token", "ppo_clip"])
+def test_step_raises_logprob_of_rewarded_and_lowers_unrewarded(tiny_model_dir: Path, loss: str) -> None:
+    advantage = "opob" if loss == "vcpo" else "grpo"
+    learner = build_learner(recipe_for(tiny_model_dir, algorithm={"loss": loss, "advantage": advantage}))
+    groups = make_groups(tiny_model_dir, n_groups=2, n=2)
+    before = _seq_logprob(learner, groups[0])
+    metrics = learner.step(groups)
+    after = _seq_logprob(learner, groups[0])
+    rewards = groups[0].rewards
+    assert rewards == [0.0, 1.0]
+    assert after[1] > before[1] and after[0] < before[0]
+    assert learner.version == 1
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_on_policy_batch_has_unit_is_weights_and_full_ess(tiny_model_dir: Path) -> None:
+    learner = build_learner(recipe_for(tiny_model_dir))
+    m = learner.step(make_groups(tiny_model_dir, n_groups=2, n=3, version=0))
+    assert m["vcpo/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["vcpo/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert m["vcpo/ess_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert m["vcpo/lr_scale"] == pytest.approx(1.0, abs=1e-6)
+    assert m["vcpo/kl_behavior_current"] == pytest.approx(0.0, abs=1e-6)
+    assert m["learner/staleness_max"] == 0.0
+    for key in (
+        "learner/loss",
+        "learner/grad_norm",
+        "learner/lr",
+        "learner/tokens",
+        "perf/learner_tokens_per_s",
+    ):
+        assert key in m
+
+
+def test_stale_batch_lowers_ess_and_lr(tiny_model_dir: Path) -> None:
+    learner = build_learner(recipe_for(tiny_model_dir, algorithm={"ess_base_ratio": 1.0}))
+    learner.version = 3
+    m = learner.step(make_groups(tiny_model_dir, n_groups=2, n=4, noise=0.05, version=1))
+    assert m["vcpo/ess_ratio"] < 0.99
+    assert m["vcpo/lr_scale"] == pytest.approx(math.sqrt(m["vcpo/ess_ratio"]), rel=1e-6)
+    assert m["learner/staleness_mean"] == 2.0
+    assert m["vcpo/kl_behavior_current"] > 0
+
+
+def test_save_load_continues_bit_for_bit(tiny_model_dir: Path, tmp_path: Path) -> None:
+    recipe = recipe_for(
+        tiny_model_dir, learner={"lr_schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}
+    )
+    b1, b2 = make_groups(tiny_model_dir, seed=1), make_groups(tiny_model_dir, seed=2)
+    a = build_learner(recipe)
+    a.step(b1)
+    a.save(tmp_path / "ckpt")
+    m_a = a.step(b2)
+    b = build_learner(recipe)
+    b.load(tmp_path / "ckpt")
+    assert b.version == 1
+    m_b = b.step(b2)
+    assert m_a["learner/lr"] == m_b["learner/lr"] and m_a["learner/loss"] == m_b["learner/loss"]
+    sa, sb = a.hf_state_dict(), b.hf_state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert (tmp_path / "ckpt" / "model" / "config.json").is_file()  # an HF dir engines and eval can load
+
+
+def test_dp2_equals_dp1_on_the_same_global_batch(tiny_model_dir: Path) -> None:
+    groups = make_groups(tiny_model_dir, n_groups=3, n=2, noise=0.02)
+    one = build_learner(recipe_for(tiny_model_dir))
+    m1 = one.step(groups)
+    two = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}))
+    try:
+        m2 = two.step(groups)
+        s1, s2 = one.hf_state_dict(), two.hf_state_dict()
+    finally:
+        two.close()  # type: ignore[attr-defined]
+    for key in (
+        "learner/loss",
+        "learner/grad_norm",
+        "vcpo/ess_ratio",
+        "vcpo/is_weight_mean",
+        "learner/tokens",
+    ):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+    for k in s1:
+        torch.testing.assert_close(s2[k], s1[k], rtol=1e-5, atol=1e-6)
+    initial = _load(str(tiny_model_dir)).state_dict()
+    assert any(not torch.equal(s1[k], initial[k]) for k in s1)  # the step did change the weights
