@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 def _shifted_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     logits = model(input_ids, attention_mask=attention_mask).logits
-    return logits[:, :-1].float()  # position t-1 predicts token t
+    logits = logits[:, :-1]  # position t-1 predicts token t
+    return logits if logits.dtype == torch.float64 else logits.float()  # bf16 logits lose the tail
 
 
 def _scatter_back(x: Tensor, width: int) -> Tensor:
@@ -23,7 +24,7 @@ def _scatter_back(x: Tensor, width: int) -> Tensor:
 
 
 def logprobs_of(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, T] float32 log p(input_ids[t] | input_ids[:t]); position 0 is 0."""
+    """[B, T] log p(input_ids[t] | input_ids[:t]) in float32 (float64 for a float64 model); position 0 is 0."""
     logits = _shifted_logits(model, input_ids, attention_mask)
     lp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
     return _scatter_back(lp, input_ids.shape[1])

@@ -88,8 +88,11 @@ def kl_k3_sum(logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
     return ((torch.exp(d) - 1.0 - d) * mask).sum(-1)
 
 
-def sequence_weighted(seq_log_weight: SeqLogWeight) -> Callable[..., LossOutput]:
-    """ℓ_i = −w̃_i A_i mean_t log π, with log w̃ = seq_log_weight(s, c)."""
+def sequence_weighted(seq_log_weight: SeqLogWeight, *, corrects: bool = True) -> Callable[..., LossOutput]:
+    """ℓ_i = −w̃_i A_i mean_t log π, with log w̃ = seq_log_weight(s, c).
+
+    ``corrects``: w̃ is a truncated/masked version of w, so w̃ != w counts as clipped.
+    """
 
     def fn(inp: LossInputs) -> LossOutput:
         s = _seq_s(inp)
@@ -97,7 +100,7 @@ def sequence_weighted(seq_log_weight: SeqLogWeight) -> Callable[..., LossOutput]
         wt = torch.exp(log_wt).to(inp.logprobs.dtype)
         mean_lp = token_mean(inp.logprobs, inp.loss_mask)
         loss = -(wt * inp.advantages.to(mean_lp.dtype)).detach() * mean_lp
-        clipped = torch.where(log_wt != s, inp.loss_mask.sum(-1), 0.0)
+        clipped = torch.where((log_wt != s) & corrects, inp.loss_mask.sum(-1), 0.0)
         return LossOutput(loss=loss, clipped_tokens=clipped)
 
     return fn
@@ -207,7 +210,7 @@ LOSSES: Mapping[str, LossSpec] = MappingProxyType(
         for s in (
             _spec(
                 "reinforce",
-                sequence_weighted(_no_weight),
+                sequence_weighted(_no_weight, corrects=False),
                 "off-policy REINFORCE/GRPO, no correction",
                 seq_log_weight=_no_weight,
             ),

@@ -187,7 +187,7 @@ class Step:
             for k, r in zip(m.tolist(), res, strict=True):
                 rows.s[k], rows.tokens[k], rows.grad_sq[k], rows.kl[k] = r.s, r.tokens, r.grad_sq, r.kl
                 rows.loss[k] = -math.exp(r.log_wt) * float(rows.adv[k]) * r.mean_lp
-                rows.clipped[k] = r.tokens if r.log_wt != r.s else 0.0
+                rows.clipped[k] = r.tokens if r.log_wt != r.s and self.cfg.loss != "reinforce" else 0.0
         for p, a in zip(self.params, acc, strict=True):
             p.grad = (-a).to(p.dtype)
 
