@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_rl.config import BufferConfig
@@ -103,10 +104,15 @@ class RolloutBuffer:
         self.counters.admitted += 1
         return group_id
 
-    async def admit(self, task_id: str) -> str:
-        """Wait for an admission slot, then open a group."""
-        while (gid := self.try_admit(task_id)) is None:
+    async def admit(self, next_task: Callable[[], str]) -> str:
+        """Wait for an admission slot, then open a group for `next_task()`.
+
+        The task is drawn only once the slot is there (no await in between), so a checkpoint
+        never sees a prompt that left the data-set cursor without entering the buffer."""
+        while not self.can_admit():
             await self._wait()
+        gid = self.try_admit(next_task())
+        assert gid is not None
         return gid
 
     # -- members ------------------------------------------------------------------------
@@ -120,6 +126,9 @@ class RolloutBuffer:
         )
         g.members[index] = traj
         return traj
+
+    def open_task(self, group_id: str) -> str:
+        return self._open[group_id].task_id
 
     def doomed(self, group_id: str) -> bool:
         """True once the group can no longer be delivered (over the bound): stop sampling it."""

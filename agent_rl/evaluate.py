@@ -124,3 +124,24 @@ def evaluate(recipe: Recipe, checkpoint: Path | None = None) -> EvalReport:
 async def _close(engines: Any, sandbox: Any) -> None:
     await engines.close()
     await sandbox.close()
+
+
+def main_eval(argv: list[str] | None = None) -> int:
+    """`agent-rl eval RECIPE [--checkpoint DIR] [--set key=value ...]`: prints the report as JSON."""
+    import argparse
+    import json
+
+    from agent_rl.config import load_recipe
+
+    p = argparse.ArgumentParser(
+        prog="agent-rl eval", description="Evaluate a policy on the recipe's eval env."
+    )
+    p.add_argument("recipe", type=Path)
+    p.add_argument(
+        "--checkpoint", type=Path, help="a checkpoint dir or a run dir (its latest); default: model.path"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    report = evaluate(load_recipe(args.recipe, args.set), args.checkpoint)
+    print(json.dumps(report.to_dict(), indent=2))
+    return 0

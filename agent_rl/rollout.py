@@ -142,8 +142,8 @@ class Rollouts:
 
     async def _produce(self) -> None:
         while True:
-            task_id = self.prompts.next_id(self.buffer.recycled)
-            group_id = await self.buffer.admit(task_id)
+            group_id = await self.buffer.admit(lambda: self.prompts.next_id(self.buffer.recycled))
+            task_id = self.buffer.open_task(group_id)
             for i in range(self.buffer.group_size):
                 self._spawn(self._episode(group_id, task_id, i, None))
 

@@ -104,7 +104,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             if (
                 recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0
             ) or step + 1 == recipe.train.steps:
-                state = checkpoint.LoopState(step + 1, prompts.state(), loop.call(_buffer_state(buffer)))
+                state = loop.call(_loop_state(step + 1, prompts, buffer))
                 checkpoint.save(
                     run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
                 )
@@ -132,8 +132,8 @@ async def _stats(rollouts: Rollouts) -> dict[str, float]:
     return rollouts.stats()
 
 
-async def _buffer_state(buffer: RolloutBuffer) -> dict:
-    return buffer.state()
+async def _loop_state(step: int, prompts: PromptSource, buffer: RolloutBuffer) -> checkpoint.LoopState:
+    return checkpoint.LoopState(step, prompts.state(), buffer.state())  # one consistent snapshot
 
 
 async def _shutdown(rollouts: Rollouts, engines, sandbox) -> None:
@@ -151,3 +151,32 @@ def _log_batch(run_dir: Path, step: int, batch) -> None:
     }
     with open(run_dir / "batches.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def main_train(argv: list[str] | None = None) -> int:
+    """`agent-rl train RECIPE [--resume RUN_DIR] [--set key=value ...] [--address RAY] [--dry-run]`."""
+    import argparse
+
+    from agent_rl.config import load_recipe
+
+    p = argparse.ArgumentParser(prog="agent-rl train", description="Train a recipe (async RL with VCPO).")
+    p.add_argument("recipe", type=Path)
+    p.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="continue this run from its latest checkpoint"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
+    p.add_argument("--address", help="join an existing Ray cluster (default: local, started only if needed)")
+    p.add_argument("--dry-run", action="store_true", help="validate the recipe and print the placement plan")
+    args = p.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.set)
+    if args.dry_run:
+        import envs
+
+        envs.load(recipe.envs.train)
+        plan = placement.plan(recipe, args.address)
+        print(f"{args.recipe}: ok; run dir {args.resume or recipe.run_dir}; Ray: {plan.reason}")
+        for role in plan.roles:
+            print(f"  {role.name}: {role.count} x ({role.cpus:g} CPU, {role.gpus:g} GPU)")
+        return 0
+    print(train(recipe, resume=args.resume, address=args.address))
+    return 0
