@@ -228,7 +228,8 @@ def run_sft(model_dir: str | Path, data_path: str | Path, out_dir: str | Path, *
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32).to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers 5 renamed it; older releases only have gradient_checkpointing_enable
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model.config.use_cache = False
     model.train()
     autocast_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else None

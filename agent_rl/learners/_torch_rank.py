@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
+from safetensors.torch import load_model, save_model
 
 from agent_rl.learners._schedule import build_scheduler
 from vcpo.batch import PolicyBatch
@@ -30,7 +30,6 @@ class RankSpec:
     """Everything a rank needs to build itself (picklable: it crosses a process boundary)."""
 
     model_path: str
-    tokenizer_path: str
     weights_dtype: Literal["float32", "bfloat16"]  # dtype handed to engines by hf_state_dict
     compute_dtype: Literal["float32", "bfloat16"]  # autocast dtype of forward passes; master weights are fp32
     lr: float
@@ -54,7 +53,8 @@ class TorchRank:
         _seed_everything(spec.seed)
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(self.device)
         if spec.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5 renamed it; older releases only have gradient_checkpointing_enable
+            getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         model.config.use_cache = False
         model.train()
         self.model = model
@@ -110,13 +110,13 @@ class TorchRank:
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str, version: int) -> None:
-        """Rank 0 writes the HF model dir, optimizer and schedule; every rank writes its RNG state."""
+        """Rank 0 writes fp32 master weights, optimizer and schedule; every rank writes its RNG state.
+
+        (The checkpoint module exports an HF directory for engines and eval next to this.)
+        """
         out = Path(path)
         if self.rank == 0:
-            from transformers import AutoTokenizer
-
-            self.model.save_pretrained(out / "model")
-            AutoTokenizer.from_pretrained(self.spec.tokenizer_path).save_pretrained(out / "model")
+            save_model(self.model, str(out / "model.safetensors"))
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                 out / "optimizer.pt",
@@ -127,18 +127,16 @@ class TorchRank:
     def load(self, path: str) -> int:
         """Restore everything `save` wrote; returns the saved version."""
         src = Path(path)
+        for name in ("learner.json", "model.safetensors", "optimizer.pt"):
+            if not (src / name).is_file():
+                raise FileNotFoundError(f"{src / name} not found: {src} is not a torch learner checkpoint")
         meta = json.loads((src / "learner.json").read_text())
-        state: dict[str, torch.Tensor] = {}
-        for f in sorted((src / "model").glob("*.safetensors")):
-            state.update(load_file(f, device=str(self.device)))
-        if not state:
-            raise FileNotFoundError(f"{src / 'model'}: no *.safetensors weights in the checkpoint")
-        result = self.model.load_state_dict(state, strict=False)
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or {})
-        missing = [k for k in result.missing_keys if k not in tied]
-        if missing or result.unexpected_keys:
+        missing, unexpected = load_model(
+            self.model, str(src / "model.safetensors"), strict=False, device=str(self.device)
+        )
+        if missing or unexpected:
             raise ValueError(
-                f"{src / 'model'} does not match the model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+                f"{src / 'model.safetensors'} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
         opt = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])

@@ -1,9 +1,10 @@
 """The default learner: a Hugging Face causal LM trained with torch and the vcpo step.
 
-dp=1 runs the rank in this process. dp>1 runs every rank in its own worker process
-(gloo on CPU, NCCL on GPU); this facade splits the global batch into whole groups per
-rank, the ranks step in lockstep (gradients summed once per step inside vcpo), and
-rank 0 answers with metrics and weights.
+dp=1 runs the rank in this process. dp>1 runs every rank in its own process: Ray actors
+when Ray is up (placement started it, so the cluster decides where ranks go), local
+worker processes otherwise; gloo on CPU, NCCL on GPU. This facade splits the global batch
+into whole groups per rank, the ranks step in lockstep (gradients summed once per step
+inside vcpo), and rank 0 answers with metrics and weights.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from agent_rl.config import Recipe
     from agent_rl.learners import Learner
     from agent_rl.learners._dp import RankPool
+    from agent_rl.learners._ray_ranks import RayRankPool
 
 # vcpo.StepMetrics field -> logged name (everything the step reports is logged).
 _METRIC_NAMES = {
@@ -38,14 +40,19 @@ _METRIC_NAMES = {
 class TorchLearner:
     """See the module docstring; implements `agent_rl.learners.Learner`."""
 
-    def __init__(self, spec: RankSpec, *, dp: int = 1):
+    def __init__(self, spec: RankSpec, *, dp: int = 1, gpus: float = 0.0):
+        """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes."""
         self.spec = spec
         self.dp = dp
         self.version = 0
         self._local: TorchRank | None = None
-        self._pool: RankPool | None = None
+        self._pool: RankPool | RayRankPool | None = None
         if dp == 1:
             self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+        elif _ray_up():
+            from agent_rl.learners._ray_ranks import RayRankPool
+
+            self._pool = RayRankPool(spec, dp, gpus=gpus / dp)
         else:
             from agent_rl.learners._dp import RankPool
 
@@ -98,6 +105,15 @@ class TorchLearner:
             self._pool = None
 
 
+def _ray_up() -> bool:
+    """Ray was started (by placement) before the learner: let the cluster place the ranks."""
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
 def rank_spec(recipe: Recipe) -> RankSpec:
     """The recipe's model, learner and algorithm sections as a rank's build spec."""
     lc, ac = recipe.learner, recipe.algorithm
@@ -116,7 +132,6 @@ def rank_spec(recipe: Recipe) -> RankSpec:
     step.check()  # a bad loss/advantage pairing fails at build time, not at step 1
     return RankSpec(
         model_path=recipe.model.path,
-        tokenizer_path=recipe.model.tokenizer or recipe.model.path,
         weights_dtype=recipe.model.dtype,
         compute_dtype=lc.dtype,
         lr=lc.lr,
@@ -135,4 +150,4 @@ def build_learner(recipe: Recipe) -> Learner:
     """The torch learner for `recipe` (learner.backend must be 'torch')."""
     if recipe.learner.backend != "torch":
         raise ValueError(f"build_learner: learner.backend is {recipe.learner.backend!r}; this builds 'torch'")
-    return TorchLearner(rank_spec(recipe), dp=recipe.learner.dp)
+    return TorchLearner(rank_spec(recipe), dp=recipe.learner.dp, gpus=recipe.placement.learner_gpus)
