@@ -1,0 +1,113 @@
+"""The staleness study's own machinery: lag injection, the task, and that sync training learns."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import vcpo
+from recipes.stress.policy import GRUPolicy, generate
+from recipes.stress.run import METHODS, RunConfig, run
+from recipes.stress.sampler import LagSampler
+from recipes.stress.task import WindowSumTask
+
+
+def _perturb(policy: GRUPolicy, seed: int) -> None:
+    """A stand-in for an optimizer step: every version has visibly different weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_lag_injection_samples_batch_v_with_version_v_minus_k(lag: int) -> None:
+    torch.manual_seed(0)
+    task, policy = WindowSumTask(), GRUPolicy()
+    sampler = LagSampler(
+        policy, task, lag=lag, batch_prompts=4, group_size=2, generator=torch.Generator().manual_seed(1)
+    )
+    versions = {}
+    sampler.publish(0, policy)
+    versions[0] = copy.deepcopy(policy)
+    for v in range(8):
+        sb = sampler.sample()
+        assert sb.behavior_version == max(0, v - lag)
+        b = sb.batch
+        # The behaviour log-probs are those of exactly that version's weights, and of no other.
+        for u, model in versions.items():
+            lp = vcpo.logprobs_of(model, b.input_ids, b.attention_mask) * b.loss_mask
+            same = torch.allclose(lp, b.behavior_logprobs, atol=1e-6)
+            assert same == (u == sb.behavior_version), (v, u)
+        _perturb(policy, seed=v)
+        sampler.publish(v + 1, policy)
+        versions[v + 1] = copy.deepcopy(policy)
+
+
+def test_run_records_exactly_k_versions_of_staleness() -> None:
+    res = run(RunConfig(method="plain", lag=3, lr=1e-3, seed=0, steps=6, batch_prompts=2, group_size=2))
+    assert res.error is None
+    assert res.max_staleness == 3
+
+
+def test_publish_out_of_order_is_refused() -> None:
+    policy = GRUPolicy()
+    sampler = LagSampler(
+        policy, WindowSumTask(), lag=1, batch_prompts=1, group_size=2, generator=torch.Generator()
+    )
+    sampler.publish(0, policy)
+    with pytest.raises(ValueError, match="got version 2, expected 1"):
+        sampler.publish(2, policy)
+
+
+def test_importance_weights_are_one_at_k0() -> None:
+    torch.manual_seed(0)
+    policy = GRUPolicy()
+    sampler = LagSampler(
+        policy,
+        WindowSumTask(),
+        lag=0,
+        batch_prompts=8,
+        group_size=4,
+        generator=torch.Generator().manual_seed(0),
+    )
+    sampler.publish(0, policy)
+    b = sampler.sample().batch
+    lp = vcpo.logprobs_of(policy, b.input_ids, b.attention_mask)
+    s = vcpo.sequence_log_weights(lp, b.behavior_logprobs, b.loss_mask)
+    assert s.abs().max() < 1e-5
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    m = vcpo.Step(policy, opt, RunConfig(method="tis", lag=0, lr=1e-3, seed=0).step_config())(b)
+    assert m.ess_ratio == pytest.approx(1.0, abs=1e-6)
+    assert m.is_weight_max == pytest.approx(1.0, abs=1e-5)
+    assert m.kl_behavior_current == pytest.approx(0.0, abs=1e-8)
+
+
+def test_random_policy_reward_is_about_one_in_twelve() -> None:
+    task = WindowSumTask()
+    digits = task.heldout_prompts()
+    uniform = torch.randint(12, (len(digits), task.answer_len), generator=torch.Generator().manual_seed(0))
+    assert 0.04 < float(task.reward(digits, uniform).mean()) < 0.14
+    rewards = []
+    for seed in range(3):  # an untrained policy samples close to uniformly
+        torch.manual_seed(seed)
+        ans = generate(GRUPolicy(), task.context(digits), task.answer_len, generator=None, greedy=False)
+        rewards.append(float(task.reward(digits, ans).mean()))
+    assert 0.04 < sum(rewards) / 3 < 0.14
+
+
+def test_heldout_prompts_are_never_in_the_training_pool() -> None:
+    task = WindowSumTask()
+    train = {tuple(r) for r in task.train_prompts().tolist()}
+    held = {tuple(r) for r in task.heldout_prompts().tolist()}
+    assert len(held) == task.heldout and not train & held
+    assert len(train) + len(held) == 10**task.prompt_len
+
+
+def test_every_method_is_a_valid_vcpo_step_config() -> None:
+    for m in METHODS:
+        RunConfig(method=m, lag=0, lr=1e-3, seed=0).step_config().check()
+    with pytest.raises(ValueError, match="expected one of"):
+        RunConfig(method="nope", lag=0, lr=1e-3, seed=0).step_config()
