@@ -65,7 +65,7 @@ def token_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 def _delta(inp: LossInputs, *, grad: bool) -> Tensor:
     lp = inp.logprobs if grad else inp.logprobs.detach()
-    return torch.where(inp.loss_mask > 0, lp.float() - inp.behavior_logprobs.float(), 0.0)
+    return torch.where(inp.loss_mask > 0, lp - inp.behavior_logprobs.to(lp.dtype), 0.0)
 
 
 def _ratio(delta: Tensor) -> Tensor:
@@ -162,7 +162,8 @@ def gspo(inp: LossInputs, *, clip_low: float, clip_high: float) -> LossOutput:
     """GSPO: PPO clipping of the length-normalised sequence ratio exp(mean_t δ_t)."""
     r = _ratio(token_mean(_delta(inp, grad=True), inp.loss_mask))
     surr, active = _clipped_surrogate(r, inp.advantages, 1.0 - clip_low, 1.0 + clip_high)
-    return LossOutput(-surr, torch.where(active, inp.loss_mask.sum(-1), 0.0))
+    tokens = inp.loss_mask.sum(-1)
+    return LossOutput(torch.where(tokens > 0, -surr, 0.0), torch.where(active, tokens, 0.0))
 
 
 def m2po(inp: LossInputs, *, tau: float) -> LossOutput:

@@ -27,7 +27,9 @@ def _update(model: nn.Module, batch: PolicyBatch, **cfg: object) -> tuple[torch.
     return before - _flat_params(model), metrics
 
 
-def _explicit_opob_gradient(model: nn.Module, batch: PolicyBatch, c: float, variant: str, proxy: bool) -> torch.Tensor:
+def _explicit_opob_gradient(
+    model: nn.Module, batch: PolicyBatch, c: float, variant: str, proxy: bool
+) -> torch.Tensor:
     """Stores every per-trajectory gradient g_i, then forms −(1/N) Σ w̃_i (R_i − b_g)/σ_g g_i directly."""
     params = list(model.parameters())
     gs, gsq, s, tokens = [], [], [], []
@@ -80,7 +82,10 @@ def test_proxy_mode_equals_explicit_implementation_with_logit_gradient_norms() -
     expected = _explicit_opob_gradient(tiny_model(), batch, c=1.5, variant="default", proxy=True)
     for mbs in (4, 2):  # whole group in one forward, and a group split over micro-batches
         got, _ = _update(tiny_model(), batch, is_truncation=1.5, opob_mode="proxy", micro_batch_size=mbs)
-        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (mbs, float((got - expected).abs().max()))
+        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (
+            mbs,
+            float((got - expected).abs().max()),
+        )
 
 
 def test_exact_and_chunked_paths_agree_when_the_baseline_is_the_same() -> None:
@@ -132,7 +137,9 @@ def test_extreme_log_ratios_give_a_finite_ess_and_a_damped_step_never_nan() -> N
     for mode in ("exact", "proxy"):
         for loss in ("vcpo", "mis", "reinforce"):
             m = tiny_model()
-            metrics = Step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), StepConfig(loss=loss, opob_mode=mode))(batch)
+            metrics = Step(
+                m, torch.optim.AdamW(m.parameters(), lr=1e-2), StepConfig(loss=loss, opob_mode=mode)
+            )(batch)
             assert all(math.isfinite(v) for v in metrics.as_dict().values()), (mode, loss, metrics)
             assert metrics.ess == pytest.approx(1.0) and metrics.lr_scale == pytest.approx(math.sqrt(1 / 8))
             assert metrics.log_ratio_abs_max > 9e3
@@ -141,7 +148,10 @@ def test_extreme_log_ratios_give_a_finite_ess_and_a_damped_step_never_nan() -> N
         m = tiny_model()
         cfg = StepConfig(loss=loss, advantage="rloo")
         metrics = Step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), cfg)(batch)
-        assert all(math.isfinite(v) for v in metrics.as_dict().values()) and torch.isfinite(_flat_params(m)).all()
+        assert (
+            all(math.isfinite(v) for v in metrics.as_dict().values())
+            and torch.isfinite(_flat_params(m)).all()
+        )
 
 
 def test_config_errors_name_the_field_and_the_fix() -> None:
@@ -151,7 +161,9 @@ def test_config_errors_name_the_field_and_the_fix() -> None:
         Step(model, opt, StepConfig(loss="ppo_clip"))
     with pytest.raises(ValueError, match="unknown loss 'ppo'"):
         Step(model, opt, StepConfig(loss="ppo"))
-    with pytest.raises(ValueError, match=r"does not take \['clip'\]; its loss_kwargs are: clip_low, clip_high"):
+    with pytest.raises(
+        ValueError, match=r"does not take \['clip'\]; its loss_kwargs are: clip_low, clip_high"
+    ):
         Step(model, opt, StepConfig(loss="ppo_clip", advantage="grpo", loss_kwargs={"clip": 0.1}))
     with pytest.raises(ValueError, match="opob_mode = 'fast'"):
         Step(model, opt, StepConfig(opob_mode="fast"))

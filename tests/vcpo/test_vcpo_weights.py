@@ -94,7 +94,9 @@ def test_sequence_log_weights_ignore_masked_positions_and_sum_in_float64() -> No
 
 def test_sequence_log_weights_refuse_minus_inf_behaviour_on_a_loss_token() -> None:
     with pytest.raises(ValueError, match="trajectory 0"):
-        sequence_log_weights(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -math.inf]]), torch.tensor([[0, 1.0]]))
+        sequence_log_weights(
+            torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -math.inf]]), torch.tensor([[0, 1.0]])
+        )
 
 
 def test_ess_lr_scale_rules() -> None:
