@@ -16,6 +16,8 @@ from typing import Any
 from agent_rl.config import EngineConfig, ModelConfig, Recipe
 from agent_rl.engines.api import EngineClient
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Role:
@@ -50,15 +52,13 @@ def plan(recipe: Recipe, address: str | None = None) -> Plan:
         Role("engine", local_engines, 1.0, per_engine_gpus),
         Role("rollout", 1, 1.0, 0.0),  # asyncio workers: one process, many episodes in flight
     )
-    reasons = []  # learner ranks (dp>1) are worker processes of the torch learner itself: no Ray needed
-    if local_engines > 1:
-        reasons.append(f"{local_engines} embedded engine replicas")
+    # On one machine nothing needs Ray: learner ranks (dp>1) are the torch learner's own worker processes
+    # and engine replicas are server processes. A cluster address places engine replicas as Ray actors.
     if address:
-        reasons.append(f"--address {address}")
-    needs = bool(reasons)
-    return Plan(
-        roles, needs, address, ", ".join(reasons) if needs else "one learner rank and one engine: no Ray"
-    )
+        reason = f"joining {address}: {local_engines} engine replica(s) placed as Ray actors"
+    else:
+        reason = f"one machine: {world} learner rank(s), {local_engines} engine(s) as local processes, no Ray"
+    return Plan(roles, bool(address), address, reason)
 
 
 def apply(p: Plan) -> bool:
@@ -86,12 +86,43 @@ def apply(p: Plan) -> bool:
 
 @dataclass
 class Engines:
-    """The running engines behind one client; `close()` stops what was started here."""
+    """The running engines behind one client; `close()` stops what was started here.
+
+    Local server replicas are supervised: one that dies is started again on the same port, and
+    the pool's health check brings it back with the latest weights (meanwhile it is routed around).
+    """
 
     client: EngineClient
     handles: list[Any]  # EmbeddedServerHandle per server replica (empty for in-process / external engines)
+    relaunch: Any = None  # port -> new handle, for local server replicas
+    restarts: int = 0
+    _supervisor: asyncio.Task | None = None
+
+    def supervise(self, interval_s: float = 1.0) -> None:
+        if self.relaunch is not None:
+            self._supervisor = asyncio.create_task(self._watch(interval_s))
+
+    async def _watch(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for i, h in enumerate(self.handles):
+                if h.process.poll() is not None:
+                    log.warning("engine server %s exited with %s; restarting it", h.url, h.process.returncode)
+                    port = int(h.url.rsplit(":", 1)[1].split("/")[0])
+                    try:
+                        self.handles[i] = await asyncio.to_thread(self.relaunch, port)
+                    except (
+                        RuntimeError,
+                        TimeoutError,
+                        OSError,
+                    ) as e:  # try again next round; the pool routes around
+                        log.error("restarting engine server on port %d failed: %s", port, e)
+                        continue
+                    self.restarts += 1
 
     async def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         await self.client.close()
         for h in self.handles:
             if hasattr(h, "stop"):
@@ -128,7 +159,10 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
         else:
             for i in range(eng.count):
                 handles.append(await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, **kw))
-            clients = [h.client() for h in handles]
+            engines = Engines(EnginePool([h.client() for h in handles]), handles)
+            engines.relaunch = lambda port: launch_embedded(model.path, port=port, seed=seed, **kw)
+            engines.supervise()
+            return engines
     else:
         cls = SGLangClient if eng.type == "sglang" else VLLMClient
         clients = [cls(url) for url in eng.urls]

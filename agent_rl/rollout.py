@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import RolloutConfig
-from agent_rl.engines.api import EngineClient, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.types import FinishReason, Trajectory, TurnInfo
 
 T = TypeVar("T")
@@ -210,7 +210,8 @@ class Rollouts:
                     seed=_seed(self.seed, traj.uid, len(traj.turns), len(turn_ids)),
                 )
                 t0 = time.monotonic()
-                gen = await self._generate(traj.prompt_ids + traj.response_ids, sampling, traj.uid)
+                rid = f"{traj.uid}/{len(traj.turns)}.{len(turn_ids)}"  # unique; a pool sticks by traj.uid
+                gen = await self._generate(traj.prompt_ids + traj.response_ids, sampling, rid)
                 gen_s += time.monotonic() - t0
                 traj.append_sampled(gen.token_ids, gen.logprobs, list(gen.versions))
                 turn_ids += gen.token_ids
@@ -268,6 +269,8 @@ class Rollouts:
             self._enter_generate()
             try:
                 return await self.engine.generate(input_ids, sampling, request_id=request_id)
+            except BadRequest as e:  # the request itself is wrong (e.g. too long): retrying cannot help
+                raise _InfraError(f"engine refused {request_id}: {e}") from e
             except Exception as e:  # connection lost, engine died or refused: retried, then counted
                 if attempt == self.cfg.max_retries:
                     raise _InfraError(f"engine request {request_id} failed {attempt + 1} times: {e!r}") from e
