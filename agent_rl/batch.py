@@ -28,9 +28,14 @@ class LearnerBatch:
         return int(self.policy.input_ids.shape[0])
 
 
-def collate(groups: Sequence[Group], *, pad_id: int = 0, max_len: int | None = None) -> LearnerBatch:
+def collate(
+    groups: Sequence[Group], *, pad_id: int = 0, max_len: int | None = None, sort_by_length: bool = False
+) -> LearnerBatch:
     """Right-padded tensors, one row per trajectory, `group_index` numbering the groups in order.
 
+    `sort_by_length` orders rows longest first (group_index still says which prompt each
+    row belongs to): micro-batches of neighbouring rows then carry little padding, which
+    matters when multi-turn lengths differ several-fold (benchmarks/learner_padding.py).
     Trajectories longer than `max_len` are an error (the engine's context bound should have
     stopped them); silently cutting them would train on a sequence nobody sampled.
     """
@@ -53,6 +58,13 @@ def collate(groups: Sequence[Group], *, pad_id: int = 0, max_len: int | None = N
             flats.append(flat)
             group_index.append(gi)
         rewards.extend(g.rewards)
+    if sort_by_length:
+        order = sorted(
+            range(len(flats)), key=lambda i: -len(flats[i].input_ids)
+        )  # stable: ties keep input order
+        flats = [flats[i] for i in order]
+        group_index = [group_index[i] for i in order]
+        rewards = [rewards[i] for i in order]
     B, T = len(flats), max(len(f.input_ids) for f in flats)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)

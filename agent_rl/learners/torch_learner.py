@@ -67,7 +67,7 @@ class TorchLearner:
     def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
         """One optimizer update on whole groups; version + 1."""
         t0 = time.perf_counter()
-        shards = [collate(s).policy for s in split_groups(groups, self.dp)]
+        shards = [collate(s, sort_by_length=True).policy for s in split_groups(groups, self.dp)]
         for b in shards:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
         raw = self._call("step", [(b,) for b in shards])[0]

@@ -84,3 +84,23 @@ def test_version_stats_measure_staleness_and_partial_rollouts() -> None:
     assert s["learner/staleness_mean"] == 1.0 and s["learner/staleness_max"] == 2.0
     assert s["learner/partial_rollout_ratio"] == 0.5
     assert s["learner/staleness_hist/0"] == 0.5 and s["learner/staleness_hist/2"] == 0.5
+
+
+def test_length_sort_keeps_rows_aligned_with_their_group_and_reward(tiny_model_dir: Path) -> None:
+    groups = make_groups(tiny_model_dir, n_groups=3, n=3, seed=5)
+    plain, srt = collate(groups).policy, collate(groups, sort_by_length=True).policy
+    lengths = srt.attention_mask.sum(-1).tolist()
+    assert lengths == sorted(lengths, reverse=True)
+
+    def rows(b):
+        return sorted(
+            (
+                tuple(b.input_ids[i].tolist()),
+                int(b.group_index[i]),
+                float(b.rewards[i]),
+                tuple(b.loss_mask[i].tolist()),
+            )
+            for i in range(b.size)
+        )
+
+    assert rows(plain) == rows(srt)
