@@ -1,0 +1,48 @@
+"""CPU compatibility layer for megatron-core: used by the tests and the CPU benchmark only, never on GPUs.
+
+megatron-core 0.16 assumes CUDA in a few places that matter for a CPU run of tensor and
+sequence parallelism over gloo. This module holds every work-around in one place:
+
+- `torch.cuda.current_device` answers "cpu", so megatron's global memory buffer (used by
+  the sequence-parallel all-gather) and the TP linears allocate on the CPU;
+- the RNG tracker is the "inference" tracker, which forks the CPU generator instead of
+  CUDA generators (no dropout runs here: all dropouts are 0);
+- `SequenceParallelRMSNorm` replaces Transformer Engine's RMSNorm, the only megatron norm
+  that accepts `sequence_parallel` (torch's asserts). Like TE's, it tags its weight with
+  `sequence_parallel`, so the learner all-reduces that weight's gradient over TP.
+
+On GPUs the learner uses Transformer Engine's layer spec instead and none of this is applied.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def enable_cpu_megatron() -> None:
+    """Patch the CUDA-only calls megatron-core makes on the TP/SP paths. Idempotent; call after init_process_group."""
+    if torch.cuda.is_available():
+        raise RuntimeError(
+            "cpu_compat.enable_cpu_megatron() is for CPU-only machines; GPUs use Transformer Engine"
+        )
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    initialize_rng_tracker(inference_rng_tracker=True)
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch RMSNorm with megatron's constructor, whose weight is marked for the SP gradient all-reduce.
+
+    Under sequence parallelism each TP rank normalises its own slice of the sequence, so its
+    weight gradient is a partial sum over that slice; marking the weight `sequence_parallel`
+    (as TENorm does) makes `grad_reduce.allreduce_sequence_parallel_grads` sum it over TP.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused) -> None:
+        if config.normalization != "RMSNorm":
+            raise ValueError(
+                f"SequenceParallelRMSNorm needs normalization=RMSNorm, got {config.normalization!r}"
+            )
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]

@@ -1,0 +1,139 @@
+"""The Megatron learner facade: the same contract as the torch learner, ranks in worker processes.
+
+world = dp * tp * cp ranks. One rank runs in this process; more run in spawned workers
+(gloo on CPU, NCCL on GPU) served over pipes by the torch learner's `RankPool`. Every call
+goes to all ranks (the TP gather for weights is a collective); global rank 0 answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent_rl.batch import collate, split_groups, version_stats
+from agent_rl.learners._dp import RankPool, _free_port
+from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
+from agent_rl.learners.torch_learner import _METRIC_NAMES
+from agent_rl.types import Group
+
+
+def _serve(spec: MegatronSpec, rank: int, world: int, port: int, conn: Connection, threads: int) -> None:
+    """Worker main: join the group, build the rank, answer calls until 'close'."""
+    import traceback
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        _init_group(rank, world, port)
+        worker = MegatronRank(spec)
+        conn.send(("ok", None))
+    except Exception:
+        conn.send(("err", traceback.format_exc()))
+        return
+    while True:
+        method, arg = conn.recv()
+        if method == "close":
+            break
+        try:
+            conn.send(("ok", getattr(worker, method)(*arg)))
+        except Exception:
+            conn.send(("err", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+def _init_group(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=30),
+    )
+
+
+class MegatronPool(RankPool):
+    """RankPool whose workers run `MegatronRank` instead of the torch learner's rank."""
+
+    def __init__(self, spec: MegatronSpec):  # noqa: D107 - same as RankPool, other worker main
+        import os
+
+        ctx = torch.multiprocessing.get_context("spawn")
+        port, world = _free_port(), spec.world
+        threads = max(1, (os.cpu_count() or 1) // world)
+        self._conns, self._procs = [], []
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(spec, rank, world, port, child, threads), daemon=True)
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._collect()
+
+
+class MegatronLearner:
+    """Implements `agent_rl.learners.Learner` with megatron-core TP / SP / CP and DP over whole groups."""
+
+    def __init__(self, spec: MegatronSpec):
+        self.spec = spec
+        self.version = 0
+        self._local: MegatronRank | None = None
+        self._pool: MegatronPool | None = None
+        if spec.world == 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                _init_group(0, 1, _free_port())
+            self._local = MegatronRank(spec)
+        else:
+            self._pool = MegatronPool(spec)
+
+    def _all(self, method: str, *args: Any) -> Any:
+        """Call `method(*args)` on every rank; global rank 0's answer."""
+        if self._local is not None:
+            return getattr(self._local, method)(*args)
+        assert self._pool is not None
+        return self._pool.call(method, [args] * self.spec.world)[0]
+
+    def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
+        t0 = time.perf_counter()
+        shares = [collate(s).policy for s in split_groups(groups, self.spec.dp)]
+        for b in shares:
+            b.validate()
+        raw = self._all("step", shares)
+        seconds = time.perf_counter() - t0
+        metrics = {_METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"}
+        metrics["learner/lr"] = float(raw["lr_scheduled"])
+        metrics.update(version_stats(groups, self.version))
+        n_tokens = sum(int(b.attention_mask.sum()) for b in shares)
+        metrics["learner/input_tokens"] = float(n_tokens)
+        metrics["learner/step_seconds"] = seconds
+        metrics["perf/learner_tokens_per_s"] = n_tokens / seconds
+        self.version += 1
+        return metrics
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._all("hf_state_dict")
+
+    def save(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self._all("save", str(path), self.version)
+
+    def load(self, path: Path) -> None:
+        self.version = int(self._all("load", str(path)))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

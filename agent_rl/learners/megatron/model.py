@@ -1,0 +1,125 @@
+"""Megatron-core GPTModel built from a Hugging Face config's shape, for TP / SP / CP.
+
+Two layer specs: Transformer Engine's (GPUs; norms fused into the following linear, flash /
+cuDNN attention that also serves context parallelism and packed THD sequences) and the
+local megatron spec with `cpu_compat.SequenceParallelRMSNorm` (CPU tests; attention from a
+dense mask). `uses_te_spec` tells the weight converter which parameter names to expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agent_rl.learners.megatron.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The model-parallel layout of one learner rank; dp is whatever the world size leaves."""
+
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.sp and self.tp < 2:
+            raise ValueError("sequence parallelism shards over tensor-parallel ranks: set tp >= 2")
+
+    @property
+    def seq_multiple(self) -> int:
+        """Sequence lengths are padded to this: SP splits the sequence over tp, CP into 2*cp load-balanced chunks."""
+        return (self.tp if self.sp else 1) * (2 * self.cp if self.cp > 1 else 1)
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_config(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtype, cpu: bool):
+    """Megatron TransformerConfig reproducing the HF decoder exactly: no dropout, no fusions that change numerics."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=shape.layers,
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_query_groups=shape.kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        # Fusions are numerically equivalent but CUDA-only; they stay off on CPU.
+        bias_activation_fusion=not cpu,
+        bias_dropout_fusion=not cpu,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=not cpu,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=par.tp,
+        sequence_parallel=par.sp,
+        context_parallel_size=par.cp,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=cpu,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint right after
+    )
+
+
+def build_gpt_model(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtype = torch.float32, cpu: bool):
+    """This rank's GPTModel shard (untrained: load weights with convert.load_hf_into_megatron)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    shape.check_tp(par.tp)
+    config = transformer_config(shape, par, dtype=dtype, cpu=cpu)
+    if uses_te_spec(cpu):
+        from megatron.core.extensions.transformer_engine import TENorm
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
+    else:
+        if par.cp > 1:
+            raise RuntimeError(
+                "context parallelism needs Transformer Engine attention (pip install transformer-engine)"
+            )
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
+
+        layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer.submodules.input_layernorm = SequenceParallelRMSNorm
+        layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        final_norm = SequenceParallelRMSNorm
+    block = TransformerBlockSubmodules(layer_specs=[layer] * shape.layers, layer_norm=final_norm)
+    theta = int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta
+    model = GPTModel(
+        config,
+        block,
+        vocab_size=shape.vocab_size,
+        max_sequence_length=shape.max_positions,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,  # logits stay vocab-sharded; log-probs use vocab-parallel cross entropy
+        share_embeddings_and_output_weights=shape.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=theta,
+    )
+    return model if cpu else model.cuda()
+
+
+def uses_te_spec(cpu: bool) -> bool:
+    """GPUs use Transformer Engine layers when TE is installed; the CPU path always uses the local spec."""
+    return not cpu and have_transformer_engine()

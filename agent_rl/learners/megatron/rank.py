@@ -1,0 +1,198 @@
+"""One Megatron learner rank: process groups, the model shard, AdamW, the sharded vcpo step, checkpoints.
+
+Runs inside a process where torch.distributed is already initialised with world size
+dp * tp * cp (the facade starts them; a single-process run initialises a 1-rank group).
+Megatron's own order "tp-cp-dp" places the TP ranks of a replica next to each other.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent_rl.learners._schedule import build_scheduler
+from agent_rl.learners._torch_rank import DTYPES, RankSpec
+from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
+from agent_rl.learners.megatron.grads import ShardGroups
+from agent_rl.learners.megatron.logprobs import megatron_logprobs
+from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, uses_te_spec
+from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
+from agent_rl.learners.megatron.step import ShardedStep
+from vcpo.batch import PolicyBatch
+
+
+@dataclass(frozen=True)
+class MegatronSpec:
+    """The torch learner's rank spec plus the model-parallel layout (picklable)."""
+
+    rank: RankSpec
+    par: ParallelConfig
+    dp: int = 1
+    temperature: float = 1.0
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.par.tp * self.par.cp
+
+
+def init_model_parallel(par: ParallelConfig, dp: int) -> ShardGroups:
+    """megatron parallel_state for (tp, cp, dp) on the initialised default group; CPU patches when no GPU."""
+    from megatron.core import parallel_state as ps
+
+    world = dist.get_world_size()
+    if world != dp * par.tp * par.cp:
+        raise ValueError(f"world size {world} != learner.dp {dp} x tp {par.tp} x cp {par.cp}")
+    if not torch.cuda.is_available():
+        from agent_rl.learners.megatron.cpu_compat import enable_cpu_megatron
+
+        enable_cpu_megatron()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, context_parallel_size=par.cp)
+    if torch.cuda.is_available():
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)
+    return ShardGroups(
+        tp=ps.get_tensor_model_parallel_group() if par.tp > 1 else None,
+        cp=ps.get_context_parallel_group() if par.cp > 1 else None,
+        dp=ps.get_data_parallel_group() if dp > 1 else None,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+    )
+
+
+def load_hf_weights(model_dir: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(HF config, fp32 state dict) of a model directory, through transformers (any shard layout it reads)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return hf.config, hf.state_dict()
+
+
+class MegatronRank:
+    def __init__(self, spec: MegatronSpec) -> None:
+        self.spec, rs = spec, spec.rank
+        self.cpu = not torch.cuda.is_available()
+        self.groups = init_model_parallel(spec.par, spec.dp)
+        from megatron.core import parallel_state as ps
+
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.tp_rank, self.cp_rank = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
+        random.seed(rs.seed)
+        torch.manual_seed(rs.seed)
+        hf_config, hf_state = load_hf_weights(rs.model_path)
+        self.hf_config = hf_config
+        self.shape: ModelShape = shape_from_hf_config(hf_config)
+        self.te = uses_te_spec(self.cpu)
+        # Master weights stay fp32 (AdamW on the shard); bf16 compute goes through autocast.
+        self.model = build_gpt_model(self.shape, spec.par, dtype=torch.float32, cpu=self.cpu)
+        load_hf_into_megatron(
+            self.model, hf_state, self.shape, tp_rank=self.tp_rank, tp_size=spec.par.tp, te=self.te
+        )
+        del hf_state
+        self.model.train()
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": rs.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=rs.lr,
+            betas=rs.betas,
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer, schedule=rs.lr_schedule, warmup_steps=rs.warmup_steps, total_steps=rs.total_steps
+        )
+        self._autocast = DTYPES[rs.compute_dtype] if rs.compute_dtype != "float32" else None
+        self._step = ShardedStep(
+            self.model, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs
+        )
+
+    def logprobs(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        device = "cpu" if self.cpu else "cuda"
+        with torch.autocast(
+            device, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+        ):
+            return megatron_logprobs(
+                model,
+                input_ids,
+                attention_mask,
+                par=self.spec.par,
+                dense_mask=not self.te,
+                cp_group=self.groups.cp,
+                temperature=self.spec.temperature,
+            )
+
+    def step(self, shares: list[PolicyBatch]) -> dict[str, float]:
+        """One optimizer update; `shares[d]` is DP rank d's batch (TP/CP ranks of a replica take the same)."""
+        lr = self.scheduler.get_last_lr()[0]
+        batch = shares[self.dp_rank].to("cpu" if self.cpu else "cuda")
+        metrics = dict(self._step(batch).as_dict())
+        self.scheduler.step()
+        metrics["lr_scheduled"] = lr
+        return metrics
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Gathered HF weights in the engines' dtype on global rank 0 (a collective: all ranks call); None elsewhere."""
+        state = self._gather_fp32()
+        if state is None:
+            return None
+        dtype = DTYPES[self.spec.rank.weights_dtype]
+        return {k: v.to(dtype=dtype, copy=True) for k, v in state.items()}
+
+    def _gather_fp32(self) -> dict[str, torch.Tensor] | None:
+        if self.cp_rank != 0 or self.dp_rank != 0:
+            return None  # CP and DP replicas hold identical shards: TP ranks of replica 0 gather
+        state = gather_hf_state_dict(self.model, self.shape, tp_group=self.groups.tp, te=self.te)
+        return state if dist.get_rank() == 0 else None
+
+    # -- checkpoints: the torch learner's layout (HF model dir, learner.json) + per-shard optimizer state --
+    def save(self, path: str, version: int) -> None:
+        out = Path(path)
+        weights = self._gather_fp32()  # fp32 master weights: resuming is exact
+        if weights is not None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            hf = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+            hf.load_state_dict(weights)
+            hf.save_pretrained(out / "model")
+            AutoTokenizer.from_pretrained(self.spec.rank.tokenizer_path).save_pretrained(out / "model")
+            par = self.spec.par
+            meta = {"version": version, "backend": "megatron", "tp": par.tp, "cp": par.cp, "sp": par.sp}
+            (out / "learner.json").write_text(json.dumps(meta))
+        if self.dp_rank == 0:
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                out / f"optimizer_tp{self.tp_rank}_cp{self.cp_rank}.pt",
+            )
+        torch.save(
+            {"torch": torch.get_rng_state(), "python": random.getstate()},
+            out / f"rng_rank{dist.get_rank()}.pt",
+        )
+
+    def load(self, path: str) -> int:
+        src = Path(path)
+        meta = json.loads((src / "learner.json").read_text())
+        par = self.spec.par
+        if meta.get("backend") != "megatron" or (meta.get("tp"), meta.get("cp")) != (par.tp, par.cp):
+            raise ValueError(
+                f"{src}: checkpoint written by backend={meta.get('backend')} tp={meta.get('tp')} cp={meta.get('cp')}; "
+                f"this learner is megatron tp={par.tp} cp={par.cp} (optimizer shards must match; the model/ "
+                "dir alone can start a new run)"
+            )
+        _, state = load_hf_weights(str(src / "model"))
+        load_hf_into_megatron(self.model, state, self.shape, tp_rank=self.tp_rank, tp_size=par.tp, te=self.te)
+        opt = torch.load(src / f"optimizer_tp{self.tp_rank}_cp{self.cp_rank}.pt", weights_only=True)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        self.scheduler.load_state_dict(opt["scheduler"])
+        rng = src / f"rng_rank{dist.get_rank()}.pt"
+        if rng.is_file():
+            state_rng = torch.load(rng, weights_only=False)
+            torch.set_rng_state(state_rng["torch"])
+            random.setstate(state_rng["python"])
+        return int(meta["version"])
