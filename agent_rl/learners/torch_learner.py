@@ -9,6 +9,7 @@ inside vcpo), and rank 0 answers with metrics and weights.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from agent_rl.learners import Learner
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
+
+log = logging.getLogger(__name__)
 
 # vcpo.StepMetrics field -> logged name (everything the step reports is logged).
 _METRIC_NAMES = {
@@ -65,17 +68,29 @@ class TorchLearner:
         return self._pool.call(method, args)
 
     def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
-        """One optimizer update on whole groups; version + 1."""
+        """One optimizer update on whole groups; version + 1.
+
+        A batch with no loss token at all (every trajectory masked, e.g. all void turns) is
+        not an update: weights, optimizer, schedule and version stay, and `learner/skipped` is 1.
+        """
         t0 = time.perf_counter()
         shards = [collate(s, sort_by_length=True).policy for s in split_groups(groups, self.dp)]
         for b in shards:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
+        metrics = version_stats(groups, self.version)
+        if all(float(b.loss_mask.sum()) == 0 for b in shards):
+            log.warning(
+                "learner: every trajectory of the batch is masked; no update (version stays %d)", self.version
+            )
+            return metrics | {"learner/skipped": 1.0, "learner/tokens": 0.0}
         raw = self._call("step", [(b,) for b in shards])[0]
         assert isinstance(raw, dict)
         seconds = time.perf_counter() - t0
-        metrics = {_METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"}
+        metrics |= {
+            _METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"
+        }
         metrics["learner/lr"] = float(raw["lr_scheduled"])
-        metrics.update(version_stats(groups, self.version))
+        metrics["learner/skipped"] = 0.0
         n_tokens = sum(int(b.attention_mask.sum()) for b in shards)
         metrics["learner/input_tokens"] = float(n_tokens)
         metrics["learner/step_seconds"] = seconds

@@ -159,3 +159,16 @@ def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path) -> None:
     assert m2["learner/grad_norm"] == pytest.approx(m1["learner/grad_norm"], rel=1e-5)
     for k in s1:  # Adam's first step is ~lr * sign(g): summation order can move a near-zero entry a little
         torch.testing.assert_close(s2[k], s1[k], rtol=1e-5, atol=1e-5)
+
+
+def test_all_masked_batch_is_skipped_without_touching_weights(tiny_model_dir: Path) -> None:
+    learner = build_learner(recipe_for(tiny_model_dir))
+    groups = make_groups(tiny_model_dir, n_groups=2, n=2)
+    for g in groups:
+        for t in g.trajectories:
+            t.masked = True
+    before = learner.hf_state_dict()
+    m = learner.step(groups)
+    assert m["learner/skipped"] == 1.0 and learner.version == 0
+    after = learner.hf_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
