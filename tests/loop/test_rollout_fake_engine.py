@@ -107,3 +107,29 @@ async def test_dead_engine_ends_episodes_with_error_never_reward_zero() -> None:
     assert r.counters.errors >= 2 and r.counters.engine_retries >= 2
     assert r.buffer.counters.dropped_error >= 1 and r.buffer.counters.delivered_groups == 0
     assert r.buffer.counters.recycled >= 1, "the failed group's prompt must be sampled again"
+
+
+async def test_restored_partial_episode_continues_where_the_checkpoint_left_it() -> None:
+    """A checkpoint taken mid-turn (after an abort) and one taken while the env was stepping."""
+    engine = FakeEngine(version=3)
+    r = _rollouts(engine, k=8)
+    gid = r.buffer.try_admit("t0")
+    assert gid is not None
+    mid_turn = r.buffer.start(gid, 0, [1, 2, 3])
+    mid_turn.append_sampled([5, 5], [-1.0, -1.0], 1)  # aborted after 2 of its 6-token budget
+    stepping = r.buffer.start(gid, 1, [1, 2, 3])
+    stepping.append_sampled([5] * 6, [-1.0] * 6, 2)
+    stepping.extras["pending_step_truncated"] = 0.0  # the env was running this complete turn
+    state = r.buffer.state()
+
+    resumed = _rollouts(engine, k=8)
+    resumed.buffer.load_state(state)
+    resumed.start()
+    (group,) = await asyncio.wait_for(resumed.buffer.take(1), 5)
+    await resumed.stop()
+    a, b = group.trajectories
+    assert a.flatten().versions[3:9] == [1, 1, 3, 3, 3, 3]  # 4 more tokens, the rest of the budget
+    assert b.flatten().versions[3:9] == [2] * 6 and b.num_sampled == 6  # no token re-sampled
+    first_ids, first_sampling = engine.calls[0]  # resumed work is submitted before any new prompt
+    assert first_ids == [1, 2, 3, 5, 5] and first_sampling.max_new_tokens == 4
+    assert "pending_step_truncated" not in b.extras
