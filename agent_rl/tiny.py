@@ -117,3 +117,39 @@ def sample_corpus() -> list[str]:
         "Code execution result: Traceback (most recent call last): NameError: name 'x' is not defined"
     )
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`agent-rl tiny-model --out DIR [--corpus tiny_arith|generic] [--hidden ...]`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="agent-rl tiny-model", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument(
+        "--corpus", choices=["tiny_arith", "generic"], default="tiny_arith", help="tokenizer training text"
+    )
+    p.add_argument("--vocab-size", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.corpus == "tiny_arith":
+        from envs.tiny_arith import corpus
+
+        texts = corpus()
+    else:
+        texts = sample_corpus()
+    out = build_tiny(
+        args.out,
+        texts,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+    )
+    print(out)
+    return 0
