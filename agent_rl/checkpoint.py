@@ -15,7 +15,7 @@ import os
 import pickle
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class LoopState:
     buffer: dict[str, Any]
     python_rng: Any = None
     torch_rng: Any = None
+    lagged_weights: list = field(default_factory=list)  # rollout.fixed_lag only: the engines' weight history
 
 
 def save(run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, keep: int) -> Path:

@@ -55,6 +55,9 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
     sync = WeightSync(
         engines.client, loop, mode=recipe.engines.weight_sync, lag=lag or 0, scratch=run_dir / "weights"
     )
+    sync.history.extend(
+        state.lagged_weights if resume else []
+    )  # fixed_lag: the versions the engines lag behind
     sync.push(learner)  # before step 1: a broken weight path fails now, not after the first optimizer step
     loop.call(_set_version(buffer, learner.version))
     rollouts = Rollouts(
@@ -105,6 +108,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
                 recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0
             ) or step + 1 == recipe.train.steps:
                 state = loop.call(_loop_state(step + 1, prompts, buffer))
+                state.lagged_weights = list(sync.history)
                 checkpoint.save(
                     run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
                 )

@@ -24,7 +24,7 @@ class WeightSync:
     def __init__(self, engine: EngineClient, loop: LoopThread, *, mode: str, lag: int = 0, scratch: Path):
         self.engine, self.loop, self.mode, self.lag, self.scratch = engine, loop, mode, lag, scratch
         self.engine_version: int | None = None
-        self._history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
+        self.history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
 
     def push(self, learner: Learner) -> float:
         """Send the weights the engines should sample with now; returns seconds spent (0 if unchanged)."""
@@ -32,9 +32,10 @@ class WeightSync:
         tensors = learner.hf_state_dict()
         version = learner.version
         if self.lag:
-            self._history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
+            if not self.history or self.history[-1][0] != version:  # a resumed run re-pushes its last version
+                self.history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
             target = max(0, version - self.lag)
-            version, tensors = next((v, t) for v, t in self._history if v >= target)
+            version, tensors = next((v, t) for v, t in self.history if v >= target)
         if version == self.engine_version:
             return 0.0
         self.loop.call(self._update(version, tensors))
