@@ -107,10 +107,20 @@ def launch_embedded(
     max_seq_len: int = 2048,
     dtype: str = "float32",
     seed: int = 0,
+    threads: int = 0,
 ) -> EmbeddedServerHandle:
-    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers."""
+    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers.
+
+    threads: torch CPU threads of the server process (0 = torch's default).
+    """
     from agent_rl.engines.launch import launch_server
 
     return launch_server(
-        model_dir, port=port, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed
+        model_dir,
+        port=port,
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        dtype=dtype,
+        seed=seed,
+        threads=threads,
     )

@@ -26,11 +26,11 @@ class KVCache:
         v: torch.Tensor,
         key_len: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([B, kv, S, d]) at (slot, position) and return this batch's keys/values [B, kv, key_len, d]."""
+        """Write k, v ([B, S, kv, d]) at (slot, position) and return this batch's keys/values [B, kv, key_len, d]."""
         kc, vc = self.k[layer], self.v[layer]
         rows = slots[:, None]  # [B, 1] broadcasts against positions [B, S]
-        kc[rows, :, positions] = k.transpose(1, 2)  # advanced indices first: [B, S, kv, d]
-        vc[rows, :, positions] = v.transpose(1, 2)
+        kc[rows, :, positions] = k  # advanced indices first: the target is [B, S, kv, d]
+        vc[rows, :, positions] = v
         n = slots.shape[0]
         if int(slots[-1]) == n - 1 and bool((slots == torch.arange(n)).all()):
             return kc[:n, :, :key_len], vc[:n, :, :key_len]  # slots 0..n-1: a view, no copy

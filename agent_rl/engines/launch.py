@@ -54,6 +54,7 @@ def launch_server(
     max_seq_len: int = 2048,
     dtype: str = "float32",
     seed: int = 0,
+    threads: int = 0,
     host: str = "127.0.0.1",
     timeout_s: float = 180.0,
     log_path: str | Path | None = None,
@@ -61,7 +62,7 @@ def launch_server(
     cmd = [
         sys.executable, "-m", "agent_rl.engines.server", str(model_dir),
         "--host", host, "--port", str(port), "--max-batch", str(max_batch),
-        "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed),
+        "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed), "--threads", str(threads),
     ]  # fmt: skip
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_engine_", suffix=".log")[1])
     with open(log, "wb") as f:

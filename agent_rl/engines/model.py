@@ -91,16 +91,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same op order as HF (normalise in fp32, cast back, then scale) so fp32 logits agree to ~1e-6.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # As HF: normalise in fp32, cast back, then scale, so fp32 logits agree to ~1e-6.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def fuse_(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the linears' weights (and biases) into one matrix and make each HF-named parameter a view of it.
+
+    One matmul instead of several per step, while `named_parameters()` still yields the Hugging Face
+    names and shapes: copying new weights into a parameter in place writes into the fused matrix.
+    """
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
+    at = 0
+    for m in modules:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(weight[at : at + n], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[at : at + n], requires_grad=False)
+        at += n
+    return weight, bias
 
 
 class Attention(nn.Module):
@@ -112,20 +122,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def forward(self, x, cos, sin, positions, slots, cache: KVCache, key_len: int) -> torch.Tensor:
-        b, s, _ = x.shape  # x: [B, S, H]; positions: [B, S]; slots: [B]
-        d = self.cfg.head_dim
-        q = self.q_proj(x).view(b, s, -1, d).transpose(1, 2)  # [B, nh, S, d]
-        k = self.k_proj(x).view(b, s, -1, d).transpose(1, 2)  # [B, nkv, S, d]
-        v = self.v_proj(x).view(b, s, -1, d).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys, values = cache.update(self.layer, slots, positions, k, v, key_len)  # [B, nkv, T, d]
-        # A query at position p sees keys 0..p of its own slot; padded queries see garbage nobody reads.
-        mask = torch.arange(key_len)[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, S, T]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+    def fuse(self) -> None:
+        self.qkv = fuse_([self.q_proj, self.k_proj, self.v_proj])
+
+    def forward(self, x, cos, sin, positions, slots, cache: KVCache, key_len: int, bias) -> torch.Tensor:
+        b, s, _ = x.shape  # x: [B, S, H]; positions: [B, S]; slots: [B]; bias: [B * nkv, g * S, T]
+        nh, nkv, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        g = nh // nkv
+        qkv = F.linear(x, *self.qkv).view(b, s, nh + 2 * nkv, d)
+        qk = qkv[:, :, : nh + nkv]  # rotate q and k together: [B, S, nh + nkv, d], cos/sin: [B, S, 1, d]
+        qk = qk * cos + torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1) * sin
+        keys, values = cache.update(
+            self.layer, slots, positions, qk[:, :, nh:], qkv[:, :, nh + nkv :], key_len
+        )
+        # Grouped-query attention as two batched matmuls: the g query heads of a kv head (times S positions)
+        # form the rows of one [g*S, T] score matrix. On CPU this beats SDPA's GQA path for decode shapes.
+        q = qk[:, :, :nh].reshape(b, s, nkv, g, d).permute(0, 2, 3, 1, 4).reshape(b * nkv, g * s, d)
+        scores = torch.baddbmm(bias, q, keys.reshape(b * nkv, key_len, d).transpose(1, 2), alpha=d**-0.5)
+        out = torch.bmm(scores.softmax(-1), values.reshape(b * nkv, key_len, d))  # [B * nkv, g * S, d]
+        return self.o_proj(out.view(b, nkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, nh * d))
 
 
 class MLP(nn.Module):
@@ -134,9 +151,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.gate_up, _ = fuse_([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -147,8 +169,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, slots, cache, key_len):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, cache, key_len)
+    def forward(self, x, cos, sin, positions, slots, cache, key_len, bias):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, cache, key_len, bias)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -193,12 +215,18 @@ class CausalLM(nn.Module):
         """Logits at `last[b]` of each row. tokens/positions: [B, S]; slots, last: [B]. Returns [B, V] fp32."""
         assert self.rope_cos is not None, "call setup_rope() first"
         dtype = self.model.embed_tokens.weight.dtype
-        cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [B, 1, S, d]
-        sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
+        cos = self.rope_cos[positions].unsqueeze(2).to(dtype)  # [B, S, 1, d]
+        sin = self.rope_sin[positions].unsqueeze(2).to(dtype)
         key_len = int(positions.max()) + 1
+        # A query at position p sees keys 0..p of its own slot; padded queries see garbage nobody reads.
+        b, s = tokens.shape
+        nkv, g = self.cfg.num_kv_heads, self.cfg.num_heads // self.cfg.num_kv_heads
+        visible = torch.arange(key_len)[None, None, None, None, :] <= positions[:, None, None, :, None]
+        bias = torch.zeros(b, nkv, g, s, key_len, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        bias = bias.view(b * nkv, g * s, key_len)  # additive mask, one [g*S, T] block per (row, kv head)
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, positions, slots, cache, key_len)
+            x = layer(x, cos, sin, positions, slots, cache, key_len, bias)
         x = x[torch.arange(x.shape[0]), last]  # only the rows' last real positions need logits
         return self.lm_head(self.model.norm(x)).float()
 
@@ -229,5 +257,8 @@ def load_model(model_dir: str | Path, *, dtype: str = "float32", max_seq_len: in
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
+    for layer in model.model.layers:
+        layer.self_attn.fuse()
+        layer.mlp.fuse()
     model.setup_rope(max_seq_len)
     return model.eval()

@@ -45,7 +45,7 @@ class Output:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: `in` / remove() must not compare token lists
 class Request:
     rid: str
     prompt: list[int]
