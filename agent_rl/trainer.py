@@ -141,8 +141,8 @@ async def _loop_state(step: int, prompts: PromptSource, buffer: RolloutBuffer) -
 
 
 async def _shutdown(rollouts: Rollouts, engines, sandbox) -> None:
+    await engines.close()  # first: cancelling episodes mid-call into a live engine would race its thread
     await rollouts.stop()
-    await engines.close()
     await sandbox.close()
 
 
