@@ -12,7 +12,14 @@ from torch import Tensor, nn
 
 
 def _shifted_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    logits = model(input_ids, attention_mask=attention_mask).logits
+    # Right padding needs no mask in a causal LM: padding only follows the real tokens, which
+    # never attend forward, so their logits are the same; without a mask the attention kernel
+    # takes its fast causal path (about 2x faster on CPU here). Other padding keeps the mask.
+    am = attention_mask > 0
+    right_padded = not bool((am[:, 1:] & ~am[:, :-1]).any())
+    logits = (
+        model(input_ids).logits if right_padded else model(input_ids, attention_mask=attention_mask).logits
+    )
     logits = logits[:, :-1]  # position t-1 predicts token t
     return logits if logits.dtype == torch.float64 else logits.float()  # bf16 logits lose the tail
 
@@ -25,8 +32,8 @@ def _scatter_back(x: Tensor, width: int) -> Tensor:
 
 def logprobs_of(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """[B, T] log p(input_ids[t] | input_ids[:t]) in float32 (float64 for a float64 model); position 0 is 0."""
-    logits = _shifted_logits(model, input_ids, attention_mask)
-    lp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
+    logp_all = _shifted_logits(model, input_ids, attention_mask).log_softmax(-1)
+    lp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return _scatter_back(lp, input_ids.shape[1])
 
 
@@ -36,13 +43,12 @@ def logit_grad_proxy_of(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     ∂ log softmax(z)_y / ∂z = e_y − p, so the squared norm is 1 − 2 p_y + Σ_v p_v². Summed
     over a trajectory's tokens it is the squared gradient norm of log π(τ) with respect to
     the logits (positions are separate coordinates): the proxy for ‖∇_θ log π(τ)‖² that
-    the cheap OPOB mode uses in place of a backward pass per trajectory. Σ_v p_v² comes
-    from a second log-sum-exp, so no [B, T, V] softmax is kept.
+    the cheap OPOB mode uses in place of a backward pass per trajectory. Σ_v p_v² is read
+    off the log-softmax the log-probs need anyway: one extra elementwise pass, no backward.
     """
-    logits = _shifted_logits(model, input_ids, attention_mask)
-    lse = logits.logsumexp(-1)
-    lp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - lse
+    logp_all = _shifted_logits(model, input_ids, attention_mask).log_softmax(-1)
+    lp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     with torch.no_grad():
-        sum_p2 = torch.exp((2.0 * logits).logsumexp(-1) - 2.0 * lse)
+        sum_p2 = logp_all.mul(2.0).exp_().sum(-1)
         gsq = (1.0 - 2.0 * lp.exp() + sum_p2).clamp(min=0.0)
     return _scatter_back(lp, input_ids.shape[1]), _scatter_back(gsq, input_ids.shape[1])
