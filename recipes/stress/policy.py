@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from recipes.stress.task import VOCAB
-
 
 @dataclass
 class PolicyOutput:
@@ -21,7 +19,7 @@ class PolicyOutput:
 
 
 class GRUPolicy(nn.Module):
-    def __init__(self, vocab: int = VOCAB, embed: int = 32, hidden: int = 128) -> None:
+    def __init__(self, vocab: int, embed: int = 32, hidden: int = 128) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
         self.gru = nn.GRU(embed, hidden, batch_first=True)

@@ -3,6 +3,7 @@
 Definitions (also printed at the top of summary.md):
 - final held-out reward: greedy reward of the current policy on the held-out prompts, the
   mean of a run's last `FINAL_EVALS` evaluations; mean ± std over seeds.
+- mean over run: the mean of a run's whole held-out curve (how fast it learned), mean over seeds.
 - ESS/B: per step from vcpo; per run its minimum and median over steps; the table gives the
   median over seeds of each.
 - collapsed: the run raised (non-finite numbers) or ended below half of what it had gained
@@ -10,6 +11,8 @@ Definitions (also printed at the top of summary.md):
 - k*: the largest k such that every k' <= k in the grid has mean final reward >= 90 % of sync's
   (plain at k = 0, same lr).
 - step-time overhead: median vcpo.Step seconds of the method / plain's, same lr, all lags.
+- k = 0 rows marked "= plain" (or "= vcpo") reuse that method's runs: with behaviour = current
+  every IS weight is 1 and the ESS lr scale is 1, so the update is the same one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import statistics as st
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
 FINAL_EVALS = 3
 TOLERANCE = 0.9
+SAME_AT_K0 = {"tis": "plain", "mis": "plain", "m2po": "plain", "ess_lr": "plain", "opob": "vcpo"}
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Cell:
     seeds: int
     final_mean: float
     final_std: float
+    auc_mean: float
     ess_min: float
     ess_median: float
     is_weight_max: float
@@ -46,6 +51,19 @@ class Cell:
     grad_norm_median: float
     collapsed: int
     learner_seconds: float
+    same_as: str | None = None  # a k = 0 row borrowed from the method whose update it equals
+
+
+def label(cfg: dict, default_mode: str) -> str:
+    """Method name; OPOB runs in the non-default mode are their own rows, e.g. "vcpo[exact]"."""
+    m = cfg["method"]
+    if METHODS[m]["advantage"] == "opob" and cfg["opob_mode"] != default_mode:
+        return f"{m}[{cfg['opob_mode']}]"
+    return m
+
+
+def order(labels: set[str]) -> list[str]:
+    return [m for m in METHODS if m in labels] + sorted(labels - set(METHODS))
 
 
 def final_reward(r: dict) -> float:
@@ -64,11 +82,11 @@ def _med(xs: list[float]) -> float:
     return st.median(xs) if xs else float("nan")
 
 
-def summarise(runs: list[dict]) -> list[Cell]:
+def summarise(runs: list[dict], default_mode: str) -> list[Cell]:
     by: dict[tuple[str, int, float], list[dict]] = defaultdict(list)
     for r in runs:
         c = r["config"]
-        by[(c["method"], c["lag"], c["lr"])].append(r)
+        by[(label(c, default_mode), c["lag"], c["lr"])].append(r)
     cells = []
     for (method, lag, lr), rs in sorted(by.items()):
         finals = [final_reward(r) for r in rs]
@@ -76,6 +94,7 @@ def summarise(runs: list[dict]) -> list[Cell]:
             Cell(
                 method=method, lag=lag, lr=lr, seeds=len(rs),
                 final_mean=st.fmean(finals), final_std=st.pstdev(finals) if len(finals) > 1 else 0.0,
+                auc_mean=st.fmean(st.fmean(r["heldout_reward"]) for r in rs),
                 ess_min=_med([min(r["ess_ratio"]) for r in rs if r["ess_ratio"]]),
                 ess_median=_med([st.median(r["ess_ratio"]) for r in rs if r["ess_ratio"]]),
                 is_weight_max=max((max(r["is_weight_max"]) for r in rs if r["is_weight_max"]), default=0.0),
@@ -86,6 +105,15 @@ def summarise(runs: list[dict]) -> list[Cell]:
                 learner_seconds=_med([st.median(r["learner_seconds"]) for r in rs if r["learner_seconds"]]),
             )
         )  # fmt: skip
+    have = {(c.method, c.lag, c.lr) for c in cells}
+    for c in [c for c in cells if c.lag == 0]:
+        for m, same in SAME_AT_K0.items():
+            if (
+                same == c.method
+                and (m, 0, c.lr) not in have
+                and any(x.method == m and x.lr == c.lr for x in cells)
+            ):
+                cells.append(replace(c, method=m, same_as=same))
     return cells
 
 
@@ -105,7 +133,7 @@ def _sync(cells: list[Cell], lr: float) -> float | None:
 
 
 def _overhead(cells: list[Cell], method: str, lr: float) -> float | None:
-    mine = [c.learner_seconds for c in cells if c.method == method and c.lr == lr]
+    mine = [c.learner_seconds for c in cells if c.method == method and c.lr == lr and not c.same_as]
     base = [c.learner_seconds for c in cells if c.method == "plain" and c.lr == lr]
     return st.median(mine) / st.median(base) if mine and base else None
 
@@ -114,9 +142,10 @@ def markdown(study: StudyConfig, cells: list[Cell], n_runs: int) -> str:
     lines = [
         "# Staleness study (level a): fast grid",
         "",
-        f"{n_runs} runs. Task: window sums (3 digits, 2 answer tokens), 66k-parameter GRU, Adam, "
-        f"{study.batch_prompts} prompts x {study.group_size} samples per step, {study.steps} steps, "
-        f"OPOB mode `{study.opob_mode}`. Held-out: 200 prompts never sampled in training, greedy.",
+        f"{n_runs} runs. Task: count from a in steps of s mod 10 (4 answer tokens), 66k-parameter GRU, "
+        f"Adam, {study.batch_prompts} prompts x {study.group_size} samples per step, {study.steps} steps, "
+        f"OPOB mode `{study.opob_mode}` unless a row says otherwise. Held-out: 20 (a, s) prompts never "
+        "sampled in training, greedy decoding.",
         "",
         (__doc__ or "")
         .split("Definitions", 1)[1]
@@ -140,26 +169,24 @@ def markdown(study: StudyConfig, cells: list[Cell], n_runs: int) -> str:
             "| method | k* | step-time vs plain |",
             "|---|---|---|",
         ]
-        for m in METHODS:
-            if not any(c.method == m and c.lr == lr for c in cells):
-                continue
+        for m in order({c.method for c in cells if c.lr == lr}):
             ks = k_star(cells, m, lr, sync) if sync is not None else None
             ov = _overhead(cells, m, lr)
             lines.append(f"| {m} | {'-' if ks is None else ks} | {'-' if ov is None else f'{ov:.2f}x'} |")
         lines.append("")
-        for m in METHODS:
+        for m in order({c.method for c in cells if c.lr == lr}):
             rows = sorted((c for c in cells if c.method == m and c.lr == lr), key=lambda c: c.lag)
-            if not rows:
-                continue
             lines += [
-                f"### {m} (lr {lr:g}): {METHODS[m]}",
+                f"### {m} (lr {lr:g}): {METHODS[m.split('[')[0]]}",
                 "",
-                "| k | final held-out | seeds | ESS/B min | ESS/B median | max w̃ | max abs s | KL med | grad norm med | collapsed |",
-                "|---|---|---|---|---|---|---|---|---|---|",
+                "| k | final held-out | mean over run | seeds | ESS/B min | ESS/B median | max w̃ | max abs s "
+                "| KL med | grad norm med | collapsed |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for c in rows:
+                k = f"{c.lag} (= {c.same_as})" if c.same_as else str(c.lag)
                 lines.append(
-                    f"| {c.lag} | {c.final_mean:.3f} ± {c.final_std:.3f} | {c.seeds} | {c.ess_min:.3f} | "
+                    f"| {k} | {c.final_mean:.3f} ± {c.final_std:.3f} | {c.auc_mean:.3f} | {c.seeds} | {c.ess_min:.3f} | "
                     f"{c.ess_median:.3f} | {c.is_weight_max:.2f} | {c.log_ratio_max:.1f} | {c.kl_median:.4f} | "
                     f"{c.grad_norm_median:.3f} | {'yes' if c.collapsed * 2 > c.seeds else 'no'} "
                     f"({c.collapsed}/{c.seeds}) |"
@@ -177,14 +204,15 @@ def plot(study: StudyConfig, runs: list[dict], path: Path) -> None:
     lr = study.reference_lr
     mine = [r for r in runs if r["config"]["lr"] == lr]
     lags = sorted({r["config"]["lag"] for r in mine})
-    methods = [m for m in METHODS if any(r["config"]["method"] == m for r in mine)]
+    mode = study.opob_mode
+    methods = order({label(r["config"], mode) for r in mine})
     ncol = 3
     nrow = (len(lags) + 1 + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
-    colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
+    colors = {m: f"C{i}" for i, m in enumerate(order(set(methods) | set(METHODS)))}
     for ax, lag in zip(axes.flat, lags, strict=False):
         for m in methods:
-            rs = [r for r in mine if r["config"]["method"] == m and r["config"]["lag"] == lag]
+            rs = [r for r in mine if label(r["config"], mode) == m and r["config"]["lag"] == lag]
             if not rs:
                 continue
             n = min(len(r["heldout_reward"]) for r in rs)
@@ -196,7 +224,7 @@ def plot(study: StudyConfig, runs: list[dict], path: Path) -> None:
         ax.set_ylabel("held-out reward (mean over seeds)")
         ax.grid(alpha=0.3)
     ax = axes.flat[len(lags)]
-    cells = [c for c in summarise(mine)]
+    cells = summarise(mine, mode)
     for m in methods:
         rows = sorted((c for c in cells if c.method == m), key=lambda c: c.lag)
         xs = [max(c.lag, 0.5) for c in rows]
@@ -223,7 +251,7 @@ def write_report(study: StudyConfig, runs: list[dict], out: Path) -> list[Path]:
     if not runs:
         raise ValueError(f"no runs in {out / 'runs.jsonl'}: run the grid first")
     out.mkdir(parents=True, exist_ok=True)
-    cells = summarise(runs)
+    cells = summarise(runs, study.opob_mode)
     lrs = sorted({c.lr for c in cells})
     summary = {
         "reference_lr": study.reference_lr,
@@ -233,14 +261,12 @@ def write_report(study: StudyConfig, runs: list[dict], out: Path) -> list[Path]:
             f"{m}@{lr:g}": k_star(cells, m, lr, s)
             for lr in lrs
             if (s := _sync(cells, lr)) is not None
-            for m in METHODS
-            if any(c.method == m and c.lr == lr for c in cells)
+            for m in order({c.method for c in cells if c.lr == lr})
         },
         "step_time_vs_plain": {
             f"{m}@{lr:g}": _overhead(cells, m, lr)
             for lr in lrs
-            for m in METHODS
-            if any(c.method == m for c in cells)
+            for m in order({c.method for c in cells if c.lr == lr})
         },
     }
     paths = [out / "summary.json", out / "summary.md", out / "curves.png"]

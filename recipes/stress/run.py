@@ -18,7 +18,7 @@ import torch
 import vcpo
 from recipes.stress.policy import GRUPolicy, generate
 from recipes.stress.sampler import LagSampler
-from recipes.stress.task import WindowSumTask
+from recipes.stress.task import CountTask
 
 _COMPARE = {"advantage": "grpo", "ess_lr_rule": "none"}
 METHODS: dict[str, dict[str, str]] = {
@@ -43,7 +43,9 @@ class RunConfig:
     group_size: int = 8
     eval_every: int = 10
     opob_mode: str = "exact"  # exact: a backward per trajectory (as in the paper) | proxy
-    prompt_len: int = 3
+    base: int = 10
+    answer_len: int = 4
+    heldout: int = 20
 
     def step_config(self) -> vcpo.StepConfig:
         if self.method not in METHODS:
@@ -74,7 +76,7 @@ class RunResult:
 
 
 @torch.no_grad()
-def heldout_reward(policy: GRUPolicy, task: WindowSumTask) -> float:
+def heldout_reward(policy: GRUPolicy, task: CountTask) -> float:
     digits = task.heldout_prompts()
     answer = generate(policy, task.context(digits), task.answer_len, generator=None, greedy=True)
     return float(task.reward(digits, answer).mean())
@@ -83,8 +85,8 @@ def heldout_reward(policy: GRUPolicy, task: WindowSumTask) -> float:
 def run(cfg: RunConfig) -> RunResult:
     """Train one policy; a numerical failure ends the run early and is recorded, not raised."""
     torch.manual_seed(cfg.seed)
-    task = WindowSumTask(prompt_len=cfg.prompt_len)
-    policy = GRUPolicy()
+    task = CountTask(base=cfg.base, answer_len=cfg.answer_len, heldout=cfg.heldout)
+    policy = GRUPolicy(task.vocab)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     step = vcpo.Step(policy, optimizer, cfg.step_config())
     sampler = LagSampler(

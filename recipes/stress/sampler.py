@@ -18,7 +18,7 @@ from torch import Tensor
 
 import vcpo
 from recipes.stress.policy import GRUPolicy, generate
-from recipes.stress.task import WindowSumTask
+from recipes.stress.task import CountTask
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class LagSampler:
     def __init__(
         self,
         policy: GRUPolicy,
-        task: WindowSumTask,
+        task: CountTask,
         *,
         lag: int,
         batch_prompts: int,

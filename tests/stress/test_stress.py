@@ -11,7 +11,7 @@ import vcpo
 from recipes.stress.policy import GRUPolicy, generate
 from recipes.stress.run import METHODS, RunConfig, run
 from recipes.stress.sampler import LagSampler
-from recipes.stress.task import WindowSumTask
+from recipes.stress.task import CountTask
 
 
 def _perturb(policy: GRUPolicy, seed: int) -> None:
@@ -25,7 +25,8 @@ def _perturb(policy: GRUPolicy, seed: int) -> None:
 @pytest.mark.parametrize("lag", [0, 1, 3])
 def test_lag_injection_samples_batch_v_with_version_v_minus_k(lag: int) -> None:
     torch.manual_seed(0)
-    task, policy = WindowSumTask(), GRUPolicy()
+    task = CountTask()
+    policy = GRUPolicy(task.vocab)
     sampler = LagSampler(
         policy, task, lag=lag, batch_prompts=4, group_size=2, generator=torch.Generator().manual_seed(1)
     )
@@ -53,9 +54,9 @@ def test_run_records_exactly_k_versions_of_staleness() -> None:
 
 
 def test_publish_out_of_order_is_refused() -> None:
-    policy = GRUPolicy()
+    policy = GRUPolicy(CountTask().vocab)
     sampler = LagSampler(
-        policy, WindowSumTask(), lag=1, batch_prompts=1, group_size=2, generator=torch.Generator()
+        policy, CountTask(), lag=1, batch_prompts=1, group_size=2, generator=torch.Generator()
     )
     sampler.publish(0, policy)
     with pytest.raises(ValueError, match="got version 2, expected 1"):
@@ -64,10 +65,10 @@ def test_publish_out_of_order_is_refused() -> None:
 
 def test_importance_weights_are_one_at_k0() -> None:
     torch.manual_seed(0)
-    policy = GRUPolicy()
+    policy = GRUPolicy(CountTask().vocab)
     sampler = LagSampler(
         policy,
-        WindowSumTask(),
+        CountTask(),
         lag=0,
         batch_prompts=8,
         group_size=4,
@@ -85,25 +86,38 @@ def test_importance_weights_are_one_at_k0() -> None:
     assert m.kl_behavior_current == pytest.approx(0.0, abs=1e-8)
 
 
-def test_random_policy_reward_is_about_one_in_twelve() -> None:
-    task = WindowSumTask()
-    digits = task.heldout_prompts()
+def test_random_policy_reward_is_near_one_in_twelve() -> None:
+    # Uniform tokens: position 1 is right w.p. 1/12; later ones need a digit before them too,
+    # so the expectation is (1/12)(1 + 3 * 10/12) / 4 ≈ 0.073.
+    task = CountTask()
+    digits = task.train_prompts().repeat(20, 1)
     uniform = torch.randint(12, (len(digits), task.answer_len), generator=torch.Generator().manual_seed(0))
-    assert 0.04 < float(task.reward(digits, uniform).mean()) < 0.14
+    assert float(task.reward(digits, uniform).mean()) == pytest.approx(0.073, abs=0.01)
     rewards = []
     for seed in range(3):  # an untrained policy samples close to uniformly
         torch.manual_seed(seed)
-        ans = generate(GRUPolicy(), task.context(digits), task.answer_len, generator=None, greedy=False)
+        ans = generate(
+            GRUPolicy(task.vocab), task.context(digits), task.answer_len, generator=None, greedy=False
+        )
         rewards.append(float(task.reward(digits, ans).mean()))
-    assert 0.04 < sum(rewards) / 3 < 0.14
+    assert 0.04 < sum(rewards) / 3 < 0.12
+
+
+def test_reward_follows_the_policys_own_previous_digit() -> None:
+    task = CountTask()
+    digits = torch.tensor([[3, 4], [3, 4], [3, 4]])
+    answer = torch.tensor(
+        [[7, 1, 5, 9], [7, 2, 6, 0], [10, 4, 8, 2]]
+    )  # right; one slip; BOS, then right again
+    assert task.reward(digits, answer).tolist() == [1.0, 0.75, 0.5]
 
 
 def test_heldout_prompts_are_never_in_the_training_pool() -> None:
-    task = WindowSumTask()
+    task = CountTask()
     train = {tuple(r) for r in task.train_prompts().tolist()}
     held = {tuple(r) for r in task.heldout_prompts().tolist()}
     assert len(held) == task.heldout and not train & held
-    assert len(train) + len(held) == 10**task.prompt_len
+    assert len(train) + len(held) == task.base**2
 
 
 def test_every_method_is_a_valid_vcpo_step_config() -> None:
