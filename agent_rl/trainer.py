@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from agent_rl import checkpoint, evaluate, placement
@@ -32,7 +33,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
     placement.apply(plan)  # Ray only if the plan needs it
     spec = envs.load(recipe.envs.train)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer or recipe.model.path)
-    lag = recipe.rollout.fixed_lag
+    lag = recipe.rollout.fixed_lag  # research switch: engines sample with weights exactly `lag` versions old
     bcfg = recipe.buffer if lag is None else recipe.buffer.model_copy(update={"max_staleness": lag})
     buffer = RolloutBuffer(
         bcfg,
@@ -40,39 +41,43 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
         group_size=spec.group_size,
         admit_lag=None if lag is None else 0,
     )
-    loop = LoopThread()  # buffer, engines, sandbox and episodes all live on this event loop
-    sandbox = envs.make_sandbox(spec)
-    prompts = PromptSource(envs.make(spec, tokenizer, sandbox).tasks("train"), seed=recipe.train.seed)
-    learner = build_learner(recipe)
-    start = 0
-    if resume:
-        state = checkpoint.load(checkpoint.latest(run_dir), learner)
-        buffer.load_state(state.buffer)
-        prompts.load_state(state.prompts)
-        start = state.step
-        checkpoint.truncate_logs(run_dir, start)
-    engines = loop.call(placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed))
-    sync = WeightSync(
-        engines.client, loop, mode=recipe.engines.weight_sync, lag=lag or 0, scratch=run_dir / "weights"
-    )
-    sync.history.extend(
-        state.lagged_weights if resume else []
-    )  # fixed_lag: the versions the engines lag behind
-    sync.push(learner)  # before step 1: a broken weight path fails now, not after the first optimizer step
-    loop.call(_set_version(buffer, learner.version))
-    rollouts = Rollouts(
-        recipe.rollout,
-        buffer,
-        prompts,
-        lambda: envs.make(spec, tokenizer, sandbox),
-        engines.client,
-        max_seq_len=recipe.engines.max_seq_len,
-        seed=recipe.train.seed,
-    )
-    loop.call(_start(rollouts))
-    writer = RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard)
-    bar = tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
-    try:
+    with ExitStack() as cleanup:  # whatever was started is stopped, in reverse order, however we leave
+        loop = LoopThread()  # buffer, engines, sandbox and episodes all live on this event loop
+        cleanup.callback(loop.close)
+        sandbox = envs.make_sandbox(spec)
+        cleanup.callback(lambda: loop.call(sandbox.close()))
+        prompts = PromptSource(envs.make(spec, tokenizer, sandbox).tasks("train"), seed=recipe.train.seed)
+        learner = build_learner(recipe)
+        cleanup.callback(learner.close)
+        start, lagged = 0, []
+        if resume:
+            state = checkpoint.load(checkpoint.latest(run_dir), learner)
+            buffer.load_state(state.buffer)
+            prompts.load_state(state.prompts)
+            start, lagged = state.step, state.lagged_weights
+            checkpoint.truncate_logs(run_dir, start)
+        engines = loop.call(
+            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+        )
+        sync = WeightSync(
+            engines.client, loop, mode=recipe.engines.weight_sync, lag=lag or 0, scratch=run_dir / "w"
+        )
+        sync.history.extend(lagged)
+        sync.push(
+            learner
+        )  # before step 1: a broken weight path fails now, not after the first optimizer step
+        loop.call(_set_version(buffer, learner.version))
+        make_env = lambda: envs.make(spec, tokenizer, sandbox)  # noqa: E731 - one Env per episode
+        rollouts = Rollouts(
+            recipe.rollout, buffer, prompts, make_env, engines.client,
+            max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
+        )  # fmt: skip
+        loop.call(_start(rollouts))
+        cleanup.callback(lambda: loop.call(_shutdown(rollouts, engines)))
+        writer = cleanup.enter_context(RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard))
+        bar = cleanup.enter_context(
+            tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
+        )
         for step in bar:
             t0 = time.monotonic()
             batch = loop.call(buffer.take(recipe.train.batch_prompts))
@@ -80,17 +85,16 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             metrics = dict(learner.step(batch))
             t_learn = time.monotonic() - t0 - t_wait
             sync_s = sync.push(learner)  # engines pause, abort in-flight turns, load, resume
-            buffer_stats = loop.call(_set_version(buffer, learner.version))
+            metrics |= loop.call(_set_version(buffer, learner.version)) | loop.call(_stats(rollouts))
             rewards = [r for g in batch for r in g.rewards]
             step_s = time.monotonic() - t0
-            metrics |= buffer_stats | loop.call(_stats(rollouts))
             metrics |= {
                 "rollout/reward_mean": sum(rewards) / len(rewards),
                 "perf/step_seconds": step_s,
                 "perf/wait_seconds": t_wait,
                 "perf/weight_sync_seconds": sync_s,
                 "perf/learner_busy_fraction": t_learn / step_s,
-                "version": learner.version,
+                "learner/version": learner.version,
             }
             if recipe.eval.every and (step + 1) % recipe.eval.every == 0:
                 metrics |= loop.call(
@@ -104,20 +108,14 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
                 stale=f"{metrics.get('buffer/staleness_mean', 0.0):.1f}",
                 tok_s=f"{metrics['perf/rollout_tokens_per_s']:.0f}",
             )
-            if (
-                recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0
-            ) or step + 1 == recipe.train.steps:
+            if (step + 1) % (
+                recipe.checkpoint.every or recipe.train.steps
+            ) == 0 or step + 1 == recipe.train.steps:
                 state = loop.call(_loop_state(step + 1, prompts, buffer))
                 state.lagged_weights = list(sync.history)
                 checkpoint.save(
                     run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
                 )
-    finally:
-        bar.close()
-        loop.call(_shutdown(rollouts, engines, sandbox))
-        loop.close()
-        writer.close()
-        getattr(learner, "close", lambda: None)()
     return run_dir
 
 
@@ -140,10 +138,9 @@ async def _loop_state(step: int, prompts: PromptSource, buffer: RolloutBuffer) -
     return checkpoint.LoopState(step, prompts.state(), buffer.state())  # one consistent snapshot
 
 
-async def _shutdown(rollouts: Rollouts, engines, sandbox) -> None:
+async def _shutdown(rollouts: Rollouts, engines: placement.Engines) -> None:
     await engines.close()  # first: cancelling episodes mid-call into a live engine would race its thread
     await rollouts.stop()
-    await sandbox.close()
 
 
 def _log_batch(run_dir: Path, step: int, batch) -> None:
