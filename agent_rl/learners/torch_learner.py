@@ -165,4 +165,9 @@ def build_learner(recipe: Recipe) -> Learner:
     """The torch learner for `recipe` (learner.backend must be 'torch')."""
     if recipe.learner.backend != "torch":
         raise ValueError(f"build_learner: learner.backend is {recipe.learner.backend!r}; this builds 'torch'")
+    if recipe.train.batch_prompts < recipe.learner.dp:
+        raise ValueError(
+            f"learner.dp={recipe.learner.dp} but train.batch_prompts={recipe.train.batch_prompts}: "
+            "every data-parallel rank needs at least one whole prompt group per step"
+        )
     return TorchLearner(rank_spec(recipe), dp=recipe.learner.dp, gpus=recipe.placement.learner_gpus)

@@ -133,9 +133,11 @@ def test_other_settings_step_with_finite_metrics(
     assert all(v.dtype == torch.float32 for v in lrn.hf_state_dict().values())
 
 
-def test_bad_loss_advantage_pairing_fails_at_build(tiny_model_dir: Path) -> None:
+def test_bad_settings_fail_at_build(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="advantage='opob' needs a loss with one weight per trajectory"):
         build_learner(recipe_for(tiny_model_dir, algorithm={"loss": "ppo_clip", "advantage": "opob"}))
+    with pytest.raises(ValueError, match="learner.dp=4 but train.batch_prompts=2"):
+        build_learner(recipe_for(tiny_model_dir, learner={"dp": 4}))
 
 
 @pytest.mark.slow
