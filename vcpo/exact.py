@@ -27,6 +27,12 @@ from vcpo.losses import kl_k3_sum
 from vcpo.weights import sequence_log_weights
 
 LogprobFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+GradSqFn = Callable[[list[Tensor]], float]  # ‖g‖² of this rank's gradient pieces (all-reduce over TP shards)
+
+
+def local_grad_sq(grads: list[Tensor]) -> float:
+    """Σ‖g‖² over the given gradients; a tensor-parallel trainer sums this over its TP group instead."""
+    return float(sum(float(g.double().pow(2).sum()) for g in grads))
 
 
 @dataclass
@@ -66,6 +72,7 @@ def exact_opob_group(
     seq_log_weight: Callable[[Tensor, float], Tensor],
     truncation: float,
     variant: str,
+    grad_sq_fn: GradSqFn = local_grad_sq,
 ) -> tuple[Tensor, Tensor, list[TrajResult]]:
     """Back-propagate each member of one group, fold it into acc; return (advantage, baseline, results).
 
@@ -95,7 +102,7 @@ def exact_opob_group(
             p.grad = None
         mean_lp.backward()
         grads = [(j, p.grad) for j, p in enumerate(params) if p.grad is not None]
-        res.grad_sq = float(sum(float(g.double().pow(2).sum()) for _, g in grads))
+        res.grad_sq = grad_sq_fn([g for _, g in grads])
         if not math.isfinite(res.grad_sq):
             raise FloatingPointError(
                 f"exact OPOB: trajectory {i} has a non-finite gradient (‖g‖² = {res.grad_sq})"
@@ -111,7 +118,7 @@ def exact_opob_group(
     n = len(members)
     if not live:
         zeros = torch.zeros(n, dtype=torch.float64)
-        return zeros, mean.expand(n).clone(), results
+        return zeros, mean.cpu().expand(n).clone(), results
     s_t = torch.tensor([r.s for r in results], dtype=torch.float64)
     log_wt_t = torch.tensor([r.log_wt for r in results], dtype=torch.float64)
     tok_t = torch.tensor([r.tokens for r in results], dtype=torch.float64)

@@ -10,6 +10,7 @@ is scaled by the global batch's ESS for this one optimizer.step() and restored.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -22,12 +23,13 @@ from vcpo.advantages import ADVANTAGES, STD_EPS, group_stats, grpo_advantages, r
 from vcpo.baseline import opob_baseline
 from vcpo.batch import PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
-from vcpo.exact import LogprobFn, exact_opob_group, new_buffers, opob_weight_inputs
+from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.losses import LossInputs, get_loss, kl_k3_sum, loss_kwargs
 from vcpo.weights import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class StepMetrics:
     grad_norm: float
     ess: float
     ess_ratio: float
+    ess_ratio_truncated: float  # ESS/B of the truncated weights min(w, c)
     lr_scale: float
     lr: float
     is_weight_mean: float
@@ -138,13 +141,20 @@ class Step:
         dp_group: dist.ProcessGroup | None = None,
         logprob_fn: LogprobFn = logprobs_of,
         proxy_fn: ProxyFn | None = None,
+        grad_sq_fn: GradSqFn = local_grad_sq,
+        clip_fn: ClipFn = torch.nn.utils.clip_grad_norm_,
     ) -> None:
+        """logprob_fn / proxy_fn: how to get per-token log-probs (and the proxy) from the model.
+        grad_sq_fn / clip_fn: ‖g‖² of one trajectory's gradient and grad clipping; a tensor-parallel
+        trainer passes versions that reduce over its TP group (the defaults see local tensors).
+        """
         cfg.check()
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
         # Forward through the inner module: DDP's own hooks would all-reduce on every backward
         # and sync buffers on every forward (a collective per call, which deadlocks when ranks
         # hold different numbers of trajectories). We sum gradients ourselves, once.
         self.module = model.module if ddp else model
+        self.no_sync = model.no_sync if ddp else contextlib.nullcontext  # belt and braces
         self.group = model.process_group if ddp else dp_group
         self.optimizer, self.cfg, self.logprob_fn = optimizer, cfg, logprob_fn
         self.spec = get_loss(cfg.loss)
@@ -152,7 +162,7 @@ class Step:
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Step: the model has no parameter with requires_grad=True")
-        self.proxy_fn = proxy_fn
+        self.proxy_fn, self.grad_sq_fn, self.clip_fn = proxy_fn, grad_sq_fn, clip_fn
         if cfg.advantage == "opob" and cfg.opob_mode == "proxy" and proxy_fn is None:
             if logprob_fn is not logprobs_of:
                 raise ValueError("Step: opob_mode='proxy' with a custom logprob_fn also needs proxy_fn")
@@ -164,10 +174,11 @@ class Step:
         self.optimizer.zero_grad(set_to_none=True)
         rows = _Rows(batch.size)
         try:
-            if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact":
-                self._exact(batch, rows)
-            else:
-                self._chunked(batch, rows)
+            with self.no_sync():
+                if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact":
+                    self._exact(batch, rows)
+                else:
+                    self._chunked(batch, rows)
             return self._finish(rows)
         finally:
             self.optimizer.zero_grad(set_to_none=True)
@@ -180,7 +191,7 @@ class Step:
             adv, base, res = exact_opob_group(
                 self.module, self.params, batch, members, acc, score,
                 logprob_fn=self.logprob_fn, seq_log_weight=self.spec.seq_log_weight,  # type: ignore[arg-type]
-                truncation=self.cfg.is_truncation, variant=self.cfg.opob_weight,
+                truncation=self.cfg.is_truncation, variant=self.cfg.opob_weight, grad_sq_fn=self.grad_sq_fn,
             )  # fmt: skip
             m = members.cpu()
             rows.adv[m], rows.base[m] = adv, base
@@ -308,26 +319,28 @@ class Step:
         all_reduce(maxes, dist.ReduceOp.MAX, self.group)
         s_max, abs_max, w_max, neg_w_min, gn_max = maxes.tolist()
         e = torch.exp(s - s_max) if math.isfinite(s_max) else torch.zeros_like(s)
+        et = wt / w_max if w_max > 0 else torch.zeros_like(wt)  # truncated weights, shifted the same way
         a = rows.adv[live]
         sums = torch.stack([
             e.sum(), (e * e).sum(), live.sum().double(), rows.loss[live].sum(), rows.tokens.sum(),
             rows.clipped.sum(), rows.kl.sum(), wt.sum(), a.sum(), (a * a).sum(), rows.base[live].sum(),
-            gn.sum(), torch.tensor(float(gn.numel()), dtype=torch.float64),
+            gn.sum(), torch.tensor(float(gn.numel()), dtype=torch.float64), et.sum(), (et * et).sum(),
         ]).to(dev)  # fmt: skip
         all_reduce(sums, dist.ReduceOp.SUM, self.group)
-        e1, e2, n, loss, tokens, clipped, kl, w_sum, a_sum, a_sq, b_sum, gn_sum, gn_n = sums.tolist()
+        e1, e2, n, loss, tokens, clipped, kl, w_sum, a_sum, a_sq, b_sum, gn_sum, gn_n, t1, t2 = sums.tolist()
         if n == 0:
             raise ValueError("Step: no trajectory in the global batch has a loss token (loss_mask is all 0)")
         ess, ratio = ess_from_sums(s_max, e1, e2, int(n))
+        ratio_truncated = min(t1 * t1 / t2 / n, 1.0) if t2 > 0 else 0.0
         sync_grads(self.params, self.group, 1.0 / n)
         lr_scale = ess_lr_scale(ratio, cfg.ess_lr_rule, cfg.ess_base_ratio)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+        grad_norm = float(self.clip_fn(self.params, cfg.grad_clip))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"Step: gradient norm is {grad_norm}; no update was applied")
         lr = self._apply(lr_scale)
         mean_a = a_sum / n
         return StepMetrics(
-            loss=loss / n, grad_norm=grad_norm, ess=ess, ess_ratio=ratio, lr_scale=lr_scale, lr=lr,
+            loss=loss / n, grad_norm=grad_norm, ess=ess, ess_ratio=ratio, ess_ratio_truncated=ratio_truncated, lr_scale=lr_scale, lr=lr,
             is_weight_mean=w_sum / n, is_weight_max=w_max, is_weight_min=-neg_w_min,
             clip_fraction=clipped / max(tokens, 1.0), kl_behavior_current=kl / max(tokens, 1.0),
             log_ratio_abs_max=abs_max, traj_grad_norm_mean=gn_sum / gn_n if gn_n else 0.0,

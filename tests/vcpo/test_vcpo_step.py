@@ -142,6 +142,7 @@ def test_extreme_log_ratios_give_a_finite_ess_and_a_damped_step_never_nan() -> N
             )(batch)
             assert all(math.isfinite(v) for v in metrics.as_dict().values()), (mode, loss, metrics)
             assert metrics.ess == pytest.approx(1.0) and metrics.lr_scale == pytest.approx(math.sqrt(1 / 8))
+            assert metrics.ess_ratio_truncated > 2 * metrics.ess_ratio  # min(w, 8) tames the dominant weight
             assert metrics.log_ratio_abs_max > 9e3
             assert torch.isfinite(_flat_params(m)).all()
     for loss in ("tis_token", "icepop", "m2po", "ppo_clip", "gspo", "cispo"):
