@@ -6,8 +6,10 @@ covariance, samples independent) is Σ_i w̃_i² ‖g_i‖² (R_i − b)² + con
 
     b* = Σ_j w̃_j² ‖g_j‖² R_j / Σ_j w̃_j² ‖g_j‖²,
 
-a reward average weighted by how much each sample moves the parameters. Two choices of
-weight are offered (``opob_weight`` in the driver):
+a reward average weighted by how much each sample moves the parameters. The loss averages
+tokens within a trajectory, so the g_i that multiplies the advantage is ∇ mean_t log π(τ_i)
+= ∇log π(τ_i) / L_i; the driver measures that one (exactly, or by the logit proxy). Two
+choices of weight are offered (``opob_weight`` in the driver):
 
 - default: ``log_w = log w̃`` (the truncated weight that multiplies the loss), power 2;
   without truncation that is the README formula w²‖∇log π‖².
