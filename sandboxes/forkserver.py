@@ -338,12 +338,10 @@ class Session:
                     break
                 (out if fd == self.out_r else err).pump()
         duration = time.monotonic() - start
-        if timed_out or done["exit_code"] is None:
-            self.kill()
         out.drain()
         err.drain()
         if done is None or done["exit_code"] is None:
-            _, status = os.waitpid(self.pid, 0)
+            status = self.kill()
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             oom = False
         else:
@@ -362,14 +360,17 @@ class Session:
         }
 
     def kill(self):
+        """Kill the session process; returns its wait status."""
+        status = 0
         if self.alive:
             self.alive = False
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, 0)
+                status = os.waitpid(self.pid, 0)[1]
             for fd in (self.cmd_w, self.done_r, self.out_r, self.err_r):
                 os.close(fd)
+        return status
 
 
 def _set_limits(limits, nproc_rlimit, cpu=True):

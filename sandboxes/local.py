@@ -172,9 +172,9 @@ async def launch_local(opts: LocalOptions, limits: Limits, startup_timeout_s: fl
     as_root = os.geteuid() == 0
     cgroup = None
     if as_root and opts.cgroups:
-        # Room for the fork-server, session processes and bwrap itself on top of the call's caps.
+        # The cap covers the whole sandbox: the call, bwrap, the fork-server and session processes.
         cgroup = SandboxCgroup.create(
-            memory_bytes=limits.memory_bytes + opts.tmp_bytes + 256 * MiB, pids=limits.processes + 16
+            memory_bytes=limits.memory_bytes + opts.tmp_bytes + 256 * MiB, pids=limits.processes + 4
         )
     cmd = bwrap_command(opts, as_root)
     if cgroup is None:
