@@ -14,8 +14,10 @@ its template glue are tokenized on their own and returned as `observation_ids`.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +55,35 @@ def make_limits(spec: EnvSpec) -> Any:
 
 
 def make_sandbox(spec: EnvSpec) -> Any:
-    """The sandbox the spec asks for; share one across episodes (envs.make(spec, tok, sandbox=...))."""
+    """A new sandbox as the spec asks for it; the caller closes it."""
     import sandboxes
 
     return sandboxes.create(spec.sandbox.backend, limits=make_limits(spec), **spec.sandbox.options)
 
 
+# Sandboxes made for envs created without one: one per event loop and sandbox config, so episodes stay cheap.
+_LOOP_SANDBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_sandbox(spec: EnvSpec) -> Any:
+    """The sandbox shared by this event loop's episodes of every spec with the same sandbox section."""
+    per_loop = _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})
+    key = spec.sandbox.model_dump_json()
+    if key not in per_loop:
+        per_loop[key] = make_sandbox(spec)
+    return per_loop[key]
+
+
+async def close_shared_sandboxes() -> None:
+    """Close the sandboxes envs made for this event loop (call at shutdown)."""
+    for sandbox in _LOOP_SANDBOXES.pop(asyncio.get_running_loop(), {}).values():
+        await sandbox.close()
+
+
 def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
-    """A fresh episode. Without `sandbox`, the env creates one from the spec on first use and closes it in close()."""
+    """A fresh episode. Without `sandbox`, the first code run uses the loop's shared sandbox for this spec."""
     key = (spec, id(tokenizer))
     shared = _SHARED.get(key)
     if shared is None:
@@ -81,7 +104,6 @@ class Env:
         self._s = shared
         self.spec = shared.spec
         self._sandbox = sandbox
-        self._owns_sandbox = sandbox is None
         self._session: Any = None
         self._task: Task | None = None
         self._texts: list[str] = []
@@ -177,7 +199,7 @@ class Env:
         limits = self._s.limits
         start = time.perf_counter()
         if self._sandbox is None:
-            self._sandbox = make_sandbox(self.spec)
+            self._sandbox = shared_sandbox(self.spec)
         if self.spec.tool.session:
             if self._session is None:
                 self._session = self._sandbox.session(limits=limits)
@@ -241,8 +263,5 @@ class Env:
             await session.close()
 
     async def close(self) -> None:
-        """Close the open session, and the sandbox if this env created it."""
+        """Close the episode's interpreter session, if one is open (an abandoned episode in session mode)."""
         await self._close_session()
-        if self._owns_sandbox and self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            await sandbox.close()
