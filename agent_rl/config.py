@@ -40,6 +40,8 @@ class EngineConfig(Strict):
     max_seq_len: int = Field(2048, ge=16)
     weight_sync: Literal["memory", "disk", "nccl"] = "memory"
     """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: SGLang broadcast."""
+    sync_every: int = Field(1, ge=1)
+    """Publish the learner's weights to the engines every this many optimizer steps."""
 
     @model_validator(mode="after")
     def _urls_for_servers(self) -> EngineConfig:
@@ -180,6 +182,15 @@ class Recipe(Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     placement: PlacementConfig = PlacementConfig()
+
+    @model_validator(mode="after")
+    def _fixed_lag_needs_per_step_sync(self) -> Recipe:
+        if self.rollout.fixed_lag is not None and self.engines.sync_every != 1:
+            raise ValueError(
+                f"rollout.fixed_lag={self.rollout.fixed_lag} sets the engines' version itself; "
+                f"engines.sync_every must be 1 (got {self.engines.sync_every})"
+            )
+        return self
 
     @field_validator("name")
     @classmethod

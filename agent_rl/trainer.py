@@ -60,7 +60,12 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
         )
         sync = WeightSync(
-            engines.client, loop, mode=recipe.engines.weight_sync, lag=lag or 0, scratch=run_dir / "w"
+            engines.client,
+            loop,
+            mode=recipe.engines.weight_sync,
+            lag=lag or 0,
+            every=recipe.engines.sync_every,
+            scratch=run_dir / "w",
         )
         sync.history.extend(lagged)
         sync.push(

@@ -21,16 +21,39 @@ if TYPE_CHECKING:
 
 
 class WeightSync:
-    def __init__(self, engine: EngineClient, loop: LoopThread, *, mode: str, lag: int = 0, scratch: Path):
-        self.engine, self.loop, self.mode, self.lag, self.scratch = engine, loop, mode, lag, scratch
+    def __init__(
+        self,
+        engine: EngineClient,
+        loop: LoopThread,
+        *,
+        mode: str,
+        lag: int = 0,
+        every: int = 1,
+        scratch: Path,
+    ):
+        if mode == "nccl":
+            raise NotImplementedError(
+                "engines.weight_sync: nccl (SGLang broadcast from the learner's GPUs) is not wired into the loop yet; "
+                "use weight_sync: disk with SGLang/vLLM servers, or memory with the embedded engine"
+            )
+        self.engine, self.loop, self.mode, self.lag, self.every, self.scratch = (
+            engine,
+            loop,
+            mode,
+            lag,
+            every,
+            scratch,
+        )
         self.engine_version: int | None = None
         self.history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
 
     def push(self, learner: Learner) -> float:
         """Send the weights the engines should sample with now; returns seconds spent (0 if unchanged)."""
         t0 = time.monotonic()
-        tensors = learner.hf_state_dict()
         version = learner.version
+        if self.engine_version is not None and version % self.every:
+            return 0.0  # engines.sync_every: not this step
+        tensors = learner.hf_state_dict()
         if self.lag:
             if not self.history or self.history[-1][0] != version:  # a resumed run re-pushes its last version
                 self.history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
