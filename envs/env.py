@@ -171,6 +171,10 @@ class Env:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return tok.encode(text, add_special_tokens=False)
 
+    def encode_observation(self, output: str) -> list[int]:
+        """Env tokens for a tool output as this env shows it (template glue, middle truncation)."""
+        return self._s.formatter.encode(output)
+
     async def step(self, sampled_ids: list[int], *, truncated: bool = False) -> StepResult:
         """Consume one turn of sampled ids. `truncated`: the engine stopped at max_new_tokens."""
         if self._task is None:
@@ -218,7 +222,7 @@ class Env:
             obs.on_error,
             obs.empty,
         )
-        ids = self._s.formatter.encode(shown)
+        ids = self.encode_observation(shown)
         ran = dict(code_ran=True, exit_code=res.exit_code, timed_out=res.timed_out, tool_seconds=seconds)
         if self._used + len(ids) >= self.spec.turns.max_response_tokens:
             return await self._finish("length", **ran)  # no room for another turn after this output

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from envs.types import Task
 
@@ -133,23 +134,27 @@ def corpus(n: int = 2000, seed: int = 12345) -> list[str]:
     return [t.render() for t in teacher_traces(n, seed, tool_rate=0.5)]
 
 
-def encode_trace(trace: Trace, tokenizer, observation_template: str = "```output\n{output}\n```\n"):
-    """(input_ids, loss_mask) built exactly as the env builds an episode: prompt, then each model segment
-    and each observation tokenized on its own, EOS after the last model segment; mask 1 on model tokens."""
-    from envs.tir import ObservationFormatter
+SPEC_PATH = Path(__file__).with_name("tiny_arith.yaml")
 
-    fmt = ObservationFormatter(tokenizer, observation_template, max_tokens=64)
-    ids = tokenizer.encode(trace.prompt, add_special_tokens=False)
+
+def encode_trace(trace: Trace, tokenizer: Any, spec: Any = None) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) exactly as the env builds the episode: the env's prompt ids, each model segment
+    tokenized on its own (EOS after the last), each observation through the env's formatter; mask 1 on model
+    tokens. `spec`: the EnvSpec the model will be trained in (default: the shipped tiny_arith.yaml)."""
+    from envs.env import make
+    from envs.spec import load
+
+    env = make(spec if spec is not None else load(SPEC_PATH), tokenizer)
+    ids = env.reset(trace.task)
     mask = [0] * len(ids)
     for i, s in enumerate(trace.segments):
         if s.kind == "model":
             seg = tokenizer.encode(s.text, add_special_tokens=False)
             if i == len(trace.segments) - 1:
                 seg = seg + [tokenizer.eos_token_id]
-            ids += seg
             mask += [1] * len(seg)
         else:
-            seg = fmt.encode(s.text)
-            ids += seg
+            seg = env.encode_observation(s.text)
             mask += [0] * len(seg)
+        ids += seg
     return ids, mask
