@@ -273,3 +273,25 @@ async def test_envs_made_per_episode_share_their_data(tok):
     assert a.group_size == spec.group_size and a.stop_strings == ("\n```\n",)
     with pytest.raises(envs.EnvError, match="no split 'validation'"):
         a.tasks("validation")
+
+
+async def test_a_callable_reward_is_called_with_its_kwargs_and_nan_is_refused(tok, tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(
+        "def score(text, task, bonus=0.0):\n    return (1.0 if task.answer in text else 0.0) + bonus\n\n"
+        "def broken(text, task):\n    return float('nan')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = envs.load(ENV_DIR / "tiny_arith.yaml")
+    for import_path, kwargs in (("my_reward:score", {"bonus": 0.5}), ("my_reward:broken", {})):
+        reward = base.reward.model_copy(
+            update={"type": "callable", "import_path": import_path, "kwargs": kwargs}
+        )
+        env = envs.make(base.model_copy(update={"reward": reward}), tok)
+        task = env.tasks("test")[5]
+        env.reset(task)
+        answer = tok.encode(rf"\boxed{{{task.answer}}}", add_special_tokens=False)
+        if import_path.endswith("score"):
+            assert (await env.step(answer)).reward == 1.5
+        else:
+            with pytest.raises(envs.EnvError, match="must be finite"):
+                await env.step(answer)
