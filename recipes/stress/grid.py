@@ -71,7 +71,7 @@ class StudyConfig(BaseModel):
     reference_lr: float = Field(..., gt=0)
     """The lr whose tables are the headline (sync's fastest stable rate); k* is measured there."""
     seeds: int = Field(5, ge=1)
-    steps: int = Field(300, ge=1)
+    steps: int = Field(250, ge=1)
     batch_prompts: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
     eval_every: int = Field(10, ge=1)

@@ -6,8 +6,10 @@ Definitions (also printed at the top of summary.md):
 - mean over run: the mean of a run's whole held-out curve (how fast it learned), mean over seeds.
 - ESS/B: per step from vcpo; per run its minimum and median over steps; the table gives the
   median over seeds of each.
-- collapsed: the run raised (non-finite numbers) or ended below half of what it had gained
-  (final < peak - (peak - initial)/2, with peak - initial >= 0.1).
+- collapsed: the run raised (non-finite numbers), ended below a random policy (final < 0.05;
+  uniform tokens score ≈ 0.07: the policy has locked onto a wrong deterministic answer), or
+  lost more than half of what it had gained (final < peak - (peak - initial)/2, with
+  peak - initial >= 0.1).
 - k*: the largest k such that every k' <= k in the grid has mean final reward >= 90 % of sync's
   (plain at k = 0, same lr).
 - step-time overhead: median vcpo.Step seconds of the method / plain's, same lr, all lags.
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 FINAL_EVALS = 3
 TOLERANCE = 0.9
+BELOW_RANDOM = 0.05
 SAME_AT_K0 = {"tis": "plain", "mis": "plain", "m2po": "plain", "ess_lr": "plain", "opob": "vcpo"}
 
 
@@ -75,7 +78,7 @@ def collapsed(r: dict) -> bool:
     if r["error"]:
         return True
     peak, first, last = max(h), h[0], final_reward(r)
-    return peak - first >= 0.1 and last < peak - (peak - first) / 2
+    return last < BELOW_RANDOM or (peak - first >= 0.1 and last < peak - (peak - first) / 2)
 
 
 def _med(xs: list[float]) -> float:
@@ -165,19 +168,36 @@ def markdown(study: StudyConfig, cells: list[Cell], n_runs: int) -> str:
                 f"sync (plain, k=0) final held-out reward: {sync:.3f}; 90 % of it: {TOLERANCE * sync:.3f}",
                 "",
             ]
+        lags = sorted({c.lag for c in cells if c.lr == lr})
         lines += [
-            "| method | k* | step-time vs plain |",
-            "|---|---|---|",
+            "Final held-out reward, mean ± std over seeds (collapsed seeds in brackets when any):",
+            "",
+            "| method | " + " | ".join(f"k={k}" for k in lags) + " | k* | step time vs plain |",
+            "|---|" + "---|" * (len(lags) + 2),
         ]
         for m in order({c.method for c in cells if c.lr == lr}):
+            by_lag = {c.lag: c for c in cells if c.method == m and c.lr == lr}
+            row = []
+            for k in lags:
+                c = by_lag.get(k)
+                row.append(
+                    ""
+                    if c is None
+                    else f"{c.final_mean:.2f}±{c.final_std:.2f}"
+                    + (f" [{c.collapsed}]" if c.collapsed else "")
+                )
             ks = k_star(cells, m, lr, sync) if sync is not None else None
             ov = _overhead(cells, m, lr)
-            lines.append(f"| {m} | {'-' if ks is None else ks} | {'-' if ov is None else f'{ov:.2f}x'} |")
+            lines.append(
+                f"| {m} | "
+                + " | ".join(row)
+                + f" | {'-' if ks is None else ks} | {'-' if ov is None else f'{ov:.2f}x'} |"
+            )
         lines.append("")
         for m in order({c.method for c in cells if c.lr == lr}):
             rows = sorted((c for c in cells if c.method == m and c.lr == lr), key=lambda c: c.lag)
             lines += [
-                f"### {m} (lr {lr:g}): {METHODS[m.split('[')[0]]}",
+                f"### {m} (lr {lr:g}): " + ", ".join(f"{k}={v}" for k, v in METHODS[m.split("[")[0]].items()),
                 "",
                 "| k | final held-out | mean over run | seeds | ESS/B min | ESS/B median | max w̃ | max abs s "
                 "| KL med | grad norm med | collapsed |",

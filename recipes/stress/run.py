@@ -46,6 +46,7 @@ class RunConfig:
     base: int = 10
     answer_len: int = 4
     heldout: int = 20
+    eval_samples: int = 0  # 0: greedy held-out reward; n: mean reward of n sampled answers per prompt
 
     def step_config(self) -> vcpo.StepConfig:
         if self.method not in METHODS:
@@ -76,9 +77,14 @@ class RunResult:
 
 
 @torch.no_grad()
-def heldout_reward(policy: GRUPolicy, task: CountTask) -> float:
+def heldout_reward(policy: GRUPolicy, task: CountTask, samples: int = 0) -> float:
+    """Greedy reward on the held-out prompts, or (samples > 0) the mean over sampled answers:
+    the policy's expected reward, which moves smoothly even when the greedy answer does not."""
     digits = task.heldout_prompts()
-    answer = generate(policy, task.context(digits), task.answer_len, generator=None, greedy=True)
+    if samples:
+        digits = digits.repeat_interleave(samples, dim=0)
+    gen = torch.Generator().manual_seed(0) if samples else None
+    answer = generate(policy, task.context(digits), task.answer_len, generator=gen, greedy=not samples)
     return float(task.reward(digits, answer).mean())
 
 
@@ -102,7 +108,7 @@ def run(cfg: RunConfig) -> RunResult:
     for version in range(cfg.steps):
         if version % cfg.eval_every == 0:
             res.eval_steps.append(version)
-            res.heldout_reward.append(heldout_reward(policy, task))
+            res.heldout_reward.append(heldout_reward(policy, task, cfg.eval_samples))
         t0 = time.perf_counter()
         sampled = sampler.sample()
         t1 = time.perf_counter()
@@ -125,11 +131,11 @@ def run(cfg: RunConfig) -> RunResult:
         sampler.publish(version + 1, policy)
     if res.error is None:
         res.eval_steps.append(cfg.steps)
-        res.heldout_reward.append(heldout_reward(policy, task))
+        res.heldout_reward.append(heldout_reward(policy, task, cfg.eval_samples))
     elif not all(math.isfinite(p.detach().sum().item()) for p in policy.parameters()):
         res.heldout_reward.append(0.0)  # a destroyed policy scores nothing from here on
         res.eval_steps.append(len(res.train_reward))
     else:
         res.eval_steps.append(len(res.train_reward))
-        res.heldout_reward.append(heldout_reward(policy, task))
+        res.heldout_reward.append(heldout_reward(policy, task, cfg.eval_samples))
     return res
