@@ -91,8 +91,9 @@ class Capture:
 
 
 class Server:
-    def __init__(self, pidns, nproc_rlimit):
+    def __init__(self, pidns, private_shm, nproc_rlimit):
         self.pidns = pidns
+        self.private_shm = private_shm
         self.nproc_rlimit = nproc_rlimit
         self.sessions = {}  # sid -> Session
         self.next_sid = 1
@@ -151,7 +152,7 @@ class Server:
         """Empty /tmp (and /dev/shm) so no call sees the files of the previous one."""
         ok = True
         # /dev/shm is private only inside a sandbox; never touch the host's.
-        for root in (_WORKDIR, "/dev/shm") if self.pidns else (_WORKDIR,):
+        for root in (_WORKDIR, "/dev/shm") if self.private_shm else (_WORKDIR,):
             try:
                 names = os.listdir(root)
             except OSError:
@@ -482,6 +483,7 @@ def main(argv):
     parser.add_argument("--workdir", default=_WORKDIR)
     parser.add_argument("--drop-uid", type=int)
     parser.add_argument("--pidns", action="store_true", help="we are pid 1 of a private pid namespace")
+    parser.add_argument("--private-shm", action="store_true", help="/dev/shm is ours alone: empty it too")
     parser.add_argument("--nproc-rlimit", action="store_true", help="no cgroup: cap processes by rlimit")
     parser.add_argument("--preload", default="")
     args = parser.parse_args(argv)
@@ -503,7 +505,7 @@ def main(argv):
     for mod in filter(None, args.preload.split(",")):
         __import__(mod)
     _send(outp, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
-    Server(pidns=args.pidns, nproc_rlimit=args.nproc_rlimit).serve(inp, outp)
+    Server(args.pidns, args.private_shm, args.nproc_rlimit).serve(inp, outp)
 
 
 if __name__ == "__main__":

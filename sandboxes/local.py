@@ -119,7 +119,7 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
     path_env = f"{os.path.dirname(os.path.abspath(opts.python))}:/usr/local/bin:/usr/bin:/bin"
     for key, value in {**SANDBOX_ENV, "PATH": path_env, **opts.extra_env}.items():
         cmd += ["--setenv", key, value]
-    cmd += ["--", opts.python, "-I", "-B", INSIDE_FORKSERVER, "--pidns", "--workdir", "/tmp"]
+    cmd += ["--", opts.python, "-I", "-B", INSIDE_FORKSERVER, "--pidns", "--private-shm", "--workdir", "/tmp"]
     if as_root:
         cmd += ["--drop-uid", str(NOBODY)]
     if opts.preload:

@@ -1,0 +1,76 @@
+"""`agent-rl sandbox serve|build-image` (also `python -m sandboxes ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sandboxes.api import GiB, Limits
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-rl sandbox", description="Sandboxed code execution service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve", help="serve a sandbox pool over HTTP (SandboxFusion-compatible /run_code)"
+    )
+    serve.add_argument("--backend", default="local", choices=["local", "docker", "unsafe-subprocess"])
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--pool-size", type=int, default=2)
+    serve.add_argument("--timeout", type=float, default=10.0, help="default wall timeout per call, seconds")
+    serve.add_argument("--memory-gib", type=float, default=1.0, help="default memory limit per call")
+    serve.add_argument("--docker-image", default=None, help="image for --backend docker")
+    serve.add_argument("--docker-host", default=None, help="engine URL, e.g. unix:///path/docker.sock")
+    serve.add_argument("--allow-unsafe", action="store_true", help="required for --backend unsafe-subprocess")
+    build = sub.add_parser(
+        "build-image", help="build the docker sandbox image offline from this host's Python"
+    )
+    build.add_argument("--tag", default=None, help="image name:tag (default: the DockerOptions default)")
+    build.add_argument("--docker-host", default=None)
+    build.add_argument("--python", default=sys.executable)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "build-image":
+        from sandboxes.dockerexec import DEFAULT_IMAGE
+        from sandboxes.image import build_image
+
+        tag = build_image(args.tag or DEFAULT_IMAGE, python=args.python, docker_host=args.docker_host)
+        print(f"built {tag}")
+        return 0
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    import sandboxes
+    from sandboxes.server import SandboxService
+
+    limits = Limits(timeout_s=args.timeout, memory_bytes=int(args.memory_gib * GiB))
+    options: dict[str, object] = {}
+    if args.backend == "docker":
+        options = {
+            k: v for k, v in {"image": args.docker_image, "docker_host": args.docker_host}.items() if v
+        }
+    elif args.backend == "unsafe-subprocess":
+        options = {"allow_unsafe": args.allow_unsafe}
+    sandbox = sandboxes.create(args.backend, pool_size=args.pool_size, limits=limits, **options)
+    await sandbox.start()  # type: ignore[attr-defined]
+    runner = web.AppRunner(SandboxService(sandbox, limits).app())
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    print(
+        f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{args.port}",
+        flush=True,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+    return 0

@@ -1,0 +1,139 @@
+"""The docker backend: warm containers, each with a fork-server reached over one attached exec stream.
+
+Containers run with no network, a read-only root, tmpfs /tmp, memory+swap, pids and ulimit
+caps, uid 65534, all capabilities dropped, no-new-privileges, and an init (so zombies do not
+eat the pids cap). docker-py is imported lazily; the engine comes from `docker_host` or
+DOCKER_HOST. The image is built offline by `sandboxes.image.build_image`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxes.api import Limits, MiB, SandboxError
+from sandboxes.image import INSIDE_FORKSERVER, image_python
+from sandboxes.local import NOBODY, SANDBOX_ENV
+from sandboxes.pool import PooledSandbox
+from sandboxes.worker import Transport, Worker
+
+DEFAULT_IMAGE = f"agent-rl-sandbox:py{sys.version_info.major}.{sys.version_info.minor}"
+_FRAME = struct.Struct(">BxxxL")
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    image: str = DEFAULT_IMAGE
+    docker_host: str | None = None
+    """Engine URL (unix:///path/docker.sock); default: DOCKER_HOST or the standard socket."""
+    python: str | None = None
+    """Interpreter path inside the image; default: the host base install's path (how build-image lays it out)."""
+    tmp_bytes: int = 64 * MiB
+    runtime: str | None = None
+    """e.g. "runsc" for gVisor."""
+
+
+def docker_client(docker_host: str | None) -> Any:
+    try:
+        import docker
+    except ImportError as e:
+        raise SandboxError("the docker backend needs the docker python package: pip install docker") from e
+    try:
+        client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
+        client.ping()
+    except Exception as e:
+        raise SandboxError(
+            f"docker backend: cannot reach a Docker engine at {docker_host or 'DOCKER_HOST/default socket'} ({e}); "
+            "install docker.io (scripts/install_system_deps.sh) and start dockerd"
+        ) from e
+    return client
+
+
+async def _demux(raw: asyncio.StreamReader, out: asyncio.StreamReader) -> None:
+    """Docker multiplexes stdout/stderr of a non-tty exec into frames; keep stdout's bytes."""
+    try:
+        while True:
+            kind, size = _FRAME.unpack(await raw.readexactly(_FRAME.size))
+            payload = await raw.readexactly(size)
+            if kind == 1:
+                out.feed_data(payload)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        out.feed_eof()
+
+
+async def launch_docker(client: Any, opts: DockerOptions, limits: Limits, python: str) -> Worker:
+    def create() -> tuple[Any, Any]:
+        from docker.types import Ulimit
+
+        container = client.containers.run(
+            opts.image,
+            command=[python, "-I", "-c", "import signal; signal.pause()"],
+            detach=True,
+            init=True,
+            network_mode="none",
+            mem_limit=limits.memory_bytes + opts.tmp_bytes + 256 * MiB,
+            memswap_limit=limits.memory_bytes + opts.tmp_bytes + 256 * MiB,
+            pids_limit=limits.processes + 8,
+            ulimits=[Ulimit(name="nofile", soft=1024, hard=1024), Ulimit(name="core", soft=0, hard=0)],
+            read_only=True,
+            tmpfs={"/tmp": f"size={opts.tmp_bytes},mode=1777", "/dev/shm": "size=4m,mode=1777"},
+            user=f"{NOBODY}:{NOBODY}",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            environment={**SANDBOX_ENV, "PATH": f"{python.rsplit('/', 1)[0]}:/usr/bin:/bin"},
+            working_dir="/tmp",
+            runtime=opts.runtime,
+            auto_remove=False,
+        )
+        cmd = [python, "-I", "-B", INSIDE_FORKSERVER, "--private-shm", "--workdir", "/tmp"]
+        exec_id = client.api.exec_create(
+            container.id, cmd, stdin=True, stdout=True, stderr=True, user=f"{NOBODY}"
+        )
+        sock = client.api.exec_start(exec_id["Id"], socket=True)
+        return container, sock
+
+    try:
+        container, sock = await asyncio.to_thread(create)
+    except Exception as e:
+        raise SandboxError(f"docker backend: cannot start a container from {opts.image!r}: {e}") from e
+    raw_sock = sock._sock
+    raw_sock.setblocking(False)
+    raw_reader, writer = await asyncio.open_connection(sock=raw_sock)
+    reader = asyncio.StreamReader(limit=1 << 26)
+    demux = asyncio.ensure_future(_demux(raw_reader, reader))
+
+    async def kill() -> None:
+        with contextlib.suppress(OSError):
+            writer.close()
+        demux.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(container.remove, force=True)
+
+    worker = Worker(Transport(reader, writer, kill, f"docker[{container.short_id}]"))
+    await worker.handshake(30.0)
+    return worker
+
+
+def docker_sandbox(opts: DockerOptions, *, pool_size: int, limits: Limits, max_calls: int) -> PooledSandbox:
+    client = docker_client(opts.docker_host)
+    try:
+        client.images.get(opts.image)
+    except Exception as e:
+        raise SandboxError(
+            f"docker backend: image {opts.image!r} not found ({e}); build it offline with "
+            f"`agent-rl sandbox build-image --tag {opts.image}`"
+        ) from e
+    python = opts.python or image_python()
+    return PooledSandbox(
+        lambda: launch_docker(client, opts, limits, python),
+        pool_size=pool_size,
+        limits=limits,
+        max_calls=max_calls,
+        name="docker",
+    )
