@@ -41,12 +41,13 @@ def last_boxed(text: str) -> str | None:
                         start = k + 1
                         break
         elif text.startswith(" ", j):
-            m = re.match(r" +([^\s$]+)", text[j:])
+            m = re.match(r" +([^\s$\\]+)", text[j:])
             if m:
                 best = m.group(1)
 
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_MAX_NUMBER_CHARS = 1000  # int() refuses > 4300 digits; no ground truth is that long
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
@@ -70,7 +71,7 @@ def normalize_number(s: str) -> Fraction | None:
     ):
         t = t.replace(junk, "")
     t = re.sub(r"[a-zA-Z]+$", "", t)  # trailing unit words: "18dollars"
-    if not _NUMBER_RE.fullmatch(t):
+    if len(t) > _MAX_NUMBER_CHARS or not _NUMBER_RE.fullmatch(t):
         return None
     return Fraction(t)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envs.rewards import countdown_expression, countdown_score, integer_match, last_boxed
 from envs.verify_pool import VerifyPool
@@ -114,3 +116,22 @@ async def test_a_pathological_expression_is_cut_off_and_the_pool_recovers(pool):
     assert time.perf_counter() - start < 8.0  # the 1 s limit plus a worker restart, not sympy's minutes
     assert (await pool.verify(r"\sqrt{4}", "2")).correct
     assert pool.timeouts >= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("0123456789+-*/() .=_a[]**")), max_size=40))
+def test_countdown_scoring_never_raises_on_arbitrary_text(expr):
+    assert countdown_score(expr, (1, 2, 3), 6) in (0.0, 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_boxed_extraction_and_number_matching_never_raise(text):
+    boxed = last_boxed(text + r"\boxed{" + text)
+    assert boxed is None or isinstance(boxed, str)
+    integer_match(text, "12")
+
+
+def test_a_five_thousand_digit_answer_is_wrong_not_a_crash(pool):
+    assert not integer_match("9" * 5000, "9")
+    assert not pool.verify_blocking("9" * 5000, "9").correct

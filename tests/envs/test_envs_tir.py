@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from envs.spec import ToolConfig
 from envs.tir import ObservationFormatter, parse_turn, tool_output
 
@@ -58,3 +63,12 @@ def test_observation_ids_are_template_and_output_tokenized_separately(tok):
         + tok.encode("\n```\n", add_special_tokens=False)
     )
     assert ids == expect
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("`pythonx=1()\n \\boxed{}\ufffd")), max_size=80))
+def test_parsing_never_raises_and_code_comes_only_from_a_closed_python_fence(text):
+    turn = parse_turn(text)
+    if turn.code is not None:
+        assert "```" in text[text.find("```") + 3 :]  # an opening and a closing fence
+        assert re.search(r"```py(thon)?", text)
