@@ -70,9 +70,9 @@ def check_status(status: int, where: str, text: str) -> None:
 class SGLangClient(HTTPEngine):
     """SGLang's native API: /generate with input_ids, /pause_generation, /update_weights_from_disk, ..."""
 
-    async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
-    ) -> Generation:
+    @staticmethod
+    def generate_body(input_ids: list[int], sampling: SamplingParams, request_id: str) -> dict[str, Any]:
+        """The /generate request: GenerateReqInput fields, sampling_params as SGLang's SamplingParams."""
         sp: dict[str, Any] = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -83,27 +83,37 @@ class SGLangClient(HTTPEngine):
             "ignore_eos": sampling.ignore_eos,
             "no_stop_trim": True,
         }
-        if sampling.seed is not None:
+        if sampling.seed is not None:  # SGLang versions before sampling_seed reject unknown keys
             sp["sampling_seed"] = sampling.seed
-        body = {
+        return {
             "input_ids": list(input_ids),
             "sampling_params": sp,
             "rid": request_id,
             "return_logprob": True,
         }
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+    ) -> Generation:
+        body = self.generate_body(input_ids, sampling, request_id)
         r = await self.request("POST", "/generate", body)
         meta = r["meta_info"]
         ids = list(r["output_ids"])
         logprobs = [float(x[0]) for x in meta["output_token_logprobs"]]
         versions = meta.get("output_token_versions")
-        if (
-            versions is None
-        ):  # real SGLang: one weight_version per response (aborts split requests at updates)
+        if versions is None:  # real SGLang: one weight_version per response; pause-abort splits at updates
             versions = [_int_version(meta.get("weight_version"), self.version)] * len(ids)
         return Generation(ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]])
 
+    PAUSE_BODY = {"mode": "abort"}  # PauseGenerationReqInput
+
+    @staticmethod
+    def update_body(path: str, version: int) -> dict[str, Any]:
+        """UpdateWeightFromDiskReqInput: SGLang's weight_version is a string."""
+        return {"model_path": path, "weight_version": str(version)}
+
     async def pause(self) -> None:
-        await self.request("POST", "/pause_generation", {"mode": "abort"})
+        await self.request("POST", "/pause_generation", self.PAUSE_BODY)
 
     async def resume(self) -> None:
         await self.request("POST", "/continue_generation", {})
@@ -115,8 +125,9 @@ class SGLangClient(HTTPEngine):
             raise BadRequest("update_weights needs exactly one of path= or tensors=")
         tmp = write_shm_checkpoint(tensors) if tensors is not None else None
         try:
-            body = {"model_path": str(tmp or path), "weight_version": str(version)}
-            r = await self.request("POST", "/update_weights_from_disk", body)
+            r = await self.request(
+                "POST", "/update_weights_from_disk", self.update_body(str(tmp or path), version)
+            )
         finally:
             if tmp is not None:
                 remove_checkpoint(tmp)

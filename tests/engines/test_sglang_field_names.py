@@ -1,0 +1,86 @@
+"""Our SGLang request bodies and server fields use SGLang's own names, checked against SGLang's source.
+
+SGLang cannot be imported on a CPU machine (its io_struct chain needs CUDA builds of torchvision
+and friends), so the request types are read from the source with `ast`: the annotated fields of
+GenerateReqInput, SamplingParams, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, AbortReq,
+ContinueGenerationReqInput. Point SGLANG_SRC at an unpacked `sglang` package directory (e.g. from
+`pip download --no-deps sglang` + unzip) or have `sglang` installed; otherwise the test skips.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from agent_rl.engines import protocol
+from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.client import SGLangClient
+
+BASE_REQ = {"rid", "http_worker_ipc"}  # fields every BaseReq carries
+
+
+def sglang_dir() -> Path:
+    if src := os.environ.get("SGLANG_SRC"):
+        return Path(src)
+    spec = importlib.util.find_spec("sglang")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(
+            "SGLang source not found: set SGLANG_SRC=/path/to/sglang (pip download --no-deps sglang; unzip)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def class_fields(path: Path, name: str) -> set[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return {
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
+    raise AssertionError(f"{path}: class {name} not found")
+
+
+@pytest.fixture(scope="module")
+def sglang_types() -> dict[str, set[str]]:
+    root = sglang_dir()
+    io, sp = root / "srt" / "managers" / "io_struct.py", root / "srt" / "sampling" / "sampling_params.py"
+    names = [
+        "GenerateReqInput",
+        "PauseGenerationReqInput",
+        "UpdateWeightFromDiskReqInput",
+        "AbortReq",
+        "ContinueGenerationReqInput",
+    ]
+    types = {n: class_fields(io, n) | BASE_REQ for n in names}
+    types["SamplingParams"] = class_fields(sp, "SamplingParams")
+    return types
+
+
+def test_sglang_client_request_bodies_use_sglang_field_names(sglang_types):
+    body = SGLangClient.generate_body(
+        [1, 2], SamplingParams(stop=("x",), stop_token_ids=(3,), seed=1), "rid-1"
+    )
+    assert set(body) <= sglang_types["GenerateReqInput"]
+    assert set(body["sampling_params"]) <= sglang_types["SamplingParams"]
+    assert set(SGLangClient.PAUSE_BODY) <= sglang_types["PauseGenerationReqInput"]
+    assert set(SGLangClient.update_body("/tmp/w", 3)) <= sglang_types["UpdateWeightFromDiskReqInput"]
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (protocol.GenerateReq, "GenerateReqInput"),
+        (protocol.SGLangSampling, "SamplingParams"),
+        (protocol.PauseReq, "PauseGenerationReqInput"),
+        (protocol.UpdateFromDiskReq, "UpdateWeightFromDiskReqInput"),
+        (protocol.AbortReq, "AbortReq"),
+        (protocol.ContinueReq, "ContinueGenerationReqInput"),
+    ],
+)
+def test_server_accepts_only_sglang_field_names(sglang_types, ours, theirs):
+    assert set(ours.model_fields) <= sglang_types[theirs], set(ours.model_fields) - sglang_types[theirs]
