@@ -62,9 +62,8 @@ def build_model() -> torch.nn.Module:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    log(
-        f"fitted tiny Qwen2 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), loss {float(loss):.2f}"
-    )
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    log(f"fitted tiny Qwen2 ({n_params:.2f}M params), loss {float(loss.detach()):.2f}")
     return model
 
 
@@ -159,7 +158,7 @@ def proxy_vs_exact(model: torch.nn.Module, batch: PolicyBatch, truncation: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
