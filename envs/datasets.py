@@ -215,6 +215,12 @@ def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], Datase
         if source.dataset == "dapo_math_17k":
             tasks, dup, conflict = _dedupe(tasks)
             report = replace(report, duplicates_dropped=dup, conflicting_dropped=conflict)
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise EnvError(
+            f"{report.source}: task id {dup!r} occurs more than once; ids must be unique (check id_field)"
+        )
     if source.limit is not None:
         tasks = tasks[: source.limit]
     return tuple(tasks), replace(report, tasks=len(tasks))

@@ -230,6 +230,13 @@ class EnvSpec(Strict):
     source_path: str | None = None
     """Set by envs.load: the YAML file (resolves data.root, shows up in errors)."""
 
+    @field_validator("source_path")
+    @classmethod
+    def _not_from_yaml(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError("source_path is set by envs.load; remove it from the YAML")
+        return v
+
     def data_root(self) -> Path:
         return self.data.resolved_root(Path(self.source_path) if self.source_path else None)
 

@@ -81,3 +81,17 @@ def test_a_bad_field_mapping_names_the_field(tmp_path):
 def test_a_missing_data_root_says_how_to_point_at_one(tmp_path):
     with pytest.raises(EnvError, match="AGENT_RL_DATA"):
         load_split(DataSource(dataset="aime2025"), tmp_path / "nowhere")
+
+
+def test_duplicate_task_ids_are_refused(tmp_path):
+    (tmp_path / "dup.jsonl").write_text(
+        '{"problem": "a", "answer": "1", "k": 1}\n{"problem": "b", "answer": "2", "k": 1}\n'
+    )
+    with pytest.raises(EnvError, match="task id 'dup-1' occurs more than once"):
+        load_split(DataSource(path="dup.jsonl", id_field="k"), tmp_path)
+
+
+def test_every_built_in_split_has_unique_ids(shared_data):
+    for name in ("aime2024", "aime2025", "math500", "simplelr_math_35", "dapo_math_17k"):
+        tasks, _ = load_split(DataSource(dataset=name), shared_data)
+        assert len({t.id for t in tasks}) == len(tasks), name
