@@ -81,12 +81,17 @@ def make_groups(
 
 
 def recipe_for(
-    model_dir: Path, *, steps: int = 10, learner: dict | None = None, algorithm: dict | None = None
+    model_dir: Path,
+    *,
+    steps: int = 10,
+    learner: dict | None = None,
+    algorithm: dict | None = None,
+    model_dtype: str = "float32",
 ) -> Recipe:
     return Recipe.model_validate(
         {
             "name": "learner-test",
-            "model": {"path": str(model_dir)},
+            "model": {"path": str(model_dir), "dtype": model_dtype},
             "envs": {"train": "tiny_arith.yaml"},
             "train": {"steps": steps, "batch_prompts": 2},
             "learner": {"lr": 1e-3, "weight_decay": 0.0, **(learner or {})},

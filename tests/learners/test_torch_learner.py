@@ -114,23 +114,28 @@ def test_dp2_equals_dp1_on_the_same_global_batch(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("learner", "algorithm"),
+    ("learner", "algorithm", "model_dtype"),
     [
         (
             {"dtype": "bfloat16", "gradient_checkpointing": True, "lr_schedule": "linear"},
             {"opob_mode": "proxy"},
+            "bfloat16",
         ),
-        ({"micro_batch_size": 1}, {"loss": "m2po", "advantage": "rloo"}),
+        ({"micro_batch_size": 1}, {"loss": "m2po", "advantage": "rloo"}, "float32"),
     ],
 )
 def test_other_settings_step_with_finite_metrics(
-    tiny_model_dir: Path, learner: dict, algorithm: dict
+    tiny_model_dir: Path, learner: dict, algorithm: dict, model_dtype: str
 ) -> None:
-    lrn = build_learner(recipe_for(tiny_model_dir, learner=learner, algorithm=algorithm))
+    lrn = build_learner(
+        recipe_for(tiny_model_dir, learner=learner, algorithm=algorithm, model_dtype=model_dtype)
+    )
     m = lrn.step(make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.02))
     assert all(math.isfinite(v) for v in m.values())
     assert m["learner/grad_norm"] > 0
-    assert all(v.dtype == torch.float32 for v in lrn.hf_state_dict().values())
+    # engines get the recipe's model dtype; the master weights stay fp32
+    assert all(v.dtype == getattr(torch, model_dtype) for v in lrn.hf_state_dict().values())
+    assert all(p.dtype == torch.float32 for p in lrn._local.model.parameters())  # type: ignore[union-attr]
 
 
 def test_bad_settings_fail_at_build(tiny_model_dir: Path) -> None:
