@@ -30,8 +30,8 @@ def require_megatron() -> None:
         ) from e
 
 
-def build_megatron_learner(recipe: Recipe) -> Learner:
-    """The Megatron learner for `recipe` (learner.backend must be 'megatron')."""
+def build_megatron_learner(recipe: Recipe, *, in_process: bool | None = None) -> Learner:
+    """The Megatron learner for `recipe` (learner.backend must be 'megatron'); see MegatronLearner for in_process."""
     if recipe.learner.backend != "megatron":
         raise ValueError(
             f"build_megatron_learner: learner.backend is {recipe.learner.backend!r}; this builds 'megatron'"
@@ -49,4 +49,4 @@ def build_megatron_learner(recipe: Recipe) -> Learner:
         dp=lc.dp,
         temperature=recipe.rollout.temperature,
     )
-    return MegatronLearner(spec)
+    return MegatronLearner(spec, in_process=in_process)

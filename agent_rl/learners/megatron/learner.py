@@ -85,12 +85,18 @@ class MegatronPool(RankPool):
 class MegatronLearner:
     """Implements `agent_rl.learners.Learner` with megatron-core TP / SP / CP and DP over whole groups."""
 
-    def __init__(self, spec: MegatronSpec):
+    def __init__(self, spec: MegatronSpec, *, in_process: bool | None = None):
+        """`in_process` (default: world == 1) runs the single rank here; False always uses worker processes,
+        which keeps megatron's global state and process group out of the caller's process."""
         self.spec = spec
         self.version = 0
         self._local: MegatronRank | None = None
         self._pool: MegatronPool | None = None
-        if spec.world == 1:
+        if in_process is None:
+            in_process = spec.world == 1
+        if in_process and spec.world != 1:
+            raise ValueError(f"in_process=True needs world size 1, got dp*tp*cp = {spec.world}")
+        if in_process:
             import torch.distributed as dist
 
             if not dist.is_initialized():

@@ -120,6 +120,30 @@ def build_gpt_model(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtyp
     return model if cpu else model.cuda()
 
 
+def freeze_padding_row(model: torch.nn.Module, shape: ModelShape, *, tp_rank: int) -> None:
+    """No gradient into the pad token's embedding row through the lookup, as HF's nn.Embedding(padding_idx) does.
+
+    The embedding output's gradient is zeroed where the input is the pad id (its only path back is
+    that row), so a tied output layer still trains the row, exactly like the HF model. Without this
+    the two learners' updates and per-trajectory gradient norms differ whenever the pad id occurs.
+    """
+    pad = shape.pad_token_id
+    if pad is None:
+        return
+
+    def forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if not output.requires_grad:
+            return
+        keep = args[0] != pad  # [b, s]
+        if output.shape[:2] != keep.shape:  # SP: reduce-scattered to this rank's [s / tp, b, h]
+            n = output.shape[0]
+            keep = keep.t()[tp_rank * n : (tp_rank + 1) * n]
+        mask = keep[..., None].to(output.dtype)
+        output.register_hook(lambda grad: grad * mask)
+
+    model.embedding.word_embeddings.register_forward_hook(forward_hook)
+
+
 def uses_te_spec(cpu: bool) -> bool:
     """GPUs use Transformer Engine layers when TE is installed; the CPU path always uses the local spec."""
     return not cpu and have_transformer_engine()

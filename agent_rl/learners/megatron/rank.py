@@ -21,7 +21,7 @@ from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
 from agent_rl.learners.megatron.grads import ShardGroups
 from agent_rl.learners.megatron.logprobs import megatron_logprobs
-from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, uses_te_spec
+from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, freeze_padding_row, uses_te_spec
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
 from agent_rl.learners.megatron.step import ShardedStep
 from vcpo.batch import PolicyBatch
@@ -86,7 +86,6 @@ class MegatronRank:
         random.seed(rs.seed)
         torch.manual_seed(rs.seed)
         hf_config, hf_state = load_hf_weights(rs.model_path)
-        self.hf_config = hf_config
         self.shape: ModelShape = shape_from_hf_config(hf_config)
         self.te = uses_te_spec(self.cpu)
         # Master weights stay fp32 (AdamW on the shard); bf16 compute goes through autocast.
@@ -95,6 +94,7 @@ class MegatronRank:
             self.model, hf_state, self.shape, tp_rank=self.tp_rank, tp_size=spec.par.tp, te=self.te
         )
         del hf_state
+        freeze_padding_row(self.model, self.shape, tp_rank=self.tp_rank)
         self.model.train()
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
@@ -151,17 +151,18 @@ class MegatronRank:
         state = gather_hf_state_dict(self.model, self.shape, tp_group=self.groups.tp, te=self.te)
         return state if dist.get_rank() == 0 else None
 
-    # -- checkpoints: the torch learner's layout (HF model dir, learner.json) + per-shard optimizer state --
+    # -- checkpoints: the torch learner's layout (model.safetensors under HF names, learner.json, rng) --
+    # -- plus one optimizer file per model-parallel shard                                              --
     def save(self, path: str, version: int) -> None:
-        out = Path(path)
-        weights = self._gather_fp32()  # fp32 master weights: resuming is exact
-        if weights is not None:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Rank 0 writes the gathered fp32 weights; DP rank 0 of every TP/CP shard its optimizer; all ranks RNG."""
+        from safetensors.torch import save_file
 
-            hf = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
-            hf.load_state_dict(weights)
-            hf.save_pretrained(out / "model")
-            AutoTokenizer.from_pretrained(self.spec.rank.tokenizer_path).save_pretrained(out / "model")
+        out = Path(path)
+        weights = self._gather_fp32()
+        if weights is not None:
+            if self.shape.tie_embeddings:
+                weights.pop("lm_head.weight")  # the embedding, as HF's own tied checkpoints store it
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
             par = self.spec.par
             meta = {"version": version, "backend": "megatron", "tp": par.tp, "cp": par.cp, "sp": par.sp}
             (out / "learner.json").write_text(json.dumps(meta))
@@ -176,23 +177,31 @@ class MegatronRank:
         )
 
     def load(self, path: str) -> int:
+        """Restore everything `save` wrote (same tp and cp); returns the saved version."""
+        from safetensors.torch import load_file
+
         src = Path(path)
-        meta = json.loads((src / "learner.json").read_text())
         par = self.spec.par
+        optim = src / f"optimizer_tp{self.tp_rank}_cp{self.cp_rank}.pt"
+        for f in (src / "learner.json", src / "model.safetensors", optim):
+            if not f.is_file():
+                raise FileNotFoundError(
+                    f"{f} not found: {src} is not a megatron learner checkpoint for tp={par.tp}"
+                )
+        meta = json.loads((src / "learner.json").read_text())
         if meta.get("backend") != "megatron" or (meta.get("tp"), meta.get("cp")) != (par.tp, par.cp):
             raise ValueError(
-                f"{src}: checkpoint written by backend={meta.get('backend')} tp={meta.get('tp')} cp={meta.get('cp')}; "
-                f"this learner is megatron tp={par.tp} cp={par.cp} (optimizer shards must match; the model/ "
-                "dir alone can start a new run)"
+                f"{src}: checkpoint of backend={meta.get('backend')} tp={meta.get('tp')} cp={meta.get('cp')}; "
+                f"this learner is megatron tp={par.tp} cp={par.cp} (the optimizer shards must match)"
             )
-        _, state = load_hf_weights(str(src / "model"))
+        state = load_file(str(src / "model.safetensors"))
         load_hf_into_megatron(self.model, state, self.shape, tp_rank=self.tp_rank, tp_size=par.tp, te=self.te)
-        opt = torch.load(src / f"optimizer_tp{self.tp_rank}_cp{self.cp_rank}.pt", weights_only=True)
+        opt = torch.load(optim, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scheduler.load_state_dict(opt["scheduler"])
         rng = src / f"rng_rank{dist.get_rank()}.pt"
         if rng.is_file():
-            state_rng = torch.load(rng, weights_only=False)
-            torch.set_rng_state(state_rng["torch"])
-            random.setstate(state_rng["python"])
+            saved = torch.load(rng, weights_only=False)
+            torch.set_rng_state(saved["torch"])
+            random.setstate(saved["python"])
         return int(meta["version"])

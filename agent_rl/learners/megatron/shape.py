@@ -28,6 +28,8 @@ class ModelShape:
     max_positions: int
     qkv_bias: bool
     tie_embeddings: bool
+    pad_token_id: int | None = None
+    """HF builds the embedding with padding_idx=pad_token_id: that row never receives a gradient."""
 
     @property
     def heads_per_group(self) -> int:
@@ -85,4 +87,5 @@ def shape_from_hf_config(cfg: Any) -> ModelShape:
         max_positions=cfg.max_position_embeddings,
         qkv_bias=model_type == "qwen2",
         tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        pad_token_id=getattr(cfg, "pad_token_id", None),
     )
