@@ -121,28 +121,33 @@ async def test_failing_code_shows_the_error_and_the_episode_goes_on(tok, sandbox
     assert ep.last.done and ep.last.reward == 1.0
 
 
-async def test_turn_limit_ends_the_episode_without_running_more_code(tok, sandbox):
-    env = envs.make(envs.load(ENV_DIR / "tiny_arith.yaml"), tok, sandbox=sandbox)  # max_turns: 2
-    ep = await play(env, env.tasks("test")[5], [code("print(1)"), code("print(2)"), "unused"], tok)
-    assert len(ep.results) == 2
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_turn_limit_ends_the_episode_without_running_more_code(name, tok, sandbox, shared_data):
+    spec = envs.load(ENV_DIR / f"{name}.yaml")
+    env, task, *_ = _case(name, spec, tok, sandbox)
+    n = spec.turns.max_turns
+    ep = await play(env, task, [code(f"print({i})") for i in range(n + 1)], tok, eos_last=False)
+    assert len(ep.results) == n
+    assert all(r.info.code_ran and not r.done for r in ep.results[:-1])
     assert ep.last.done and ep.last.info.finish == "max_turns" and not ep.last.info.code_ran
     assert ep.last.reward == 0.0 and not ep.last.info.masked
 
 
-async def test_per_turn_and_total_token_budgets_hold(tok, sandbox):
-    spec = envs.load(ENV_DIR / "tiny_arith.yaml")
-    env = envs.make(spec, tok, sandbox=sandbox)
-    task = env.tasks("test")[5]
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_per_turn_and_total_token_budgets_hold(name, tok, sandbox, shared_data):
+    spec = envs.load(ENV_DIR / f"{name}.yaml")
+    env, task, *_ = _case(name, spec, tok, sandbox)
     env.reset(task)
-    assert env.max_new_tokens == spec.turns.max_tokens_per_turn
+    t = spec.turns
+    assert env.max_new_tokens == min(t.max_tokens_per_turn, t.max_response_tokens)
     turn = tok.encode(code("print(12345678)"), add_special_tokens=False)
     res = await env.step(turn)
-    left = spec.turns.max_response_tokens - len(turn) - len(res.observation_ids)
-    assert env.max_new_tokens == min(spec.turns.max_tokens_per_turn, left)
+    left = t.max_response_tokens - len(turn) - len(res.observation_ids)
+    assert env.max_new_tokens == min(t.max_tokens_per_turn, left)
     # A turn the engine cut at max_new_tokens, with no answer in it, ends the episode as "length".
-    rambling = tok.encode("hmm " * 200, add_special_tokens=False)[: env.max_new_tokens]
+    rambling = tok.encode("hmm " * (env.max_new_tokens + 10), add_special_tokens=False)[: env.max_new_tokens]
     res = await env.step(rambling, truncated=True)
-    assert res.done and res.info.finish == "length" and res.reward == 0.0
+    assert res.done and res.info.finish == "length" and res.reward == 0.0 and not res.info.masked
 
 
 async def test_an_observation_that_exhausts_the_response_budget_ends_the_episode(tok, sandbox):
