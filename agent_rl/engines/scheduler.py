@@ -7,10 +7,15 @@ change only between decode steps and no lock is needed around the model.
 One `step()`: admit waiting requests into free slots (a slot whose cached tokens share a prefix
 with the new prompt is preferred, and only the unshared suffix is prefilled), prefill them in one
 padded forward, then decode one token for every request that was already running.
+
+A weight update normally comes between pause and resume (everything in flight is aborted first).
+If it comes while requests run, they go on under the new weights with the keys/values the old
+weights computed, and their next tokens carry the new version (PipelineRL-style in-flight update).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -25,9 +30,9 @@ from agent_rl.engines.model import load_model
 from agent_rl.engines.sampling import RowParams, sample
 from agent_rl.engines.weights import copy_weights_, read_safetensors_dir
 
-MAX_PREFILL_TOKENS = (
-    8192  # per step (padded), so one burst of long prompts can't stall running decodes for long
-)
+log = logging.getLogger(__name__)
+# Prefill tokens per step (padded), so one burst of long prompts can't stall running decodes for long.
+MAX_PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -40,9 +45,7 @@ class Output:
     cached_tokens: int  # prompt tokens whose KV came from a previous request's slot
     matched: int | str | None  # the stop token id or stop string that ended it
     latency_s: float
-    error: str | None = (
-        None  # set when the engine failed; callers raise it instead of treating it as an abort
-    )
+    error: str | None = None  # engine failure: callers raise it rather than treat it as an abort
 
 
 @dataclass(eq=False)  # identity semantics: `in` / remove() must not compare token lists
@@ -89,6 +92,8 @@ class Scheduler:
             dtype=self.model.lm_head.weight.dtype,
         )
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        cache_bytes = sum(t.numel() * t.element_size() for t in (*self.cache.k, *self.cache.v))
+        log.info("KV cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, cache_bytes / 2**20)
         self.eos_ids = frozenset(cfg.eos_token_ids)
         self.tokenizer = _load_tokenizer(model_dir)
         self.generator = torch.Generator().manual_seed(seed)
