@@ -300,3 +300,14 @@ async def test_a_callable_reward_is_called_with_its_kwargs_and_nan_is_refused(to
         else:
             with pytest.raises(envs.EnvError, match="must be finite"):
                 await env.step(answer)
+
+
+async def test_envs_made_without_a_sandbox_share_one_per_event_loop(tok):
+    spec = envs.load(ENV_DIR / "tiny_arith.yaml")
+    a, b = envs.make(spec, tok), envs.make(spec, tok)
+    task = a.tasks("test")[5]
+    for env in (a, b):
+        ep = await play(env, task, [code("print(6 * 7)")], tok, eos_last=False)
+        assert "42" in tok.decode(ep.last.observation_ids)
+    assert a._sandbox is b._sandbox is not None
+    await envs.close_shared_sandboxes()
