@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -81,7 +82,8 @@ class EmbeddedEngine:
         done: asyncio.Future[Output] = loop.create_future()
 
         def on_finish(out: Output) -> None:  # runs on the engine thread
-            loop.call_soon_threadsafe(_resolve, done, out)
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_resolve, done, out)
 
         req = Request(rid=request_id, prompt=list(input_ids), sampling=sampling, on_finish=on_finish)
         await self.call(lambda: self.scheduler.add(req))
