@@ -112,7 +112,7 @@ class RankPool:
             for ready in wait([*waiting, *sentinels]):
                 if ready in sentinels:
                     rank = sentinels[ready]
-                    if self._conns[rank].poll():
+                    if rank in results or self._conns[rank].poll():
                         continue  # answered, then exited: read the answer first
                     self._fail(f"learner rank {rank}: process exited with code {self._procs[rank].exitcode}")
                 rank = waiting[ready]  # type: ignore[index]
