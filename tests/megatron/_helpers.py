@@ -29,9 +29,10 @@ def build_tiny_dir(out: Path) -> Path:
     )
 
 
-def recipe(model_dir: Path, **learner) -> Recipe:
+def recipe(model_dir: Path, algorithm: dict | None = None, **learner) -> Recipe:
     return Recipe.model_validate(
         {
+            "algorithm": algorithm or {},
             "name": "megatron-test",
             "model": {"path": str(model_dir)},
             "envs": {"train": "unused.yaml"},

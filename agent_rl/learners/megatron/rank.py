@@ -23,7 +23,7 @@ from agent_rl.learners.megatron.grads import ShardGroups
 from agent_rl.learners.megatron.logprobs import megatron_logprobs
 from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, freeze_padding_row, uses_te_spec
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
-from agent_rl.learners.megatron.step import ShardedStep
+from agent_rl.learners.megatron.step import sharded_step
 from vcpo.batch import PolicyBatch
 
 
@@ -107,7 +107,7 @@ class MegatronRank:
             self.optimizer, schedule=rs.lr_schedule, warmup_steps=rs.warmup_steps, total_steps=rs.total_steps
         )
         self._autocast = DTYPES[rs.compute_dtype] if rs.compute_dtype != "float32" else None
-        self._step = ShardedStep(
+        self._step = sharded_step(
             self.model, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs
         )
 
