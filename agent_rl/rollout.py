@@ -38,6 +38,8 @@ class EpisodeEnv(Protocol):
 
     async def step(self, sampled_ids: list[int], *, truncated: bool = False) -> Any: ...
 
+    async def close(self) -> None: ...
+
 
 class PromptSource:
     """The training prompts in a seeded order, epoch after epoch; recycled prompts come first.
@@ -163,11 +165,14 @@ class Rollouts:
             t0 = time.monotonic()
             env = self.make_env()
             prompt_ids = env.reset(self.prompts.tasks[task_id])
+            restored = traj is not None
             if traj is None:
                 traj = self.buffer.start(group_id, index, prompt_ids)
-            else:
-                await self._replay(env, traj)  # rebuild the env's state from a checkpointed partial episode
             try:
+                if restored:
+                    await self._replay(
+                        env, traj
+                    )  # rebuild the env's state from a checkpointed partial episode
                 finished = await self._run_turns(env, traj)
             except _InfraError as e:
                 self.counters.errors += 1
@@ -177,6 +182,8 @@ class Rollouts:
                 finished = True
                 if self.counters.errors > self.cfg.max_errors:
                     self.buffer.fail(RuntimeError(f"{self.counters.errors} episodes failed; last error: {e}"))
+            finally:
+                await env.close()  # an abandoned or failed episode may still hold a sandbox session
             self.counters.episode_seconds += time.monotonic() - t0
             if finished:
                 self.counters.episodes += 1
@@ -260,7 +267,10 @@ class Rollouts:
         """Step a fresh env through a restored episode's completed turns (their tokens are kept as stored)."""
         pos, response = 0, traj.response_ids
         for turn in traj.turns:
-            await env.step(response[pos : pos + turn.sampled_tokens], truncated=False)
+            try:
+                await env.step(response[pos : pos + turn.sampled_tokens], truncated=False)
+            except Exception as e:
+                raise _InfraError(f"replaying {traj.uid} after resume failed: {e!r}") from e
             pos += turn.sampled_tokens + turn.env_tokens
 
     async def _generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):

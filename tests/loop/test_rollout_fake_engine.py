@@ -65,6 +65,8 @@ class FakeEnv:
     async def step(self, sampled_ids: list[int], *, truncated: bool = False) -> StepResult:
         return StepResult([9, 9], 1.0, True, StepInfo(finish="answer", code_ran=True, exit_code=0))
 
+    async def close(self) -> None: ...
+
 
 def _rollouts(engine: FakeEngine, k: int = 1, retries: int = 2, max_errors: int = 100) -> Rollouts:
     buf = RolloutBuffer(BufferConfig(max_staleness=k), batch_prompts=1, group_size=2)
