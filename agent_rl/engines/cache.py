@@ -21,17 +21,21 @@ class KVCache:
         self,
         layer: int,
         slots: torch.Tensor,
+        dense: bool,
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         key_len: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([B, S, kv, d]) at (slot, position) and return this batch's keys/values [B, kv, key_len, d]."""
+        """Write k, v ([B, S, kv, d]) at (slot, position) and return this batch's keys/values [B, kv, key_len, d].
+
+        dense: slots are exactly 0..B-1 in order, so the keys/values are returned as views, without a copy.
+        """
         kc, vc = self.k[layer], self.v[layer]
         rows = slots[:, None]  # [B, 1] broadcasts against positions [B, S]
         kc[rows, :, positions] = k  # advanced indices first: the target is [B, S, kv, d]
         vc[rows, :, positions] = v
-        n = slots.shape[0]
-        if int(slots[-1]) == n - 1 and bool((slots == torch.arange(n)).all()):
-            return kc[:n, :, :key_len], vc[:n, :, :key_len]  # slots 0..n-1: a view, no copy
+        if dense:
+            n = slots.shape[0]
+            return kc[:n, :, :key_len], vc[:n, :, :key_len]
         return kc[slots, :, :key_len], vc[slots, :, :key_len]

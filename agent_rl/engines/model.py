@@ -128,14 +128,14 @@ class Attention(nn.Module):
         self.qkv = fuse_([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x, cos, sin, positions, slots, cache: KVCache, key_len: int, bias) -> torch.Tensor:
-        b, s, _ = x.shape  # x: [B, S, H]; positions: [B, S]; slots: [B]; bias: [B * nkv, g * S, T]
+        b, s, _ = x.shape  # x: [B, S, H]; positions: [B, S]; slots: ([B], dense); bias: [B * nkv, g * S, T]
         nh, nkv, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
         g = nh // nkv
         qkv = F.linear(x, *self.qkv).view(b, s, nh + 2 * nkv, d)
         qk = qkv[:, :, : nh + nkv]  # rotate q and k together: [B, S, nh + nkv, d], cos/sin: [B, S, 1, d]
         qk = qk * cos + torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1) * sin
         keys, values = cache.update(
-            self.layer, slots, positions, qk[:, :, nh:], qkv[:, :, nh + nkv :], key_len
+            self.layer, *slots, positions, qk[:, :, nh:], qkv[:, :, nh + nkv :], key_len
         )
         # Grouped-query attention as two batched matmuls: the g query heads of a kv head (times S positions)
         # form the rows of one [g*S, T] score matrix. On CPU this beats SDPA's GQA path for decode shapes.
@@ -211,8 +211,13 @@ class CausalLM(nn.Module):
         slots: torch.Tensor,
         cache: KVCache,
         last: torch.Tensor,
+        *,
+        dense: bool = False,
     ) -> torch.Tensor:
-        """Logits at `last[b]` of each row. tokens/positions: [B, S]; slots, last: [B]. Returns [B, V] fp32."""
+        """Logits at `last[b]` of each row. tokens/positions: [B, S]; slots, last: [B]. Returns [B, V] fp32.
+
+        dense: the rows are exactly cache slots 0..B-1 in order (the cache then returns views, not copies).
+        """
         assert self.rope_cos is not None, "call setup_rope() first"
         dtype = self.model.embed_tokens.weight.dtype
         cos = self.rope_cos[positions].unsqueeze(2).to(dtype)  # [B, S, 1, d]
@@ -226,7 +231,7 @@ class CausalLM(nn.Module):
         bias = bias.view(b * nkv, g * s, key_len)  # additive mask, one [g*S, T] block per (row, kv head)
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, positions, slots, cache, key_len, bias)
+            x = layer(x, cos, sin, positions, (slots, dense), cache, key_len, bias)
         x = x[torch.arange(x.shape[0]), last]  # only the rows' last real positions need logits
         return self.lm_head(self.model.norm(x)).float()
 

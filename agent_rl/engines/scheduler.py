@@ -54,7 +54,7 @@ class Request:
     prompt: list[int]
     sampling: SamplingParams
     on_finish: Callable[[Output], None]
-    generator: torch.Generator | None = None
+    row: RowParams | None = None  # sampling settings + private RNG, set on admission
     slot: int = -1
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)
@@ -124,8 +124,9 @@ class Scheduler:
             raise BadRequest(f"request {req.rid}: stop strings need tokenizer files in {self.model_dir}")
         if any(r.rid == req.rid for r in (*self.running, *self.waiting)):
             raise BadRequest(f"request {req.rid}: a request with this rid is already in flight")
-        if req.sampling.seed is not None:
-            req.generator = torch.Generator().manual_seed(req.sampling.seed)
+        sp = req.sampling
+        generator = None if sp.seed is None else torch.Generator().manual_seed(sp.seed)
+        req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator)
         self.waiting.append(req)
 
     def abort(self, rid: str | None = None) -> int:
@@ -206,6 +207,7 @@ class Scheduler:
         return best, best_len
 
     def _prefill(self, reqs: list[Request]) -> None:
+        reqs = sorted(reqs, key=lambda r: r.slot)  # ascending slots: see _forward_and_sample
         chunks = [r.prompt[r.cached_tokens :] for r in reqs]
         width = max(len(c) for c in chunks)
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
@@ -218,19 +220,17 @@ class Scheduler:
         self._forward_and_sample(reqs, tokens, positions, last)
 
     def _decode(self, reqs: list[Request]) -> None:
+        reqs = sorted(reqs, key=lambda r: r.slot)
         tokens = torch.tensor([[r.tokens[-1]] for r in reqs])
         positions = torch.tensor([[len(r.prompt) + len(r.tokens) - 1] for r in reqs])
         self._forward_and_sample(reqs, tokens, positions, torch.zeros(len(reqs), dtype=torch.long))
 
-    def _forward_and_sample(self, reqs, tokens, positions, last) -> None:
-        slots = torch.tensor([r.slot for r in reqs])
-        order = torch.argsort(slots)  # ascending slots make the common all-slots-0..B-1 case a cache view
-        logits = self.model(tokens[order], positions[order], slots[order], self.cache, last[order])
-        logits = logits[torch.argsort(order)]
-        rows = [
-            RowParams(r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.generator) for r in reqs
-        ]
-        ids, lps = sample(logits, rows, self.generator)
+    def _forward_and_sample(self, reqs: list[Request], tokens, positions, last) -> None:
+        slots = [r.slot for r in reqs]
+        # Rows sorted by slot; when they are exactly slots 0..B-1 the cache hands out views instead of copies.
+        dense = slots[-1] == len(slots) - 1
+        logits = self.model(tokens, positions, torch.tensor(slots), self.cache, last, dense=dense)
+        ids, lps = sample(logits, [r.row for r in reqs], self.generator)
         for r, t, lp in zip(reqs, ids, lps, strict=True):
             r.tokens.append(t)
             r.logprobs.append(lp)
