@@ -154,7 +154,8 @@ async def fork_bomb_is_capped(sb: Sandbox) -> None:
     )
     result = await sb.run(code, limits=Limits(timeout_s=20, processes=64))
     assert result.exit_code == 0, result
-    assert int(result.stdout.split()[1]) <= 64 + 4, result  # + bwrap, fork-server: the cap is per sandbox
+    # The cap is per sandbox and also covers its own few processes (bwrap or init, fork-server).
+    assert int(result.stdout.split()[1]) <= 64 + 8, result
     assert await process_count(sb) <= baseline
     await still_works(sb)
 
