@@ -91,9 +91,8 @@ async def run(model_dir: Path, repeats: int) -> dict:
         reqs = make_requests(max(b, 4), vocab, seed=b)  # batch 1: four requests, one at a time
         useful = sum(n for _, n in reqs)
         hf_times, eng_times = [], []
-        for rep in range(
-            repeats
-        ):  # interleaved, best of `repeats`: the CPU is shared, the minimum is the signal
+        # Interleaved, best of `repeats`: the CPU is shared, the minimum is the signal.
+        for rep in range(repeats):
             if b == 1:
                 hf_times.append(sum(hf_generate(hf, [r], pad) for r in reqs))
                 eng_s = 0.0
@@ -170,7 +169,7 @@ def main() -> None:
         help="torch threads for both sides (1: steadiest on a shared CPU; 0: torch default)",
     )
     p.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per side and batch size; the best is reported"
+        "--repeats", type=int, default=5, help="timed runs per side and batch size; the best is reported"
     )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine_bench")
     args = p.parse_args()

@@ -73,10 +73,9 @@ def sample(
         shared = [j for j, i in enumerate(rand) if rows[i].generator is None]
         if shared:
             drawn[shared] = torch.multinomial(probs[shared], 1, generator=default)[:, 0]
+        # Seeded requests draw from their own stream, so their tokens do not depend on the batch around them.
         for j, i in enumerate(rand):
-            if (
-                rows[i].generator is not None
-            ):  # seeded requests draw from their own stream: reproducible in any batch
+            if rows[i].generator is not None:
                 drawn[j] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
         tokens[idx] = drawn
         logprobs[idx] = lp.gather(-1, drawn[:, None])[:, 0]
