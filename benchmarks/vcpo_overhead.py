@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
 import sys
@@ -94,21 +95,28 @@ def sample_batch(model: torch.nn.Module, staleness: float) -> PolicyBatch:
     return PolicyBatch(ids, am, lm, blp, rewards, torch.arange(GROUPS).repeat_interleave(PER_GROUP))
 
 
-def time_steps(base: torch.nn.Module, batch: PolicyBatch, repeats: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in CONFIGS}
+def time_steps(base: torch.nn.Module, batch: PolicyBatch, repeats: int) -> tuple[dict, dict]:
+    """Wall and process-CPU seconds per step, the three kinds interleaved round by round.
+
+    CPU time is reported beside wall time because on a shared machine wall time mostly
+    measures the neighbours; the min over rounds is the least disturbed wall sample.
+    """
+    wall: dict[str, list[float]] = {k: [] for k in CONFIGS}
+    cpu: dict[str, list[float]] = {k: [] for k in CONFIGS}
     for rep in range(repeats + 1):  # round 0 is warm-up
         for name, cfg in CONFIGS.items():
             model = copy.deepcopy(base)
             step = Step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), cfg)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             metrics = step(batch)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if rep > 0:
-                times[name].append(dt)
-            log(
-                f"round {rep} {name:10s} {dt:6.2f} s  ess_ratio {metrics.ess_ratio:.3f}  lr_scale {metrics.lr_scale:.3f}"
-            )
-    return times
+                wall[name].append(dt)
+                cpu[name].append(dc)
+            log(f"round {rep} {name:10s} wall {dt:6.2f} s  cpu {dc:6.2f} s  ess_ratio {metrics.ess_ratio:.3f}  "
+                f"lr_scale {metrics.lr_scale:.3f}")  # fmt: skip
+            del model, step
+    return wall, cpu
 
 
 def exact_grad_sq(model: torch.nn.Module, batch: PolicyBatch) -> torch.Tensor:
@@ -158,24 +166,30 @@ def proxy_vs_exact(model: torch.nn.Module, batch: PolicyBatch, truncation: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)"
+    )
     ap.add_argument(
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     model = build_model()
     batch = sample_batch(model, args.staleness)
     log(f"batch: {batch.size} trajectories, {int(batch.attention_mask.sum())} tokens, "
         f"{int(batch.loss_mask.sum())} loss tokens, width {batch.input_ids.shape[1]}")  # fmt: skip
-    times = time_steps(model, batch, args.repeats)
+    times, cpu = time_steps(model, batch, args.repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     log("proxy vs exact OPOB baseline")
     quality = proxy_vs_exact(model, batch)
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": f"{platform.machine()} {platform.processor()} {torch.get_num_threads()} threads; shared with other jobs",
+        "machine": f"{platform.machine()} {platform.processor()}, {torch.get_num_threads()} torch thread(s), "
+        f"load average {os.getloadavg()[0]:.1f} at the end (2 cores shared with other jobs)",
         "batch": {
             "trajectories": batch.size,
             "tokens": int(batch.attention_mask.sum()),
@@ -187,14 +201,21 @@ def main() -> None:
         "min_s": best,
         "ratio_median_vs_grpo": {k: med[k] / med["grpo"] for k in med},
         "ratio_min_vs_grpo": {k: best[k] / best["grpo"] for k in best},
+        "cpu_seconds": cpu,
+        "cpu_median_s": cpu_med,
+        "cpu_ratio_median_vs_grpo": {k: cpu_med[k] / cpu_med["grpo"] for k in cpu_med},
         "opob_proxy_vs_exact": quality,
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "vcpo_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    rows = ["| step | median s | min s | ratio (median) | ratio (min) |", "|---|---|---|---|---|"]
+    rows = [
+        "| step | wall median s | wall min s | ratio (median) | ratio (min) | cpu median s | cpu ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for k in CONFIGS:
         rows.append(f"| {k} | {med[k]:.3f} | {best[k]:.3f} | {result['ratio_median_vs_grpo'][k]:.2f}x "
-                    f"| {result['ratio_min_vs_grpo'][k]:.2f}x |")  # fmt: skip
+                    f"| {result['ratio_min_vs_grpo'][k]:.2f}x | {cpu_med[k]:.3f} "
+                    f"| {result['cpu_ratio_median_vs_grpo'][k]:.2f}x |")  # fmt: skip
     rows += ["", "| OPOB proxy vs exact | value |", "|---|---|"]
     rows += [f"| {k} | {v:.3f} |" for k, v in quality.items()]
     (OUT / "vcpo_overhead.md").write_text(
