@@ -56,7 +56,9 @@ def warm_start(work: Path, n_traces: int) -> Path:
     return run_sft(base, data, sft_dir, epochs=3, lr=2e-3, batch_size=32, max_len=256, progress=False)
 
 
-def run(model: Path, work: Path, k: int, steps: int, eval_every: int, eval_limit: int) -> list[dict]:
+def run(
+    model: Path, work: Path, k: int, steps: int, eval_every: int, eval_limit: int, lr: float
+) -> list[dict]:
     from agent_rl.config import load_recipe
     from agent_rl.metrics import read_metrics
     from agent_rl.trainer import train
@@ -70,7 +72,7 @@ def run(model: Path, work: Path, k: int, steps: int, eval_every: int, eval_limit
             f"buffer.max_staleness={k}",
             f"train.steps={steps}",
             "train.batch_prompts=4",
-            "learner.lr=2e-4",
+            f"learner.lr={lr}",
             "checkpoint.every=0",
             f"eval.every={eval_every}",
             f"eval.limit={eval_limit}",
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-limit", type=int, default=48)
     p.add_argument("--gain", type=float, default=0.05, help="target = warm-start eval accuracy + gain")
     p.add_argument("--traces", type=int, default=3000)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_async_vs_sync")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for k in ks:
         log(f"k={k}: {args.steps} steps")
-        results[k] = summarise(run(model, args.work, k, args.steps, args.eval_every, args.eval_limit), target)
+        results[k] = summarise(
+            run(model, args.work, k, args.steps, args.eval_every, args.eval_limit, args.lr), target
+        )
         log(f"k={k}: {json.dumps(results[k])}")
 
     base = results[0]
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["benchmarks/async_vs_sync.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
         "steps": args.steps,
+        "lr": args.lr,
         "batch": "4 prompts x 8 samples (tiny_arith), embedded CPU engine, local sandbox, torch learner, VCPO",
         "warm_start_eval_accuracy": base_acc,
         "target_eval_accuracy": target,
@@ -171,7 +177,7 @@ def markdown(out: dict) -> str:
     lines = [
         "# Async (k>0) vs sync (k=0) training, same recipe, one invocation",
         "",
-        f"`{out['command']}` on {out['machine']}; {out['steps']} steps; {out['batch']}.",
+        f"`{out['command']}` on {out['machine']}; {out['steps']} steps at lr {out['lr']:g}; {out['batch']}.",
         f"Warm-start eval accuracy {out['warm_start_eval_accuracy']:.3f}; target {out['target_eval_accuracy']:.3f}.",
         "",
         "| run | s/step | speed-up vs k=0 | learner busy | engine busy | staleness | ESS ratio | final eval acc | "
