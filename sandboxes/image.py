@@ -26,7 +26,7 @@ from sandboxes.api import SandboxError
 from sandboxes.worker import FORKSERVER_PATH
 
 INSIDE_FORKSERVER = "/opt/agent-rl/forkserver.py"
-_SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__"}
+_SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip"}
 
 
 def image_python(python: str = sys.executable) -> str:
@@ -54,19 +54,22 @@ def _shared_libs(binaries: Iterable[Path]) -> set[Path]:
     return libs
 
 
-def _add(tar: tarfile.TarFile, src: Path | str, arcname: str) -> None:
-    """Add a file or tree once (docker import rejects duplicate paths), without test suites."""
-    seen: set[str] = tar.__dict__.setdefault("_seen", set())
+class _Tar:
+    """A tar being written that adds each path once (docker import rejects duplicates)."""
 
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if info.name in seen or (
-            set(Path(info.name).parts) & _SKIP_DIRS and "site-packages" not in info.name
-        ):
+    def __init__(self, tar: tarfile.TarFile):
+        self.tar = tar
+        self.seen: set[str] = set()
+
+    def add(self, src: Path | str, arcname: str) -> None:
+        self.tar.add(str(src), arcname=arcname.lstrip("/"), filter=self._keep)
+
+    def _keep(self, info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        skip = set(Path(info.name).parts) & _SKIP_DIRS and "site-packages" not in info.name
+        if info.name in self.seen or skip or (info.name.endswith(".pyc") and ".opt-" in info.name):
             return None
-        seen.add(info.name)
+        self.seen.add(info.name)
         return info
-
-    tar.add(str(src), arcname=arcname.lstrip("/"), filter=keep)
 
 
 def _add_dir_entry(tar: tarfile.TarFile, path: str, mode: int) -> None:
@@ -85,14 +88,15 @@ def rootfs_tar(packages: Sequence[str] = ("numpy",)) -> bytes:
     site = stdlib / "site-packages"
     binaries = [Path(os.path.realpath(base / "bin" / f"python{version}"))]
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+    with tarfile.open(fileobj=buf, mode="w") as raw:
+        tar = _Tar(raw)
         for d, mode in (("/tmp", 0o1777), ("/dev", 0o755), ("/proc", 0o555), ("/opt/agent-rl", 0o755)):
-            _add_dir_entry(tar, d, mode)
-        _add(tar, binaries[0], str(base / "bin" / f"python{version}"))
-        _add(tar, stdlib, str(stdlib))
+            _add_dir_entry(raw, d, mode)
+        tar.add(binaries[0], str(base / "bin" / f"python{version}"))
+        tar.add(stdlib, str(stdlib))
         libdir = base / "lib"
         for lib in libdir.glob("libpython*.so*"):
-            _add(tar, lib, str(lib))
+            tar.add(lib, str(lib))
             binaries.append(lib)
         binaries += list((stdlib / "lib-dynload").glob("*.so"))
         for name in packages:
@@ -105,15 +109,15 @@ def rootfs_tar(packages: Sequence[str] = ("numpy",)) -> bytes:
                 *pkg_dir.parent.glob(f"{name}.libs"),
                 *pkg_dir.parent.glob(f"{name}-*.dist-info"),
             ]:
-                _add(tar, extra, str(site / extra.name))
+                tar.add(extra, str(site / extra.name))
                 binaries += list(extra.rglob("*.so*"))
         for lib in sorted(_shared_libs(binaries)):
             if not str(lib).startswith(str(base)) and "site-packages" not in str(lib):
-                _add(tar, os.path.realpath(lib), str(lib))
+                tar.add(os.path.realpath(lib), str(lib))
         loader = Path("/lib64/ld-linux-x86-64.so.2")
         if loader.exists():
-            _add(tar, os.path.realpath(loader), str(loader))
-        _add(tar, FORKSERVER_PATH, INSIDE_FORKSERVER)
+            tar.add(os.path.realpath(loader), str(loader))
+        tar.add(FORKSERVER_PATH, INSIDE_FORKSERVER)
     return buf.getvalue()
 
 

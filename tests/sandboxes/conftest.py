@@ -76,4 +76,5 @@ def docker_host() -> Iterator[str]:
         yield host
     finally:
         _stop(proc)
-        shutil.rmtree(root, ignore_errors=True)
+        # Deleting the image layers can take minutes on a busy disk: do it in the background.
+        subprocess.Popen(["rm", "-rf", str(root)], start_new_session=True)
