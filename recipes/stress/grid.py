@@ -6,12 +6,14 @@
 
 Each finished run is appended to <out>/runs.jsonl at once, so an interrupted grid resumes
 where it stopped (cells already in the file are skipped) and a partial grid still reports.
-Workers are niced, single-threaded processes: the machine is shared.
+Git keeps runs.jsonl.gz: --report-only reads it when runs.jsonl is absent; to resume or extend
+a committed grid, `gunzip -k` it first. Workers are niced, single-threaded processes: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -126,9 +128,15 @@ def _one(cfg: RunConfig) -> dict:
 
 
 def load_runs(path: Path) -> list[dict]:
-    if not path.exists():
+    """The runs in `path`, or in `path`.gz (the compressed copy kept in git) when only that exists."""
+    packed = path.with_name(path.name + ".gz")
+    if path.exists():
+        text = path.read_text()
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def run_grid(study: StudyConfig, out: Path) -> None:
