@@ -31,7 +31,9 @@ SNIPPETS = {
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-async def measure(call: Callable[[str], Awaitable[str]], code: str, expect: str, calls: int, conc: int) -> dict:
+async def measure(
+    call: Callable[[str], Awaitable[str]], code: str, expect: str, calls: int, conc: int
+) -> dict:
     for _ in range(3):  # warm up
         assert await call(code) == expect
     latencies: list[float] = []
@@ -47,12 +49,21 @@ async def measure(call: Callable[[str], Awaitable[str]], code: str, expect: str,
     await asyncio.gather(*(caller(calls // conc) for _ in range(conc)))
     wall = time.perf_counter() - start
     q = statistics.quantiles(latencies, n=100)
-    return {"p50_ms": q[49] * 1e3, "p95_ms": q[94] * 1e3, "calls_per_s": len(latencies) / wall, "n": len(latencies)}
+    return {
+        "p50_ms": q[49] * 1e3,
+        "p95_ms": q[94] * 1e3,
+        "calls_per_s": len(latencies) / wall,
+        "n": len(latencies),
+    }
 
 
 def subprocess_call(code: str) -> Awaitable[str]:
     async def run() -> str:
-        return (await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True)).stdout
+        return (
+            await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True
+            )
+        ).stdout
 
     return run()
 
@@ -66,7 +77,7 @@ async def bench_backend(name: str, make: Callable[[], sandboxes.Sandbox] | None,
                 print(f"  {name:24s} {snip:6s} c={conc}: {rows[f'{snip}/c{conc}']}", flush=True)
         return rows
     async with make() as sb:
-        await sb.start()  # type: ignore[attr-defined]
+        await sb.start()
 
         async def call(code: str) -> str:
             result = await sb.run(code)
@@ -114,7 +125,9 @@ async def main() -> None:
     if "local+preload" in wanted:
         makers["local (numpy preloaded)"] = lambda: sandboxes.create("local", pool_size=2, preload=["numpy"])
     if "unsafe-subprocess" in wanted:
-        makers["unsafe-subprocess"] = lambda: sandboxes.create("unsafe-subprocess", pool_size=2, allow_unsafe=True)
+        makers["unsafe-subprocess"] = lambda: sandboxes.create(
+            "unsafe-subprocess", pool_size=2, allow_unsafe=True
+        )
     if "docker" in wanted:
         opts = {"docker_host": args.docker_host} if args.docker_host else {}
         makers["docker"] = lambda: sandboxes.create("docker", pool_size=2, **opts)

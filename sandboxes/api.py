@@ -113,6 +113,10 @@ class Sandbox(abc.ABC):
     """Runs untrusted Python code. Safe to call concurrently from many asyncio tasks."""
 
     @abc.abstractmethod
+    async def start(self) -> None:
+        """Start workers now rather than on the first call (fails early if the backend is unusable)."""
+
+    @abc.abstractmethod
     async def run(
         self,
         code: str,

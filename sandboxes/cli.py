@@ -60,7 +60,7 @@ async def _serve(args: argparse.Namespace) -> int:
     elif args.backend == "unsafe-subprocess":
         options = {"allow_unsafe": args.allow_unsafe}
     sandbox = sandboxes.create(args.backend, pool_size=args.pool_size, limits=limits, **options)
-    await sandbox.start()  # type: ignore[attr-defined]
+    await sandbox.start()
     runner = web.AppRunner(SandboxService(sandbox, limits).app())
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

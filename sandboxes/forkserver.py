@@ -2,7 +2,7 @@
 
 Why a fork-server: starting a sandbox and a Python interpreter costs ~25 ms; forking an
 already-initialised interpreter costs ~1 ms. The host sends length-prefixed JSON
-requests on fd 0 and reads replies on fd 1 (see `sandboxes.protocol`). After every call
+requests on fd 0 and reads replies on fd 1 (see `sandboxes.worker`). After every call
 every process other than this one (and live session processes) is killed and /tmp is
 emptied, so nothing survives into the next call.
 
@@ -148,7 +148,7 @@ class Server:
             self._reap(block=False)
         self._reap(block=False)
 
-    def clean_dirs(self, keep_files):
+    def clean_dirs(self):
         """Empty /tmp (and /dev/shm) so no call sees the files of the previous one."""
         ok = True
         # /dev/shm is private only inside a sandbox; never touch the host's.
@@ -158,8 +158,6 @@ class Server:
             except OSError:
                 continue
             for name in names:
-                if root == _WORKDIR and name in keep_files:
-                    continue
                 path = os.path.join(root, name)
                 try:
                     if os.path.isdir(path) and not os.path.islink(path):
@@ -195,7 +193,7 @@ class Server:
         for fd in (stdin_fd, out_w, err_w, status_w):
             os.close(fd)
         result = self._supervise(pid, limits, out_r, err_r, status_r, start)
-        clean = self.clean_dirs(keep_files=())
+        clean = self.clean_dirs()
         result["recycle"] = result["recycle"] or not clean
         return result
 
@@ -234,6 +232,8 @@ class Server:
         if os.WIFSIGNALED(status):
             code = -os.WTERMSIG(status)
             timed_out = timed_out or os.WTERMSIG(status) == signal.SIGXCPU
+            # A SIGKILL we did not send comes from the kernel's OOM killer (cgroup memory cap).
+            oom = oom or (code == -signal.SIGKILL and not timed_out)
         else:
             code = os.WEXITSTATUS(status)
         if timed_out and code != -signal.SIGXCPU:

@@ -38,6 +38,17 @@ class HttpSandbox(Sandbox):
             self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.pool_size))
         return self._client
 
+    async def start(self) -> None:
+        """Check that the service answers /health."""
+        try:
+            async with self._session().get(
+                self.url + "/health", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                if resp.status != 200:
+                    raise SandboxError(f"GET {self.url}/health: HTTP {resp.status}: {await resp.text()}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise SandboxError(f"GET {self.url}/health failed: {e!r}") from e
+
     async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         timeout = aiohttp.ClientTimeout(total=timeout_s + self.opts.extra_timeout_s)
         try:

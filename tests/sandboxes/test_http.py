@@ -71,6 +71,7 @@ async def test_bad_requests_get_400_naming_the_field(server: TestServer) -> None
 
 async def test_http_backend_runs_calls_and_sessions_remotely(server: TestServer) -> None:
     async with sandboxes.create("http", url=str(server.make_url("/")), pool_size=4) as sb:
+        await sb.start()
         results = await asyncio.gather(*(sb.run(f"print({i})") for i in range(20)))
         with_files = await sb.run("print(open('a.txt').read())", files={"a.txt": "content"})
         async with sb.session() as s:
