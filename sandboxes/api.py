@@ -30,7 +30,9 @@ class Limits:
     memory_bytes: int = 1 * GiB
     """Address-space limit per process (RLIMIT_AS), and the sandbox's cgroup memory cap."""
     processes: int = 64
-    """Processes/threads the call may have at once (cgroup pids, else RLIMIT_NPROC)."""
+    """Processes/threads at once. With a cgroup (local as root, docker) the cap is per sandbox, fixed
+    when the sandbox starts from the pool's default limits, and includes its own 2-4 processes;
+    otherwise RLIMIT_NPROC per call."""
     file_bytes: int = 16 * MiB
     """Largest file the code may write (RLIMIT_FSIZE)."""
     output_bytes: int = 64 * KiB

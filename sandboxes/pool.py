@@ -27,7 +27,6 @@ class PoolStats:
     """Counters for metrics endpoints and logs."""
 
     workers: int = 0
-    idle: int = 0
     calls: int = 0
     in_flight: int = 0
     timeouts: int = 0

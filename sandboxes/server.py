@@ -46,8 +46,10 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
     value = body.get(name, default)
-    if value is not None and not isinstance(value, kind):
-        raise BadRequest(f"field {name!r}: expected {kind}, got {type(value).__name__} {value!r:.80}")
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        expected = " or ".join(k.__name__ for k in kinds)
+        raise BadRequest(f"field {name!r}: expected {expected}, got {type(value).__name__} {value!r:.80}")
     return value
 
 
