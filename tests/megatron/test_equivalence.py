@@ -47,6 +47,7 @@ CASES = {
     "tp1": ({}, {}),
     "tp2-sp": ({"tp": 2, "sp": True}, {}),
     "tp2-sp-ppo-grpo": ({"tp": 2, "sp": True}, {"loss": "ppo_clip", "advantage": "grpo"}),
+    "dp2": ({"dp": 2}, {}),  # one group per DP rank: baselines local, ESS and gradients reduced over DP
 }
 
 

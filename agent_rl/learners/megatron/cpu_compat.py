@@ -1,4 +1,4 @@
-"""CPU compatibility layer for megatron-core: used by the tests and the CPU benchmark only, never on GPUs.
+"""CPU compatibility layer for megatron-core: what lets the tests and the CPU benchmark run TP/SP on gloo.
 
 megatron-core 0.16 assumes CUDA in a few places that matter for a CPU run of tensor and
 sequence parallelism over gloo. This module holds every work-around in one place:
@@ -11,7 +11,9 @@ sequence parallelism over gloo. This module holds every work-around in one place
   that accepts `sequence_parallel` (torch's asserts). Like TE's, it tags its weight with
   `sequence_parallel`, so the learner all-reduces that weight's gradient over TP.
 
-On GPUs the learner uses Transformer Engine's layer spec instead and none of this is applied.
+`enable_cpu_megatron` is applied only on machines without CUDA. On GPUs the learner uses
+Transformer Engine's layer spec; only a GPU without Transformer Engine falls back to the
+local spec with `SequenceParallelRMSNorm` (plain torch, nothing CPU-specific in it).
 """
 
 from __future__ import annotations
