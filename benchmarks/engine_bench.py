@@ -1,5 +1,8 @@
 """Embedded engine vs transformers `generate`: useful output tokens per second, same model, same prompts.
 
+The engine is timed twice: in-process (`EmbeddedEngine`) and served over HTTP from its own process
+(`launch_embedded` + `SGLangClient`, what the trainer uses).
+
     .venv/bin/python benchmarks/engine_bench.py [--model-dir DIR] [--out benchmarks/results/engine_bench]
 
 For each batch size (1, 16, 64) both sides get the same prompts (lengths 8-64) and the same mixed
@@ -7,9 +10,10 @@ output lengths (16/48/96/128 tokens, greedy, EOS ignored). transformers runs a b
 left-padded `generate` call, which has to run until the longest request is done; the engine lets
 short requests leave the batch. Only requested tokens count as useful, for both. Batch 1 runs the
 requests one after another. Both sides use the same torch thread count (--threads, default 1:
-on a CPU shared with other jobs, multi-threaded OpenMP kernels stall on descheduled threads). One untimed warm-up call per side comes first; then each side runs `--repeats` times, interleaved,
-in the same process, and the best time of each is reported (the CPU is shared: absolute numbers
-move, so read the ratio).
+on a CPU shared with other jobs, multi-threaded OpenMP kernels stall on descheduled threads).
+One untimed warm-up call per side comes first; then each side runs `--repeats` times,
+interleaved, and the best time of each is reported (the CPU is shared: absolute numbers move,
+so read the ratio).
 """
 
 from __future__ import annotations
@@ -78,31 +82,41 @@ async def engine_generate(engine, batch: list[tuple[list[int], int]], tag: str) 
 async def run(model_dir: Path, repeats: int) -> dict:
     from transformers import AutoModelForCausalLM
 
+    from agent_rl.engines.api import launch_embedded
     from agent_rl.engines.embedded import EmbeddedEngine
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     engine = EmbeddedEngine(model_dir, max_batch=max(BATCHES), max_seq_len=256)
+    # The same engine served over HTTP from its own process (what the trainer uses), same thread count.
+    server = launch_embedded(
+        str(model_dir), max_batch=max(BATCHES), max_seq_len=256, threads=torch.get_num_threads()
+    )
+    http = server.client()
     vocab, pad = hf.config.vocab_size, hf.config.pad_token_id or 0
     warm = make_requests(4, vocab, seed=99)
     hf_generate(hf, warm, pad)
     await engine_generate(engine, warm, "warm")
+    await engine_generate(http, warm, "warm")
     rows = []
     for b in BATCHES:
         reqs = make_requests(max(b, 4), vocab, seed=b)  # batch 1: four requests, one at a time
         useful = sum(n for _, n in reqs)
-        hf_times, eng_times = [], []
+        hf_times, eng_times, http_times = [], [], []
         # Interleaved, best of `repeats`: the CPU is shared, the minimum is the signal.
         for rep in range(repeats):
             if b == 1:
                 hf_times.append(sum(hf_generate(hf, [r], pad) for r in reqs))
-                eng_s = 0.0
-                for i, r in enumerate(reqs):
-                    eng_s += await engine_generate(engine, [r], f"b1-{rep}-{i}-")
-                eng_times.append(eng_s)
+                eng_times.append(
+                    sum([await engine_generate(engine, [r], f"b1-{rep}-{i}-") for i, r in enumerate(reqs)])
+                )
+                http_times.append(
+                    sum([await engine_generate(http, [r], f"b1-{rep}-{i}-") for i, r in enumerate(reqs)])
+                )
             else:
                 hf_times.append(hf_generate(hf, reqs, pad))
                 eng_times.append(await engine_generate(engine, reqs, f"b{b}-{rep}-"))
-        hf_s, eng_s = min(hf_times), min(eng_times)
+                http_times.append(await engine_generate(http, reqs, f"b{b}-{rep}-"))
+        hf_s, eng_s, http_s = min(hf_times), min(eng_times), min(http_times)
         rows.append(
             {
                 "batch": b,
@@ -113,14 +127,21 @@ async def run(model_dir: Path, repeats: int) -> dict:
                 "hf_tok_s": round(useful / hf_s, 1),
                 "engine_tok_s": round(useful / eng_s, 1),
                 "ratio": round(hf_s / eng_s, 2),
+                "http_s": round(http_s, 4),
+                "http_tok_s": round(useful / http_s, 1),
+                "http_ratio": round(hf_s / http_s, 2),
                 "hf_all_s": [round(t, 4) for t in hf_times],
                 "engine_all_s": [round(t, 4) for t in eng_times],
+                "http_all_s": [round(t, 4) for t in http_times],
             }
         )
         print(rows[-1], flush=True)
     await engine.close()
+    await http.close()
+    server.stop()
     return {
-        "what": "useful output tokens/s, embedded engine vs transformers generate (greedy, fp32, CPU)",
+        "what": "useful output tokens/s, embedded engine (in-process and over HTTP) vs transformers generate "
+        "(greedy, fp32, CPU)",
         "model": {
             "dir": str(model_dir),
             "layers": hf.config.num_hidden_layers,
@@ -147,12 +168,14 @@ def write_markdown(result: dict, path: Path) -> None:
         f"load average at end {result['loadavg_at_end']}"
         " (shared CPU: read the ratio, not the absolute numbers).",
         "",
-        "| batch | requests | useful tokens | transformers tok/s | engine tok/s | engine / transformers |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| batch | requests | useful tokens | transformers tok/s | engine tok/s | engine / transformers "
+        "| engine over HTTP tok/s | HTTP / transformers |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['batch']} | {r['requests']} | {r['useful_tokens']} | {r['hf_tok_s']} | {r['engine_tok_s']} | {r['ratio']}x |"
+            f"| {r['batch']} | {r['requests']} | {r['useful_tokens']} | {r['hf_tok_s']} | {r['engine_tok_s']} | {r['ratio']}x "
+            f"| {r['http_tok_s']} | {r['http_ratio']}x |"
         )
     path.write_text("\n".join(lines) + "\n")
 
