@@ -184,9 +184,8 @@ class Scheduler:
                 break
             req = self.waiting[0]
             slot, shared = self._pick_slot(free, req.prompt)
-            start = min(
-                shared, len(req.prompt) - 1
-            )  # the last prompt token is always fed: its logits are needed
+            # The last prompt token is always fed, even when cached: its logits are needed.
+            start = min(shared, len(req.prompt) - 1)
             width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
             if admitted and width * (len(admitted) + 1) > budget:
                 break

@@ -133,6 +133,5 @@ async def test_vllm_weight_reload_matches_the_embedded_engine_and_stamps_the_ver
     assert v.token_ids == e.token_ids and v.versions == [4] * len(v.token_ids)
     assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= 1e-4
     original = {n: p.detach().clone() for n, p in hf_model.named_parameters()}
-    await client.update_weights(
-        version=5, tensors=original
-    )  # the module-scoped server goes back to the fixture's weights
+    # The module-scoped server goes back to the fixture's weights.
+    await client.update_weights(version=5, tensors=original)
