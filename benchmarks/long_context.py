@@ -1,4 +1,4 @@
-"""Peak memory and step time per learner rank for one long trajectory: Megatron TP=1 vs TP=2 + SP.
+"""Peak memory and step time per learner rank for one long trajectory: Megatron TP=1 vs TP=2 (with and without SP).
 
     .venv/bin/python benchmarks/long_context.py [--lengths 2048,4096] [--hidden 256] [--layers 4]
 
@@ -10,7 +10,7 @@ on the same cores (TP=1: one process with all threads; TP=2: two processes split
 Per rank: the median step time over --repeats timed steps after one warm-up step, the bytes
 autograd saved for backward (activation memory, counted once per storage), and the peak RSS
 growth during a step (sampled every 2 ms; CPU) or torch.cuda.max_memory_allocated (GPU).
-Ratios TP=2/TP=1 from the same invocation. Writes benchmarks/results/long_context.json and .md.
+Ratios against TP=1 from the same invocation. Writes benchmarks/results/long_context.json and .md.
 """
 
 from __future__ import annotations
@@ -163,7 +163,11 @@ def main() -> None:
             "algorithm": {"loss": "vcpo", "advantage": "grpo"},
         })  # fmt: skip
         rs = rank_spec(recipe)
-        layouts = {"tp1": ParallelConfig(tp=1), "tp2_sp": ParallelConfig(tp=2, sp=True)}
+        layouts = {
+            "tp1": ParallelConfig(tp=1),
+            "tp2": ParallelConfig(tp=2),
+            "tp2_sp": ParallelConfig(tp=2, sp=True),
+        }
         results = {}
         for name, par in layouts.items():
             print(f"[{time.strftime('%H:%M:%S')}] {name}: lengths {lengths}", flush=True)
@@ -171,20 +175,19 @@ def main() -> None:
 
     summary = []
     for length in lengths:
-        per = {}
         for name, rows in results.items():
             mine = [r for r in rows if r["length"] == length]
-            per[name] = {
+            summary.append({
+                "length": length, "layout": name,
                 "step_s": max(r["step_s"] for r in mine),
-                "peak_rss_growth_mib_per_rank": max(r["peak_rss_growth_bytes"] for r in mine) / 2**20,
                 "saved_activation_mib_per_rank": max(r["saved_activation_bytes"] for r in mine) / 2**20,
-            }
-        summary.append({
-            "length": length, **{f"{n}_{k}": v for n, d in per.items() for k, v in d.items()},
-            "ratio_step_time": per["tp2_sp"]["step_s"] / per["tp1"]["step_s"],
-            "ratio_peak_rss_growth": per["tp2_sp"]["peak_rss_growth_mib_per_rank"] / per["tp1"]["peak_rss_growth_mib_per_rank"],
-            "ratio_saved_activations": per["tp2_sp"]["saved_activation_mib_per_rank"] / per["tp1"]["saved_activation_mib_per_rank"],
-        })  # fmt: skip
+                "peak_rss_growth_mib_per_rank": max(r["peak_rss_growth_bytes"] for r in mine) / 2**20,
+            })  # fmt: skip
+        base = next(x for x in summary if x["length"] == length and x["layout"] == "tp1")
+        for x in summary:
+            if x["length"] == length:
+                for key in ("step_s", "saved_activation_mib_per_rank", "peak_rss_growth_mib_per_rank"):
+                    x[f"ratio_{key}"] = x[key] / base[key]
     meta = {
         "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
                   "vocab": args.vocab, "params": n_params},
@@ -196,23 +199,21 @@ def main() -> None:
         json.dumps({"meta": meta, "summary": summary, "raw": results}, indent=2)
     )
     lines = [
-        "# Long-context learner step: Megatron TP=1 vs TP=2 + sequence parallelism",
+        "# Long-context learner step: Megatron TP=1 vs TP=2, with and without sequence parallelism",
         "",
         f"Model: Qwen2-shaped, hidden {args.hidden}, {args.layers} layers, {args.heads} heads / {args.kv_heads} KV, "
         f"vocab {args.vocab} ({n_params / 1e6:.1f}M params). {meta['device']}, {meta['cpus']} threads in all. "
         "One optimizer step on ONE trajectory of L tokens; per rank: median step time, autograd-saved "
-        "activations, peak RSS growth during the step. Ratios are TP=2+SP / TP=1 (same run).",
+        "activations, peak RSS growth during the step. Ratios are against TP=1 from the same run.",
         "",
-        "| L | TP1 step s | TP2+SP step s | time ratio | TP1 saved act MiB | TP2+SP saved act MiB/rank | act ratio "
-        "| TP1 peak RSS MiB | TP2+SP peak RSS MiB/rank | peak ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| L | layout | step s (slowest rank) | ratio | saved activations MiB/rank | ratio | peak RSS growth MiB/rank | ratio |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for s in summary:
+    for x in summary:
         lines.append(
-            f"| {s['length']} | {s['tp1_step_s']:.2f} | {s['tp2_sp_step_s']:.2f} | {s['ratio_step_time']:.2f} "
-            f"| {s['tp1_saved_activation_mib_per_rank']:.0f} | {s['tp2_sp_saved_activation_mib_per_rank']:.0f} "
-            f"| {s['ratio_saved_activations']:.2f} | {s['tp1_peak_rss_growth_mib_per_rank']:.0f} "
-            f"| {s['tp2_sp_peak_rss_growth_mib_per_rank']:.0f} | {s['ratio_peak_rss_growth']:.2f} |"
+            f"| {x['length']} | {x['layout']} | {x['step_s']:.2f} | {x['ratio_step_s']:.2f} "
+            f"| {x['saved_activation_mib_per_rank']:.0f} | {x['ratio_saved_activation_mib_per_rank']:.2f} "
+            f"| {x['peak_rss_growth_mib_per_rank']:.0f} | {x['ratio_peak_rss_growth_mib_per_rank']:.2f} |"
         )
     (OUT / "long_context.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
