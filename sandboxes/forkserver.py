@@ -137,6 +137,11 @@ class Server:
                 os.kill(-1, signal.SIGKILL)
             self._reap(block=True)
             return
+        if not keep:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return  # no children means no descendants: orphans would have come back to us
         for _ in range(1000):
             victims = self._descendants() - keep
             if not victims:

@@ -6,7 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from sandbox_adversarial import CASES, FAKE_SECRET, Case, still_works
+from sandbox_adversarial import (
+    CASES,
+    FAKE_SECRET,
+    Case,
+    background_process_does_not_survive_into_next_call,
+    still_works,
+)
 
 import sandboxes
 from sandboxes import Limits, SandboxError
@@ -93,7 +99,7 @@ async def test_unsafe_subprocess_runs_when_allowed() -> None:
     async with sandboxes.create("unsafe-subprocess", allow_unsafe=True, pool_size=2) as sb:
         results = await asyncio.gather(*(sb.run(f"print({i})") for i in range(20)))
         hung = await sb.run("import time; time.sleep(30)", limits=Limits(timeout_s=0.5))
-        await still_works(sb)
+        await background_process_does_not_survive_into_next_call(sb)
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
     assert hung.timed_out
 
