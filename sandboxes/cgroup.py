@@ -19,6 +19,17 @@ from pathlib import Path
 
 _ROOT = Path("/sys/fs/cgroup")
 _counter = itertools.count()
+_sweeps = itertools.count()
+_PREFIX = "agent-rl-sandbox-"
+
+
+def _sweep_stale() -> None:
+    """Remove empty cgroups left by sandbox owners that died (their pid is in the name)."""
+    for d in [*_ROOT.glob(f"*/{_PREFIX}*"), *_ROOT.glob(f"*/*/*/{_PREFIX}*"), *_ROOT.glob(f"{_PREFIX}*")]:
+        owner = d.name.removeprefix(_PREFIX).split("-")[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def _own_path(controller: str) -> str:
@@ -36,7 +47,9 @@ class SandboxCgroup:
 
     @classmethod
     def create(cls, memory_bytes: int, pids: int) -> SandboxCgroup | None:
-        name = f"agent-rl-sandbox-{os.getpid()}-{next(_counter)}"
+        if next(_sweeps) == 0:
+            _sweep_stale()
+        name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
         try:
             if (_ROOT / "cgroup.controllers").exists():
                 base = _ROOT / _own_path("")
