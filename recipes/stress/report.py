@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 FINAL_EVALS = 3
 TOLERANCE = 0.9
 BELOW_RANDOM = 0.05
-SAME_AT_K0 = {"tis": "plain", "mis": "plain", "m2po": "plain", "ess_lr": "plain", "opob": "vcpo"}
+SAME_AT_K0 = {
+    "tis": "plain", "mis": "plain", "m2po": "plain", "ess_lr": "plain", "opob": "vcpo", "opob[exact]": "vcpo[exact]",
+}  # fmt: skip
 
 
 @dataclass
