@@ -192,6 +192,17 @@ class Recipe(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _torch_learner_samples_at_t1(self) -> Recipe:
+        # Engines return log-probs of the tempered distribution; the torch learner scores at T=1.
+        if self.learner.backend == "torch" and self.rollout.temperature != 1.0:
+            raise ValueError(
+                f"rollout.temperature={self.rollout.temperature}: the torch learner's importance ratios assume "
+                "the engines sample at temperature 1.0 (set it to 1.0, or use learner.backend: megatron, "
+                "which scores at the rollout temperature)"
+            )
+        return self
+
     @field_validator("name")
     @classmethod
     def _name_is_a_dir_name(cls, v: str) -> str:

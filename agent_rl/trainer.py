@@ -26,7 +26,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
     from transformers import AutoTokenizer
 
     import envs
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build as build_learner
 
     run_dir = Path(resume) if resume else recipe.run_dir
     plan = placement.plan(recipe, address)

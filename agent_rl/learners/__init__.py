@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from agent_rl.config import Recipe
     from agent_rl.types import Group
 
 
@@ -31,3 +32,18 @@ class Learner(Protocol):
         ...
 
     def load(self, path: Path) -> None: ...
+
+    def close(self) -> None:
+        """Stop rank processes / actors this learner started."""
+        ...
+
+
+def build(recipe: Recipe) -> Learner:
+    """The learner `recipe.learner.backend` names; heavy backends are imported only here."""
+    if recipe.learner.backend == "megatron":
+        from agent_rl.learners.megatron import build_megatron_learner
+
+        return build_megatron_learner(recipe)
+    from agent_rl.learners.torch_learner import build_learner
+
+    return build_learner(recipe)
