@@ -17,10 +17,11 @@ system-deps:
 
 ## The main job: the CPU recipe (build a tiny model, SFT warm start, async VCPO RL, eval before/after).
 run: install system-deps
-	bash recipes/tiny_tir.sh
+	$(PY) -m recipes.tiny_tir
 
 ## The default test suite (what CI runs).
 test: install system-deps
+	.venv/bin/ruff check .
 	$(PY) -m pytest -q
 
 test-slow: install system-deps
