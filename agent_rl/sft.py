@@ -185,22 +185,24 @@ def _pad(rows: Sequence[Example], pad_id: int):
 
     T = max(len(r.input_ids) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), T), dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.float32)
     for i, r in enumerate(rows):
         n = len(r.input_ids)
         ids[i, :n] = torch.tensor(r.input_ids)
-        attn[i, :n] = 1
         mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
-    return ids, attn, mask
+    return ids, mask
 
 
-def token_loss_sum(model: Any, ids, attn, mask, autocast_dtype) -> Any:
-    """Sum over target tokens of -log p(token | prefix); the caller divides by the token count."""
+def token_loss_sum(model: Any, ids, mask, autocast_dtype) -> Any:
+    """Sum over target tokens of -log p(token | prefix); the caller divides by the token count.
+
+    No attention mask: rows are right-padded, so in a causal LM no real token attends to padding and
+    padded positions carry no loss; without a mask the attention takes its fast causal path (several
+    times faster on CPU)."""
     import torch
 
     with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logits = model(input_ids=ids).logits[:, :-1]
     ce = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
     )
@@ -255,8 +257,8 @@ def run_sft(model_dir: str | Path, data_path: str | Path, out_dir: str | Path, *
             n_tokens = sum(sum(e.loss_mask[1:]) for e in batch)
             loss_sum = 0.0
             for j in range(0, len(batch), mbs):
-                ids, attn, mask = (x.to(device) for x in _pad(batch[j : j + mbs], pad_id))
-                part = token_loss_sum(model, ids, attn, mask, autocast_dtype)
+                ids, mask = (x.to(device) for x in _pad(batch[j : j + mbs], pad_id))
+                part = token_loss_sum(model, ids, mask, autocast_dtype)
                 (part / n_tokens).backward()
                 loss_sum += float(part.detach())
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))

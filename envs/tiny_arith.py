@@ -1,19 +1,19 @@
 """tiny_arith: the task the CPU recipe learns, and the scripted teacher that writes its warm-start traces.
 
-Problems are multi-digit products ("What is 4821 * 377 - 1290?") that a few-million-
+Problems are multi-digit products ("What is 482 * 37 - 129?") that a few-million-
 parameter model cannot do in its head but can solve by copying the expression into a
 one-line `print(...)`, mixed with one-digit sums it can learn to answer directly. The
 teacher writes short, fixed-format SimpleTIR traces (about 60-90 tokens with a
 digit-per-token tokenizer):
 
-    What is 4821 * 377 - 1290?            <- prompt (plain text, no chat template)
+    What is 482 * 37 - 129?               <- prompt (plain text, no chat template)
     ```python                             <- model
-    print(4821 * 377 - 1290)
+    print(482 * 37 - 129)
     ```
     ```output                             <- environment (the sandbox's stdout)
-    1816227
+    17705
     ```
-    \\boxed{1816227}                       <- model, then EOS
+    \\boxed{17705}                         <- model, then EOS
 
 With probability 1 - tool_rate it skips the tool on a hard problem and writes a guess
 (right leading digits, random tail), so the warm-start model uses the tool only part
@@ -33,18 +33,23 @@ from envs.types import Task
 _OPS = (
     ("{a} * {b} + {c}", lambda a, b, c: a * b + c),
     ("{a} * {b} - {c}", lambda a, b, c: a * b - c),
-    ("{a} * {b}", lambda a, b, c: a * b),
 )
+# Fixed shapes (3-digit * 2-digit +/- 3-digit, five-digit answer): every digit the model copies,
+# into print(...) and from the tool output into \\boxed{}, sits at the same token distance from
+# its source, a copy a few-million-parameter model learns in a few hundred SFT steps.
+ANSWER_DIGITS = 5
 
 
 def make_problem(rng: random.Random, easy_fraction: float) -> tuple[str, int]:
-    """(expression, value): a one-digit sum with probability easy_fraction, else a multi-digit product."""
+    """(expression, value): a one-digit sum with probability easy_fraction, else a five-digit product."""
     if rng.random() < easy_fraction:
         a, b = rng.randint(0, 9), rng.randint(0, 9)
         return f"{a} + {b}", a + b
-    a, b, c = rng.randint(100, 9999), rng.randint(10, 999), rng.randint(100, 9999)
-    template, value = rng.choice(_OPS)
-    return template.format(a=a, b=b, c=c), value(a, b, c)
+    while True:
+        a, b, c = rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999)
+        template, value = rng.choice(_OPS)
+        if len(str(value(a, b, c))) == ANSWER_DIGITS:
+            return template.format(a=a, b=b, c=c), value(a, b, c)
 
 
 def make_tasks(n: int, seed: int, easy_fraction: float = 0.25) -> tuple[Task, ...]:

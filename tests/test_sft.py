@@ -44,9 +44,9 @@ def _mean_loss(model_dir: Path, data: Path) -> float:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     examples, _ = load_examples(data, tok, 256)
-    ids, attn, mask = _pad(examples, tok.pad_token_id)
+    ids, mask = _pad(examples, tok.pad_token_id)
     with torch.no_grad():
-        return float(token_loss_sum(model, ids, attn, mask, None) / mask[:, 1:].sum())
+        return float(token_loss_sum(model, ids, mask, None) / mask[:, 1:].sum())
 
 
 def test_sft_lowers_loss_and_saved_model_reloads(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -27,6 +27,13 @@ def test_hard_problems_need_multi_digit_answers_and_easy_ones_are_one_digit_sums
     assert all(len(t.answer.lstrip("-")) >= 4 for t in tasks if not tiny_arith.is_easy(t))
 
 
+def test_hard_problems_have_one_shape_so_every_copy_is_at_a_fixed_distance():
+    hard = [t for t in tiny_arith.make_tasks(400, 4) if not tiny_arith.is_easy(t)]
+    assert {len(t.problem) for t in hard} == {len("What is 123 * 45 + 678?")}
+    assert {len(t.answer) for t in hard} == {tiny_arith.ANSWER_DIGITS}
+    assert {"+", "-"} <= {t.problem.split()[5] for t in hard}
+
+
 def test_teacher_uses_the_tool_at_the_requested_rate_and_guesses_are_wrong():
     traces = tiny_arith.teacher_traces(2000, seed=7, tool_rate=0.3)
     hard = [t for t in traces if not tiny_arith.is_easy(t.task)]
