@@ -91,7 +91,8 @@ class Capture:
 
 
 class Server:
-    def __init__(self, pidns, private_shm, nproc_rlimit):
+    def __init__(self, pidns, private_shm, nproc_rlimit, keep=()):
+        self.keep = frozenset(keep)  # entries of the workdir that are host bind mounts (a venv under /tmp)
         self.pidns = pidns
         self.private_shm = private_shm
         self.nproc_rlimit = nproc_rlimit
@@ -163,6 +164,8 @@ class Server:
             except OSError:
                 continue
             for name in names:
+                if root == _WORKDIR and name in self.keep:
+                    continue
                 path = os.path.join(root, name)
                 try:
                     if os.path.isdir(path) and not os.path.islink(path):
@@ -491,6 +494,7 @@ def main(argv):
     parser.add_argument("--private-shm", action="store_true", help="/dev/shm is ours alone: empty it too")
     parser.add_argument("--nproc-rlimit", action="store_true", help="no cgroup: cap processes by rlimit")
     parser.add_argument("--preload", default="")
+    parser.add_argument("--keep", default="", help="workdir entries never emptied (bind-mounted host paths)")
     args = parser.parse_args(argv)
     _WORKDIR = args.workdir
     inp, outp = os.dup(0), os.dup(1)
@@ -510,7 +514,8 @@ def main(argv):
     for mod in filter(None, args.preload.split(",")):
         __import__(mod)
     _send(outp, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
-    Server(args.pidns, args.private_shm, args.nproc_rlimit).serve(inp, outp)
+    keep = filter(None, args.keep.split(","))
+    Server(args.pidns, args.private_shm, args.nproc_rlimit, keep).serve(inp, outp)
 
 
 if __name__ == "__main__":

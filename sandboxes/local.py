@@ -94,6 +94,11 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    # Mounts first, then binds: a host python that lives under /tmp (a CI checkout in a temp dir)
+    # must be bound on top of the private /tmp, not hidden by it.
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(opts.tmp_bytes), "--tmpfs", "/tmp"]
+    cmd += ["--perms", "1777", "--size", str(4 * MiB), "--tmpfs", "/dev/shm"]
     cmd += ["--ro-bind", "/usr", "/usr"]
     for top in ("lib", "lib64", "lib32", "bin", "sbin"):
         path = f"/{top}"
@@ -102,8 +107,11 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         elif os.path.isdir(path):
             cmd += ["--ro-bind", path, path]
     made: set[str] = set()
+    keep: set[str] = set()  # top-level /tmp entries that are host paths: the fork-server must not empty them
     for path in (*python_paths(opts.python), *opts.ro_binds):
         parts = Path(path).parts
+        if len(parts) > 2 and parts[1] == "tmp":
+            keep.add(parts[2])
         for i in range(2, len(parts)):
             parent = str(Path(*parts[:i]))
             if parent not in made:
@@ -112,9 +120,6 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         cmd += ["--ro-bind", path, path]
     cmd += ["--perms", "0755", "--dir", os.path.dirname(INSIDE_FORKSERVER)]
     cmd += ["--ro-bind", str(FORKSERVER_PATH), INSIDE_FORKSERVER]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
-    cmd += ["--perms", "1777", "--size", str(opts.tmp_bytes), "--tmpfs", "/tmp"]
-    cmd += ["--perms", "1777", "--size", str(4 * MiB), "--tmpfs", "/dev/shm"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     path_env = f"{os.path.dirname(os.path.abspath(opts.python))}:/usr/local/bin:/usr/bin:/bin"
     for key, value in {**SANDBOX_ENV, "PATH": path_env, **opts.extra_env}.items():
@@ -124,6 +129,8 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         cmd += ["--drop-uid", str(NOBODY)]
     if opts.preload:
         cmd += ["--preload", ",".join(opts.preload)]
+    if keep:
+        cmd += ["--keep", ",".join(sorted(keep))]
     return cmd
 
 
