@@ -143,9 +143,9 @@ async def filling_tmp_is_capped_and_cleaned(sb: Sandbox) -> None:
     result = await sb.run(code, limits=Limits(timeout_s=20))
     assert "stopped" in result.stdout, result
     assert int(result.stdout.split("MiB")[1]) < 1024, result
-    after = await sb.run("import os; print(sorted(os.listdir('/tmp')))")
+    after = await sb.run("import os; print(*os.listdir('/tmp'))")
     # Only host paths bound into /tmp may remain (the venv, when the checkout itself lives under /tmp).
-    assert after.stdout == f"{sorted(HOST_TMP_ENTRIES)}\n", after
+    assert set(after.stdout.split()) <= HOST_TMP_ENTRIES, after
     await still_works(sb)
 
 
