@@ -13,35 +13,53 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
+
 from agent_rl.config import load_recipe
 from agent_rl.evaluate import EvalReport, evaluate
 from agent_rl.plot import plot_run
 from agent_rl.sft import run_sft
 from agent_rl.tiny import build_tiny
 from agent_rl.trainer import train
-from envs.tiny_arith import corpus, teacher_traces
+from envs.tiny_arith import Trace, corpus, teacher_traces
 
 RECIPE = Path(__file__).with_name("tiny_tir.yaml")
-# Warm start: the teacher uses the tool on 30% of the hard problems and guesses on the rest.
-SFT_TRACES, SFT_TOOL_RATE, SFT_SEED = 4000, 0.3, 7
-MODEL = dict(vocab_size=512, hidden=256, layers=4, heads=4, kv_heads=2)
+FENCE = "```"  # the tool branch's first token
+# Warm start: the teacher uses the tool on 30% of the hard problems and guesses on the rest. The
+# drill traces (all tool use, first token context-only) teach the tool branch itself, copying the
+# expression into print(...) and the output into \\boxed{}, without moving the 30% decision.
+SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE, SFT_SEED, SFT_DRILL_SEED = 3000, 3000, 0.3, 7, 8
+SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=128, warmup_steps=10)
+MODEL = dict(vocab_size=512, hidden=128, layers=2, heads=4, kv_heads=2)
 
 
 def _stage(name: str) -> None:
     print(f"\n=== {name} [{time.strftime('%H:%M:%S')}]", flush=True)
 
 
+def sft_row(trace: Trace, train_first_token: bool = True) -> dict:
+    """A teacher trace as an `agent-rl sft` row: model pieces trained, tool output as context only.
+
+    train_first_token=False makes the opening fence context too (a drill: the row teaches what follows
+    the decision to use the tool, not the decision)."""
+    pieces = []
+    for s in trace.segments:
+        if s.kind == "observation":
+            pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
+        elif not pieces and not train_first_token and s.text.startswith(FENCE):
+            pieces += [{"text": FENCE, "train": False}, {"text": s.text[len(FENCE) :], "train": True}]
+        else:
+            pieces.append({"text": s.text, "train": True})
+    return {"prompt": trace.prompt, "response": pieces}
+
+
 def write_sft_data(path: Path) -> None:
-    """Teacher traces as `agent-rl sft` rows: model pieces trained, tool output as context only."""
+    """Decision traces (tool on SFT_TOOL_RATE of hard problems) plus tool-branch drills, shuffled by the SFT."""
+    rows = [sft_row(tr) for tr in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE)]
+    drills = teacher_traces(SFT_DRILL, seed=SFT_DRILL_SEED, tool_rate=1.0, easy_fraction=0.0)
+    rows += [sft_row(tr, train_first_token=False) for tr in drills]
     with open(path, "w") as f:
-        for tr in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE):
-            pieces = []
-            for s in tr.segments:
-                if s.kind == "model":
-                    pieces.append({"text": s.text, "train": True})
-                else:
-                    pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
-            f.write(json.dumps({"prompt": tr.prompt, "response": pieces}) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def report(before: EvalReport, after: EvalReport, run_dir: Path, curves: Path, seconds: float) -> str:
@@ -65,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="delete runs/tiny_tir first")
     args = p.parse_args(argv)
     t0 = time.time()
+    # One torch thread: the model's matrices are too small to gain from a second core, and two threads
+    # slow down several-fold whenever the sandbox or anything else on the machine wants a core.
+    torch.set_num_threads(1)
     recipe = load_recipe(RECIPE)
     root = recipe.run_dir
     if args.fresh:
@@ -79,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (sft_dir / "config.json").is_file():
         data = root / "sft.jsonl"
         write_sft_data(data)
-        run_sft(base, data, sft_dir, epochs=2, lr=1e-3, batch_size=32, max_len=128, warmup_steps=10)
+        run_sft(base, data, sft_dir, **SFT)
     _stage("3/5 evaluate the warm start")
     before = evaluate(recipe)
     print(json.dumps(before.to_dict()))
