@@ -3,7 +3,7 @@
 Problems are multi-digit products ("What is 482 * 37 - 129?") that a few-million-
 parameter model cannot do in its head but can solve by copying the expression into a
 one-line `print(...)`, mixed with one-digit sums it can learn to answer directly. The
-teacher writes short, fixed-format SimpleTIR traces (about 60-90 tokens with a
+teacher writes short, fixed-format SimpleTIR traces (at most about 60 tokens with a
 digit-per-token tokenizer):
 
     What is 482 * 37 - 129?               <- prompt (plain text, no chat template)

@@ -30,7 +30,7 @@ FENCE = "```"  # the tool branch's first token
 # expression into print(...) and the output into \\boxed{}, without moving the 30% decision.
 SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE, SFT_SEED, SFT_DRILL_SEED = 3000, 3000, 0.3, 7, 8
 SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=128, warmup_steps=10)
-MODEL = dict(vocab_size=512, hidden=128, layers=2, heads=4, kv_heads=2)
+MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 
 def _stage(name: str) -> None:
