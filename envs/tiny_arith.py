@@ -35,7 +35,7 @@ _OPS = (
     ("{a} * {b} - {c}", lambda a, b, c: a * b - c),
 )
 # Fixed shapes (3-digit * 2-digit +/- 3-digit, five-digit answer): every digit the model copies,
-# into print(...) and from the tool output into \\boxed{}, sits at the same token distance from
+# into print(...) and from the tool output into \boxed{}, sits at the same token distance from
 # its source, a copy a few-million-parameter model learns in a few hundred SFT steps.
 ANSWER_DIGITS = 5
 

@@ -27,7 +27,7 @@ RECIPE = Path(__file__).with_name("tiny_tir.yaml")
 FENCE = "```"  # the tool branch's first token
 # Warm start: the teacher uses the tool on 30% of the hard problems and guesses on the rest. The
 # drill traces (all tool use, first token context-only) teach the tool branch itself, copying the
-# expression into print(...) and the output into \\boxed{}, without moving the 30% decision.
+# expression into print(...) and the output into \boxed{}, without moving the 30% decision.
 SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE, SFT_SEED, SFT_DRILL_SEED = 3000, 3000, 0.3, 7, 8
 SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=128, warmup_steps=10)
 MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
