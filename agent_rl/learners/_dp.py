@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -30,25 +30,39 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(spec: RankSpec, rank: int, world: int, port: int, conn: Connection, threads: int) -> None:
+def build_torch_rank(spec: RankSpec, rank: int, world: int, port: int) -> Any:
+    """Join the process group (NCCL when every rank has a GPU, else gloo) and build this rank's TorchRank."""
     import torch.distributed as dist
 
     from agent_rl.learners._torch_rank import TorchRank
 
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=30),
+    )
+    return TorchRank(spec, dp_group=dist.group.WORLD, device=device)
+
+
+RankBuilder = Callable[[Any, int, int, int], Any]
+"""(spec, rank, world, port) -> the rank object whose methods the pool calls; module-level (pickled)."""
+
+
+def _serve(
+    build: RankBuilder, spec: Any, rank: int, world: int, port: int, conn: Connection, threads: int
+) -> None:
+    """Worker main: build the rank, then answer (method, args) calls until 'close'."""
+    import torch.distributed as dist
+
     torch.set_num_threads(threads)
     try:
-        cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-        device = f"cuda:{rank}" if cuda else "cpu"
-        if cuda:
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(minutes=30),
-        )
-        worker = TorchRank(spec, dp_group=dist.group.WORLD, device=device)
+        worker = build(spec, rank, world, port)
         conn.send(("ok", None))
     except Exception:
         conn.send(("err", traceback.format_exc()))
@@ -67,7 +81,7 @@ def _serve(spec: RankSpec, rank: int, world: int, port: int, conn: Connection, t
 class RankPool:
     """`world` spawned processes, each running one rank; `call` runs a method on all of them."""
 
-    def __init__(self, spec: RankSpec, world: int):
+    def __init__(self, spec: Any, world: int, build: RankBuilder = build_torch_rank):
         import os
 
         ctx = torch.multiprocessing.get_context("spawn")
@@ -77,7 +91,9 @@ class RankPool:
         self._procs = []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(spec, rank, world, port, child, threads), daemon=True)
+            proc = ctx.Process(
+                target=_serve, args=(build, spec, rank, world, port, child, threads), daemon=True
+            )
             proc.start()
             self._conns.append(parent)
             self._procs.append(proc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,10 @@ from agent_rl.learners.torch_learner import _METRIC_NAMES
 from agent_rl.types import Group
 
 
-def _serve(spec: MegatronSpec, rank: int, world: int, port: int, conn: Connection, threads: int) -> None:
-    """Worker main: join the group, build the rank, answer calls until 'close'."""
-    import traceback
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)
-    try:
-        _init_group(rank, world, port)
-        worker = MegatronRank(spec)
-        conn.send(("ok", None))
-    except Exception:
-        conn.send(("err", traceback.format_exc()))
-        return
-    while True:
-        method, arg = conn.recv()
-        if method == "close":
-            break
-        try:
-            conn.send(("ok", getattr(worker, method)(*arg)))
-        except Exception:
-            conn.send(("err", traceback.format_exc()))
-    dist.destroy_process_group()
+def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) -> MegatronRank:
+    """RankPool builder: join the process group, then build this rank's MegatronRank."""
+    _init_group(rank, world, port)
+    return MegatronRank(spec)
 
 
 def _init_group(rank: int, world: int, port: int) -> None:
@@ -63,25 +43,6 @@ def _init_group(rank: int, world: int, port: int) -> None:
     )
 
 
-class MegatronPool(RankPool):
-    """RankPool whose workers run `MegatronRank` instead of the torch learner's rank."""
-
-    def __init__(self, spec: MegatronSpec):  # noqa: D107 - same as RankPool, other worker main
-        import os
-
-        ctx = torch.multiprocessing.get_context("spawn")
-        port, world = _free_port(), spec.world
-        threads = max(1, (os.cpu_count() or 1) // world)
-        self._conns, self._procs = [], []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(spec, rank, world, port, child, threads), daemon=True)
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        self._collect()
-
-
 class MegatronLearner:
     """Implements `agent_rl.learners.Learner` with megatron-core TP / SP / CP and DP over whole groups."""
 
@@ -91,7 +52,7 @@ class MegatronLearner:
         self.spec = spec
         self.version = 0
         self._local: MegatronRank | None = None
-        self._pool: MegatronPool | None = None
+        self._pool: RankPool | None = None
         if in_process is None:
             in_process = spec.world == 1
         if in_process and spec.world != 1:
@@ -103,7 +64,7 @@ class MegatronLearner:
                 _init_group(0, 1, _free_port())
             self._local = MegatronRank(spec)
         else:
-            self._pool = MegatronPool(spec)
+            self._pool = RankPool(spec, spec.world, build=build_megatron_rank)
 
     def _all(self, method: str, *args: Any) -> Any:
         """Call `method(*args)` on every rank; global rank 0's answer."""
