@@ -35,7 +35,7 @@ def collate(
 
     `sort_by_length` orders rows longest first (group_index still says which prompt each
     row belongs to): micro-batches of neighbouring rows then carry little padding, which
-    matters when multi-turn lengths differ several-fold (benchmarks/learner_padding.py).
+    matters when multi-turn lengths differ several-fold (benchmarks/learner_step.py).
     Trajectories longer than `max_len` are an error (the engine's context bound should have
     stopped them); silently cutting them would train on a sequence nobody sampled.
     """
