@@ -75,6 +75,7 @@ def _serve(
             conn.send(("ok", getattr(worker, method)(*arg)))
         except Exception:
             conn.send(("err", traceback.format_exc()))
+    dist.barrier()  # no rank may tear the group down while a peer still has gloo work in flight
     dist.destroy_process_group()
 
 

@@ -111,4 +111,5 @@ def trajectory_grad_norms_worker(
         logprobs.append(lp.detach()[0])
     if rank == 0:
         torch.save({"norms": norms, "logprobs": logprobs}, out)
+    dist.barrier()
     dist.destroy_process_group()

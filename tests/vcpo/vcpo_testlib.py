@@ -73,6 +73,9 @@ def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:  # noqa: 
     try:
         torch.set_num_threads(1)
         fn(rank, world, *args)
+        # Every rank's async gloo work (DDP's bucket all-reduces) must be finished before the
+        # group goes away; tearing down with work in flight aborts the process (seen in CI).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
