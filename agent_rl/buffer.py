@@ -6,8 +6,11 @@ finished. The learner takes whole groups. Three rules keep the learner's data so
 
 - staleness bound k: a group whose oldest sampled token is more than k versions behind
   the learner is never delivered; it is dropped and its prompt recycled (sampled again);
-- admission control: a prompt is started only while started <= (version + lag + 1) * B,
-  i.e. only if it can still be consumed within the bound (AReaL's rule), so drops stay rare;
+- admission control: a prompt is started only while fewer than (lag + 1) * B groups are
+  pending (open or ready), i.e. only if it will be taken within lag + 1 batches and so within
+  the bound, so drops stay rare. This is AReaL's rule (started <= (version + lag + 1) * B)
+  counted in batches taken rather than versions, so a step the learner skips cannot use up
+  the admission budget and starve the learner;
 - every group ends exactly once: delivered, or dropped with a counted reason.
 
 It lives on the rollout event loop; all methods are called from that loop's thread.
@@ -57,6 +60,10 @@ class BufferClosed(RuntimeError):
     """The rollout side failed; the learner must not wait for a batch that will never come."""
 
 
+class BufferStalled(RuntimeError):
+    """The learner waited `buffer.stall_timeout_s` and no trajectory finished."""
+
+
 class RolloutBuffer:
     """Groups in flight and ready, under a staleness bound; see the module docstring."""
 
@@ -80,7 +87,6 @@ class RolloutBuffer:
         self._open: dict[str, _OpenGroup] = {}
         self._ready: dict[str, Group] = {}  # insertion order = admission order
         self._ready_seq: dict[str, int] = {}
-        self._live = 0  # admitted and not dropped (delivered ones included): the admission count
         self._seq = 0
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
@@ -88,7 +94,7 @@ class RolloutBuffer:
 
     # -- admission ----------------------------------------------------------------------
     def can_admit(self) -> bool:
-        if self._live >= (self.version + self.admit_lag + 1) * self.batch_prompts:
+        if len(self._open) + len(self._ready) >= (self.admit_lag + 1) * self.batch_prompts:
             return False
         cap = self.cfg.max_inflight_prompts
         return cap is None or len(self._open) < cap
@@ -100,7 +106,6 @@ class RolloutBuffer:
         group_id = f"g{self._seq}"
         self._open[group_id] = _OpenGroup(group_id, task_id, self._seq, [None] * self.group_size)
         self._seq += 1
-        self._live += 1
         self.counters.admitted += 1
         return group_id
 
@@ -170,7 +175,6 @@ class RolloutBuffer:
             self._ready_seq[g.group_id] = g.seq
 
     def _drop(self, group_id: str, task_id: str, reason: str) -> None:
-        self._live -= 1
         setattr(self.counters, f"dropped_{reason}", getattr(self.counters, f"dropped_{reason}") + 1)
         if reason != "uniform":  # a filtered group used its prompt; stale/error ones must be sampled again
             self.recycled.append(task_id)
@@ -216,9 +220,19 @@ class RolloutBuffer:
         return batch
 
     async def take(self, n_groups: int) -> list[Group]:
-        """Wait for n whole groups within the bound (k=0: all sampled by the current version)."""
+        """Wait for n whole groups within the bound (k=0: all sampled by the current version).
+
+        Raises BufferStalled after `stall_timeout_s` without a finished trajectory."""
         while (batch := self.try_take(n_groups)) is None:
-            await self._wait()
+            try:
+                await asyncio.wait_for(self._wait(), self.cfg.stall_timeout_s)
+            except TimeoutError:
+                raise BufferStalled(
+                    f"no trajectory finished in buffer.stall_timeout_s={self.cfg.stall_timeout_s:g} s while the "
+                    f"learner waits for {n_groups} groups: {len(self._ready)} ready, {len(self._open)} in flight, "
+                    f"admission {'open' if self.can_admit() else 'closed'}, version {self.version}. Check the "
+                    "engine and sandbox logs; raise the timeout if single episodes really take this long."
+                ) from None
         return batch
 
     def fail(self, error: BaseException) -> None:
@@ -250,7 +264,6 @@ class RolloutBuffer:
         return {
             "version": self.version,
             "seq": self._seq,
-            "live": self._live,
             "recycled": list(self.recycled),
             "counters": vars(self.counters).copy(),
             "open": [
@@ -273,7 +286,6 @@ class RolloutBuffer:
     def load_state(self, state: dict) -> None:
         self.version = state["version"]
         self._seq = state["seq"]
-        self._live = state["live"]
         self.recycled = deque(state["recycled"])
         self.counters = BufferCounters(**state["counters"])
         self._open = {}
