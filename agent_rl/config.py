@@ -111,12 +111,22 @@ class LearnerConfig(Strict):
     gradient_checkpointing: bool = False
     micro_batch_size: int = Field(4, ge=1)
     """Trajectories per forward/backward pass on one rank (memory); the update is the same for any value."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Also cap a micro-batch at this many real tokens (a longer trajectory gets one of its own), so memory
+    follows tokens, not rows, when lengths vary: verl's dynamic batch size. The update is unchanged."""
+    pack_sequences: bool | None = None
+    """Megatron: run each micro-batch as one packed sequence (THD with Transformer Engine, a block-causal
+    mask on CPU) instead of right-padded rows. Default on for megatron; the torch learner pads."""
 
     @model_validator(mode="after")
     def _parallelism_needs_megatron(self) -> LearnerConfig:
         if self.backend == "torch" and (self.tp > 1 or self.sp or self.cp > 1):
             raise ValueError(
                 "tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)"
+            )
+        if self.backend == "torch" and self.pack_sequences:
+            raise ValueError(
+                "learner.pack_sequences needs learner.backend: megatron (the torch learner pads rows, sorted by length)"
             )
         if self.sp and self.tp < 2:
             raise ValueError(

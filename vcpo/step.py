@@ -45,6 +45,7 @@ class StepConfig:
     opob_weight: str = "default"  # default: w̃²‖g‖² | reference: w̃² w² ‖∇Σ log π‖² (mit-han-lab/vcpo)
     grad_clip: float = 1.0
     micro_batch_size: int = 4  # trajectories per forward/backward (proxy mode: whole groups)
+    micro_batch_tokens: int | None = None  # and at most this many real tokens (a longer row goes alone)
     loss_kwargs: Mapping[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -66,6 +67,12 @@ class StepConfig:
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             raise ValueError(
                 f"StepConfig.micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}"
+            )
+        if self.micro_batch_tokens is not None and not (
+            isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 1
+        ):
+            raise ValueError(
+                f"StepConfig.micro_batch_tokens must be None or an int >= 1, got {self.micro_batch_tokens!r}"
             )
         if self.advantage == "opob" and spec.seq_log_weight is None:
             raise ValueError(
@@ -211,21 +218,28 @@ class Step:
             fn = grpo_advantages if cfg.advantage == "grpo" else rloo_advantages
             adv, base = fn(batch.rewards, batch.group_index)
             rows.adv[:], rows.base[:] = adv.cpu(), base.cpu()
-            for idx in torch.arange(batch.size).split(mbs):
+            for idx in self._micro_batches(batch, torch.arange(batch.size)):
                 self._loss_backward(batch, idx, rows, extra)
             return
         for idx in _packed_groups(batch.group_index, mbs):
-            if len(idx) <= mbs:  # one forward holds the whole group: baseline, then backward
+            parts = self._micro_batches(batch, idx)
+            if len(parts) == 1:  # one forward holds the whole group: baseline, then backward
                 sub = batch.select(idx.to(batch.input_ids.device))
                 lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
                 self._proxy_advantages(sub, idx, lp.detach(), gsq, rows)
                 self._loss_backward(batch, idx, rows, extra, sub=sub, lp=lp)
                 continue
             with torch.no_grad():  # a group larger than a micro-batch: baseline from a forward-only pass
-                parts = [self._proxy_forward(batch, part) for part in idx.split(mbs)]
-            self._proxy_advantages_parts(batch, idx, parts, rows)
-            for part in idx.split(mbs):
+                forwards = [self._proxy_forward(batch, part) for part in parts]
+            self._proxy_advantages_parts(batch, idx, forwards, rows)
+            for part in parts:
                 self._loss_backward(batch, part, rows, extra)
+
+    def _micro_batches(self, batch: PolicyBatch, idx: Tensor) -> list[Tensor]:
+        """`idx` in order, cut at micro_batch_size rows and (if set) micro_batch_tokens real tokens."""
+        lengths = batch.attention_mask.sum(-1).cpu()
+        budget = self.cfg.micro_batch_tokens or math.inf
+        return _token_budget_split(idx, lengths, self.cfg.micro_batch_size, budget)
 
     def _proxy_forward(self, batch: PolicyBatch, idx: Tensor) -> tuple[Tensor, Tensor]:
         sub = batch.select(idx.to(batch.input_ids.device))
@@ -296,7 +310,7 @@ class Step:
         """Forward-only pass over the local batch for losses that need every token's log-ratio first."""
         parts = []
         with torch.no_grad():
-            for idx in torch.arange(batch.size).split(self.cfg.micro_batch_size):
+            for idx in self._micro_batches(batch, torch.arange(batch.size)):
                 sub = batch.select(idx.to(batch.input_ids.device))
                 lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
                 d = (lp.double() - sub.behavior_logprobs.double())[sub.loss_mask > 0]
@@ -384,3 +398,17 @@ def _packed_groups(group_index: Tensor, mbs: int) -> list[Tensor]:
         else:
             chunks.append(g.tolist())
     return [torch.tensor(c) for c in chunks]
+
+
+def _token_budget_split(idx: Tensor, lengths: Tensor, max_rows: int, max_tokens: float) -> list[Tensor]:
+    """Greedy in order: a micro-batch closes before it would pass max_rows rows or max_tokens tokens."""
+    chunks: list[list[int]] = [[]]
+    used = 0
+    for k in idx.tolist():
+        n = int(lengths[k])
+        if chunks[-1] and (len(chunks[-1]) == max_rows or used + n > max_tokens):
+            chunks.append([])
+            used = 0
+        chunks[-1].append(k)
+        used += n
+    return [torch.tensor(c, dtype=idx.dtype) for c in chunks]

@@ -142,6 +142,7 @@ def rank_spec(recipe: Recipe) -> RankSpec:
         opob_weight=ac.opob_weight,
         grad_clip=lc.grad_clip,
         micro_batch_size=lc.micro_batch_size,
+        micro_batch_tokens=lc.micro_batch_tokens,
         loss_kwargs=dict(ac.loss_kwargs),
     )
     step.check()  # a bad loss/advantage pairing fails at build time, not at step 1

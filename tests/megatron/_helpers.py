@@ -76,15 +76,11 @@ def make_groups(model_dir: Path, seed: int, n_groups: int = 2, n: int = 3) -> li
     return groups
 
 
-def trajectory_grad_norms_worker(
-    rank: int, world: int, port: int, model_dir: str, sp: bool, batch, out: str
-) -> None:
-    """One TP rank: ‖∇ mean_t log π(τ_i)‖ of each row of `batch`, via the learner's own reductions; rank 0 saves."""
+def _tp_model(rank: int, world: int, port: int, model_dir: str, sp: bool):
+    """Join a gloo group of `world` TP ranks and load the HF weights into this rank's GPTModel shard."""
     import torch.distributed as dist
 
     from agent_rl.learners.megatron.convert import load_hf_into_megatron
-    from agent_rl.learners.megatron.grads import finish_backward, grad_sq_norm
-    from agent_rl.learners.megatron.logprobs import megatron_logprobs
     from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, freeze_padding_row
     from agent_rl.learners.megatron.rank import init_model_parallel, load_hf_weights
     from agent_rl.learners.megatron.shape import shape_from_hf_config
@@ -98,6 +94,19 @@ def trajectory_grad_norms_worker(
     model = build_gpt_model(shape, par, cpu=True)
     load_hf_into_megatron(model, state, shape, tp_rank=rank, tp_size=world, te=False)
     freeze_padding_row(model, shape, tp_rank=rank)
+    return model, par, groups
+
+
+def trajectory_grad_norms_worker(
+    rank: int, world: int, port: int, model_dir: str, sp: bool, batch, out: str
+) -> None:
+    """One TP rank: ‖∇ mean_t log π(τ_i)‖ of each row of `batch`, via the learner's own reductions; rank 0 saves."""
+    import torch.distributed as dist
+
+    from agent_rl.learners.megatron.grads import finish_backward, grad_sq_norm
+    from agent_rl.learners.megatron.logprobs import megatron_logprobs
+
+    model, par, groups = _tp_model(rank, world, port, model_dir, sp)
     params = list(model.parameters())
     norms, logprobs = [], []
     for i in range(batch.size):
@@ -111,5 +120,33 @@ def trajectory_grad_norms_worker(
         logprobs.append(lp.detach()[0])
     if rank == 0:
         torch.save({"norms": norms, "logprobs": logprobs}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def packed_vs_padded_worker(
+    rank: int, world: int, port: int, model_dir: str, sp: bool, batch, out: str
+) -> None:
+    """One TP rank: log-probs and the gradient norm of Σ masked log-probs over the whole micro-batch,
+    once packed and once right-padded; rank 0 saves both."""
+    import torch.distributed as dist
+
+    from agent_rl.learners.megatron.grads import finish_backward, grad_sq_norm
+    from agent_rl.learners.megatron.logprobs import megatron_logprobs
+
+    model, par, groups = _tp_model(rank, world, port, model_dir, sp)
+    params = list(model.parameters())
+    result = {}
+    for pack in (False, True):
+        for p in params:
+            p.grad = None
+        lp = megatron_logprobs(
+            model, batch.input_ids, batch.attention_mask, par=par, dense_mask=True, pack=pack
+        )
+        (lp * batch.loss_mask).sum().backward()
+        finish_backward(params, groups)
+        result[pack] = (lp.detach(), grad_sq_norm(params, [p.grad for p in params], groups) ** 0.5)
+    if rank == 0:
+        torch.save(result, out)
     dist.barrier()
     dist.destroy_process_group()

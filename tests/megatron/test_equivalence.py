@@ -46,7 +46,12 @@ def batches(model_dir):
 CASES = {
     "tp1": ({}, {}),
     "tp2-sp": ({"tp": 2, "sp": True}, {}),
-    "tp2-sp-ppo-grpo": ({"tp": 2, "sp": True}, {"loss": "ppo_clip", "advantage": "grpo"}),
+    # packed micro-batches of at most 48 real tokens (2-3 trajectories each)
+    "tp2-sp-ppo-grpo": (
+        {"tp": 2, "sp": True, "micro_batch_tokens": 48},
+        {"loss": "ppo_clip", "advantage": "grpo"},
+    ),
+    "tp1-ppo-padded": ({"pack_sequences": False}, {"loss": "ppo_clip", "advantage": "grpo"}),
     "dp2": ({"dp": 2}, {}),  # one group per DP rank: baselines local, ESS and gradients reduced over DP
 }
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from vcpo_testlib import make_batch, run_gloo, tiny_model
 
-from vcpo import PolicyBatch, Step, StepConfig, logprobs_of
+from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of
 
 NO_CLIP = 1e9
 
@@ -110,6 +110,45 @@ class _RecordingSGD(torch.optim.SGD):
         if self.fail:
             raise RuntimeError("optimizer failed")
         return super().step(closure)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"loss": "ppo_clip", "advantage": "grpo"},
+        {"loss": "m2po", "advantage": "rloo"},  # a forward-only prepare pass first
+        {"loss": "vcpo", "advantage": "opob", "opob_mode": "proxy", "is_truncation": 1.5},
+    ],
+    ids=["grpo", "m2po-prepare", "proxy-opob"],
+)
+def test_token_budget_micro_batches_stay_within_it_and_give_the_same_update(cfg: dict) -> None:
+    batch = make_batch(tiny_model(), staleness=0.4)
+    lengths = batch.attention_mask.sum(-1)
+    budget = int(lengths.max()) + 2  # rows of very different length: one or two per micro-batch
+    seen: list[int] = []  # real tokens of every multi-row forward (a lone row may exceed the budget)
+
+    def record(am: torch.Tensor) -> None:
+        seen.append(int(am.sum()) if am.shape[0] > 1 else 0)
+
+    def logprob_fn(m: nn.Module, ids: torch.Tensor, am: torch.Tensor) -> torch.Tensor:
+        record(am)
+        return logprobs_of(m, ids, am)
+
+    def proxy_fn(m: nn.Module, ids: torch.Tensor, am: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        record(am)
+        return logit_grad_proxy_of(m, ids, am)
+
+    ref, _ = _update(tiny_model(), batch, micro_batch_size=batch.size, **cfg)
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = _flat_params(model)
+    step_cfg = StepConfig(
+        ess_lr_rule="none", grad_clip=NO_CLIP, micro_batch_size=batch.size, micro_batch_tokens=budget, **cfg
+    )
+    Step(model, opt, step_cfg, logprob_fn=logprob_fn, proxy_fn=proxy_fn)(batch)
+    assert len(seen) > 2 and max(seen) <= budget
+    got = before - _flat_params(model)
+    assert torch.allclose(got, ref, rtol=1e-9, atol=1e-12), float((got - ref).abs().max())
 
 
 def test_lr_is_scaled_for_the_step_only_and_restored() -> None:

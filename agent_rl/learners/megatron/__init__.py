@@ -48,5 +48,6 @@ def build_megatron_learner(recipe: Recipe, *, in_process: bool | None = None) ->
         par=ParallelConfig(tp=lc.tp, sp=lc.sp, cp=lc.cp),
         dp=lc.dp,
         temperature=recipe.rollout.temperature,
+        pack=lc.pack_sequences is not False,
     )
     return MegatronLearner(spec, in_process=in_process)

@@ -35,6 +35,7 @@ class MegatronSpec:
     par: ParallelConfig
     dp: int = 1
     temperature: float = 1.0
+    pack: bool = True  # micro-batches as one packed sequence (packing.py)
 
     @property
     def world(self) -> int:
@@ -126,6 +127,7 @@ class MegatronRank:
                 dense_mask=not self.te,
                 cp_group=self.groups.cp,
                 temperature=self.spec.temperature,
+                pack=self.spec.pack,
             )
 
     def step(self, shares: list[PolicyBatch]) -> dict[str, float]:
