@@ -61,3 +61,8 @@ def test_cross_field_rule_tp_needs_megatron(tmp_path):
     p.write_text((DATA / "good.yaml").read_text().replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  tp: 2"))
     with pytest.raises(ConfigError, match="tp/sp/cp need learner.backend: megatron"):
         load_recipe(p)
+
+
+def test_cross_field_rule_packing_needs_megatron():
+    with pytest.raises(ConfigError, match="pack_sequences needs learner.backend: megatron"):
+        load_recipe(DATA / "good.yaml", ["learner.pack_sequences=true"])
