@@ -82,6 +82,29 @@ def _batch(length: int, vocab: int, seed: int):
     )
 
 
+def measure_step(learner, batch, repeats: int) -> dict:
+    """This rank's median step time and peak RSS growth over `repeats` steps after a warm-up step,
+    and the bytes autograd saves in one forward over the whole batch."""
+    import torch.distributed as dist
+
+    learner.step([batch])  # warm-up: allocator caches, lazy inits
+    times, peaks = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        with _PeakRss() as mem:
+            t0 = time.perf_counter()
+            learner.step([batch])
+            times.append(time.perf_counter() - t0)
+        peaks.append(mem.peak - mem.start)
+    sub = batch.select(torch.arange(batch.size))
+    saved = _saved_bytes(lambda: learner.logprobs(learner.model, sub.input_ids, sub.attention_mask))
+    return {
+        "step_s": statistics.median(times),
+        "peak_rss_growth_bytes": max(peaks),
+        "saved_activation_bytes": saved,
+    }
+
+
 def _worker(rank: int, world: int, port: int, spec, lengths: list[int], repeats: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -94,21 +117,7 @@ def _worker(rank: int, world: int, port: int, spec, lengths: list[int], repeats:
     rows = []
     for length in lengths:
         batch = _batch(length, vocab, seed=length)
-        learner.step([batch])  # warm-up: allocator caches, lazy inits
-        times, peaks = [], []
-        for _ in range(repeats):
-            dist.barrier()
-            with _PeakRss() as mem:
-                t0 = time.perf_counter()
-                learner.step([batch])
-                times.append(time.perf_counter() - t0)
-            peaks.append(mem.peak - mem.start)
-        sub = batch.select(torch.tensor([0]))
-        saved = _saved_bytes(
-            lambda sub=sub: learner.logprobs(learner.model, sub.input_ids, sub.attention_mask)
-        )
-        rows.append({"length": length, "rank": rank, "step_s": statistics.median(times),
-                     "peak_rss_growth_bytes": max(peaks), "saved_activation_bytes": saved})  # fmt: skip
+        rows.append({"length": length, "rank": rank, **measure_step(learner, batch, repeats)})
     all_rows: list = [None] * world
     dist.all_gather_object(all_rows, rows)
     if rank == 0:
@@ -116,14 +125,15 @@ def _worker(rank: int, world: int, port: int, spec, lengths: list[int], repeats:
     dist.destroy_process_group()
 
 
-def run_layout(spec, lengths: list[int], repeats: int) -> list[dict]:
+def run_layout(spec, lengths: list[int], repeats: int, worker=_worker) -> list[dict]:
+    """Rows from `worker(rank, world, port, spec, lengths, repeats, out)` in spec.world gloo processes."""
     from agent_rl.learners._dp import _free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         world = spec.world
         torch.multiprocessing.spawn(
-            _worker, args=(world, _free_port(), spec, lengths, repeats, str(out)), nprocs=world, join=True
+            worker, args=(world, _free_port(), spec, lengths, repeats, str(out)), nprocs=world, join=True
         )
         return json.loads(out.read_text())
 

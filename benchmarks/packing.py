@@ -1,0 +1,248 @@
+"""Packed vs right-padded micro-batches in the Megatron learner, at TP=1 and TP=2 with sequence parallelism.
+
+    .venv/bin/python benchmarks/packing.py [--lengths 128,256,...] [--repeats 3] [--hidden 256] [--layers 2]
+
+One optimizer step of the Megatron learner (`MegatronRank.step`: forward, backward, the
+TP/SP gradient reductions, clipping, AdamW) on ONE micro-batch of trajectories of different
+lengths (default: 8 lengths at the octiles of a lognormal with median 512 and sigma 1,
+clipped to [128, 2048], as RL rollouts spread; a quarter of each is prompt; token ids seeded).
+Loss vcpo with GRPO advantages and micro_batch_size = number of trajectories, so the step is
+one forward/backward of the whole batch (not exact OPOB, which goes one trajectory at a time).
+The micro-batch runs either right-padded ([B, T] rows, `MegatronSpec.pack=False`) or packed
+into one sequence of S = Σ lengths tokens (`pack=True`, `agent_rl/learners/megatron/packing.py`).
+Each (layout, mode) runs in its own gloo worker processes, measured with long_context.py's
+`measure_step`: per rank, the median step time over --repeats steps after a warm-up step, the
+bytes autograd saves in one forward (activation memory) and the peak RSS growth during a step.
+Ratios packed/padded come from the same invocation. Also reported, computed from the layouts
+(not measured): the padded layout's padding fraction, the real tokens' fraction of the packed
+total, and attention-score elements per head: B·T² padded, S² for the dense block-causal mask
+that local attention uses on CPU, Σ Lᵢ² for THD attention with Transformer Engine on GPUs.
+Writes benchmarks/results/packing.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from long_context import measure_step, run_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+SEED = 0
+
+
+def default_lengths(n: int = 8, median: float = 512.0, sigma: float = 1.0, lo: int = 128, hi: int = 2048):
+    """n lengths at the (i + ½)/n quantiles of a lognormal, clipped to [lo, hi]: a fixed RL-like spread."""
+    normal = torch.distributions.Normal(0.0, 1.0)
+    q = normal.icdf((torch.arange(n, dtype=torch.float64) + 0.5) / n)
+    return [int(min(hi, max(lo, round(median * float(torch.exp(sigma * z)))))) for z in q]
+
+
+def _batch(lengths: list[int], vocab: int, seed: int):
+    """Right-padded trajectories of the given lengths; groups of 4 with mixed rewards (non-zero advantages)."""
+    from vcpo.batch import PolicyBatch
+
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(lengths), max(lengths)
+    ids = torch.randint(0, vocab, (b, t), generator=g)
+    cols = torch.arange(t)[None]
+    n = torch.tensor(lengths)[:, None]
+    attention = (cols < n).long()
+    ids = ids * attention
+    loss_mask = ((cols >= n // 4) & (cols < n)).float()
+    behaviour = torch.where(loss_mask > 0, torch.full((b, t), -7.0), torch.zeros(b, t))
+    rewards = torch.tensor([float(i % 2) for i in range(b)])
+    groups = torch.arange(b) // 4
+    return PolicyBatch(ids, attention, loss_mask, behaviour, rewards, groups)
+
+
+def _worker(rank: int, world: int, port: int, spec, lengths: list[int], repeats: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from agent_rl.learners.megatron.rank import MegatronRank
+
+    torch.set_num_threads(max(1, (torch.get_num_threads() if world == 1 else 1)))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    learner = MegatronRank(spec)
+    batch = _batch(lengths, learner.shape.vocab_size, SEED)
+    row = {"rank": rank, **measure_step(learner, batch, repeats)}
+    rows: list = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def layout_stats(lengths: list[int], par) -> dict:
+    """Token and attention-score counts of the padded and packed layouts of one micro-batch under `par`."""
+    from agent_rl.learners.megatron import packing
+
+    b, t = len(lengths), max(lengths)
+    t_pad = t + (-t) % par.seq_multiple  # megatron_logprobs pads rows to the parallel layout's multiple
+    mask = (torch.arange(t)[None] < torch.tensor(lengths)[:, None]).long()
+    pack = packing.plan(mask, par)
+    real = sum(lengths)
+    return {
+        "real_tokens": real,
+        "padded_tokens": b * t_pad,
+        "packed_tokens": pack.total,
+        "padding_fraction_padded": 1 - real / (b * t_pad),
+        "real_fraction_packed": real / pack.total,
+        "attn_scores_padded": b * t_pad**2,
+        "attn_scores_packed_dense": pack.total**2,
+        "attn_scores_thd": sum(n**2 for n in pack.padded),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--lengths", default=None, help="comma-separated trajectory lengths (default: lognormal octiles)"
+    )
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else default_lengths()
+    if min(lengths) < 2:
+        raise SystemExit(f"--lengths: every trajectory needs at least 2 tokens, got {lengths}")
+
+    from agent_rl.config import Recipe
+    from agent_rl.learners.megatron import require_megatron
+    from agent_rl.learners.megatron.model import ParallelConfig
+    from agent_rl.learners.megatron.rank import MegatronSpec
+    from agent_rl.learners.torch_learner import rank_spec
+    from agent_rl.tiny import build_model
+
+    require_megatron()
+    load_at_start = os.getloadavg()
+    print(f"lengths {lengths} (sum {sum(lengths)}, max {max(lengths)})", flush=True)
+    layouts = {"tp1": ParallelConfig(tp=1), "tp2_sp": ParallelConfig(tp=2, sp=True)}
+    results: dict[str, dict[str, list[dict]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_model(
+            args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+            max_positions=sum(lengths) + 16,
+        )  # fmt: skip
+        model.save_pretrained(tmp)
+        n_params = sum(p.numel() for p in model.parameters())
+        del model
+        recipe = Recipe.model_validate({
+            "name": "packing-bench", "model": {"path": tmp}, "envs": {"train": "unused.yaml"},
+            "train": {"steps": 1000, "batch_prompts": 1},
+            "learner": {"backend": "megatron", "lr": 1e-5, "micro_batch_size": len(lengths)},
+            "algorithm": {"loss": "vcpo", "advantage": "grpo"},
+        })  # fmt: skip
+        rs = rank_spec(recipe)
+        for name, par in layouts.items():
+            results[name] = {}
+            for mode in ("padded", "packed"):
+                t0 = time.perf_counter()
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {name} {mode}: {args.repeats} timed steps + warm-up",
+                    flush=True,
+                )
+                spec = MegatronSpec(rank=rs, par=par, pack=mode == "packed")
+                results[name][mode] = run_layout(spec, lengths, args.repeats, worker=_worker)
+                step = max(r["step_s"] for r in results[name][mode])
+                print(f"    done in {time.perf_counter() - t0:.0f} s (median step {step:.2f} s)", flush=True)
+
+    summary = []
+    for name, par in layouts.items():
+        row: dict = {"layout": name, **layout_stats(lengths, par)}
+        for mode, rows in results[name].items():
+            row[f"{mode}_step_s"] = max(r["step_s"] for r in rows)
+            row[f"{mode}_saved_activation_mib_per_rank"] = (
+                max(r["saved_activation_bytes"] for r in rows) / 2**20
+            )
+            row[f"{mode}_peak_rss_growth_mib_per_rank"] = (
+                max(r["peak_rss_growth_bytes"] for r in rows) / 2**20
+            )
+        for key in ("step_s", "saved_activation_mib_per_rank", "peak_rss_growth_mib_per_rank"):
+            row[f"ratio_{key}"] = row[f"packed_{key}"] / row[f"padded_{key}"]
+        summary.append(row)
+    meta = {
+        "lengths": lengths, "seed": SEED, "repeats": args.repeats,
+        "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+                  "vocab": args.vocab, "params": n_params},
+        "step": {"loss": "vcpo", "advantage": "grpo", "micro_batch_size": len(lengths)},
+        "device": "cpu (gloo, megatron local spec + cpu_compat)" if not torch.cuda.is_available() else "cuda",
+        "cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__,
+        "loadavg_at_start": load_at_start, "command": " ".join(["benchmarks/packing.py", *sys.argv[1:]]),
+    }  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "packing.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "raw": results}, indent=2)
+    )
+    write_markdown(meta, summary)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 100_000 else str(n)
+
+
+def write_markdown(meta: dict, summary: list[dict]) -> None:
+    m, lengths = meta["model"], meta["lengths"]
+    lines = [
+        "# Megatron learner: packed vs right-padded micro-batch",
+        "",
+        f"`{meta['command']}`: {meta['device']}, {meta['cpus']} threads in all, torch {meta['torch']}, "
+        f"{meta['platform']}; load average at start {meta['loadavg_at_start'][0]:.2f} (shared machine).",
+        f"Model: Qwen2-shaped, hidden {m['hidden']}, {m['layers']} layers, {m['heads']} heads / {m['kv_heads']} KV, "
+        f"vocab {m['vocab']} ({m['params'] / 1e6:.1f}M params). One optimizer step (loss vcpo, GRPO advantages) "
+        f"on one micro-batch of {len(lengths)} trajectories, lengths {lengths} (sum {sum(lengths)}). "
+        f"Per rank: median of {meta['repeats']} steps after a warm-up (slowest rank), autograd-saved activations "
+        "of one forward (including the weights linear layers save, at most the parameter bytes), "
+        "peak RSS growth during a step. Ratios are packed / padded from the same run.",
+        "",
+        "## Measured",
+        "",
+        "| layout | mode | step s | saved activations MiB/rank | peak RSS growth MiB/rank |",
+        "|---|---|---|---|---|",
+    ]
+    for x in summary:
+        for mode in ("padded", "packed"):
+            lines.append(
+                f"| {x['layout']} | {mode} | {x[f'{mode}_step_s']:.2f} "
+                f"| {x[f'{mode}_saved_activation_mib_per_rank']:.0f} | {x[f'{mode}_peak_rss_growth_mib_per_rank']:.0f} |"
+            )
+        lines.append(
+            f"| {x['layout']} | **packed / padded** | **{x['ratio_step_s']:.2f}** "
+            f"| **{x['ratio_saved_activation_mib_per_rank']:.2f}** | **{x['ratio_peak_rss_growth_mib_per_rank']:.2f}** |"
+        )
+    lines += [
+        "",
+        "## Layouts (computed, not measured)",
+        "",
+        "Attention-score elements per head and layer: padded B·T²; packed with the dense block-causal mask "
+        "(local attention, what runs on CPU) S²; packed THD with Transformer Engine (GPUs) Σ Lᵢ².",
+        "",
+        "| layout | real tokens | padded B·T | padding fraction (padded) | packed S | real / packed S "
+        "| scores padded | scores packed dense | ratio | scores THD | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in summary:
+        pad, dense, thd = x["attn_scores_padded"], x["attn_scores_packed_dense"], x["attn_scores_thd"]
+        lines.append(
+            f"| {x['layout']} | {x['real_tokens']} | {x['padded_tokens']} | {x['padding_fraction_padded']:.3f} "
+            f"| {x['packed_tokens']} | {x['real_fraction_packed']:.3f} | {_count(pad)} | {_count(dense)} "
+            f"| {dense / pad:.2f} | {_count(thd)} | {thd / pad:.2f} |"
+        )
+    (OUT / "packing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
