@@ -7,10 +7,10 @@ finished. The learner takes whole groups. Three rules keep the learner's data so
 - staleness bound k: a group whose oldest sampled token is more than k versions behind
   the learner is never delivered; it is dropped and its prompt recycled (sampled again);
 - admission control: a prompt is started only while fewer than (lag + 1) * B groups are
-  pending (open or ready), i.e. only if it will be taken within lag + 1 batches and so within
-  the bound, so drops stay rare. This is AReaL's rule (started <= (version + lag + 1) * B)
-  counted in batches taken rather than versions, so a step the learner skips cannot use up
-  the admission budget and starve the learner;
+  open, ready or in the learner's current step, i.e. only if it will be trained within
+  lag + 1 steps and so within the bound, so drops stay rare. This is AReaL's rule
+  (started <= (version + lag + 1) * B) counted in learner steps rather than versions, so a
+  step the learner skips (version unchanged) cannot use up the budget and starve it;
 - every group ends exactly once: delivered, or dropped with a counted reason.
 
 It lives on the rollout event loop; all methods are called from that loop's thread.
@@ -88,13 +88,15 @@ class RolloutBuffer:
         self._ready: dict[str, Group] = {}  # insertion order = admission order
         self._ready_seq: dict[str, int] = {}
         self._seq = 0
+        self._in_step = 0  # groups taken since the last set_version: the learner is training on them
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
         self.last_staleness: list[int] = []
 
     # -- admission ----------------------------------------------------------------------
     def can_admit(self) -> bool:
-        if len(self._open) + len(self._ready) >= (self.admit_lag + 1) * self.batch_prompts:
+        pending = len(self._open) + len(self._ready) + self._in_step
+        if pending >= (self.admit_lag + 1) * self.batch_prompts:
             return False
         cap = self.cfg.max_inflight_prompts
         return cap is None or len(self._open) < cap
@@ -185,8 +187,10 @@ class RolloutBuffer:
 
     # -- versions and batches -----------------------------------------------------------
     def set_version(self, version: int) -> None:
-        """The learner (and the engines) moved to `version`: drop what can no longer be used."""
+        """The learner finished a step (skipped or not) and it and the engines are at `version`:
+        drop what can no longer be used, and open admission for the next batch."""
         self.version = version
+        self._in_step = 0
         for gid in [gid for gid, grp in self._ready.items() if self._over_bound(grp.min_version)]:
             grp = self._ready.pop(gid)
             del self._ready_seq[gid]
@@ -205,6 +209,7 @@ class RolloutBuffer:
         batch = [self._ready.pop(gid) for gid in ids]
         for gid in ids:
             del self._ready_seq[gid]
+        self._in_step += len(batch)
         self.last_staleness = []
         for grp in batch:
             self.counters.delivered_groups += 1
@@ -224,8 +229,11 @@ class RolloutBuffer:
 
         Raises BufferStalled after `stall_timeout_s` without a finished trajectory."""
         while (batch := self.try_take(n_groups)) is None:
+            wake = (
+                self._wake
+            )  # taken now: wait_for runs its awaitable as a task, a notify could slip in between
             try:
-                await asyncio.wait_for(self._wait(), self.cfg.stall_timeout_s)
+                await asyncio.wait_for(wake.wait(), self.cfg.stall_timeout_s)
             except TimeoutError:
                 raise BufferStalled(
                     f"no trajectory finished in buffer.stall_timeout_s={self.cfg.stall_timeout_s:g} s while the "

@@ -77,8 +77,8 @@ class BufferConfig(Strict):
     max_staleness: int = Field(2, ge=0)
     """k: no trajectory whose oldest token is more than k versions behind the learner enters a batch."""
     max_inflight_prompts: int | None = Field(None, ge=1)
-    """Extra cap on prompts in flight. Admission always keeps pending groups (in flight or ready) below
-    (k + 1) * batch_prompts, so a prompt is started only if it can still be consumed within the staleness bound."""
+    """Extra cap on prompts in flight. Admission always keeps groups in flight, ready or in the learner's step
+    below (k + 1) * batch_prompts, so a prompt is started only if it can still be consumed within the staleness bound."""
     stall_timeout_s: float | None = Field(1800.0, gt=0)
     """The learner's wait for a batch fails (naming what the buffer holds) after this long with no trajectory
     finished; a hung engine or sandbox then stops the run instead of idling it. None waits forever."""

@@ -144,12 +144,13 @@ def test_group_past_bound_is_dropped_and_its_prompt_recycled() -> None:
     assert buf2.counters.dropped_stale == 1 and list(buf2.recycled) == ["a"]
 
 
-def test_admission_at_k0_allows_exactly_one_batch_until_it_is_taken() -> None:
+def test_admission_at_k0_allows_one_batch_per_learner_step() -> None:
     buf = RolloutBuffer(BufferConfig(max_staleness=0), batch_prompts=2, group_size=1)
     _full_group(buf, "a", [1.0], version=0)
     _full_group(buf, "b", [0.0], version=0)
     assert buf.try_admit("c") is None
     assert buf.try_take(2) is not None
+    assert buf.try_admit("c") is None, "sampled with the old weights during the step: stale at k=0"
     buf.set_version(1)
     assert buf.try_admit("c") is not None
 
@@ -163,6 +164,22 @@ def test_a_skipped_learner_step_does_not_close_admission() -> None:
         assert buf.try_take(1) is not None
         buf.set_version(0)
     assert buf.try_admit("next") is not None
+
+
+async def test_take_sees_a_group_that_completes_right_after_it_starts_waiting() -> None:
+    """Regression: take() waited via wait_for(self._wait()), whose task reads the wake event one loop
+    turn late; a batch completed in that turn was never noticed and the run hung (level b, k=8)."""
+    buf = RolloutBuffer(BufferConfig(max_staleness=0), batch_prompts=1, group_size=1)
+    gid = buf.try_admit("a")
+    assert gid is not None
+    waiter = asyncio.create_task(buf.take(1))
+    await asyncio.sleep(0)  # take() runs: nothing ready, it starts waiting
+    t = buf.start(gid, 0, [1])
+    _sample(t, 0)
+    _finish(t, 1.0)
+    buf.finish(t)  # the last report, in the same loop turn
+    (g,) = await asyncio.wait_for(waiter, 2)
+    assert g.group_id == gid
 
 
 async def test_take_fails_with_the_buffer_state_when_nothing_finishes() -> None:
