@@ -45,6 +45,7 @@ bench: install system-deps
 	$(PY) benchmarks/engine_bench.py
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/long_context.py
+	$(PY) benchmarks/packing.py
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
 
