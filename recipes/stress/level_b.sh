@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Staleness study, level (b): the full stack (embedded engine, local sandbox, buffer, torch learner) on
 # tiny_arith with deterministic lag injection (rollout.fixed_lag), VCPO vs plain REINFORCE, from the
-# tiny_tir warm start (run `make run` first). Usage: recipes/stress/level_b.sh [SEEDS...]  (default: 0)
+# tiny_tir warm start (run `make run` first). Usage: recipes/stress/level_b.sh [SEEDS...]  (default: 0 1 2 3 4)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SEEDS=${*:-0}
+SEEDS=${*:-0 1 2 3 4}
 PLAIN="--set algorithm.loss=reinforce --set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none"
 run() {  # method lag seed [overrides...]
   local name="stress_b_$1_k$2_s$3"
