@@ -67,6 +67,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             every=recipe.engines.sync_every,
             scratch=run_dir / "w",
         )
+        cleanup.callback(sync.close)  # nccl: the engines leave the run's weight group
         sync.history.extend(lagged)
         sync.push(
             learner

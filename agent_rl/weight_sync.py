@@ -1,5 +1,9 @@
 """Publishing the learner's weights to the engines: pause, abort in flight, load, resume.
 
+mode "memory": tensors handed over (in-process, or /dev/shm for local servers); "disk": a
+safetensors directory; "nccl": a torch.distributed broadcast from learner rank 0 (NCCL on GPUs,
+gloo on CPU) into the engines' processes (weight_broadcast.py).
+
 Requests aborted by the pause return what they sampled so far and are continued by the
 rollout workers after the resume, so a sync throws nothing away. `lag` implements the
 `rollout.fixed_lag` research switch: the engines get the weights of `lag` versions ago.
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING
 from agent_rl.engines.api import EngineClient
 from agent_rl.learners import Learner
 from agent_rl.rollout import LoopThread
+from agent_rl.weight_broadcast import WeightBroadcast
 
 if TYPE_CHECKING:
     import torch
@@ -31,11 +36,13 @@ class WeightSync:
         every: int = 1,
         scratch: Path,
     ):
-        if mode == "nccl":
-            raise NotImplementedError(
-                "engines.weight_sync: nccl (SGLang broadcast from the learner's GPUs) is not wired into the loop yet; "
-                "use weight_sync: disk with SGLang/vLLM servers, or memory with the embedded engine"
+        if mode == "nccl" and lag:
+            raise ValueError(
+                f"rollout.fixed_lag={lag} cannot run with engines.weight_sync: nccl: the lagged weights are "
+                "copies held by the driver, while a broadcast sends learner rank 0's current weights; "
+                "use weight_sync: memory or disk for fixed-lag runs"
             )
+        self.broadcast = WeightBroadcast(engine, loop) if mode == "nccl" else None
         self.engine, self.loop, self.mode, self.lag, self.every, self.scratch = (
             engine,
             loop,
@@ -53,6 +60,16 @@ class WeightSync:
         version = learner.version
         if self.engine_version is not None and version % self.every:
             return 0.0  # engines.sync_every: not this step
+        if self.broadcast is not None:
+            if version == self.engine_version:
+                return 0.0
+            self.loop.call(self.engine.pause())
+            try:
+                self.broadcast.update(learner, version)  # forms the group on the first push
+            finally:
+                self.loop.call(self.engine.resume())
+            self.engine_version = version
+            return time.monotonic() - t0
         tensors = learner.hf_state_dict()
         if self.lag:
             if not self.history or self.history[-1][0] != version:  # a resumed run re-pushes its last version
@@ -64,6 +81,11 @@ class WeightSync:
         self.loop.call(self._update(version, tensors))
         self.engine_version = version
         return time.monotonic() - t0
+
+    def close(self) -> None:
+        """Leave the engines' weight group (nccl mode); nothing to do otherwise."""
+        if self.broadcast is not None:
+            self.broadcast.close()
 
     async def _update(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         await self.engine.pause()

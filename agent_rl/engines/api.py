@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from agent_rl.engines.launch import EmbeddedServerHandle
+    from agent_rl.weight_group import GroupSpec, TensorMeta
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -97,6 +98,27 @@ class EngineClient(Protocol):
     async def health(self) -> bool: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class WeightGroupMember(Protocol):
+    """An engine (or pool) that receives weights by broadcast from learner rank 0 (agent_rl/weight_group.py)."""
+
+    def host(self) -> str:
+        """Host its server listens at: learner rank 0 offers the group on the interface that routes there."""
+
+    async def weight_group_size(self) -> int:
+        """How many ranks it takes in the group (its tensor-parallel size)."""
+
+    async def init_weights_update_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        """Join as ranks rank_offset ...; returns once the whole group has formed."""
+
+    async def update_weights_from_distributed(
+        self, meta: TensorMeta, *, version: int, group_name: str
+    ) -> None:
+        """Receive the tensors `meta` announces (rank 0 broadcasts them concurrently); load them as `version`."""
+
+    async def destroy_weights_update_group(self, group_name: str) -> None: ...
 
 
 def launch_embedded(

@@ -3,13 +3,16 @@ and `VLLMClient` (vLLM's OpenAI-compatible server with its RL/dev endpoints).
 
 Weight updates from in-memory tensors go through a safetensors file in /dev/shm (RAM, not disk;
 see weights.py), then the server's load-from-path endpoint; the file is removed afterwards. That
-needs the server on the same machine; across machines use a shared path or, on GPUs with SGLang,
-`update_weights_from_distributed` (NCCL broadcast driven by the trainer).
+needs the server on the same machine; across machines use a shared path or the distributed update
+(`init_weights_update_group` + `update_weights_from_distributed`: a broadcast from learner rank 0,
+NCCL on GPUs, gloo on CPU; see agent_rl/weight_group.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +20,7 @@ import aiohttp
 
 from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
 from agent_rl.engines.weights import remove_checkpoint, write_shm_checkpoint
+from agent_rl.weight_group import GroupSpec, TensorMeta
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -135,38 +139,80 @@ class SGLangClient(HTTPEngine):
             raise EngineError(f"{self.url}: update_weights_from_disk failed: {r.get('message')}")
         self.version = version
 
-    async def init_weights_update_group(
-        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str = "weight_update_group", backend: str = "nccl",
-    ) -> None:  # fmt: skip
-        """SGLang (GPU) only: join the trainer's process group used by update_weights_from_distributed."""
-        body = {
-            "master_address": master_address,
-            "master_port": master_port,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-            "group_name": group_name,
-            "backend": backend,
-        }
-        await self.request("POST", "/init_weights_update_group", body)
+    # ---- distributed weight update (agent_rl/weight_group.py): SGLang endpoints; our server has them too ----
 
-    async def update_weights_from_distributed(
-        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
-        group_name: str = "weight_update_group",
-    ) -> None:  # fmt: skip
-        """SGLang (GPU) only: receive these tensors by NCCL broadcast; the trainer broadcasts them concurrently."""
-        body = {
-            "names": names,
-            "dtypes": dtypes,
-            "shapes": shapes,
+    BEGIN_BODY: dict[str, Any] = {}  # BeginWeightUpdateReqInput (selector defaults to "all")
+    END_BODY: dict[str, Any] = {}  # EndWeightUpdateReqInput
+
+    @staticmethod
+    def init_group_body(spec: GroupSpec, rank_offset: int) -> dict[str, Any]:
+        """InitWeightsUpdateGroupReqInput."""
+        return {
+            "master_address": spec.endpoint.address,
+            "master_port": spec.endpoint.port,
+            "rank_offset": rank_offset,
+            "world_size": spec.world_size,
+            "group_name": spec.group_name,
+            "backend": spec.endpoint.backend,
+        }
+
+    @staticmethod
+    def distributed_update_body(meta: TensorMeta, version: int, group_name: str) -> dict[str, Any]:
+        """UpdateWeightsFromDistributedReqInput: tensors announced in broadcast order; weight_version a string."""
+        return {
+            "names": list(meta.names),
+            "dtypes": list(meta.dtypes),
+            "shapes": [list(s) for s in meta.shapes],
             "group_name": group_name,
             "flush_cache": True,
             "weight_version": str(version),
         }
-        r = await self.request("POST", "/update_weights_from_distributed", body)
-        if not r.get("success", False):
-            raise EngineError(f"{self.url}: update_weights_from_distributed failed: {r.get('message')}")
+
+    def host(self) -> str:
+        return urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
+
+    async def weight_group_size(self) -> int:
+        """Ranks this server takes in a weight group: its tp size (/server_info; SGLang refuses dp > 1)."""
+        info = await self.request("GET", "/server_info")
+        tp, dp, pp = (int(info.get(k) or 1) for k in ("tp_size", "dp_size", "pp_size"))
+        if dp != 1 or pp != 1:
+            raise EngineError(
+                f"{self.url}: dp_size={dp}, pp_size={pp}; update_weights_from_distributed needs one "
+                "tensor-parallel group per server (start one server per data-parallel replica)"
+            )
+        return tp
+
+    async def init_weights_update_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        """Join the trainer's group as ranks rank_offset .. rank_offset + tp - 1; returns once all have joined."""
+        await self._checked("/init_weights_update_group", self.init_group_body(spec, rank_offset))
+
+    async def update_weights_from_distributed(
+        self, meta: TensorMeta, *, version: int, group_name: str
+    ) -> None:
+        """Receive `meta`'s tensors by broadcast from rank 0 (which sends them concurrently) as `version`.
+
+        SGLang loads distributed weights only inside a begin/end weight-update session.
+        """
+        await self._checked("/begin_weight_update", self.BEGIN_BODY)
+        try:
+            await self._checked(
+                "/update_weights_from_distributed", self.distributed_update_body(meta, version, group_name)
+            )
+        except BaseException:
+            # close the session; the update's own error is the one to report
+            with contextlib.suppress(EngineError):
+                await self._checked("/end_weight_update", self.END_BODY)
+            raise
+        await self._checked("/end_weight_update", self.END_BODY)
         self.version = version
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        await self._checked("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def _checked(self, path: str, body: dict[str, Any]) -> None:
+        r = await self.request("POST", path, body)
+        if not (r or {}).get("success", False):
+            raise EngineError(f"{self.url}{path} failed: {(r or {}).get('message')}")
 
 
 def _int_version(v: Any, default: int) -> int:

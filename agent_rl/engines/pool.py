@@ -8,18 +8,30 @@
   retried on another one, at most `max_retries` times; retries are counted in `stats()`. A
   background health check revives an engine that answers again and first pushes it the latest
   weights, so it never serves a stale version.
+- Distributed weight updates: the pool is one `WeightGroupMember` whose engines take consecutive
+  ranks. Once the group has formed, a dead engine stays dead (it cannot rejoin) and the next
+  update fails with a message saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rl.engines.api import EngineClient, EngineUnavailable, Generation, SamplingParams
+from agent_rl.engines.api import (
+    EngineClient,
+    EngineError,
+    EngineUnavailable,
+    Generation,
+    SamplingParams,
+    WeightGroupMember,
+)
+from agent_rl.weight_group import GroupSpec, TensorMeta
 
 log = logging.getLogger(__name__)
 MAX_STICKY = 100_000  # trajectory keys remembered (LRU)
@@ -48,6 +60,7 @@ class EnginePool:
         self._last_update: dict[str, Any] | None = None  # replayed to a revived engine
         self._health_task: asyncio.Task | None = None
         self._paused = False
+        self._group: str | None = None  # weight group joined by every engine (distributed updates)
 
     # ---- EngineClient ----
 
@@ -88,6 +101,50 @@ class EnginePool:
     ) -> None:
         self._last_update = {"version": version, "path": path, "tensors": tensors}
         await self._broadcast(lambda e: e.update_weights(version=version, path=path, tensors=tensors))
+
+    # ---- WeightGroupMember: every engine joins, with consecutive rank offsets ----
+
+    def host(self) -> str:
+        return _member(self.engines[0]).host()
+
+    async def weight_group_size(self) -> int:
+        return sum(await self._group_sizes())
+
+    async def init_weights_update_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        """Engine i joins at rank_offset + the sizes of engines 0..i-1. From now on a dead engine is not
+        revived: a replacement could not join a group that has already formed."""
+        sizes = await self._group_sizes()
+        offsets = itertools.accumulate(sizes[:-1], initial=rank_offset)
+        await asyncio.gather(
+            *(
+                _member(e).init_weights_update_group(spec, off)
+                for e, off in zip(self.engines, offsets, strict=True)
+            )
+        )
+        self._group = spec.group_name
+
+    async def update_weights_from_distributed(
+        self, meta: TensorMeta, *, version: int, group_name: str
+    ) -> None:
+        dead = [i for i, a in enumerate(self.alive) if not a]
+        if dead:
+            raise EngineError(
+                f"engines {dead} are dead: a broadcast needs every member of the weight group, and a restarted "
+                "engine cannot join it; restart the run (--resume) to form a new group"
+            )
+        await asyncio.gather(
+            *(
+                _member(e).update_weights_from_distributed(meta, version=version, group_name=group_name)
+                for e in self.engines
+            )
+        )
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        self._group = None
+        await self._broadcast(lambda e: _member(e).destroy_weights_update_group(group_name))
+
+    async def _group_sizes(self) -> list[int]:
+        return list(await asyncio.gather(*(_member(e).weight_group_size() for e in self.engines)))
 
     async def health(self) -> bool:
         results = await asyncio.gather(*(e.health() for e in self.engines))
@@ -148,6 +205,9 @@ class EnginePool:
             if not ok:
                 self._mark_dead(i, EngineUnavailable("health check failed"))
             elif not self.alive[i]:
+                if self._group is not None:
+                    log.error("engine %d answers again but cannot rejoin weight group %r", i, self._group)
+                    continue
                 try:
                     if self._last_update is not None:
                         await self.engines[i].update_weights(**self._last_update)
@@ -157,3 +217,12 @@ class EnginePool:
                 self.alive[i] = True
                 self.revived += 1
                 log.info("engine %d is back", i)
+
+
+def _member(engine: EngineClient) -> WeightGroupMember:
+    if not isinstance(engine, WeightGroupMember):
+        raise EngineError(
+            f"{type(engine).__name__} cannot receive weights by broadcast (no /init_weights_update_group); "
+            "use engines.weight_sync: memory or disk"
+        )
+    return engine

@@ -1,8 +1,9 @@
 """Request bodies of the HTTP API, as pydantic models that reject unknown fields and wrong types.
 
 Field names follow SGLang (`GenerateReqInput`, its `sampling_params`, `AbortReq`,
-`PauseGenerationReqInput`, `UpdateWeightFromDiskReqInput` in sglang/srt/managers/io_struct.py)
-and OpenAI (+ vLLM's extensions `top_k`, `stop_token_ids`, `ignore_eos`,
+`PauseGenerationReqInput`, `UpdateWeightFromDiskReqInput`, `InitWeightsUpdateGroupReqInput`,
+`UpdateWeightsFromDistributedReqInput`, `Begin/EndWeightUpdateReqInput` in
+sglang/srt/managers/io_struct.py) and OpenAI (+ vLLM's extensions `top_k`, `stop_token_ids`, `ignore_eos`,
 `include_stop_str_in_output`, `return_tokens_as_token_ids`). Options the embedded engine cannot
 honour are accepted only at their neutral value, so a request never silently means something else.
 """
@@ -120,6 +121,79 @@ class UpdateFromDiskReq(Strict):
     weight_version: str | None = None
     flush_cache: bool = True
     keep_pause: bool = False
+
+
+class InitWeightsUpdateGroupReq(Strict):
+    """SGLang's InitWeightsUpdateGroupReqInput: join the trainer's weight group (agent_rl/weight_group.py)."""
+
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = Field("weight_update_group", min_length=1)
+    backend: str = "nccl"  # SGLang's default; the embedded engine (CPU) accepts only "gloo"
+
+    @model_validator(mode="after")
+    def _rank_in_world(self):
+        if self.rank_offset >= self.world_size:
+            raise ValueError(
+                f"rank_offset={self.rank_offset} must be < world_size={self.world_size} (rank 0 is the trainer)"
+            )
+        if self.backend != "gloo":
+            raise ValueError(
+                f"backend={self.backend!r}: the embedded engine runs on CPU, so it receives by 'gloo' only "
+                "(a learner without a GPU picks gloo; with GPUs use SGLang servers or weight_sync: memory/disk)"
+            )
+        return self
+
+
+class UpdateWeightsFromDistributedReq(Strict):
+    """SGLang's UpdateWeightsFromDistributedReqInput: receive these tensors by broadcast from rank 0."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True  # the engine always drops prefixes cached under the old weights
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+    selector: Literal["target", "all"] = "all"  # no draft model here: both mean the one model
+    torch_empty_cache: bool = False  # meaningless on CPU
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        from agent_rl.weight_group import parse_dtype
+
+        n = len(self.names)
+        if len(self.dtypes) != n or len(self.shapes) != n:
+            raise ValueError(
+                f"names, dtypes and shapes must have one entry per tensor: got {n}, {len(self.dtypes)}, "
+                f"{len(self.shapes)}"
+            )
+        if len(set(self.names)) != n:
+            raise ValueError(
+                f"names: duplicates {sorted({x for x in self.names if self.names.count(x) > 1})[:5]}"
+            )
+        for d in self.dtypes:
+            parse_dtype(d)
+        bad = [s for s in self.shapes if any(x < 0 for x in s)]
+        if bad:
+            raise ValueError(f"shapes: negative sizes in {bad[:3]}")
+        _neutral(self, load_format=None)
+        return self
+
+
+class DestroyWeightsUpdateGroupReq(Strict):
+    group_name: str = "weight_update_group"
+
+
+class BeginWeightUpdateReq(Strict):
+    selector: Literal["target", "all"] = "all"
+
+
+class EndWeightUpdateReq(Strict):
+    pass
 
 
 # ---- OpenAI-compatible ----

@@ -4,9 +4,10 @@
 
 SGLang-native routes, same field names and response shapes as SGLang: POST /generate,
 /abort_request, /pause_generation, /continue_generation, /update_weights_from_disk;
-GET /get_model_info, /get_weight_version, /get_load, /health. One extension: /generate's meta_info carries
-`output_token_versions`, the weight version of every output token (SGLang reports one
-`weight_version` per response). Bad requests get a 4xx JSON {"error": {"message": ...}}; a client
+GET /get_model_info, /get_weight_version, /get_load, /health; the distributed weight update
+(/init_weights_update_group, /update_weights_from_distributed, ...) is in broadcast_routes.py.
+One extension: /generate's meta_info carries `output_token_versions`, the weight version of
+every output token (SGLang reports one `weight_version` per response). Bad requests get a 4xx JSON {"error": {"message": ...}}; a client
 that disconnects has its request aborted and its slot freed.
 """
 
@@ -142,6 +143,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
+    from agent_rl.engines.broadcast_routes import add_weight_group_routes
     from agent_rl.engines.openai_api import add_openai_routes
 
     app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
@@ -155,6 +157,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
     app.router.add_get("/get_weight_version", get_weight_version)
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/health", health)
+    add_weight_group_routes(app)
     add_openai_routes(app)
     return app
 

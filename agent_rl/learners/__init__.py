@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from agent_rl.config import Recipe
     from agent_rl.types import Group
+    from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
 
 class Learner(Protocol):
@@ -25,6 +26,21 @@ class Learner(Protocol):
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (gathered) weights under Hugging Face names, for engine weight sync and saving."""
+        ...
+
+    def weight_endpoint(self, toward_host: str) -> Endpoint:
+        """Address (of the interface routing to `toward_host`), free port and backend (nccl with a GPU, else
+        gloo) at which learner rank 0 can host the engines' weight group."""
+        ...
+
+    def join_weight_group(self, spec: GroupSpec) -> TensorMeta:
+        """Rank 0 joins the weight group as its rank 0; blocks until every engine rank has joined. Returns
+        the names (HF), dtypes (the engines' dtype) and shapes every `broadcast_weights` sends, in order."""
+        ...
+
+    def broadcast_weights(self) -> None:
+        """Broadcast the current weights from rank 0 in `join_weight_group`'s order; returns once sent.
+        The engines receive concurrently (`/update_weights_from_distributed` with the same names)."""
         ...
 
     def save(self, path: Path) -> None:

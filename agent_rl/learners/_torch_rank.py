@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
+from agent_rl import weight_group
 from agent_rl.learners._schedule import build_scheduler
 from vcpo.batch import PolicyBatch
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
@@ -58,6 +59,7 @@ class TorchRank:
         model.config.use_cache = False
         model.train()
         self.model = model
+        self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
         # No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -107,6 +109,28 @@ class TorchRank:
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         dtype = DTYPES[self.spec.weights_dtype]
         return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
+
+    # -- weight broadcast to the engines (agent_rl/weight_group.py); rank 0 only ---------------
+    def weight_endpoint(self, toward_host: str) -> weight_group.Endpoint:
+        """Where this rank can host the weight group: NCCL when it holds a GPU, else gloo."""
+        return weight_group.free_endpoint(toward_host, "nccl" if self.device.type == "cuda" else "gloo")
+
+    def join_weight_group(self, spec: weight_group.GroupSpec) -> weight_group.TensorMeta:
+        """Join as rank 0 (blocks until every engine rank joined); returns what each broadcast sends."""
+        self._weight_group = (weight_group.join(spec, 0), spec.endpoint.backend)
+        params = self.model.state_dict()
+        dtype = weight_group.dtype_name(DTYPES[self.spec.weights_dtype])
+        return weight_group.TensorMeta(
+            tuple(params), (dtype,) * len(params), tuple(tuple(t.shape) for t in params.values())
+        )
+
+    def broadcast_weights(self) -> None:
+        """Send the current weights in the engines' dtype, in `join_weight_group`'s order."""
+        if self._weight_group is None:
+            raise RuntimeError("broadcast_weights before join_weight_group")
+        group, backend = self._weight_group
+        dtype = DTYPES[self.spec.weights_dtype]
+        weight_group.send((t.to(dtype) for t in self.model.state_dict().values()), group, backend)
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str, version: int) -> None:

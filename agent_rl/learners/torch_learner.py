@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from agent_rl.learners import Learner
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
+    from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,23 @@ class TorchLearner:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's weights under HF names (ranks hold identical replicas), in the model's dtype."""
+        return self._rank0("hf_state_dict")
+
+    def weight_endpoint(self, toward_host: str) -> Endpoint:
+        return self._rank0("weight_endpoint", toward_host)
+
+    def join_weight_group(self, spec: GroupSpec) -> TensorMeta:
+        return self._rank0("join_weight_group", spec)
+
+    def broadcast_weights(self) -> None:
+        self._rank0("broadcast_weights")
+
+    def _rank0(self, method: str, *args: object) -> Any:
+        """Rank 0 alone (ranks hold identical replicas; no collective of the DP group inside)."""
         if self._local is not None:
-            return self._local.hf_state_dict()
+            return getattr(self._local, method)(*args)
         assert self._pool is not None
-        return self._pool.call_rank0("hf_state_dict")  # type: ignore[return-value]
+        return self._pool.call_rank0(method, *args)
 
     def save(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from agent_rl.learners._dp import RankPool, _free_port
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
 from agent_rl.learners.torch_learner import _METRIC_NAMES
 from agent_rl.types import Group
+from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
 
 def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) -> MegatronRank:
@@ -92,6 +93,18 @@ class MegatronLearner:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return self._all("hf_state_dict")
+
+    def weight_endpoint(self, toward_host: str) -> Endpoint:
+        if self._local is not None:
+            return self._local.weight_endpoint(toward_host)
+        assert self._pool is not None
+        return self._pool.call_rank0("weight_endpoint", toward_host)
+
+    def join_weight_group(self, spec: GroupSpec) -> TensorMeta:
+        return self._all("join_weight_group", spec)
+
+    def broadcast_weights(self) -> None:
+        self._all("broadcast_weights")
 
     def save(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent_rl import weight_group
 from agent_rl.learners._schedule import build_scheduler
 from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
@@ -97,6 +98,7 @@ class MegatronRank:
         del hf_state
         freeze_padding_row(self.model, self.shape, tp_rank=self.tp_rank)
         self.model.train()
+        self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend), global rank 0
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -146,6 +148,28 @@ class MegatronRank:
             return None
         dtype = DTYPES[self.spec.rank.weights_dtype]
         return {k: v.to(dtype=dtype, copy=True) for k, v in state.items()}
+
+    # -- weight broadcast to the engines (agent_rl/weight_group.py) -----------------------------------
+    def weight_endpoint(self, toward_host: str) -> weight_group.Endpoint:
+        """Global rank 0 only: where it can host the weight group (NCCL on a GPU, else gloo)."""
+        return weight_group.free_endpoint(toward_host, "gloo" if self.cpu else "nccl")
+
+    def join_weight_group(self, spec: weight_group.GroupSpec) -> weight_group.TensorMeta | None:
+        """A collective (the HF gather): all ranks call; global rank 0 joins as the group's rank 0."""
+        state = self.hf_state_dict()
+        if state is None:
+            return None
+        self._weight_group = (weight_group.join(spec, 0), spec.endpoint.backend)
+        return weight_group.TensorMeta.of(state)
+
+    def broadcast_weights(self) -> None:
+        """A collective: TP shards are gathered on every rank of replica 0, then global rank 0 sends."""
+        state = self.hf_state_dict()
+        if state is None:
+            return
+        if self._weight_group is None:
+            raise RuntimeError("broadcast_weights before join_weight_group")
+        weight_group.send(state.values(), *self._weight_group)
 
     def _gather_fp32(self) -> dict[str, torch.Tensor] | None:
         if self.cp_rank != 0 or self.dp_rank != 0:

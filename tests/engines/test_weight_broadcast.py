@@ -1,0 +1,197 @@
+"""Distributed weight update over gloo: our embedded server receives what the torch learner's rank broadcasts.
+
+The server joins the learner's weight group through SGLang's /init_weights_update_group and
+receives by /update_weights_from_distributed (agent_rl/weight_group.py); the sender is the real
+`TorchRank` (rank 0 of the learner) in this process. NCCL is the same code with GPU tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import torch
+
+from agent_rl.engines.api import BadRequest, EngineError, SamplingParams
+from agent_rl.engines.client import SGLangClient
+from agent_rl.engines.launch import EmbeddedServerHandle
+from agent_rl.learners._torch_rank import RankSpec, TorchRank
+from agent_rl.weight_group import GroupSpec, TensorMeta
+from vcpo.step import StepConfig
+
+PROMPT = [20, 21, 22, 23, 24]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+
+
+@dataclass
+class Joined:
+    server: EmbeddedServerHandle
+    rank: TorchRank
+    meta: TensorMeta
+    group: str
+
+
+def _rank(model_dir) -> TorchRank:
+    spec = RankSpec(
+        model_path=str(model_dir), weights_dtype="float32", compute_dtype="float32", lr=1e-3,
+        betas=(0.9, 0.999), weight_decay=0.0, lr_schedule="constant", warmup_steps=0, total_steps=1,
+        gradient_checkpointing=False, step=StepConfig(), seed=0,
+    )  # fmt: skip
+    return TorchRank(spec)
+
+
+@pytest.fixture(scope="module")
+def joined(tiny_model_dir) -> Iterator[Joined]:
+    """A fresh server (its weights change here) that has joined a learner rank's group: world 2, engine rank 1."""
+    from agent_rl.engines.api import launch_embedded
+
+    server = launch_embedded(str(tiny_model_dir), max_batch=4, max_seq_len=128, threads=1)
+    rank = _rank(tiny_model_dir)
+    group = f"test-{uuid.uuid4().hex[:8]}"
+
+    async def join() -> TensorMeta:
+        client = server.client()
+        try:
+            assert await client.weight_group_size() == 1
+            spec = GroupSpec(rank.weight_endpoint(client.host()), 2, group)
+            assert spec.endpoint.backend == "gloo"
+            _, meta = await asyncio.gather(
+                client.init_weights_update_group(spec, 1), asyncio.to_thread(rank.join_weight_group, spec)
+            )
+            return meta
+        finally:
+            await client.close()
+
+    try:
+        yield Joined(server, rank, asyncio.run(join()), group)
+    finally:
+        server.stop()
+
+
+async def _push(j: Joined, client: SGLangClient, version: int, meta: TensorMeta | None = None) -> None:
+    await asyncio.gather(
+        client.update_weights_from_distributed(meta or j.meta, version=version, group_name=j.group),
+        asyncio.to_thread(j.rank.broadcast_weights),
+    )
+
+
+async def _version(j: Joined) -> str:
+    async with aiohttp.ClientSession() as s, s.get(j.server.url + "/get_weight_version") as r:
+        return (await r.json())["weight_version"]
+
+
+def _hf_logprobs(model: torch.nn.Module, prompt: list[int], output: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return lp.gather(-1, torch.tensor(output)[:, None])[:, 0]
+
+
+def test_announced_tensors_are_the_learners_hf_weights_in_its_order(joined):
+    params = joined.rank.model.state_dict()
+    assert joined.meta.names == tuple(params)
+    assert joined.meta.shapes == tuple(tuple(t.shape) for t in params.values())
+    assert set(joined.meta.dtypes) == {"float32"}
+
+
+async def test_broadcast_update_loads_the_learners_weights_as_the_new_version(joined):
+    client = joined.server.client()
+    try:
+        before = await client.generate(PROMPT, GREEDY, request_id="before")
+        with torch.no_grad():  # a different policy: the learner's weights after "training"
+            gen = torch.Generator().manual_seed(1)
+            for p in joined.rank.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp_min(0.02))
+        await client.pause()
+        await _push(joined, client, version=7)
+        await client.resume()
+        after = await client.generate(PROMPT, GREEDY, request_id="after")
+        assert await _version(joined) == "7"
+    finally:
+        await client.close()
+    assert after.versions == [7] * len(after.token_ids)
+    assert after.token_ids != before.token_ids  # greedy generation follows the new weights
+    # the engine's log-probs are those of the sent weights: a transformers forward with them
+    ref = _hf_logprobs(joined.rank.model.eval(), PROMPT, after.token_ids)
+    assert torch.allclose(torch.tensor(after.logprobs), ref, atol=1e-4), (after.logprobs, ref)
+
+
+async def test_tensor_the_model_lacks_is_received_then_refused_and_the_group_still_works(joined):
+    """Nothing is loaded, the 400 names the tensor, and the collective completed: the next update goes through."""
+    client = joined.server.client()
+    name, shape = joined.meta.names[0], joined.meta.shapes[0]
+    bad = TensorMeta(("not.a.parameter",), ("float32",), (shape,))
+    try:
+        await client.pause()
+        with pytest.raises(BadRequest, match="not.a.parameter"):
+            await asyncio.gather(
+                client.update_weights_from_distributed(bad, version=8, group_name=joined.group),
+                asyncio.to_thread(_send_one, joined, joined.rank.model.state_dict()[name]),
+            )
+        assert await _version(joined) == "7"
+        await _push(joined, client, version=9)
+        await client.resume()
+        assert (await client.generate(PROMPT, GREEDY, request_id="v9")).versions[0] == 9
+    finally:
+        await client.close()
+
+
+def _send_one(j: Joined, tensor: torch.Tensor) -> None:
+    from agent_rl import weight_group
+
+    assert j.rank._weight_group is not None
+    weight_group.send([tensor], *j.rank._weight_group)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                        "world_size": 2, "backend": "nccl"}, "backend"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 2,
+                                        "world_size": 2, "backend": "gloo"}, "rank_offset"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                        "world_size": 2, "backend": "gloo", "bogus": 1}, "bogus"),
+        ("/update_weights_from_distributed", {"names": ["a"], "dtypes": [], "shapes": [[1]]}, "dtypes"),
+        ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float99"], "shapes": [[1]]}, "float99"),
+        ("/update_weights_from_distributed", {"names": ["a", "a"], "dtypes": ["float32"] * 2,
+                                              "shapes": [[1], [1]]}, "duplicates"),
+        ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]],
+                                              "group_name": "nobody"}, "group_name"),
+        ("/destroy_weights_update_group", {"group_name": "nobody"}, "nobody"),
+    ],
+)  # fmt: skip
+async def test_bad_weight_group_requests_get_400_naming_the_field(server, path, body, field):
+    async with aiohttp.ClientSession() as s, s.post(server.url + path, json=body) as r:
+        text = await r.text()
+        assert r.status == 400, text
+    assert field in text
+
+
+async def test_update_outside_a_weight_update_session_is_refused(joined):
+    body = SGLangClient.distributed_update_body(joined.meta, 10, joined.group)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(joined.server.url + "/update_weights_from_distributed", json=body) as r,
+    ):
+        assert r.status == 400
+        assert "begin_weight_update" in (await r.json())["message"]
+
+
+async def test_in_process_engine_is_refused_for_broadcast_sync(tiny_model_dir):
+    from agent_rl.engines.embedded import EmbeddedEngine
+    from agent_rl.rollout import LoopThread
+    from agent_rl.weight_broadcast import WeightBroadcast
+
+    loop = LoopThread()
+    try:
+        engine = EmbeddedEngine(tiny_model_dir, max_batch=1, max_seq_len=32)
+        with pytest.raises(EngineError, match="weight_sync: memory"):
+            WeightBroadcast(engine, loop)
+        await engine.close()
+    finally:
+        loop.close()
