@@ -67,7 +67,6 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             every=recipe.engines.sync_every,
             scratch=run_dir / "w",
         )
-        cleanup.callback(sync.close)  # nccl: the engines leave the run's weight group
         sync.history.extend(lagged)
         sync.push(
             learner
@@ -80,6 +79,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
         )  # fmt: skip
         loop.call(_start(rollouts))
         cleanup.callback(lambda: loop.call(_shutdown(rollouts, engines)))
+        cleanup.callback(sync.close)  # nccl: engines leave the run's weight group (runs before they close)
         writer = cleanup.enter_context(RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard))
         bar = cleanup.enter_context(
             tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)

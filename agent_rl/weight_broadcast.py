@@ -60,9 +60,9 @@ class WeightBroadcast:
         )
 
     def update(self, learner: Learner, version: int) -> None:
+        """Send the learner's current weights as `version` (after `connect`, with the engines paused)."""
         if self.meta is None:
-            self.connect(learner)
-        assert self.meta is not None
+            raise RuntimeError("WeightBroadcast.update before connect")
         coro = self.engine.update_weights_from_distributed(
             self.meta, version=version, group_name=self.group_name
         )

@@ -63,9 +63,11 @@ class WeightSync:
         if self.broadcast is not None:
             if version == self.engine_version:
                 return 0.0
+            if self.broadcast.meta is None:
+                self.broadcast.connect(learner)  # first push: form the group (engines keep serving meanwhile)
             self.loop.call(self.engine.pause())
             try:
-                self.broadcast.update(learner, version)  # forms the group on the first push
+                self.broadcast.update(learner, version)
             finally:
                 self.loop.call(self.engine.resume())
             self.engine_version = version

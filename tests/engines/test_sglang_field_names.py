@@ -3,7 +3,8 @@
 SGLang cannot be imported on a CPU machine (its io_struct chain needs CUDA builds of torchvision
 and friends), so the request types are read from the source with `ast`: the annotated fields of
 GenerateReqInput, SamplingParams, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, AbortReq,
-ContinueGenerationReqInput. Point SGLANG_SRC at an unpacked `sglang` package directory (e.g. from
+ContinueGenerationReqInput, and the distributed weight update's InitWeightsUpdateGroupReqInput,
+UpdateWeightsFromDistributedReqInput, Begin/EndWeightUpdateReqInput, DestroyWeightsUpdateGroupReqInput. Point SGLANG_SRC at an unpacked `sglang` package directory (e.g. from
 `pip download --no-deps sglang` + unzip) or have `sglang` installed; otherwise the test skips.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from agent_rl.engines import protocol
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.client import SGLangClient
+from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
 BASE_REQ = {"rid", "http_worker_ipc"}  # fields every BaseReq carries
 
@@ -55,6 +57,11 @@ def sglang_types() -> dict[str, set[str]]:
         "UpdateWeightFromDiskReqInput",
         "AbortReq",
         "ContinueGenerationReqInput",
+        "InitWeightsUpdateGroupReqInput",
+        "UpdateWeightsFromDistributedReqInput",
+        "DestroyWeightsUpdateGroupReqInput",
+        "BeginWeightUpdateReqInput",
+        "EndWeightUpdateReqInput",
     ]
     types = {n: class_fields(io, n) | BASE_REQ for n in names}
     types["SamplingParams"] = class_fields(sp, "SamplingParams")
@@ -71,6 +78,22 @@ def test_sglang_client_request_bodies_use_sglang_field_names(sglang_types):
     assert set(SGLangClient.update_body("/tmp/w", 3)) <= sglang_types["UpdateWeightFromDiskReqInput"]
 
 
+def test_weight_group_request_bodies_use_sglang_field_names(sglang_types):
+    spec = GroupSpec(Endpoint("10.0.0.1", 29500, "nccl"), world_size=9, group_name="g")
+    init = SGLangClient.init_group_body(spec, rank_offset=1)
+    assert set(init) <= sglang_types["InitWeightsUpdateGroupReqInput"]
+    # every required field of SGLang's request is sent (the unannotated-default ones are optional)
+    assert {"master_address", "master_port", "rank_offset", "world_size"} <= set(init)
+    meta = TensorMeta(("lm_head.weight",), ("bfloat16",), ((8, 4),))
+    update = SGLangClient.distributed_update_body(meta, 3, "g")
+    assert set(update) <= sglang_types["UpdateWeightsFromDistributedReqInput"]
+    assert (
+        update["weight_version"] == "3" and update["dtypes"] == ["bfloat16"] and update["shapes"] == [[8, 4]]
+    )
+    assert set(SGLangClient.BEGIN_BODY) <= sglang_types["BeginWeightUpdateReqInput"]
+    assert set(SGLangClient.END_BODY) <= sglang_types["EndWeightUpdateReqInput"]
+
+
 @pytest.mark.parametrize(
     ("ours", "theirs"),
     [
@@ -80,7 +103,26 @@ def test_sglang_client_request_bodies_use_sglang_field_names(sglang_types):
         (protocol.UpdateFromDiskReq, "UpdateWeightFromDiskReqInput"),
         (protocol.AbortReq, "AbortReq"),
         (protocol.ContinueReq, "ContinueGenerationReqInput"),
+        (protocol.InitWeightsUpdateGroupReq, "InitWeightsUpdateGroupReqInput"),
+        (protocol.UpdateWeightsFromDistributedReq, "UpdateWeightsFromDistributedReqInput"),
+        (protocol.DestroyWeightsUpdateGroupReq, "DestroyWeightsUpdateGroupReqInput"),
+        (protocol.BeginWeightUpdateReq, "BeginWeightUpdateReqInput"),
+        (protocol.EndWeightUpdateReq, "EndWeightUpdateReqInput"),
     ],
 )
 def test_server_accepts_only_sglang_field_names(sglang_types, ours, theirs):
     assert set(ours.model_fields) <= sglang_types[theirs], set(ours.model_fields) - sglang_types[theirs]
+
+
+def test_server_info_sizes_we_read_are_sglang_server_args():
+    """SGLangClient.weight_group_size reads tp_size, dp_size and pp_size from /server_info (ServerArgs fields)."""
+    root = sglang_dir()
+    namespaced = (
+        root / "srt" / "arg_groups" / "fields" / "parallel.py"
+    )  # newer SGLang: ServerArgs in namespaces
+    fields = (
+        class_fields(namespaced, "Parallel")
+        if namespaced.is_file()
+        else class_fields(root / "srt" / "server_args.py", "ServerArgs")
+    )
+    assert {"tp_size", "dp_size", "pp_size"} <= fields

@@ -1,12 +1,17 @@
-"""Which weights reach the engines when: every step, every m steps, or exactly `lag` versions behind."""
+"""Which weights reach the engines when: every step, every m steps, or exactly `lag` versions behind;
+and the broadcast mode (`engines.weight_sync: nccl`), through the whole loop over gloo."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 
+from agent_rl.engines.api import BadRequest
 from agent_rl.rollout import LoopThread
+from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 from agent_rl.weight_sync import WeightSync
 
 
@@ -59,3 +64,92 @@ def test_sync_every_m_steps_skips_the_versions_between(tmp_path: Path) -> None:
 def test_fixed_lag_pushes_the_weights_of_lag_versions_ago(tmp_path: Path) -> None:
     # versions 1 and 2 still map to version 0 (nothing to push); then 3 -> 1, 4 -> 2, 5 -> 3
     assert _pushes(tmp_path, 5, lag=2) == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+# ---- engines.weight_sync: nccl (a torch.distributed broadcast from learner rank 0; gloo on CPU) ----
+
+
+def test_fixed_lag_with_broadcast_sync_is_refused_at_construction(tmp_path: Path) -> None:
+    loop = LoopThread()
+    try:
+        with pytest.raises(ValueError, match="fixed_lag=2 cannot run with engines.weight_sync: nccl"):
+            WeightSync(FakeEngineRecorder(), loop, mode="nccl", lag=2, scratch=tmp_path)
+    finally:
+        loop.close()
+
+
+class FakeSGLangMemberRefusingUpdates(FakeEngineRecorder):
+    """SGLang's weight-group endpoints at the protocol boundary: joins fine, answers every update with a 400."""
+
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    async def weight_group_size(self) -> int:
+        return 1
+
+    async def init_weights_update_group(self, spec, rank_offset: int) -> None:
+        self.log.append(("init", rank_offset, float(spec.world_size)))
+
+    async def update_weights_from_distributed(self, meta, *, version: int, group_name: str) -> None:
+        raise BadRequest(f"update_weights_from_distributed: unknown parameter {meta.names[0]!r}")
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        self.log.append(("destroy", None, None))
+
+
+class LearnerStuckInBroadcast(FakeLearnerWeights):
+    """A rank 0 whose broadcast never completes (its peers never receive), like a real collective would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.never = threading.Event()
+
+    def weight_endpoint(self, toward_host: str) -> Endpoint:
+        return Endpoint(toward_host, 1, "gloo")
+
+    def join_weight_group(self, spec: GroupSpec) -> TensorMeta:
+        return TensorMeta.of(self.hf_state_dict())
+
+    def broadcast_weights(self) -> None:
+        self.never.wait()
+
+
+def test_engine_refusing_a_broadcast_update_fails_the_push_at_once_and_resumes(tmp_path: Path) -> None:
+    loop, engine, learner = LoopThread(), FakeSGLangMemberRefusingUpdates(), LearnerStuckInBroadcast()
+    try:
+        sync = WeightSync(engine, loop, mode="nccl", scratch=tmp_path)
+        with pytest.raises(BadRequest, match="unknown parameter 'w'"):
+            sync.push(learner)  # does not wait for the learner's blocked broadcast
+        sync.close()
+    finally:
+        learner.never.set()
+        loop.close()
+    assert [op for op, _, _ in engine.log] == ["init", "pause", "resume", "destroy"]
+    assert engine.log[0][1:] == (1, 2.0)  # engine rank 1 of a world of 2 (learner rank 0 + one engine rank)
+
+
+@pytest.mark.timeout(300)
+def test_broadcast_sync_over_gloo_keeps_the_engines_on_the_learners_version(smoke_recipe) -> None:
+    """The full loop with two embedded engine servers joined to the learner's gloo group, k=0: every batch
+    was sampled by the version the learner had then, so each push reached both engines."""
+    from conftest import DENSE_ENV
+
+    from agent_rl.metrics import read_metrics
+    from agent_rl.trainer import train
+
+    recipe = smoke_recipe(
+        "engines.weight_sync=nccl",
+        "engines.count=2",
+        "buffer.max_staleness=0",
+        f"envs.train={DENSE_ENV}",
+        "buffer.mask_void=false",
+        "learner.lr=3e-3",
+        "train.steps=3",
+        "checkpoint.every=0",
+    )
+    records = read_metrics(train(recipe))
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for step, r in enumerate(records):
+        assert r["learner/batch_min_version"] == r["learner/batch_max_version"] == step
+        assert r["perf/weight_sync_seconds"] > 0
+    assert any(r["learner/grad_norm"] > 0 for r in records)  # the weights did change between pushes
