@@ -39,7 +39,8 @@ class EngineConfig(Strict):
     max_batch: int = Field(64, ge=1)
     max_seq_len: int = Field(2048, ge=16)
     weight_sync: Literal["memory", "disk", "nccl"] = "memory"
-    """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: SGLang broadcast."""
+    """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: torch.distributed
+    broadcast from learner rank 0 into the engines (SGLang's weight group): NCCL on GPUs, gloo on CPU."""
     sync_every: int = Field(1, ge=1)
     """Publish the learner's weights to the engines every this many optimizer steps."""
 

@@ -195,3 +195,70 @@ async def test_in_process_engine_is_refused_for_broadcast_sync(tiny_model_dir):
         await engine.close()
     finally:
         loop.close()
+
+
+# ---- the learners' side through the Learner protocol: rank 0 in a worker process, collectives around it ----
+
+TINY = dict(vocab_size=320, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)  # tp=2 divides it
+
+
+def _learner(kind: str, model_dir):
+    if kind == "megatron_tp2":
+        pytest.importorskip("megatron.core", reason="megatron-core not installed")
+        from agent_rl.learners.megatron import build_megatron_learner
+
+        return build_megatron_learner(_recipe(model_dir, backend="megatron", tp=2), in_process=False)
+    from agent_rl.learners.torch_learner import build_learner
+
+    return build_learner(_recipe(model_dir, dp=2))
+
+
+def _recipe(model_dir, **learner):
+    from agent_rl.config import Recipe
+
+    return Recipe.model_validate(
+        {
+            "name": "broadcast-test",
+            "model": {"path": str(model_dir)},
+            "envs": {"train": "unused.yaml"},
+            "train": {"steps": 1, "batch_prompts": 2},
+            "learner": learner,
+        }
+    )
+
+
+@pytest.mark.parametrize("kind", ["torch_dp2", pytest.param("megatron_tp2", marks=pytest.mark.megatron)])
+def test_learner_rank0_broadcast_replaces_a_different_engines_weights(kind, tmp_path):
+    """The engine starts from other random weights; after one broadcast its log-probs are the learner's."""
+    from transformers import AutoModelForCausalLM
+
+    from agent_rl.engines.api import launch_embedded
+    from agent_rl.tiny import build_tiny, sample_corpus
+
+    learner_dir = build_tiny(tmp_path / "learner", sample_corpus(), seed=0, **TINY)
+    engine_dir = build_tiny(tmp_path / "engine", sample_corpus(), seed=1, **TINY)
+    learner = _learner(kind, learner_dir)
+    try:
+        with launch_embedded(str(engine_dir), max_batch=2, max_seq_len=64, threads=1) as server:
+            after = asyncio.run(_join_and_push(learner, server.client()))
+    finally:
+        learner.close()
+    assert after.versions == [1] * len(after.token_ids)
+    reference = AutoModelForCausalLM.from_pretrained(learner_dir, dtype=torch.float32).eval()  # not stepped
+    ref = _hf_logprobs(reference, PROMPT, after.token_ids)
+    assert torch.allclose(torch.tensor(after.logprobs), ref, atol=1e-4), (after.logprobs, ref)
+
+
+async def _join_and_push(learner, client: SGLangClient):
+    try:
+        spec = GroupSpec(learner.weight_endpoint(client.host()), 1 + await client.weight_group_size(), "g")
+        _, meta = await asyncio.gather(
+            client.init_weights_update_group(spec, 1), asyncio.to_thread(learner.join_weight_group, spec)
+        )
+        await asyncio.gather(
+            client.update_weights_from_distributed(meta, version=1, group_name="g"),
+            asyncio.to_thread(learner.broadcast_weights),
+        )
+        return await client.generate(PROMPT, GREEDY, request_id="after")
+    finally:
+        await client.close()
