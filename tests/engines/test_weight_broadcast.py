@@ -262,3 +262,88 @@ async def _join_and_push(learner, client: SGLangClient):
         return await client.generate(PROMPT, GREEDY, request_id="after")
     finally:
         await client.close()
+
+
+# ---- the pool and the client's view of SGLang's sizes, against fakes at the HTTP / protocol boundary ----
+
+
+class FakeSGLangGroupMember:
+    """An SGLang server as `EnginePool` sees it through `WeightGroupMember`: a tp size, joins recorded."""
+
+    def __init__(self, tp: int, healthy: bool = True) -> None:
+        self.tp, self.healthy = tp, healthy
+        self.joined: list[tuple[int, int]] = []  # (rank_offset, world_size)
+
+    def host(self) -> str:
+        return "10.0.0.7"
+
+    async def weight_group_size(self) -> int:
+        return self.tp
+
+    async def init_weights_update_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        self.joined.append((rank_offset, spec.world_size))
+
+    async def update_weights_from_distributed(self, meta, *, version, group_name) -> None: ...
+
+    async def destroy_weights_update_group(self, group_name: str) -> None: ...
+
+    async def health(self) -> bool:
+        return self.healthy
+
+    async def close(self) -> None: ...
+
+
+async def test_pool_gives_each_fake_sglang_engine_consecutive_ranks_by_tp_size():
+    from agent_rl.engines.pool import EnginePool
+    from agent_rl.weight_group import Endpoint
+
+    engines = [FakeSGLangGroupMember(2), FakeSGLangGroupMember(4), FakeSGLangGroupMember(1)]
+    pool = EnginePool(engines)
+    world = 1 + await pool.weight_group_size()
+    await pool.init_weights_update_group(GroupSpec(Endpoint("10.0.0.1", 1, "nccl"), world, "g"), 1)
+    assert world == 8 and pool.host() == "10.0.0.7"
+    assert [e.joined for e in engines] == [[(1, 8)], [(3, 8)], [(7, 8)]]
+
+
+async def test_pool_with_a_dead_fake_sglang_engine_refuses_the_broadcast_and_does_not_revive_it():
+    from agent_rl.engines.pool import EnginePool
+    from agent_rl.weight_group import Endpoint
+
+    engines = [FakeSGLangGroupMember(1), FakeSGLangGroupMember(1, healthy=False)]
+    pool = EnginePool(engines)
+    await pool.init_weights_update_group(GroupSpec(Endpoint("10.0.0.1", 1, "nccl"), 3, "g"), 1)
+    await pool.check_health()
+    engines[1].healthy = True
+    await pool.check_health()  # answers again, but a group that formed cannot take it back
+    assert pool.alive == [True, False]
+    meta = TensorMeta(("w",), ("float32",), ((1,),))
+    with pytest.raises(EngineError, match=r"engines \[1\] are dead.*--resume"):
+        await pool.update_weights_from_distributed(meta, version=1, group_name="g")
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"), [({"tp_size": 4, "dp_size": 1}, 4), ({"tp_size": 2, "dp_size": 2}, None)]
+)
+async def test_client_reads_the_group_size_from_a_fake_sglang_server_info(info, expected):
+    """tp ranks join; SGLang refuses update_weights_from_distributed with dp_size > 1, so the client does first."""
+    from aiohttp import web
+
+    async def server_info(_: web.Request) -> web.Response:
+        return web.json_response({**info, "pp_size": 1})
+
+    app = web.Application()
+    app.router.add_get("/server_info", server_info)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = SGLangClient(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        if expected is None:
+            with pytest.raises(EngineError, match="dp_size=2"):
+                await client.weight_group_size()
+        else:
+            assert await client.weight_group_size() == expected
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -132,8 +132,6 @@ def test_engine_refusing_a_broadcast_update_fails_the_push_at_once_and_resumes(t
 def test_broadcast_sync_over_gloo_keeps_the_engines_on_the_learners_version(smoke_recipe) -> None:
     """The full loop with two embedded engine servers joined to the learner's gloo group, k=0: every batch
     was sampled by the version the learner had then, so each push reached both engines."""
-    from conftest import DENSE_ENV
-
     from agent_rl.metrics import read_metrics
     from agent_rl.trainer import train
 
@@ -141,7 +139,7 @@ def test_broadcast_sync_over_gloo_keeps_the_engines_on_the_learners_version(smok
         "engines.weight_sync=nccl",
         "engines.count=2",
         "buffer.max_staleness=0",
-        f"envs.train={DENSE_ENV}",
+        f"envs.train={Path(__file__).parent / 'data' / 'tiny_arith_dense.yaml'}",
         "buffer.mask_void=false",
         "learner.lr=3e-3",
         "train.steps=3",
