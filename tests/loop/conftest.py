@@ -7,12 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from loop_paths import HERE, ROOT
 
 from agent_rl.config import Recipe, load_recipe
-
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-DENSE_ENV = HERE / "data" / "tiny_arith_dense.yaml"
 
 if str(HERE) not in sys.path:  # dense_reward.py, imported by the dense env's callable reward
     sys.path.insert(0, str(HERE))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DENSE_ENV, HERE, ROOT
+from loop_paths import DENSE_ENV, HERE, ROOT
 
 STEPS = 6
 

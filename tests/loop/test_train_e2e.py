@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import DENSE_ENV
+from loop_paths import DENSE_ENV
 
 from agent_rl import checkpoint
 from agent_rl.evaluate import evaluate

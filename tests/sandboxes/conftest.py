@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-TEST_IMAGE = "agent-rl-sandbox:test"
+from docker_test_image import TEST_IMAGE
 
 
 def _start_dockerd(root: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import TEST_IMAGE
+from docker_test_image import TEST_IMAGE
 from sandbox_adversarial import CASES, FAKE_SECRET, Case, still_works
 
 import sandboxes
