@@ -18,6 +18,8 @@ from agent_rl.config import load_recipe
 from agent_rl.engines.client import SGLangClient, VLLMClient
 from agent_rl.engines.pool import EnginePool
 from agent_rl.learners.torch_learner import rank_spec
+from agent_rl.rollout import LoopThread
+from agent_rl.weight_sync import WeightSync
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "stress" not in p.parts)
@@ -40,7 +42,7 @@ def test_every_recipe_and_env_passes_validate(capsys):
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_boundary(
-    path, shared_data, tiny_tokenizer
+    path, shared_data, tiny_tokenizer, tmp_path
 ):
     recipe = load_recipe(path)
     plan = placement.plan(recipe)
@@ -54,6 +56,17 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
         cls = SGLangClient if recipe.engines.type == "sglang" else VLLMClient
         pool = EnginePool([cls(u) for u in recipe.engines.urls])
         assert pool.stats().alive == [True] * len(recipe.engines.urls)
+        loop = LoopThread()
+        try:  # the weight path is built as train() builds it: a wrong mode/engine pairing fails here
+            WeightSync(
+                pool,
+                loop,
+                mode=recipe.engines.weight_sync,
+                lag=recipe.rollout.fixed_lag or 0,
+                scratch=tmp_path,
+            )
+        finally:
+            loop.close()
     spec = rank_spec(recipe)  # checks the loss/advantage pairing the learner would run
     assert spec.step.loss == recipe.algorithm.loss and spec.lr == recipe.learner.lr
     if recipe.learner.backend == "megatron":
