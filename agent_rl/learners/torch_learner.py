@@ -9,7 +9,6 @@ inside vcpo), and rank 0 answers with metrics and weights.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agent_rl.batch import collate, split_groups, version_stats
+from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.types import Group
 from vcpo.step import StepConfig
@@ -29,18 +29,8 @@ if TYPE_CHECKING:
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
-log = logging.getLogger(__name__)
 
 # vcpo.StepMetrics field -> logged name (everything the step reports is logged).
-_METRIC_NAMES = {
-    "loss": "learner/loss",
-    "grad_norm": "learner/grad_norm",
-    "lr": "learner/lr_effective",
-    "tokens": "learner/tokens",
-    "trajectories": "learner/trajectories",
-}
-
-
 class TorchLearner:
     """See the module docstring; implements `agent_rl.learners.Learner`."""
 
@@ -79,23 +69,11 @@ class TorchLearner:
         for b in shards:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
         metrics = version_stats(groups, self.version)
-        if all(float(b.loss_mask.sum()) == 0 for b in shards):
-            log.warning(
-                "learner: every trajectory of the batch is masked; no update (version stays %d)", self.version
-            )
-            return metrics | {"learner/skipped": 1.0, "learner/tokens": 0.0}
+        if (skipped := skip_if_all_masked(shards, self.version)) is not None:
+            return metrics | skipped
         raw = self._call("step", [(b,) for b in shards])[0]
         assert isinstance(raw, dict)
-        seconds = time.perf_counter() - t0
-        metrics |= {
-            _METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"
-        }
-        metrics["learner/lr"] = float(raw["lr_scheduled"])
-        metrics["learner/skipped"] = 0.0
-        n_tokens = sum(int(b.attention_mask.sum()) for b in shards)
-        metrics["learner/input_tokens"] = float(n_tokens)
-        metrics["learner/step_seconds"] = seconds
-        metrics["perf/learner_tokens_per_s"] = n_tokens / seconds
+        metrics |= step_metrics(raw, shards, time.perf_counter() - t0)
         self.version += 1
         return metrics
 

@@ -7,6 +7,7 @@ Megatron ranks run as gloo worker processes on the CPU (the CPU compatibility la
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -159,3 +160,21 @@ def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_pa
         assert got["norms"][i] == pytest.approx(ref, rel=1e-5), f"trajectory {i}"
         n = int(sub.attention_mask.sum())
         torch.testing.assert_close(got["logprobs"][i][1:n], lp.detach()[0, 1:n], rtol=1e-5, atol=1e-5)
+
+
+def test_all_masked_batch_is_skipped_like_the_torch_learner(model_dir, batches):
+    from agent_rl.learners.megatron import build_megatron_learner
+
+    groups = copy.deepcopy(batches[0])
+    for g in groups:
+        for t in g.trajectories:
+            t.masked = True
+    learner = build_megatron_learner(recipe(model_dir, backend="megatron"), in_process=False)
+    try:
+        before = learner.hf_state_dict()
+        m = learner.step(groups)
+        assert m["learner/skipped"] == 1.0 and learner.version == 0
+        after = learner.hf_state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+    finally:
+        learner.close()

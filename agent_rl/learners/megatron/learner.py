@@ -17,8 +17,8 @@ import torch
 
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._dp import RankPool, _free_port
+from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
-from agent_rl.learners.torch_learner import _METRIC_NAMES
 from agent_rl.types import Group
 from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
@@ -79,15 +79,10 @@ class MegatronLearner:
         shares = [collate(s).policy for s in split_groups(groups, self.spec.dp)]
         for b in shares:
             b.validate()
-        raw = self._all("step", shares)
-        seconds = time.perf_counter() - t0
-        metrics = {_METRIC_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"}
-        metrics["learner/lr"] = float(raw["lr_scheduled"])
-        metrics.update(version_stats(groups, self.version))
-        n_tokens = sum(int(b.attention_mask.sum()) for b in shares)
-        metrics["learner/input_tokens"] = float(n_tokens)
-        metrics["learner/step_seconds"] = seconds
-        metrics["perf/learner_tokens_per_s"] = n_tokens / seconds
+        metrics = version_stats(groups, self.version)
+        if (skipped := skip_if_all_masked(shares, self.version)) is not None:
+            return metrics | skipped
+        metrics |= step_metrics(self._all("step", shares), shares, time.perf_counter() - t0)
         self.version += 1
         return metrics
 
