@@ -48,6 +48,42 @@ def main(runs: str, out: str) -> None:
         )
     Path(out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    png = Path(out).with_suffix(".png")
+    _plot(cells, png)
+    print(f"curves: {png}")
+
+
+def _plot(cells: dict[tuple[str, int], list[dict]], png: Path) -> None:
+    """One panel per lag: held-out accuracy at each eval, mean over seeds (band: min-max), per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lags = sorted({lag for _, lag in cells})
+    methods = sorted({m for m, _ in cells})
+    color = {m: f"C{i}" for i, m in enumerate(methods)}  # the same colour for a method in every panel
+    fig, axes = plt.subplots(1, len(lags), figsize=(4.6 * len(lags), 3.6), sharey=True, squeeze=False)
+    for ax, lag in zip(axes[0], lags, strict=True):
+        for (method, k), runs_ in sorted(cells.items()):
+            if k != lag:
+                continue
+            n = min(len(r["curve"]) for r in runs_)
+            steps = [10 * (i + 1) for i in range(n)]
+            cols = [[r["curve"][i] for r in runs_] for i in range(n)]
+            ax.plot(steps, [statistics.mean(c) for c in cols], marker="o", color=color[method],
+                    label=f"{method} ({len(runs_)})")  # fmt: skip
+            ax.fill_between(
+                steps, [min(c) for c in cols], [max(c) for c in cols], color=color[method], alpha=0.15
+            )
+        ax.axhline(WARM_START, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"k = {lag}")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("held-out accuracy")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
