@@ -8,7 +8,9 @@ for every answer, and re-raises the first rank's error with its traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -77,14 +79,17 @@ def _serve(
             conn.send(("err", traceback.format_exc()))
     dist.barrier()  # no rank may tear the group down while a peer still has gloo work in flight
     dist.destroy_process_group()
+    # Skip interpreter teardown: a TCPStore/gloo thread still joinable during C++ static destruction
+    # aborts the process ("terminate called without an active exception"); everything is sent.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class RankPool:
     """`world` spawned processes, each running one rank; `call` runs a method on all of them."""
 
     def __init__(self, spec: Any, world: int, build: RankBuilder = build_torch_rank):
-        import os
-
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
         threads = max(1, (os.cpu_count() or 1) // world)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gloo_exit import exit_worker
 
 from agent_rl.config import Recipe
 from agent_rl.types import Group, Trajectory
@@ -101,7 +102,6 @@ def trajectory_grad_norms_worker(
     rank: int, world: int, port: int, model_dir: str, sp: bool, batch, out: str
 ) -> None:
     """One TP rank: ‖∇ mean_t log π(τ_i)‖ of each row of `batch`, via the learner's own reductions; rank 0 saves."""
-    import torch.distributed as dist
 
     from agent_rl.learners.megatron.grads import finish_backward, grad_sq_norm
     from agent_rl.learners.megatron.logprobs import megatron_logprobs
@@ -120,8 +120,7 @@ def trajectory_grad_norms_worker(
         logprobs.append(lp.detach()[0])
     if rank == 0:
         torch.save({"norms": norms, "logprobs": logprobs}, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_worker()
 
 
 def packed_vs_padded_worker(
@@ -129,7 +128,6 @@ def packed_vs_padded_worker(
 ) -> None:
     """One TP rank: log-probs and the gradient norm of Σ masked log-probs over the whole micro-batch,
     once packed and once right-padded; rank 0 saves both."""
-    import torch.distributed as dist
 
     from agent_rl.learners.megatron.grads import finish_backward, grad_sq_norm
     from agent_rl.learners.megatron.logprobs import megatron_logprobs
@@ -148,5 +146,4 @@ def packed_vs_padded_worker(
         result[pack] = (lp.detach(), grad_sq_norm(params, [p.grad for p in params], groups) ** 0.5)
     if rank == 0:
         torch.save(result, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_worker()

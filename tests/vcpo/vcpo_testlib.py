@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_exit import exit_worker
 from torch import nn
 
 from vcpo import PolicyBatch, logprobs_of
@@ -70,14 +71,9 @@ def free_port() -> int:
 
 def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:  # noqa: ANN001
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        fn(rank, world, *args)
-        # Every rank's async gloo work (DDP's bucket all-reduces) must be finished before the
-        # group goes away; tearing down with work in flight aborts the process (seen in CI).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    torch.set_num_threads(1)
+    fn(rank, world, *args)
+    exit_worker()
 
 
 def run_gloo(fn, world: int, *args: object) -> None:  # noqa: ANN001
