@@ -32,14 +32,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_torch_rank(spec: RankSpec, rank: int, world: int, port: int) -> Any:
-    """Join the process group (NCCL when every rank has a GPU, else gloo) and build this rank's TorchRank."""
+def join_rank_group(rank: int, world: int, port: int) -> str:
+    """Join the learner's default process group: NCCL when every rank has a GPU of its own, else gloo.
+    Returns this rank's device."""
     import torch.distributed as dist
 
-    from agent_rl.learners._torch_rank import TorchRank
-
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    device = f"cuda:{rank}" if cuda else "cpu"
     if cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group(
@@ -49,6 +47,16 @@ def build_torch_rank(spec: RankSpec, rank: int, world: int, port: int) -> Any:
         world_size=world,
         timeout=timedelta(minutes=30),
     )
+    return f"cuda:{rank}" if cuda else "cpu"
+
+
+def build_torch_rank(spec: RankSpec, rank: int, world: int, port: int) -> Any:
+    """Join the process group and build this rank's TorchRank."""
+    import torch.distributed as dist
+
+    from agent_rl.learners._torch_rank import TorchRank
+
+    device = join_rank_group(rank, world, port)
     return TorchRank(spec, dp_group=dist.group.WORLD, device=device)
 
 

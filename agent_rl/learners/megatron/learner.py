@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agent_rl.batch import collate, split_groups, version_stats
-from agent_rl.learners._dp import RankPool, _free_port
+from agent_rl.learners._dp import RankPool, _free_port, join_rank_group
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
 from agent_rl.types import Group
@@ -25,23 +24,8 @@ from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
 def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) -> MegatronRank:
     """RankPool builder: join the process group, then build this rank's MegatronRank."""
-    _init_group(rank, world, port)
+    join_rank_group(rank, world, port)
     return MegatronRank(spec)
-
-
-def _init_group(rank: int, world: int, port: int) -> None:
-    import torch.distributed as dist
-
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(minutes=30),
-    )
 
 
 class MegatronLearner:
@@ -62,7 +46,7 @@ class MegatronLearner:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                _init_group(0, 1, _free_port())
+                join_rank_group(0, 1, _free_port())
             self._local = MegatronRank(spec)
         else:
             self._pool = RankPool(spec, spec.world, build=build_megatron_rank)
