@@ -54,6 +54,7 @@ class BufferCounters:
     recycled: int = 0
     masked_void: int = 0
     partial_trajectories: int = 0  # delivered trajectories sampled by more than one version
+    dropped_sampled_tokens: int = 0  # tokens sampled for groups that were dropped (thrown away, then resampled)
 
 
 class BufferClosed(RuntimeError):
@@ -166,9 +167,12 @@ class RolloutBuffer:
     def _resolve(self, g: _OpenGroup) -> None:
         del self._open[g.group_id]
         members = [t for t in g.members if t is not None]
+        sampled = sum(t.num_sampled for t in members)
         if any(t.finish_reason == FinishReason.ERROR for t in members):
+            self.counters.dropped_sampled_tokens += sampled
             self._drop(g.group_id, g.task_id, "error")
         elif g.doomed or self._over_bound(g.min_version()):
+            self.counters.dropped_sampled_tokens += sampled
             self._drop(g.group_id, g.task_id, "stale")
         elif self.cfg.drop_uniform_groups and len({t.reward for t in members}) == 1:
             self._drop(g.group_id, g.task_id, "uniform")

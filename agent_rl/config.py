@@ -174,12 +174,34 @@ class EvalConfig(Strict):
     samples_per_task: int = Field(1, ge=1)
 
 
+CoreRole = Literal["engine", "learner", "rollout"]
+
+
 class PlacementConfig(Strict):
     address: str | None = None
     """Existing Ray cluster (`ray://...` or `auto`); None starts a quiet local instance."""
     num_cpus: int | None = Field(None, ge=1)
     engine_gpus: int = Field(0, ge=0)
     learner_gpus: int = Field(0, ge=0)
+    topology: Literal["inprocess", "processes"] = "inprocess"
+    """inprocess: one embedded engine runs as a thread of the driver and the torch learner (dp=1) steps in the
+    driver, every part free to use every core (fastest for synchronous k=0). processes: the production
+    topology on one machine: every embedded engine is an `agent-rl serve` process, every learner rank its own
+    process, weights go by `engines.weight_sync` (nccl: the broadcast path, gloo on CPU), and each process is
+    pinned to its cores (`cores`)."""
+    cores: dict[CoreRole, tuple[int, ...]] | None = None
+    """processes only: CPU core ids per role (engine: shared by the engine processes; learner: split over the
+    learner ranks; rollout: the driver with the rollout workers, buffer and sandbox callers). Unset roles get
+    the automatic split: learner ranks on the upper half of the cores, engines and the driver on the rest."""
+
+    @model_validator(mode="after")
+    def _cores_need_processes(self) -> PlacementConfig:
+        if self.cores is not None and self.topology != "processes":
+            raise ValueError("placement.cores pins processes: it needs placement.topology: processes")
+        for role, ids in (self.cores or {}).items():
+            if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+                raise ValueError(f"placement.cores.{role}: give distinct core ids >= 0, e.g. [0] (got {list(ids)})")
+        return self
 
 
 class Recipe(Strict):
@@ -203,6 +225,15 @@ class Recipe(Strict):
             raise ValueError(
                 f"rollout.fixed_lag={self.rollout.fixed_lag} sets the engines' version itself; "
                 f"engines.sync_every must be 1 (got {self.engines.sync_every})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _processes_push_across_processes(self) -> Recipe:
+        if self.placement.topology == "processes" and self.engines.weight_sync == "memory":
+            raise ValueError(
+                "placement.topology: processes runs the learner and engines in processes of their own: set "
+                "engines.weight_sync: nccl (the broadcast path; gloo on CPU) or disk"
             )
         return self
 

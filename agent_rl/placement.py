@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from agent_rl import cores
 from agent_rl.config import EngineConfig, ModelConfig, Recipe
+from agent_rl.cores import CoreMap
 from agent_rl.engines.api import EngineClient
 
 log = logging.getLogger(__name__)
@@ -35,13 +37,27 @@ class Plan:
     needs_ray: bool
     address: str | None  # join this cluster; None: start a local instance if needs_ray
     reason: str  # why Ray is (not) needed, for the log and --dry-run
+    topology: str = "inprocess"  # placement.topology
+    cores: CoreMap | None = None  # processes: which cores each process is pinned to
+
+    def describe(self) -> list[str]:
+        """Which process runs what, on which cores (`--dry-run`)."""
+        if self.cores is not None:
+            return ["topology processes (each process pinned to its cores):", *self.cores.lines()]
+        if self.role("engine").count == 1 and not self.needs_ray:
+            return [
+                "topology inprocess: the embedded engine is a thread of the driver and the learner steps in the "
+                "driver; both may use every core (no pinning)"
+            ]
+        return [f"topology {self.topology}: no pinning"]
 
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
 
 
-def plan(recipe: Recipe, address: str | None = None) -> Plan:
-    """Roles and resources for a recipe. `address` (the CLI's --address) overrides placement.address."""
+def plan(recipe: Recipe, address: str | None = None, cpus: tuple[int, ...] | None = None) -> Plan:
+    """Roles and resources for a recipe. `address` (the CLI's --address) overrides placement.address;
+    `cpus`: the cores to place on (default: those this process may use)."""
     address = address or recipe.placement.address
     eng, lrn = recipe.engines, recipe.learner
     local_engines = eng.count if eng.type == "embedded" else 0
@@ -58,11 +74,18 @@ def plan(recipe: Recipe, address: str | None = None) -> Plan:
         reason = f"joining {address}: {local_engines} engine replica(s) placed as Ray actors"
     else:
         reason = f"one machine: {world} learner rank(s), {local_engines} engine(s) as local processes, no Ray"
-    return Plan(roles, bool(address), address, reason)
+    pc = recipe.placement
+    core_map = None
+    if pc.topology == "processes" and not address:
+        core_map = cores.assign(pc.cores, engines=local_engines, learner_ranks=world, cpus=cpus or cores.available())
+    return Plan(roles, bool(address), address, reason, pc.topology, core_map)
 
 
 def apply(p: Plan) -> bool:
-    """Start a quiet local Ray (or join `p.address`) if the plan needs it; returns whether Ray is up."""
+    """Pin this process (the driver) to its cores under the processes topology; start a quiet local Ray (or
+    join `p.address`) if the plan needs it. Returns whether Ray is up."""
+    if p.cores is not None:
+        cores.pin(p.cores.rollout)
     if not p.needs_ray:
         return False
     try:
@@ -139,7 +162,7 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
     sglang/vllm are external servers at `eng.urls`. Must run on the rollout event loop."""
     from agent_rl.engines.embedded import EmbeddedEngine
 
-    if eng.type == "embedded" and eng.count == 1:
+    if eng.type == "embedded" and eng.count == 1 and p.cores is None:
         client = EmbeddedEngine(
             model.path, max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype, seed=seed
         )
@@ -157,10 +180,14 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
             urls = await asyncio.gather(*[asyncio.wrap_future(h.url.remote().future()) for h in handles])
             clients: list[EngineClient] = [SGLangClient(u) for u in urls]
         else:
-            for i in range(eng.count):
-                handles.append(await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, **kw))
+            pins = p.cores.engines if p.cores is not None else (None,) * eng.count
+            for i, c in enumerate(pins):
+                handles.append(await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, cores=c, **kw))
             engines = Engines(EnginePool([h.client() for h in handles]), handles)
-            engines.relaunch = lambda port: launch_embedded(model.path, port=port, seed=seed, **kw)
+            by_port = {int(h.url.rsplit(":", 1)[1].split("/")[0]): c for h, c in zip(handles, pins, strict=True)}
+            engines.relaunch = lambda port: launch_embedded(
+                model.path, port=port, seed=seed, cores=by_port.get(port), **kw
+            )
             engines.supervise()
             return engines
     else:

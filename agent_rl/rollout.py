@@ -85,6 +85,7 @@ class RolloutCounters:
     tool_calls: int = 0
     tool_errors: int = 0  # code ran and exited non-zero or timed out (an observation, not a failure)
     aborts: int = 0  # turns interrupted by a weight update and continued
+    aborted_turn_seconds: float = 0.0  # generation wall time of those turns (abort and continuation included)
     engine_retries: int = 0
     errors: int = 0  # episodes ended by an infrastructure error (FinishReason.ERROR)
     abandoned: int = 0  # episodes stopped because their group went over the staleness bound
@@ -229,6 +230,7 @@ class Rollouts:
                     break
                 aborts += 1
             self.counters.aborts += aborts
+            self.counters.aborted_turn_seconds += gen_s if aborts else 0.0
             if self.buffer.doomed(traj.group_id):
                 return False
             t0 = time.monotonic()
@@ -322,6 +324,7 @@ class Rollouts:
             "rollout/gen_seconds_per_turn": d["gen_seconds"] / max(d["turns"], 1),
             "rollout/tool_seconds_per_turn": d["tool_seconds"] / max(d["turns"], 1),
             "rollout/aborts": c.aborts,
+            "rollout/aborted_turn_seconds": d["aborted_turn_seconds"],
             "rollout/engine_retries": c.engine_retries,
             "rollout/errors": c.errors,
             "rollout/abandoned": c.abandoned,

@@ -47,7 +47,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
         sandbox = envs.make_sandbox(spec)
         cleanup.callback(lambda: loop.call(sandbox.close()))
         prompts = PromptSource(envs.make(spec, tokenizer, sandbox).tasks("train"), seed=recipe.train.seed)
-        learner = build_learner(recipe)
+        learner = build_learner(recipe, rank_cores=plan.cores.learner_ranks if plan.cores else None)
         cleanup.callback(learner.close)
         start, lagged = 0, []
         if resume:
@@ -155,6 +155,8 @@ def _log_batch(run_dir: Path, step: int, batch) -> None:
         "step": step,
         "tasks": [g.trajectories[0].task_id for g in batch],
         "uids": [t.uid for g in batch for t in g.trajectories],
+        "sampled_tokens": [t.num_sampled for g in batch for t in g.trajectories],  # length-bias audits
+        "turns": [len(t.turns) for g in batch for t in g.trajectories],
     }
     with open(run_dir / "batches.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -184,6 +186,7 @@ def main_train(argv: list[str] | None = None) -> int:
         print(f"{args.recipe}: ok; run dir {args.resume or recipe.run_dir}; Ray: {plan.reason}")
         for role in plan.roles:
             print(f"  {role.name}: {role.count} x ({role.cpus:g} CPU, {role.gpus:g} GPU)")
+        print("\n".join(f"  {line}" for line in plan.describe()))
         return 0
     print(train(recipe, resume=args.resume, address=args.address))
     return 0

@@ -1,255 +1,410 @@
-"""Asynchronous (k=2, k=8) versus synchronous (k=0) training of the same recipe, in one invocation.
+"""Asynchronous vs synchronous RL, measured as wall time to the same held-out accuracy, in one invocation.
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--task digits|tiny_arith] [--steps 40] [--ks 0,2,8]
+    .venv/bin/python benchmarks/async_vs_sync.py [--quick] [--seeds 3] [--steps 30] [--ks 0,1,2,4]
 
-Every run: recipes/tiny_tir_smoke.yaml (embedded CPU engine, local sandbox, torch learner, VCPO),
-4 prompts x 8 samples per step, the same start model, periodic eval; only k differs. Reported
-per run: wall time per step, learner busy fraction (share of each step spent in learner.step),
-engine busy fraction (share of wall time with a generate request in flight), the eval reward
-curve, and the wall time until eval reward first reaches the target. Ratios are against k=0 from
-the same invocation. Writes benchmarks/results/async_vs_sync.json and .md.
+Task: envs/tiny_chain.yaml (tiny_arith with a long tail of episode lengths: one-digit sums in 1 turn,
+products in 2, chains of 2-6 products in 3-7 turns), from an SFT warm start on the scripted teacher's
+traces (tool used on 30% of hard problems). Recipe: recipes/async_bench/tiny_chain.yaml.
 
-Tasks:
-- digits (default): tiny_arith prompts, a random tiny model, and a dense reward (share of digits
-  in the response). Synthetic, but the policy learns it within tens of steps on CPU, so "time to
-  target" is measurable here.
-- tiny_arith: the real task with its 0/1 reward, from an SFT warm start on the scripted teacher's
-  traces (tool used 30% of the time); target = warm-start eval accuracy + --gain. On this CPU the
-  tiny warm start is weak (a few % accuracy) and rarely reaches the target in a short run.
+Cells (every one is `agent-rl train` in its own process, as a user runs it):
+- sync: k=0, VCPO, the placement fastest for sync: `placement.topology: inprocess` (the embedded engine is a
+  thread of the driver, the learner steps in the driver, every phase free to use both cores);
+- async k in --ks (>0): VCPO, `placement.topology: processes` (engine server pinned to core 0 with the
+  driver, learner rank process pinned to core 1, weights broadcast over gloo: `engines.weight_sync: nccl`);
+- plain REINFORCE (GRPO advantages, no IS correction, no ESS-scaled lr) at the largest k, same placement.
+Runs are interleaved (for each seed, every cell in a rotated order) so machine noise hits all cells alike.
+
+Held-out accuracy is measured after the runs, on each run's checkpoints (every `checkpoint.every` steps,
+the same 100 test tasks, one sample at T=1, the in-process engine): evaluation never competes with the
+runs it measures. Training wall time at step s = sum of `perf/step_seconds` up to s (take + learner step
++ weight sync; start-up, checkpoint writes and logging excluded, and reported separately).
+
+Results: benchmarks/results/async_vs_sync.{json,md} and async_vs_sync.png (accuracy vs wall time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
-RECIPE = ROOT / "recipes" / "tiny_tir_smoke.yaml"
+RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
+ENV = ROOT / "envs" / "tiny_chain.yaml"
+# Warm start: as the main job (recipes/tiny_tir.py), on tiny_chain's teacher.
+SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE = 3000, 3000, 0.3
+SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=320, warmup_steps=10)
+MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def warm_start(work: Path, n_traces: int) -> Path:
-    """Tiny model + SFT on teacher traces; returns the SFT model dir (reused if already there)."""
-    from agent_rl.sft import run_sft
-    from agent_rl.tiny import build_tiny
-    from envs.tiny_arith import corpus, teacher_traces
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    k: int
+    method: str  # vcpo | plain
+    topology: str  # inprocess | processes
 
+    def overrides(self) -> list[str]:
+        out = [f"buffer.max_staleness={self.k}", f"placement.topology={self.topology}"]
+        if self.topology == "processes":
+            out.append("engines.weight_sync=nccl")
+        if self.method == "plain":
+            out += ["algorithm.loss=reinforce", "algorithm.advantage=grpo", "algorithm.ess_lr_rule=none"]
+        return out
+
+
+def cells_for(ks: list[int]) -> list[Cell]:
+    cells = [Cell("sync k=0", 0, "vcpo", "inprocess")]
+    cells += [Cell(f"async k={k}", k, "vcpo", "processes") for k in ks if k > 0]
+    if max(ks) > 0:
+        cells.append(Cell(f"plain k={max(ks)}", max(ks), "plain", "processes"))
+    return cells
+
+
+# -- warm start ---------------------------------------------------------------------------
+def warm_start(work: Path) -> Path:
+    """Tokenizer + tiny Qwen2 from scratch, SFT on tiny_chain teacher traces; reused when present."""
     sft_dir = work / "sft"
     if (sft_dir / "config.json").is_file():
         return sft_dir
-    base = build_tiny(work / "base", corpus(), vocab_size=512, seed=0, hidden=128, layers=2)
-    rows = []
-    for tr in teacher_traces(n_traces, seed=7, tool_rate=0.3):
-        pieces = [
-            {
-                "text": s.text if s.kind == "model" else f"```output\n{s.text}\n```\n",
-                "train": s.kind == "model",
-            }
-            for s in tr.segments
-        ]
-        rows.append({"prompt": tr.prompt, "response": pieces})
-    data = work / "teacher.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run_sft(base, data, sft_dir, epochs=3, lr=2e-3, batch_size=32, max_len=256, progress=False)
-
-
-def digit_share(text: str, task: object) -> float:
-    """The digits task's reward: share of digit characters in the response (0..1)."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-
-
-def digits_env(work: Path) -> Path:
-    """envs/tiny_arith.yaml with short budgets and the dense reward above (void turns trained, not masked)."""
-    import yaml
-
-    spec = yaml.safe_load((ROOT / "envs" / "tiny_arith.yaml").read_text())
-    spec["name"] = "tiny_arith_digits"
-    spec["turns"] = {"max_turns": 2, "max_tokens_per_turn": 24, "max_response_tokens": 48}
-    spec["reward"] = {"type": "callable", "import_path": "async_vs_sync:digit_share"}
-    spec["group_size"] = 8
-    path = work / "tiny_arith_digits.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def task_overrides(task: str, work: Path) -> list[str]:
-    if task == "digits":
-        return [f"envs.train={digits_env(work)}", "buffer.mask_void=false"]
-    return []
-
-
-def random_model(work: Path) -> Path:
+    from agent_rl.sft import run_sft
     from agent_rl.tiny import build_tiny
-    from envs.tiny_arith import corpus
+    from envs.tiny_chain import corpus, teacher_traces
+    from recipes.tiny_tir import sft_row
 
-    if (work / "random" / "config.json").is_file():
-        return work / "random"
-    return build_tiny(work / "random", corpus(), vocab_size=512, seed=0, hidden=128, layers=2)
+    base = work / "base"
+    if not (base / "config.json").is_file():
+        build_tiny(base, corpus(), seed=0, **MODEL)
+    rows = [sft_row(t) for t in teacher_traces(SFT_TRACES, seed=7, tool_rate=SFT_TOOL_RATE)]
+    drills = teacher_traces(SFT_DRILL, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.5)
+    rows += [sft_row(t, train_first_token=False) for t in drills]
+    data = work / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_sft(base, data, sft_dir, **SFT)
 
 
-def run(
-    model: Path, work: Path, k: int, steps: int, eval_every: int, eval_limit: int, lr: float, extra: list[str]
-) -> list[dict]:
-    from agent_rl.config import load_recipe
-    from agent_rl.metrics import read_metrics
-    from agent_rl.trainer import train
+# -- one run ------------------------------------------------------------------------------
+def cpu_times() -> list[tuple[int, int]]:
+    """(busy, total) jiffies per core from /proc/stat."""
+    out = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + v[4]
+            out.append((sum(v) - idle, sum(v)))
+    return out
 
-    run_dir = work / f"k{k}"
-    recipe = load_recipe(
-        RECIPE,
-        [
-            f"model.path={model}",
-            f"logging.run_dir={run_dir}",
-            f"buffer.max_staleness={k}",
-            f"train.steps={steps}",
-            "train.batch_prompts=4",
-            f"learner.lr={lr}",
-            "checkpoint.every=0",
-            f"eval.every={eval_every}",
-            f"eval.limit={eval_limit}",
-            *extra,
-        ],
-    )
+
+def train_run(cell: Cell, seed: int, model: Path, run_dir: Path, steps: int, every: int) -> dict:
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
-    train(recipe)
-    return read_metrics(run_dir)
+    sets = [
+        f"model.path={model}",
+        f"logging.run_dir={run_dir}",
+        f"train.steps={steps}",
+        f"train.seed={seed}",
+        f"checkpoint.every={every}",
+        *cell.overrides(),
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        str(RECIPE),
+        *(a for s in sets for a in ("--set", s)),
+    ]
+    before, t0 = cpu_times(), time.monotonic()
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    wall, after = time.monotonic() - t0, cpu_times()
+    if rc != 0:
+        raise SystemExit(
+            f"{cell.name} seed {seed} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}"
+        )
+    core_busy = [(a[0] - b[0]) / max(1, a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    return {"process_wall_s": wall, "core_busy": core_busy}
 
 
-def baseline_accuracy(model: Path, work: Path, eval_limit: int, extra: list[str]) -> float:
+def evaluate_checkpoints(run_dir: Path, model: Path, limit: int) -> dict[int, float]:
+    """Held-out accuracy of every checkpoint of a run (step -> accuracy)."""
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 
-    recipe = load_recipe(
-        RECIPE,
-        [f"model.path={model}", f"logging.run_dir={work / 'eval0'}", f"eval.limit={eval_limit}", *extra],
-    )
-    return evaluate(recipe).accuracy
+    recipe = load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={limit}"])
+    out = {}
+    for ck in sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
+        out[int(ck.name.split("_")[1])] = evaluate(recipe, checkpoint=ck).accuracy
+    return out
 
 
-def summarise(records: list[dict], target: float) -> dict:
-    steps = [r for r in records if "perf/step_seconds" in r]
-    evals = [r for r in records if "eval/accuracy" in r]
-    hit = next((r for r in evals if r["eval/accuracy"] >= target), None)
-    # perf/step_seconds excludes the periodic eval (identical work in every run, not part of the comparison)
-    train_s = [r["perf/step_seconds"] for r in steps]
+def summarise_run(run_dir: Path, accuracy: dict[int, float], start_acc: float) -> dict:
+    from agent_rl.metrics import read_metrics
+
+    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+    cum, t = [], 0.0
+    for r in recs:
+        t += r["perf/step_seconds"]
+        cum.append(t)
+    curve = [(0.0, start_acc)] + [(cum[s - 1], a) for s, a in sorted(accuracy.items())]
+    batches = [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
+    trained = sorted(n for b in batches for n in b.get("sampled_tokens", []))
+    turns = sorted(n for b in batches for n in b.get("turns", []))
+    last = recs[-1]
+    med = statistics.median
     return {
-        "steps": len(steps),
-        "wall_seconds": records[-1]["time"],
-        "seconds_per_step": statistics.mean(train_s),
-        "learner_busy_fraction": statistics.mean(r["perf/learner_busy_fraction"] for r in steps),
-        "engine_busy_fraction": statistics.mean(r["perf/engine_busy_fraction"] for r in steps),
-        "staleness_mean": statistics.mean(r.get("buffer/staleness_mean", 0.0) for r in steps),
-        "dropped_stale": records[-1]["buffer/dropped_stale"],
-        "ess_ratio_mean": statistics.mean(r["vcpo/ess_ratio"] for r in steps),
-        "eval_accuracy": [(r["step"], round(r["eval/accuracy"], 4)) for r in evals],
-        "final_eval_accuracy": evals[-1]["eval/accuracy"] if evals else None,
-        "seconds_to_target": None if hit is None else hit["time"],
-        "step_to_target": None if hit is None else hit["step"],
+        "curve": curve,
+        "final_accuracy": curve[-1][1],
+        "train_seconds": cum[-1],
+        "seconds_per_step": med(r["perf/step_seconds"] for r in recs),
+        "learner_busy_fraction": statistics.mean(r["perf/learner_busy_fraction"] for r in recs),
+        "engine_busy_fraction": statistics.mean(r["perf/engine_busy_fraction"] for r in recs),
+        "weight_sync_seconds": sum(r["perf/weight_sync_seconds"] for r in recs),
+        "wait_seconds": sum(r["perf/wait_seconds"] for r in recs),
+        "aborted_turns": last.get("rollout/aborts", 0),
+        "aborted_turn_seconds": sum(r.get("rollout/aborted_turn_seconds", 0.0) for r in recs),
+        "ess_ratio_mean": statistics.mean(r.get("vcpo/ess_ratio", 1.0) for r in recs),
+        "staleness_mean": statistics.mean(r.get("buffer/staleness_mean", 0.0) for r in recs),
+        "dropped_stale_groups": last.get("buffer/dropped_stale", 0),
+        "dropped_sampled_tokens": last.get("buffer/dropped_sampled_tokens", 0),
+        "trained_tokens": {
+            "p50": _pct(trained, 50),
+            "p90": _pct(trained, 90),
+            "max": trained[-1],
+            "sum": sum(trained),
+        },
+        "trained_turns": {"p50": _pct(turns, 50), "p90": _pct(turns, 90), "max": turns[-1]},
     }
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Training wall time of the first checkpoint at or above `target` (None if never)."""
+    return next((t for t, a in curve if a >= target - 1e-9), None)
+
+
+# -- the task's episode lengths --------------------------------------------------------------
+def length_profile(model: Path, n: int = 200) -> dict:
+    """Turns and sampled tokens per episode of the warm start on the test split (p50, p90, max)."""
+    from agent_rl.config import load_recipe
+    from agent_rl.evaluate import evaluate
+
+    recipe = load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={n}"])
+    rep = evaluate(recipe)
+    return {k: v for k, v in rep.to_dict().items() if k.startswith(("turns", "tokens", "episode", "tool"))}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", choices=("digits", "tiny_arith"), default="digits")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--ks", default="0,2,8")
-    p.add_argument("--eval-every", type=int, default=5)
-    p.add_argument("--eval-limit", type=int, default=32)
-    p.add_argument("--lr", type=float, default=None, help="default: 3e-3 (digits), 2e-4 (tiny_arith)")
-    p.add_argument("--target", type=float, default=0.5, help="digits: eval reward to reach")
-    p.add_argument("--gain", type=float, default=0.05, help="tiny_arith: target = warm-start accuracy + gain")
-    p.add_argument(
-        "--traces", type=int, default=3000, help="tiny_arith: teacher traces for the SFT warm start"
-    )
+    p.add_argument("--quick", action="store_true", help="1 seed, k in {0,2}, 10 steps (under 10 minutes)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--every", type=int, default=5, help="checkpoint (and so evaluation) interval in steps")
+    p.add_argument("--ks", default="0,1,2,4")
+    p.add_argument("--eval-limit", type=int, default=100)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_async_vs_sync")
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        args.seeds, args.steps, args.ks = 1, 10, "0,2"
     ks = [int(k) for k in args.ks.split(",")]
     if ks[0] != 0:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
-    lr = args.lr if args.lr is not None else (3e-3 if args.task == "digits" else 2e-4)
-    extra = task_overrides(args.task, args.work)
-    if args.task == "digits":
-        model = random_model(args.work)
-    else:
-        log("warm start: tiny model + SFT on teacher traces")
-        model = warm_start(args.work, args.traces)
-    base_acc = baseline_accuracy(model, args.work, args.eval_limit, extra)
-    target = args.target if args.task == "digits" else base_acc + args.gain
-    log(f"{args.task}: start eval reward {base_acc:.3f}; target {target:.3f}")
-    results = {}
-    for k in ks:
-        log(f"k={k}: {args.steps} steps")
-        results[k] = summarise(
-            run(model, args.work, k, args.steps, args.eval_every, args.eval_limit, lr, extra), target
-        )
-        log(f"k={k}: {json.dumps(results[k])}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    log("warm start: tiny model + SFT on tiny_chain teacher traces (cached)")
+    model = warm_start(args.work)
+    from agent_rl.config import load_recipe
+    from agent_rl.evaluate import evaluate
 
-    base = results[0]
-    for r in results.values():
-        r["step_time_ratio_vs_k0"] = r["seconds_per_step"] / base["seconds_per_step"]
-        r["speedup_vs_k0"] = base["seconds_per_step"] / r["seconds_per_step"]
-        both = r["seconds_to_target"] is not None and base["seconds_to_target"] is not None
-        r["time_to_target_ratio_vs_k0"] = r["seconds_to_target"] / base["seconds_to_target"] if both else None
-    out = {
-        "command": " ".join(["benchmarks/async_vs_sync.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
-        "steps": args.steps,
-        "lr": lr,
-        "task": args.task,
-        "batch": "4 prompts x 8 samples, embedded CPU engine, local sandbox, torch learner, VCPO",
-        "warm_start_eval_accuracy": base_acc,
-        "target_eval_accuracy": target,
-        "runs": {f"k={k}": r for k, r in results.items()},
-    }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "async_vs_sync.json").write_text(json.dumps(out, indent=2) + "\n")
-    (OUT / "async_vs_sync.md").write_text(markdown(out))
+    start_acc = evaluate(
+        load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={args.eval_limit}"])
+    ).accuracy
+    log(f"warm start held-out accuracy {start_acc:.3f}")
+    cells = cells_for(ks)
+    load = os.getloadavg()
+    runs = []
+    total = len(cells) * args.seeds
+    for seed in range(args.seeds):
+        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotate: no cell always runs first
+        for cell in order:
+            run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{seed}"
+            log(f"[{len(runs) + 1}/{total}] {cell.name} seed {seed}")
+            info = train_run(cell, seed, model, run_dir, args.steps, args.every)
+            runs.append((cell, seed, run_dir, info))
+    log("evaluating checkpoints")
+    results = []
+    for cell, seed, run_dir, info in runs:
+        acc = evaluate_checkpoints(run_dir, model, args.eval_limit)
+        r = {"name": cell.name, "k": cell.k, "method": cell.method, "topology": cell.topology, "seed": seed}
+        r |= summarise_run(run_dir, acc, start_acc) | info
+        results.append(r)
+        log(f"{cell.name} seed {seed}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
+    out = report(results, cells, args, start_acc, model, load)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "async_vs_sync.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.out / "async_vs_sync.md").write_text(markdown(out))
+    plot(out, args.out / "async_vs_sync.png")
     print(markdown(out))
     return 0
 
 
+def report(results: list[dict], cells: list[Cell], args, start_acc: float, model: Path, load) -> dict:
+    med = statistics.median
+    sync = [r for r in results if r["k"] == 0]
+    sync_final = med(r["final_accuracy"] for r in sync)
+    for r in results:
+        r["time_to_sync_final_s"] = time_to(r["curve"], sync_final)
+        r["time_to_90pct_sync_final_s"] = time_to(r["curve"], 0.9 * sync_final)
+    per_cell = {}
+    for c in cells:
+        rs = [r for r in results if r["name"] == c.name]
+        reached = [r["time_to_sync_final_s"] for r in rs if r["time_to_sync_final_s"] is not None]
+        reached90 = [
+            r["time_to_90pct_sync_final_s"] for r in rs if r["time_to_90pct_sync_final_s"] is not None
+        ]
+        finals = [r["final_accuracy"] for r in rs]
+        per_cell[c.name] = {
+            **asdict(c),
+            "runs": len(rs),
+            "final_accuracy_mean": statistics.mean(finals),
+            "final_accuracy_std": statistics.pstdev(finals),
+            "reached_sync_final": len(reached),
+            "time_to_sync_final_median_s": med(reached) if len(reached) * 2 > len(rs) else None,
+            "time_to_90pct_median_s": med(reached90) if len(reached90) * 2 > len(rs) else None,
+            "seconds_per_step_median": med(r["seconds_per_step"] for r in rs),
+            "train_seconds_median": med(r["train_seconds"] for r in rs),
+            "learner_busy": statistics.mean(r["learner_busy_fraction"] for r in rs),
+            "engine_busy": statistics.mean(r["engine_busy_fraction"] for r in rs),
+            "core_busy": [
+                round(statistics.mean(r["core_busy"][i] for r in rs), 3)
+                for i in range(len(rs[0]["core_busy"]))
+            ],
+            "weight_sync_seconds": statistics.mean(r["weight_sync_seconds"] for r in rs),
+            "wait_seconds": statistics.mean(r["wait_seconds"] for r in rs),
+            "aborted_turns": statistics.mean(r["aborted_turns"] for r in rs),
+            "aborted_turn_seconds": statistics.mean(r["aborted_turn_seconds"] for r in rs),
+            "ess_ratio_mean": statistics.mean(r["ess_ratio_mean"] for r in rs),
+            "dropped_sampled_tokens": statistics.mean(r["dropped_sampled_tokens"] for r in rs),
+            "trained_tokens_p50": med(r["trained_tokens"]["p50"] for r in rs),
+            "trained_tokens_p90": med(r["trained_tokens"]["p90"] for r in rs),
+            "trained_tokens_max": max(r["trained_tokens"]["max"] for r in rs),
+            "trained_turns_p90": med(r["trained_turns"]["p90"] for r in rs),
+            "trained_turns_max": max(r["trained_turns"]["max"] for r in rs),
+        }
+    sync_t = per_cell["sync k=0"]["time_to_sync_final_median_s"]
+    timed = [
+        c
+        for c in per_cell.values()
+        if c["method"] == "vcpo" and c["k"] > 0 and c["time_to_sync_final_median_s"] is not None
+    ]
+    best = min(timed, key=lambda c: c["time_to_sync_final_median_s"], default=None)
+    best_t = None if best is None else best["time_to_sync_final_median_s"]
+    speedup = sync_t / best_t if (sync_t and best_t) else None
+    return {
+        "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "checkpoint_every": args.every,
+        "eval_tasks": args.eval_limit,
+        "warm_start_accuracy": start_acc,
+        "cells": [{k: v for k, v in r.items() if k != "curve"} | {"curve": r["curve"]} for r in results],
+        "per_cell": per_cell,
+        "summary": {
+            "sync_final_accuracy": sync_final,
+            "sync_time_to_final_median_s": sync_t,
+            "best_k": None if best is None else best["k"],
+            "best_time_to_sync_final_median_s": best_t,
+            "speedup_to_sync_final": speedup,
+            "best_final_accuracy_mean": None if best is None else best["final_accuracy_mean"],
+        },
+    }
+
+
 def markdown(out: dict) -> str:
-    def f(x: float | None, fmt: str = "{:.2f}") -> str:
+    def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
 
+    s = out["summary"]
     lines = [
-        "# Async (k>0) vs sync (k=0) training, same recipe, one invocation",
+        "# Async vs sync: wall time to sync's final held-out accuracy (one invocation, interleaved)",
         "",
-        f"`{out['command']}` on {out['machine']}; task {out['task']}; {out['steps']} steps at lr {out['lr']:g}; "
-        f"{out['batch']}.",
-        f"Eval reward of the start model {out['warm_start_eval_accuracy']:.3f}; target {out['target_eval_accuracy']:.3f}.",
+        f"`{out['command'].strip()}`; {out['machine']}; {out['recipe']}, {out['steps']} steps, {out['seeds']} seed(s) per "
+        f"cell; held-out accuracy of checkpoints every {out['checkpoint_every']} steps on {out['eval_tasks']} tasks. "
+        f"Warm start {out['warm_start_accuracy']:.3f}.",
         "",
-        "| run | s/step | speed-up vs k=0 | learner busy | engine busy | staleness | ESS ratio | final eval reward | "
-        "time to target (s) | vs k=0 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"**Sync final accuracy {s['sync_final_accuracy']:.3f}; best async k = {s['best_k']}; "
+        f"speed-up to sync's final accuracy {f(s['speedup_to_sync_final'])}x** "
+        f"(median sync time {f(s['sync_time_to_final_median_s'], '{:.0f}')} s / median best-async time "
+        f"{f(s['best_time_to_sync_final_median_s'], '{:.0f}')} s).",
+        "",
+        "| cell | topology | final acc (mean ± std) | reached | time to 90% (s) | time to 100% (s) | s/step | "
+        "learner busy | engine busy | core busy | sync s | wait s | aborted turns (s) | ESS | dropped tok | "
+        "trained tok p50/p90/max | turns p90/max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in out["runs"].items():
+    for name, c in out["per_cell"].items():
         lines.append(
-            f"| {name} | {f(r['seconds_per_step'])} | {f(r['speedup_vs_k0'])}x | {f(r['learner_busy_fraction'])} | "
-            f"{f(r['engine_busy_fraction'])} | {f(r['staleness_mean'])} | {f(r['ess_ratio_mean'], '{:.3f}')} | "
-            f"{f(r['final_eval_accuracy'], '{:.3f}')} | {f(r['seconds_to_target'], '{:.0f}')} | "
-            f"{f(r['time_to_target_ratio_vs_k0'])} |"
+            f"| {name} ({c['method']}) | {c['topology']} | {c['final_accuracy_mean']:.3f} ± {c['final_accuracy_std']:.3f} | "
+            f"{c['reached_sync_final']}/{c['runs']} | {f(c['time_to_90pct_median_s'], '{:.0f}')} | "
+            f"{f(c['time_to_sync_final_median_s'], '{:.0f}')} | {c['seconds_per_step_median']:.2f} | "
+            f"{c['learner_busy']:.2f} | {c['engine_busy']:.2f} | {'/'.join(f'{x:.2f}' for x in c['core_busy'])} | "
+            f"{c['weight_sync_seconds']:.1f} | {c['wait_seconds']:.1f} | {c['aborted_turns']:.0f} "
+            f"({c['aborted_turn_seconds']:.1f}) | {c['ess_ratio_mean']:.2f} | {c['dropped_sampled_tokens']:.0f} | "
+            f"{c['trained_tokens_p50']:.0f}/{c['trained_tokens_p90']:.0f}/{c['trained_tokens_max']:.0f} | "
+            f"{c['trained_turns_p90']:.0f}/{c['trained_turns_max']:.0f} |"
         )
     lines += [
         "",
-        "s/step: wall time of take + learner step + weight sync, averaged over steps (periodic eval excluded).",
-        "Learner busy: share of a step spent in learner.step; engine busy: share of wall time with a request in flight.",
+        "Times are training wall time (sum of per-step take + learner step + weight sync), medians over seeds;",
+        "a cell's time is given when most of its seeds reached the target. Learner busy: share of a step in",
+        "learner.step; engine busy: share of wall time with a generate request in flight; core busy: share of",
+        "each core's time busy (/proc/stat, whole run incl. start-up); sync s / wait s: seconds in weight sync",
+        "/ waiting for a batch per run; aborted turns: turns interrupted by a weight push and continued (their",
+        "generation seconds); dropped tok: sampled tokens thrown away with groups over the staleness bound;",
+        "trained tok: sampled tokens per trained trajectory.",
         "",
     ]
     return "\n".join(lines)
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = {}
+    for r in out["cells"]:
+        c = colors.setdefault(r["name"], f"C{len(colors)}")
+        t, a = zip(*r["curve"], strict=True)
+        ax.plot(t, a, color=c, alpha=0.8, label=r["name"] if r["seed"] == 0 else None, marker=".")
+    ax.axhline(out["summary"]["sync_final_accuracy"], color="k", ls="--", lw=0.8, label="sync final (median)")
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title("tiny_chain: accuracy vs wall time, every seed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

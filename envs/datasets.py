@@ -196,6 +196,11 @@ def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], Datase
 
         tasks = tiny_arith.make_tasks(source.size, source.seed, source.easy_fraction)
         report = DatasetReport("tiny_arith", rows=len(tasks))
+    elif source.generator == "tiny_chain":
+        from envs import tiny_chain
+
+        tasks = tiny_chain.make_tasks(source.size, source.seed, source.easy_fraction, source.chain_fraction)
+        report = DatasetReport("tiny_chain", rows=len(tasks))
     else:
         if source.dataset is not None:
             raw = _builtin(source.dataset, source.part, root)

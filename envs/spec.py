@@ -62,12 +62,14 @@ class DataSource(Strict):
     """Dotted path into a row for the problem text (e.g. `prompt.0.content`); file sources only."""
     answer_field: str = "answer"
     id_field: str | None = None
-    generator: Literal["tiny_arith"] | None = None
+    generator: Literal["tiny_arith", "tiny_chain"] | None = None
     size: int = Field(1000, ge=1)
     """Generator sources: number of tasks."""
     seed: int = 0
     easy_fraction: float = Field(0.25, ge=0, le=1)
-    """tiny_arith: share of one-digit sums (solvable without the tool)."""
+    """tiny_arith, tiny_chain: share of one-digit sums (solvable without the tool)."""
+    chain_fraction: float = Field(0.2, ge=0, lt=1)
+    """tiny_chain: share of multi-step chains (2-6 tool turns; the long tail of episode lengths)."""
     limit: int | None = Field(None, ge=1)
     """Keep only the first `limit` tasks (after fixes and de-duplication)."""
 
@@ -77,7 +79,7 @@ class DataSource(Strict):
         if len(kinds) != 1:
             raise ValueError(
                 f"give exactly one of dataset (one of {', '.join(BUILTIN_DATASETS)}), path (a parquet/jsonl file) "
-                f"or generator (tiny_arith); got {kinds or 'none'}"
+                f"or generator (tiny_arith, tiny_chain); got {kinds or 'none'}"
             )
         return self
 

@@ -130,10 +130,11 @@ def launch_embedded(
     dtype: str = "float32",
     seed: int = 0,
     threads: int = 0,
+    cores: tuple[int, ...] | None = None,
 ) -> EmbeddedServerHandle:
     """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers.
 
-    threads: torch CPU threads of the server process (0 = torch's default).
+    threads: torch CPU threads of the server process (0 = torch's default); cores: pin it to these cores.
     """
     from agent_rl.engines.launch import launch_server
 
@@ -145,4 +146,5 @@ def launch_embedded(
         dtype=dtype,
         seed=seed,
         threads=threads,
+        cores=cores,
     )

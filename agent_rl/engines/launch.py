@@ -55,6 +55,7 @@ def launch_server(
     dtype: str = "float32",
     seed: int = 0,
     threads: int = 0,
+    cores: tuple[int, ...] | None = None,
     host: str = "127.0.0.1",
     timeout_s: float = 180.0,
     log_path: str | Path | None = None,
@@ -64,6 +65,8 @@ def launch_server(
         "--host", host, "--port", str(port), "--max-batch", str(max_batch),
         "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed), "--threads", str(threads),
     ]  # fmt: skip
+    if cores:
+        cmd += ["--cores", ",".join(map(str, cores))]
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_engine_", suffix=".log")[1])
     with open(log, "wb") as f:
         proc = subprocess.Popen(

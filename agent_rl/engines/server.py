@@ -207,6 +207,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="torch CPU threads (0: torch's default; 1 is steadiest on a busy CPU)",
     )
+    p.add_argument(
+        "--cores",
+        type=lambda v: tuple(int(c) for c in v.split(",")),
+        default=None,
+        help="pin the server to these CPU cores, e.g. 0 or 0,1 (sets the torch threads to their count)",
+    )
     return p.parse_args(argv)
 
 
@@ -218,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.threads > 0:
+    if args.cores:
+        from agent_rl.cores import pin
+
+        pin(args.cores)
+    elif args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)

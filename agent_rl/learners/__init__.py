@@ -54,12 +54,13 @@ class Learner(Protocol):
         ...
 
 
-def build(recipe: Recipe) -> Learner:
-    """The learner `recipe.learner.backend` names; heavy backends are imported only here."""
+def build(recipe: Recipe, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
+    """The learner `recipe.learner.backend` names; heavy backends are imported only here. `rank_cores`
+    (placement.topology: processes): every rank runs in a process of its own, pinned to its cores."""
     if recipe.learner.backend == "megatron":
         from agent_rl.learners.megatron import build_megatron_learner
 
-        return build_megatron_learner(recipe)
+        return build_megatron_learner(recipe, rank_cores=rank_cores)
     from agent_rl.learners.torch_learner import build_learner
 
-    return build_learner(recipe)
+    return build_learner(recipe, rank_cores=rank_cores)

@@ -65,12 +65,24 @@ RankBuilder = Callable[[Any, int, int, int], Any]
 
 
 def _serve(
-    build: RankBuilder, spec: Any, rank: int, world: int, port: int, conn: Connection, threads: int
+    build: RankBuilder,
+    spec: Any,
+    rank: int,
+    world: int,
+    port: int,
+    conn: Connection,
+    threads: int,
+    cores: tuple[int, ...] | None = None,
 ) -> None:
-    """Worker main: build the rank, then answer (method, args) calls until 'close'."""
+    """Worker main: pin (if given cores), build the rank, then answer (method, args) calls until 'close'."""
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
+    if cores:
+        from agent_rl.cores import pin
+
+        pin(cores)
+    else:
+        torch.set_num_threads(threads)
     try:
         worker = build(spec, rank, world, port)
         conn.send(("ok", None))
@@ -95,9 +107,17 @@ def _serve(
 
 
 class RankPool:
-    """`world` spawned processes, each running one rank; `call` runs a method on all of them."""
+    """`world` spawned processes, each running one rank; `call` runs a method on all of them.
 
-    def __init__(self, spec: Any, world: int, build: RankBuilder = build_torch_rank):
+    `cores`: one tuple of core ids per rank (placement.topology: processes); each rank pins itself to them."""
+
+    def __init__(
+        self,
+        spec: Any,
+        world: int,
+        build: RankBuilder = build_torch_rank,
+        cores: Sequence[tuple[int, ...]] | None = None,
+    ):
         ctx = torch.multiprocessing.get_context("spawn")
         port = _free_port()
         threads = max(1, (os.cpu_count() or 1) // world)
@@ -106,7 +126,9 @@ class RankPool:
         for rank in range(world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_serve, args=(build, spec, rank, world, port, child, threads), daemon=True
+                target=_serve,
+                args=(build, spec, rank, world, port, child, threads, cores[rank] if cores else None),
+                daemon=True,
             )
             proc.start()
             self._conns.append(parent)

@@ -34,14 +34,21 @@ if TYPE_CHECKING:
 class TorchLearner:
     """See the module docstring; implements `agent_rl.learners.Learner`."""
 
-    def __init__(self, spec: RankSpec, *, dp: int = 1, gpus: float = 0.0):
-        """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes."""
+    def __init__(
+        self, spec: RankSpec, *, dp: int = 1, gpus: float = 0.0, rank_cores: tuple[tuple[int, ...], ...] | None = None
+    ):
+        """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes.
+        `rank_cores` (placement.topology: processes): every rank, dp=1 too, in a worker process pinned to its cores."""
         self.spec = spec
         self.dp = dp
         self.version = 0
         self._local: TorchRank | None = None
         self._pool: RankPool | RayRankPool | None = None
-        if dp == 1:
+        if rank_cores is not None:
+            from agent_rl.learners._dp import RankPool
+
+            self._pool = RankPool(spec, dp, cores=rank_cores)
+        elif dp == 1:
             self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
         elif _ray_up():
             from agent_rl.learners._ray_ranks import RayRankPool
@@ -154,8 +161,8 @@ def rank_spec(recipe: Recipe) -> RankSpec:
     )
 
 
-def build_learner(recipe: Recipe) -> Learner:
-    """The torch learner for `recipe` (learner.backend must be 'torch')."""
+def build_learner(recipe: Recipe, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
+    """The torch learner for `recipe` (learner.backend must be 'torch'); `rank_cores`: see TorchLearner."""
     if recipe.learner.backend != "torch":
         raise ValueError(f"build_learner: learner.backend is {recipe.learner.backend!r}; this builds 'torch'")
     if recipe.train.batch_prompts < recipe.learner.dp:
@@ -163,4 +170,6 @@ def build_learner(recipe: Recipe) -> Learner:
             f"learner.dp={recipe.learner.dp} but train.batch_prompts={recipe.train.batch_prompts}: "
             "every data-parallel rank needs at least one whole prompt group per step"
         )
-    return TorchLearner(rank_spec(recipe), dp=recipe.learner.dp, gpus=recipe.placement.learner_gpus)
+    return TorchLearner(
+        rank_spec(recipe), dp=recipe.learner.dp, gpus=recipe.placement.learner_gpus, rank_cores=rank_cores
+    )

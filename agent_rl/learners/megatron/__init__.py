@@ -30,7 +30,9 @@ def require_megatron() -> None:
         ) from e
 
 
-def build_megatron_learner(recipe: Recipe, *, in_process: bool | None = None) -> Learner:
+def build_megatron_learner(
+    recipe: Recipe, *, in_process: bool | None = None, rank_cores: tuple[tuple[int, ...], ...] | None = None
+) -> Learner:
     """The Megatron learner for `recipe` (learner.backend must be 'megatron'); see MegatronLearner for in_process."""
     if recipe.learner.backend != "megatron":
         raise ValueError(
@@ -50,4 +52,4 @@ def build_megatron_learner(recipe: Recipe, *, in_process: bool | None = None) ->
         temperature=recipe.rollout.temperature,
         pack=lc.pack_sequences is not False,
     )
-    return MegatronLearner(spec, in_process=in_process)
+    return MegatronLearner(spec, in_process=in_process, rank_cores=rank_cores)

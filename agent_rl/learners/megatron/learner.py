@@ -31,15 +31,22 @@ def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) ->
 class MegatronLearner:
     """Implements `agent_rl.learners.Learner` with megatron-core TP / SP / CP and DP over whole groups."""
 
-    def __init__(self, spec: MegatronSpec, *, in_process: bool | None = None):
-        """`in_process` (default: world == 1) runs the single rank here; False always uses worker processes,
-        which keeps megatron's global state and process group out of the caller's process."""
+    def __init__(
+        self,
+        spec: MegatronSpec,
+        *,
+        in_process: bool | None = None,
+        rank_cores: tuple[tuple[int, ...], ...] | None = None,
+    ):
+        """`in_process` (default: world == 1 and no `rank_cores`) runs the single rank here; False always uses
+        worker processes, which keeps megatron's global state and process group out of the caller's process.
+        `rank_cores` (placement.topology: processes): each rank's process is pinned to its cores."""
         self.spec = spec
         self.version = 0
         self._local: MegatronRank | None = None
         self._pool: RankPool | None = None
         if in_process is None:
-            in_process = spec.world == 1
+            in_process = spec.world == 1 and rank_cores is None
         if in_process and spec.world != 1:
             raise ValueError(f"in_process=True needs world size 1, got dp*tp*cp = {spec.world}")
         if in_process:
@@ -49,7 +56,7 @@ class MegatronLearner:
                 join_rank_group(0, 1, _free_port())
             self._local = MegatronRank(spec)
         else:
-            self._pool = RankPool(spec, spec.world, build=build_megatron_rank)
+            self._pool = RankPool(spec, spec.world, build=build_megatron_rank, cores=rank_cores)
 
     def _all(self, method: str, *args: Any) -> Any:
         """Call `method(*args)` on every rank; global rank 0's answer."""
