@@ -54,7 +54,8 @@ class BufferCounters:
     recycled: int = 0
     masked_void: int = 0
     partial_trajectories: int = 0  # delivered trajectories sampled by more than one version
-    dropped_sampled_tokens: int = 0  # tokens sampled for groups that were dropped (thrown away, then resampled)
+    # tokens sampled for groups that were dropped (thrown away; their prompts are sampled again)
+    dropped_sampled_tokens: int = 0
 
 
 class BufferClosed(RuntimeError):

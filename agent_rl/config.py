@@ -200,7 +200,9 @@ class PlacementConfig(Strict):
             raise ValueError("placement.cores pins processes: it needs placement.topology: processes")
         for role, ids in (self.cores or {}).items():
             if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
-                raise ValueError(f"placement.cores.{role}: give distinct core ids >= 0, e.g. [0] (got {list(ids)})")
+                raise ValueError(
+                    f"placement.cores.{role}: give distinct core ids >= 0, e.g. [0] (got {list(ids)})"
+                )
         return self
 
 

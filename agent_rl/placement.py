@@ -77,7 +77,9 @@ def plan(recipe: Recipe, address: str | None = None, cpus: tuple[int, ...] | Non
     pc = recipe.placement
     core_map = None
     if pc.topology == "processes" and not address:
-        core_map = cores.assign(pc.cores, engines=local_engines, learner_ranks=world, cpus=cpus or cores.available())
+        core_map = cores.assign(
+            pc.cores, engines=local_engines, learner_ranks=world, cpus=cpus or cores.available()
+        )
     return Plan(roles, bool(address), address, reason, pc.topology, core_map)
 
 
@@ -182,9 +184,13 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
         else:
             pins = p.cores.engines if p.cores is not None else (None,) * eng.count
             for i, c in enumerate(pins):
-                handles.append(await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, cores=c, **kw))
+                handles.append(
+                    await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, cores=c, **kw)
+                )
             engines = Engines(EnginePool([h.client() for h in handles]), handles)
-            by_port = {int(h.url.rsplit(":", 1)[1].split("/")[0]): c for h, c in zip(handles, pins, strict=True)}
+            by_port = {
+                int(h.url.rsplit(":", 1)[1].split("/")[0]): c for h, c in zip(handles, pins, strict=True)
+            }
             engines.relaunch = lambda port: launch_embedded(
                 model.path, port=port, seed=seed, cores=by_port.get(port), **kw
             )

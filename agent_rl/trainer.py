@@ -157,9 +157,21 @@ def _log_batch(run_dir: Path, step: int, batch) -> None:
         "uids": [t.uid for g in batch for t in g.trajectories],
         "sampled_tokens": [t.num_sampled for g in batch for t in g.trajectories],  # length-bias audits
         "turns": [len(t.turns) for g in batch for t in g.trajectories],
+        "versions": [_runs(t) for g in batch for t in g.trajectories],  # [version, tokens] runs per trajectory
     }
     with open(run_dir / "batches.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def _runs(traj) -> list[list[int]]:
+    """The policy versions of a trajectory's sampled tokens, run-length encoded: [[version, count], ...]."""
+    out: list[list[int]] = []
+    for v in (v for s in traj.segments for v in (s.versions or ())):
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
 
 
 def main_train(argv: list[str] | None = None) -> int:

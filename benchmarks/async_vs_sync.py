@@ -42,7 +42,7 @@ RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
 ENV = ROOT / "envs" / "tiny_chain.yaml"
 # Warm start: as the main job (recipes/tiny_tir.py), on tiny_chain's teacher.
 SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE = 3000, 3000, 0.3
-SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=320, warmup_steps=10)
+SFT = dict(epochs=4, lr=2e-3, batch_size=16, max_len=320, warmup_steps=10)
 MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 
@@ -89,7 +89,7 @@ def warm_start(work: Path) -> Path:
     if not (base / "config.json").is_file():
         build_tiny(base, corpus(), seed=0, **MODEL)
     rows = [sft_row(t) for t in teacher_traces(SFT_TRACES, seed=7, tool_rate=SFT_TOOL_RATE)]
-    drills = teacher_traces(SFT_DRILL, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.5)
+    drills = teacher_traces(SFT_DRILL, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.3)
     rows += [sft_row(t, train_first_token=False) for t in drills]
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -197,17 +197,6 @@ def _pct(xs: list[float], q: float) -> float:
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     """Training wall time of the first checkpoint at or above `target` (None if never)."""
     return next((t for t, a in curve if a >= target - 1e-9), None)
-
-
-# -- the task's episode lengths --------------------------------------------------------------
-def length_profile(model: Path, n: int = 200) -> dict:
-    """Turns and sampled tokens per episode of the warm start on the test split (p50, p90, max)."""
-    from agent_rl.config import load_recipe
-    from agent_rl.evaluate import evaluate
-
-    recipe = load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={n}"])
-    rep = evaluate(recipe)
-    return {k: v for k, v in rep.to_dict().items() if k.startswith(("turns", "tokens", "episode", "tool"))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,12 @@ class TorchLearner:
     """See the module docstring; implements `agent_rl.learners.Learner`."""
 
     def __init__(
-        self, spec: RankSpec, *, dp: int = 1, gpus: float = 0.0, rank_cores: tuple[tuple[int, ...], ...] | None = None
+        self,
+        spec: RankSpec,
+        *,
+        dp: int = 1,
+        gpus: float = 0.0,
+        rank_cores: tuple[tuple[int, ...], ...] | None = None,
     ):
         """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes.
         `rank_cores` (placement.topology: processes): every rank, dp=1 too, in a worker process pinned to its cores."""
