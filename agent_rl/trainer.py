@@ -157,7 +157,9 @@ def _log_batch(run_dir: Path, step: int, batch) -> None:
         "uids": [t.uid for g in batch for t in g.trajectories],
         "sampled_tokens": [t.num_sampled for g in batch for t in g.trajectories],  # length-bias audits
         "turns": [len(t.turns) for g in batch for t in g.trajectories],
-        "versions": [_runs(t) for g in batch for t in g.trajectories],  # [version, tokens] runs per trajectory
+        "versions": [
+            _runs(t) for g in batch for t in g.trajectories
+        ],  # [version, tokens] runs per trajectory
     }
     with open(run_dir / "batches.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -75,7 +75,7 @@ def cells_for(ks: list[int]) -> list[Cell]:
 
 
 # -- warm start ---------------------------------------------------------------------------
-def warm_start(work: Path) -> Path:
+def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) -> Path:
     """Tokenizer + tiny Qwen2 from scratch, SFT on tiny_chain teacher traces; reused when present."""
     sft_dir = work / "sft"
     if (sft_dir / "config.json").is_file():
@@ -88,9 +88,9 @@ def warm_start(work: Path) -> Path:
     base = work / "base"
     if not (base / "config.json").is_file():
         build_tiny(base, corpus(), seed=0, **MODEL)
-    rows = [sft_row(t) for t in teacher_traces(SFT_TRACES, seed=7, tool_rate=SFT_TOOL_RATE)]
-    drills = teacher_traces(SFT_DRILL, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.3)
-    rows += [sft_row(t, train_first_token=False) for t in drills]
+    rows = [sft_row(t) for t in teacher_traces(traces, seed=7, tool_rate=SFT_TOOL_RATE)]
+    drill = teacher_traces(drills, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.3)
+    rows += [sft_row(t, train_first_token=False) for t in drill]
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_sft(base, data, sft_dir, **SFT)
@@ -201,7 +201,12 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="1 seed, k in {0,2}, 10 steps (under 10 minutes)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="machinery check in under 10 minutes: a smaller warm start, 1 seed, k in {0,2}, 8 steps; "
+        "writes async_vs_sync_quick.* (accuracies are not meaningful)",
+    )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--every", type=int, default=5, help="checkpoint (and so evaluation) interval in steps")
@@ -211,13 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.ks = 1, 10, "0,2"
+        args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 8, 4, "0,2", 20
+        if args.work == p.get_default("work"):
+            args.work = ROOT / "runs" / "bench_async_vs_sync_quick"
     ks = [int(k) for k in args.ks.split(",")]
     if ks[0] != 0:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
     args.work.mkdir(parents=True, exist_ok=True)
     log("warm start: tiny model + SFT on tiny_chain teacher traces (cached)")
-    model = warm_start(args.work)
+    model = warm_start(args.work, *((600, 600) if args.quick else (SFT_TRACES, SFT_DRILL)))
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 
@@ -246,9 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{cell.name} seed {seed}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
     out = report(results, cells, args, start_acc, model, load)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "async_vs_sync.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.out / "async_vs_sync.md").write_text(markdown(out))
-    plot(out, args.out / "async_vs_sync.png")
+    stem = "async_vs_sync_quick" if args.quick else "async_vs_sync"
+    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(out))
+    plot(out, args.out / f"{stem}.png")
     print(markdown(out))
     return 0
 

@@ -59,6 +59,7 @@ class EnginePool:
         self.retries = self.revived = 0
         self._last_update: dict[str, Any] | None = None  # replayed to a revived engine
         self._health_task: asyncio.Task | None = None
+        self._closed = False
         self._paused = False
         self._group: str | None = None  # weight group joined by every engine (distributed updates)
 
@@ -152,8 +153,10 @@ class EnginePool:
         return any(self.alive)
 
     async def close(self) -> None:
+        self._closed = True  # episodes still finishing must not start a new health loop
         if self._health_task is not None:
             self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
         await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)
 
     def stats(self) -> PoolStats:
@@ -190,6 +193,8 @@ class EnginePool:
                 raise r
 
     def _ensure_health_checks(self) -> None:
+        if self._closed:
+            return
         if self._health_task is None or self._health_task.done():
             self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
 

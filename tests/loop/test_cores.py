@@ -39,7 +39,9 @@ def test_explicit_cores_win_per_role_and_the_rest_is_automatic() -> None:
 
 
 def test_a_core_this_process_cannot_use_is_refused_naming_the_available_ones() -> None:
-    with pytest.raises(ValueError, match=r"placement.cores.engine: core\(s\) \[7\] are not available.*\[0, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"placement.cores.engine: core\(s\) \[7\] are not available.*\[0, 1\]"
+    ):
         cores.assign({"engine": (7,)}, engines=1, learner_ranks=1, cpus=(0, 1))
 
 
@@ -55,18 +57,24 @@ def test_pin_sets_affinity_and_torch_threads_in_the_calling_process() -> None:
 def test_processes_topology_needs_a_cross_process_weight_path(smoke_recipe) -> None:
     with pytest.raises(ConfigError, match="set engines.weight_sync: nccl"):
         smoke_recipe("placement.topology=processes")
-    assert smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl").placement.topology == "processes"
+    assert (
+        smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl").placement.topology
+        == "processes"
+    )
 
 
 def test_cores_without_the_processes_topology_are_refused(smoke_recipe) -> None:
-    with pytest.raises(ConfigError, match="placement.cores pins processes: it needs placement.topology: processes"):
+    with pytest.raises(
+        ConfigError, match="placement.cores pins processes: it needs placement.topology: processes"
+    ):
         smoke_recipe("placement.cores={engine: [0]}")
 
 
 def test_plan_carries_the_core_map_only_for_the_processes_topology(smoke_recipe) -> None:
     assert placement.plan(smoke_recipe()).cores is None
     p = placement.plan(
-        smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl", "engines.count=2"), cpus=(0, 1, 2, 3)
+        smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl", "engines.count=2"),
+        cpus=(0, 1, 2, 3),
     )
     assert p.cores == cores.CoreMap(engines=((0,), (1,)), learner_ranks=((2, 3),), rollout=(0, 1))
 
@@ -74,7 +82,14 @@ def test_plan_carries_the_core_map_only_for_the_processes_topology(smoke_recipe)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the automatic split needs two cores")
 def test_dry_run_prints_which_process_gets_which_cores(tiny_model_dir: Path) -> None:
     args = ["--set", f"model.path={tiny_model_dir}", "--dry-run"]
-    cmd = [sys.executable, "-m", "agent_rl.cli", "train", str(ROOT / "recipes" / "tiny_tir_smoke.yaml"), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        str(ROOT / "recipes" / "tiny_tir_smoke.yaml"),
+        *args,
+    ]
     proc = subprocess.run(
         [*cmd, "--set", "placement.topology=processes", "--set", "engines.weight_sync=nccl"],
         capture_output=True,

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-import torch
+from loop_paths import DENSE_ENV
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -19,7 +19,6 @@ from agent_rl.learners import build as build_learner
 from agent_rl.rollout import _seed
 from agent_rl.trainer import train
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
-from loop_paths import DENSE_ENV
 
 
 async def _plain_episode(engine, env, task, uid: str, recipe) -> Trajectory:
@@ -74,14 +73,18 @@ def test_sync_k0_update_equals_a_plain_generate_then_train_loop(smoke_recipe, tm
     )
     run_dir = Path(train(recipe))
     (record,) = [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
-    assert all(runs == [[0, runs[0][1]]] for runs in record["versions"]), "k=0: every token sampled by version 0"
+    assert all(runs == [[0, runs[0][1]]] for runs in record["versions"]), (
+        "k=0: every token sampled by version 0"
+    )
     uids_by_task: dict[str, list[str]] = {}
     for uid in record["uids"]:
         task_id = record["tasks"][record["uids"].index(uid) // (len(record["uids"]) // len(record["tasks"]))]
         uids_by_task.setdefault(task_id, []).append(uid)
 
     groups = asyncio.run(_plain_batch(recipe, uids_by_task))
-    assert [t.num_sampled for g in groups for t in g.trajectories] == record["sampled_tokens"], "same episodes"
+    assert [t.num_sampled for g in groups for t in g.trajectories] == record["sampled_tokens"], (
+        "same episodes"
+    )
     learner = build_learner(recipe)
     try:
         learner.step(groups)
