@@ -192,7 +192,8 @@ class PlacementConfig(Strict):
     cores: dict[CoreRole, tuple[int, ...]] | None = None
     """processes only: CPU core ids per role (engine: shared by the engine processes; learner: split over the
     learner ranks; rollout: the driver with the rollout workers, buffer and sandbox callers). Unset roles get
-    the automatic split: learner ranks on the upper half of the cores, engines and the driver on the rest."""
+    the automatic split: learner ranks on the upper half of the cores, engines on the rest, the driver free to
+    run on every core."""
 
     @model_validator(mode="after")
     def _cores_need_processes(self) -> PlacementConfig:

@@ -47,8 +47,8 @@ def assign(
     explicit: Mapping[str, Sequence[int]] | None, *, engines: int, learner_ranks: int, cpus: Sequence[int]
 ) -> CoreMap:
     """Cores per process. `explicit` (placement.cores) wins per role; the rest is split automatically:
-    learner ranks on the upper half of `cpus` (at least one core each when there are enough), engines and the
-    driver on the lower half. With fewer cores than processes, processes share cores round-robin."""
+    learner ranks on the upper half of `cpus` (at least one core each when there are enough), engines on the
+    lower half, the driver on every core (unpinned). With fewer cores than processes, they share round-robin."""
     cpus = tuple(cpus)
     explicit = dict(explicit or {})
     for role, ids in explicit.items():
@@ -60,7 +60,10 @@ def assign(
     n_learn = max(1, len(cpus) // 2) if len(cpus) > 1 else 1
     learner_pool = tuple(explicit.get("learner", cpus[len(cpus) - n_learn :]))
     engine_pool = tuple(explicit.get("engine", cpus[: max(1, len(cpus) - n_learn)]))
-    rollout = tuple(explicit.get("rollout", engine_pool))
+    # The driver (and the sandbox processes it starts) is not pinned by default: its load comes in bursts
+    # (tool calls, HTTP, tokenizing) that the kernel fits into the engine's and learner's idle time. Pinned
+    # to either core it slowed that core's process on tiny_chain (benchmarks/async_vs_sync.py, README).
+    rollout = tuple(explicit.get("rollout", cpus))
     return CoreMap(
         engines=_split(engine_pool, engines),
         learner_ranks=_split(learner_pool, learner_ranks),

@@ -15,15 +15,15 @@ from agent_rl.config import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_two_cores_put_engine_and_driver_on_core_0_and_the_learner_on_core_1() -> None:
+def test_two_cores_pin_engine_to_core_0_and_learner_to_core_1_and_leave_the_driver_free() -> None:
     m = cores.assign(None, engines=1, learner_ranks=1, cpus=(0, 1))
-    assert m.engines == ((0,),) and m.learner_ranks == ((1,),) and m.rollout == (0,)
+    assert m.engines == ((0,),) and m.learner_ranks == ((1,),) and m.rollout == (0, 1)
 
 
 def test_learner_ranks_take_the_upper_half_split_evenly() -> None:
     m = cores.assign(None, engines=2, learner_ranks=2, cpus=tuple(range(8)))
     assert m.learner_ranks == ((4, 5), (6, 7))
-    assert m.engines == ((0, 1), (2, 3)) and m.rollout == (0, 1, 2, 3)
+    assert m.engines == ((0, 1), (2, 3)) and m.rollout == tuple(range(8))
 
 
 def test_more_processes_than_cores_share_round_robin() -> None:
@@ -76,7 +76,7 @@ def test_plan_carries_the_core_map_only_for_the_processes_topology(smoke_recipe)
         smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl", "engines.count=2"),
         cpus=(0, 1, 2, 3),
     )
-    assert p.cores == cores.CoreMap(engines=((0,), (1,)), learner_ranks=((2, 3),), rollout=(0, 1))
+    assert p.cores == cores.CoreMap(engines=((0,), (1,)), learner_ranks=((2, 3),), rollout=(0, 1, 2, 3))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the automatic split needs two cores")
