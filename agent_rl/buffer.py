@@ -6,6 +6,9 @@ finished. The learner takes whole groups. Three rules keep the learner's data so
 
 - staleness bound k: a group whose oldest sampled token is more than k versions behind
   the learner is never delivered; it is dropped and its prompt recycled (sampled again);
+- no starving long episodes (`wait_for_due`): a group whose oldest token is k versions
+  behind is due: the next step is its last chance, so the learner waits for it and trains
+  it first rather than stepping past it (which would drop it, and always the longest ones);
 - admission control: a prompt is started only while fewer than (lag + 1) * B groups are
   open, ready or in the learner's current step, i.e. only if it will be trained within
   lag + 1 steps and so within the bound, so drops stay rare. This is AReaL's rule
@@ -204,13 +207,25 @@ class RolloutBuffer:
             g.doomed = g.doomed or self._over_bound(g.min_version())
         self._notify()
 
+    def _due(self, min_version: int | None) -> bool:
+        """Trained by the learner's next step or never (that step takes it over the bound)."""
+        return min_version is not None and self.version - min_version >= self.k
+
     def try_take(self, n_groups: int) -> list[Group] | None:
-        """The n oldest ready groups, or None if fewer are ready."""
+        """The n oldest ready groups, due ones first; None if fewer are ready, or (wait_for_due) while a due
+        group is still in flight."""
         if self._failure is not None:
             raise BufferClosed(f"rollouts failed: {self._failure!r}") from self._failure
         if len(self._ready) < n_groups:
             return None
-        ids = sorted(self._ready, key=self._ready_seq.__getitem__)[:n_groups]
+        if self.cfg.wait_for_due and any(
+            not g.doomed and self._due(g.min_version()) for g in self._open.values()
+        ):
+            return None
+        ids = sorted(
+            self._ready, key=lambda gid: (not self._due(self._ready[gid].min_version), self._ready_seq[gid])
+        )
+        ids = ids[:n_groups]
         batch = [self._ready.pop(gid) for gid in ids]
         for gid in ids:
             del self._ready_seq[gid]

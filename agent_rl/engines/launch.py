@@ -64,6 +64,7 @@ def launch_server(
         sys.executable, "-m", "agent_rl.engines.server", str(model_dir),
         "--host", host, "--port", str(port), "--max-batch", str(max_batch),
         "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed), "--threads", str(threads),
+        "--exit-with-parent",
     ]  # fmt: skip
     if cores:
         cmd += ["--cores", ",".join(map(str, cores))]

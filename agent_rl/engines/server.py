@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -181,9 +182,23 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if args.exit_with_parent:
+        watch = asyncio.create_task(_exit_when_orphaned(stop))
     await stop.wait()
+    if args.exit_with_parent:
+        watch.cancel()
     await runner.cleanup()
     await engine.close()
+
+
+async def _exit_when_orphaned(stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    """Stop when the process that started us is gone (re-parented), e.g. a trainer killed with SIGKILL: an
+    orphaned engine would keep decoding its last requests and hold a core."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(interval_s)
+    log.warning("parent process %d is gone; stopping", parent)
+    stop.set()
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -212,6 +227,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=lambda v: tuple(int(c) for c in v.split(",")),
         default=None,
         help="pin the server to these CPU cores, e.g. 0 or 0,1 (sets the torch threads to their count)",
+    )
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started the server exits (the trainer's engine servers)",
     )
     return p.parse_args(argv)
 

@@ -10,12 +10,6 @@ which enables /pause, /resume and /collective_rpc (weight reload).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +18,7 @@ import torch
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.client import VLLMClient
 from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.vllm_local import launch_vllm
 
 pytestmark = pytest.mark.vllm
 VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
@@ -32,44 +27,17 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def vllm_url(tiny_model_dir, tmp_path_factory):
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"{python} not found: run scripts/setup_vllm_cpu.sh first")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("vllm") / "serve.log"
-    cmd = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-        "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-        "--served-model-name", "tiny",
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def vllm_url(tiny_model_dir):
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(f"{VENV / 'bin' / 'python'} not found: run scripts/setup_vllm_cpu.sh first")
     try:
-        deadline = time.monotonic() + 420
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm not healthy after 420 s; log {log}")
-            time.sleep(1)
-        yield url
+        server = launch_vllm(tiny_model_dir, venv=VENV, max_model_len=512)
+    except (RuntimeError, TimeoutError) as e:
+        pytest.fail(str(e))
+    try:
+        yield server.url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        server.stop()
 
 
 @pytest.fixture

