@@ -26,12 +26,9 @@ import statistics as st
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from recipes.stress.run import METHODS
-
-if TYPE_CHECKING:
-    from recipes.stress.grid import StudyConfig
+from recipes.stress.study import StudyConfig
 
 FINAL_EVALS = 3
 TOLERANCE = 0.9

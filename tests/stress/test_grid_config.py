@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from envs.yamlio import ConfigError, load_model
-from recipes.stress.grid import StudyConfig, cell_key
 from recipes.stress.report import SAME_AT_K0, k_star, summarise
+from recipes.stress.study import StudyConfig, cell_key
 
 STRESS = Path(__file__).resolve().parents[2] / "recipes" / "stress"
 
