@@ -22,6 +22,7 @@ class LearnerBatch:
 
     policy: PolicyBatch
     versions: torch.Tensor  # [B, T] long
+    uids: tuple[str, ...] = ()  # trajectory uid of each row (rows may be sorted by length)
 
     @property
     def num_trajectories(self) -> int:
@@ -41,7 +42,7 @@ def collate(
     """
     if not groups:
         raise ValueError("collate: no groups (a learner step needs at least one group)")
-    flats, group_index, rewards = [], [], []
+    flats, group_index, rewards, uids = [], [], [], []
     for gi, g in enumerate(groups):
         if not g.trajectories:
             raise ValueError(f"collate: group {g.group_id!r} has no trajectories")
@@ -57,6 +58,7 @@ def collate(
                 )
             flats.append(flat)
             group_index.append(gi)
+            uids.append(t.uid)
         rewards.extend(g.rewards)
     if sort_by_length:
         order = sorted(
@@ -65,6 +67,7 @@ def collate(
         flats = [flats[i] for i in order]
         group_index = [group_index[i] for i in order]
         rewards = [rewards[i] for i in order]
+        uids = [uids[i] for i in order]
     B, T = len(flats), max(len(f.input_ids) for f in flats)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
@@ -88,7 +91,7 @@ def collate(
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(group_index, dtype=torch.long),
     )
-    return LearnerBatch(policy, versions)
+    return LearnerBatch(policy, versions, tuple(uids))
 
 
 def split_groups(groups: Sequence[Group], world_size: int) -> list[list[Group]]:

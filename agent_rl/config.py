@@ -7,7 +7,7 @@ Defaults live here and nowhere else. Functions take the sub-config they need
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -163,6 +163,9 @@ class LoggingConfig(Strict):
     run_dir: str | None = None
     """Default runs/<recipe name>."""
     tensorboard: bool = True
+    trajectories: Literal["all"] | Annotated[int, Field(ge=0, strict=True)] = 16
+    """Trajectories recorded per step for `agent-rl view` (RUN_DIR/trajectories): 'all', N (whole groups,
+    at least one), or 0 (off)."""
 
 
 class CheckpointConfig(Strict):

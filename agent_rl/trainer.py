@@ -17,6 +17,7 @@ from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import Recipe
 from agent_rl.metrics import RunWriter
 from agent_rl.rollout import LoopThread, PromptSource, Rollouts
+from agent_rl.trajectory_log import TrajectoryLog
 from agent_rl.weight_sync import WeightSync
 
 
@@ -81,6 +82,10 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
         cleanup.callback(lambda: loop.call(_shutdown(rollouts, engines)))
         cleanup.callback(sync.close)  # nccl: engines leave the run's weight group (runs before they close)
         writer = cleanup.enter_context(RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard))
+        trajectories = TrajectoryLog(
+            run_dir, recipe.logging.trajectories, tokenizer=recipe.model.tokenizer or recipe.model.path,
+            is_truncation=recipe.algorithm.is_truncation, seed=recipe.train.seed, start=start,
+        )  # fmt: skip
         bar = cleanup.enter_context(
             tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
         )
@@ -92,6 +97,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             t_learn = time.monotonic() - t0 - t_wait
             sync_s = sync.push(learner)  # engines pause, abort in-flight turns, load, resume
             metrics |= loop.call(_set_version(buffer, learner.version)) | loop.call(_stats(rollouts))
+            metrics["perf/trajectory_log_seconds"] = trajectories.append(step, batch, learner, metrics)
             rewards = [r for g in batch for r in g.rewards]
             step_s = time.monotonic() - t0
             metrics |= {

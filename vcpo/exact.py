@@ -45,6 +45,7 @@ class TrajResult:
     grad_sq: float  # ‖g_i‖², -1 when no backward was needed
     tokens: float
     kl: float  # k3 KL(μ‖π) summed over the loss tokens
+    logprobs: Tensor  # [T] float32 current log π per token (CPU), for trajectory logs
 
 
 def opob_weight_inputs(
@@ -94,7 +95,9 @@ def exact_opob_group(
         log_wt = seq_log_weight(s, truncation)
         mean_lp = (lp * sub.loss_mask).sum() / max(tokens, 1.0)
         kl = float(kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask))
-        res = TrajResult(float(s), float(log_wt), float(mean_lp.detach()), -1.0, tokens, kl)
+        res = TrajResult(
+            float(s), float(log_wt), float(mean_lp.detach()), -1.0, tokens, kl, lp.detach()[0].float().cpu()
+        )
         results.append(res)
         if not needs_grad or res.log_wt == -math.inf:
             continue

@@ -121,16 +121,28 @@ class StepMetrics:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RowResults:
+    """Per-trajectory results of the last step on this rank, rows in batch order (trajectory logs)."""
+
+    seq_log_weight: Tensor  # [B] float64: s_i = Σ_t (log π − log μ) over loss tokens
+    advantage: Tensor  # [B] float64
+    baseline: Tensor  # [B] float64
+    logprobs: Tensor  # [B, T] float32: current log π of every token (0 at position 0 and padding)
+
+
 class _Rows:
     """Per-trajectory results on this rank, filled chunk by chunk (CPU float64)."""
 
-    def __init__(self, b: int) -> None:
+    def __init__(self, b: int, t: int) -> None:
         z = lambda: torch.zeros(b, dtype=torch.float64)  # noqa: E731
         self.s, self.adv, self.base, self.loss, self.tokens, self.clipped, self.kl = (z() for _ in range(7))
         self.grad_sq = torch.full((b,), -1.0, dtype=torch.float64)
+        self.lp = torch.zeros(b, t, dtype=torch.float32)  # one copy per step: cheap next to a forward
 
     def record(self, rows: Tensor, lp: Tensor, sub: PolicyBatch) -> None:
         lp = lp.detach()
+        self.lp[rows, : lp.shape[1]] = lp.float().cpu()
         self.s[rows] = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
         self.tokens[rows] = sub.loss_mask.double().sum(-1).cpu()
         self.kl[rows] = kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
@@ -174,19 +186,22 @@ class Step:
             if logprob_fn is not logprobs_of:
                 raise ValueError("Step: opob_mode='proxy' with a custom logprob_fn also needs proxy_fn")
             self.proxy_fn = logit_grad_proxy_of
+        self.last_rows: RowResults | None = None  # the last step's per-trajectory results, for logging
 
     def __call__(self, batch: PolicyBatch) -> StepMetrics:
         batch.validate()
         batch = batch.to(self.params[0].device)
         self.optimizer.zero_grad(set_to_none=True)
-        rows = _Rows(batch.size)
+        rows = _Rows(batch.size, int(batch.input_ids.shape[1]))
         try:
             with self.no_sync():
                 if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact":
                     self._exact(batch, rows)
                 else:
                     self._chunked(batch, rows)
-            return self._finish(rows)
+            metrics = self._finish(rows)
+            self.last_rows = RowResults(rows.s, rows.adv, rows.base, rows.lp)
+            return metrics
         finally:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -204,6 +219,7 @@ class Step:
             rows.adv[m], rows.base[m] = adv, base
             for k, r in zip(m.tolist(), res, strict=True):
                 rows.s[k], rows.tokens[k], rows.grad_sq[k], rows.kl[k] = r.s, r.tokens, r.grad_sq, r.kl
+                rows.lp[k, : r.logprobs.shape[0]] = r.logprobs
                 rows.loss[k] = -math.exp(r.log_wt) * float(rows.adv[k]) * r.mean_lp
                 rows.clipped[k] = r.tokens if r.log_wt != r.s and self.cfg.loss != "reinforce" else 0.0
         for p, a in zip(self.params, acc, strict=True):

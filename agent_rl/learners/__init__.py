@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import torch
 
     from agent_rl.config import Recipe
+    from agent_rl.trajectory_log import TrainedRow
     from agent_rl.types import Group
     from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
@@ -22,6 +23,11 @@ class Learner(Protocol):
 
     def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
         """One optimizer update on whole groups (the global batch); returns finite metrics."""
+        ...
+
+    def trained_rows(self) -> dict[str, TrainedRow] | None:
+        """The last step's current log-probs, baseline, advantage and weight per trajectory uid (for the
+        trajectory log); None when this backend does not report them."""
         ...
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from agent_rl import weight_group
 from agent_rl.learners._schedule import build_scheduler
 from vcpo.batch import PolicyBatch
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
-from vcpo.step import Step, StepConfig
+from vcpo.step import RowResults, Step, StepConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -105,6 +105,10 @@ class TorchRank:
         self.scheduler.step()
         metrics["lr_scheduled"] = lr
         return metrics
+
+    def last_rows(self) -> RowResults | None:
+        """Per-trajectory results of this rank's last step (current log-probs, baseline, advantage)."""
+        return self._step.last_rows
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         dtype = DTYPES[self.spec.weights_dtype]

@@ -19,8 +19,9 @@ import torch
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
+from agent_rl.trajectory_log import TrainedRow, trained_rows
 from agent_rl.types import Group
-from vcpo.step import StepConfig
+from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
     from agent_rl.config import Recipe
@@ -48,6 +49,7 @@ class TorchLearner:
         self.dp = dp
         self.version = 0
         self._local: TorchRank | None = None
+        self._row_uids: list[tuple[str, ...]] = []  # per rank: the uid of each row of the last step
         self._pool: RankPool | RayRankPool | None = None
         if rank_cores is not None:
             from agent_rl.learners._dp import RankPool
@@ -77,17 +79,30 @@ class TorchLearner:
         not an update: weights, optimizer, schedule and version stay, and `learner/skipped` is 1.
         """
         t0 = time.perf_counter()
-        shards = [collate(s, sort_by_length=True).policy for s in split_groups(groups, self.dp)]
+        batches = [collate(s, sort_by_length=True) for s in split_groups(groups, self.dp)]
+        shards = [b.policy for b in batches]
+        self._row_uids = []  # a skipped step reports no rows
         for b in shards:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shards, self.version)) is not None:
             return metrics | skipped
         raw = self._call("step", [(b,) for b in shards])[0]
+        self._row_uids = [b.uids for b in batches]
         assert isinstance(raw, dict)
         metrics |= step_metrics(raw, shards, time.perf_counter() - t0)
         self.version += 1
         return metrics
+
+    def trained_rows(self) -> dict[str, TrainedRow]:
+        """The last step's per-trajectory results (current log-probs, baseline, advantage) by uid."""
+        out: dict[str, TrainedRow] = {}
+        for uids, rows in zip(self._row_uids, self._call("last_rows", [()] * self.dp), strict=True):
+            if rows is None:  # the step was skipped (every trajectory masked)
+                continue
+            assert isinstance(rows, RowResults)
+            out |= trained_rows(uids, rows)
+        return out
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's weights under HF names (ranks hold identical replicas), in the model's dtype."""

@@ -77,6 +77,10 @@ class MegatronLearner:
         self.version += 1
         return metrics
 
+    def trained_rows(self) -> None:
+        """Not reported yet: the trajectory log records this backend's batches without current log-probs."""
+        return None
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return self._all("hf_state_dict")
 

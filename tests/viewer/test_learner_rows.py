@@ -1,0 +1,90 @@
+"""The torch learner reports, per trajectory uid, the current log-probs, weight, baseline and advantage it trained with."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.config import Recipe
+from agent_rl.learners.torch_learner import build_learner
+from agent_rl.types import Group, Trajectory
+from vcpo.logprobs import logprobs_of
+
+
+def _model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _groups(model_dir: Path) -> list[Group]:
+    """2 prompts x 3 samples of different lengths (so collation reorders rows), behaviour log-probs
+    from perturbed weights (a stale policy), a tool segment in the middle."""
+    model = _model(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    groups = []
+    for g in range(2):
+        trajs = []
+        for i in range(3):
+            prompt = [5 + g, 6, 7]
+            a, env, b = (torch.randint(3, 200, (k,), generator=gen).tolist() for k in (3 + 4 * i, 2, 2 + i))
+            ids = torch.tensor([prompt + a + env + b])
+            with torch.no_grad():
+                lp = logprobs_of(model, ids, torch.ones_like(ids))[0].tolist()
+            t = Trajectory(uid=f"g{g}/{i}", group_id=f"g{g}", prompt_ids=prompt)
+            t.append_sampled(a, lp[3 : 3 + len(a)], 0)
+            t.append_env(env)
+            t.append_sampled(b, lp[-len(b) :], 1)
+            t.reward = float(i % 2)
+            trajs.append(t)
+        groups.append(Group(f"g{g}", trajs))
+    return groups
+
+
+def _recipe(model_dir: Path, opob_mode: str) -> Recipe:
+    return Recipe.model_validate(
+        {
+            "name": "rows-test",
+            "model": {"path": str(model_dir)},
+            "envs": {"train": "tiny_arith.yaml"},
+            "train": {"steps": 4, "batch_prompts": 2},
+            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2},
+            "algorithm": {"opob_mode": opob_mode},
+        }
+    )
+
+
+@pytest.mark.parametrize("opob_mode", ["proxy", "exact"])
+def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
+    tiny_model_dir: Path, opob_mode: str
+) -> None:
+    groups = _groups(tiny_model_dir)
+    before = _model(tiny_model_dir)  # the weights the step computes its log-probs with
+    learner = build_learner(_recipe(tiny_model_dir, opob_mode))
+    metrics = learner.step(groups)
+    rows = learner.trained_rows()
+    assert set(rows) == {t.uid for g in groups for t in g.trajectories}
+    for t in (t for g in groups for t in g.trajectories):
+        flat = t.flatten()
+        ids = torch.tensor([flat.input_ids])
+        with torch.no_grad():
+            expected = logprobs_of(before, ids, torch.ones_like(ids))[0]
+        row = rows[t.uid]
+        on = torch.tensor(flat.loss_mask, dtype=torch.bool)
+        assert torch.allclose(row.logprobs[: len(flat.input_ids)][on], expected[on], atol=1e-5)
+        s = float((expected[on] - torch.tensor(flat.behavior_logprobs)[on]).sum())
+        assert row.seq_log_weight == pytest.approx(s, abs=1e-4)
+        assert math.isfinite(row.baseline) and math.isfinite(row.advantage)
+    # the two groups' rewards are (0, 1, 0): members with the same reward share an advantage sign
+    for g in groups:
+        adv = [rows[t.uid].advantage for t in g.trajectories]
+        assert adv[1] > 0 > adv[0] and adv[2] < 0
+    mean_w = sum(math.exp(min(r.seq_log_weight, math.log(8.0))) for r in rows.values()) / len(rows)
+    assert mean_w == pytest.approx(metrics["vcpo/is_weight_mean"], rel=1e-4)
+    learner.close()
