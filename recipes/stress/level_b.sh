@@ -1,26 +1,52 @@
 #!/usr/bin/env bash
 # Staleness study, level (b): the full stack (embedded engine, local sandbox, buffer, torch learner) on
-# tiny_arith with deterministic lag injection (rollout.fixed_lag), VCPO vs plain REINFORCE, from the
-# tiny_tir warm start (run `make run` first); each also with void-turn masking off (`_nomaskvoid`). Usage: recipes/stress/level_b.sh [SEEDS...]  (default: 0 1 2 3 4)
+# tiny_arith, every batch exactly k versions stale (rollout.fixed_lag), from the tiny_tir warm start (run
+# `make run` first). The stabiliser comparison: plain REINFORCE, sequence TIS, masking (mis), M2PO and VCPO
+# with void-turn masking off (`_nomaskvoid`), and VCPO with it on. k = 0 runs only plain and VCPO: with
+# behaviour = current every IS weight is 1, so tis/mis/m2po make plain's update.
+# Usage: recipes/stress/level_b.sh [SEEDS...]   (default 0 1 2 3 4)
+#   LAGS="0 4 8 16" METHODS="plain tis mis m2po vcpo vcpo_maskvoid" JOBS=2 STEPS=40   (the defaults)
+# Each run's metrics.jsonl (every step's ESS, grad norm, IS weights, KL; held-out accuracy every 10 steps)
+# is packed by level_b_report into benchmarks/results/stress/runs_b.jsonl.gz; finished runs are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${*:-0 1 2 3 4}
-PLAIN="--set algorithm.loss=reinforce --set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none"
-run() {  # method lag seed [overrides...]
-  local name="stress_b_$1_k$2_s$3"
-  [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge 40 ] && return
+LAGS=${LAGS:-0 4 8 16}
+METHODS=${METHODS:-plain tis mis m2po vcpo vcpo_maskvoid}
+JOBS=${JOBS:-2}
+STEPS=${STEPS:-40}
+export STEPS
+overrides() {  # method -> recipe overrides
+  local base="--set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none --set buffer.mask_void=false"
+  case "$1" in
+    plain) echo "--set algorithm.loss=reinforce $base" ;;
+    tis) echo "--set algorithm.loss=tis_seq $base" ;;
+    mis) echo "--set algorithm.loss=mis $base" ;;
+    m2po) echo "--set algorithm.loss=m2po $base" ;;
+    vcpo) echo "--set buffer.mask_void=false" ;;  # the recipe's VCPO (proxy OPOB, sqrt ESS lr)
+    vcpo_maskvoid) echo "" ;;
+    *) echo "unknown method $1" >&2; exit 2 ;;
+  esac
+}
+run() {  # name lag seed [overrides...]
+  local name=$1 lag=$2 seed=$3
+  shift 3
+  [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] && return 0
   rm -rf "runs/$name"
-  OMP_NUM_THREADS=1 .venv/bin/agent-rl train recipes/tiny_tir.yaml --set rollout.fixed_lag="$2" \
-    --set train.seed="$3" --set name="$name" --set logging.tensorboard=false "${@:4}" > "runs/$name.log" 2>&1
+  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/agent-rl train recipes/tiny_tir.yaml --set rollout.fixed_lag="$lag" \
+    --set train.seed="$seed" --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false \
+    --set checkpoint.every=0 "$@" > "runs/$name.log" 2>&1 || echo "FAILED $name (runs/$name.log)"
   echo "done $name"
 }
+export -f run
 mkdir -p runs
-NV="--set buffer.mask_void=false"  # void-turn trajectories keep their loss (SimpleTIR masks them)
 for s in $SEEDS; do
-  run vcpo 0 "$s" & run vcpo 4 "$s" & wait
-  run plain 4 "$s" $PLAIN & run vcpo 8 "$s" & wait
-  run plain 8 "$s" $PLAIN & run vcpo_nomaskvoid 0 "$s" $NV & wait
-  run vcpo_nomaskvoid 4 "$s" $NV & run vcpo_nomaskvoid 8 "$s" $NV & wait
-  run plain_nomaskvoid 4 "$s" $PLAIN $NV & run plain_nomaskvoid 8 "$s" $PLAIN $NV & wait
-done
+  for k in $LAGS; do
+    for m in $METHODS; do
+      case "$m" in tis|mis|m2po) [ "$k" = 0 ] && continue ;; esac
+      suffix=$([ "$m" = vcpo_maskvoid ] && echo "vcpo" || echo "${m}_nomaskvoid")
+      echo "stress_b_${suffix}_k${k}_s${s} $k $s $(overrides "$m")"
+    done
+  done
+done | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _
 .venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b.md

@@ -1,7 +1,17 @@
-"""Table for level (b): held-out accuracy of the current policy per (method, lag), over seeds."""
+"""Level (b) report: the stabiliser comparison through the full stack, and its per-step series.
+
+    .venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b.md
+
+Reads every runs/stress_b_<method>_k<K>_s<S>/metrics.jsonl; writes level_b.md (table: final held-out
+accuracy mean ± std over seeds, collapses, k* per method; VCPO against the best baseline at each k),
+level_b.png (curves) and runs_b.jsonl.gz (one line per run: every step's ESS/B, grad norm, max IS
+weight, KL(behaviour || current), lr scale, staleness bound in force, plus the held-out curve), which
+`recipes.stress.monitor_eval` reads to calibrate the collapse warning.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import statistics
@@ -10,47 +20,176 @@ from collections import defaultdict
 from pathlib import Path
 
 WARM_START = 0.25  # held-out accuracy of runs/tiny_tir/sft, the runs' starting point
+TOLERANCE = 0.9  # k*: largest k with every k' <= k at >= 90 % of sync
+SAME_AS_PLAIN_AT_K0 = ("tis_nomaskvoid", "mis_nomaskvoid", "m2po_nomaskvoid")
+ORDER = ("plain_nomaskvoid", "tis_nomaskvoid", "mis_nomaskvoid", "m2po_nomaskvoid", "vcpo_nomaskvoid", "vcpo")
+LABEL = {
+    "plain_nomaskvoid": "plain REINFORCE",
+    "tis_nomaskvoid": "TIS (seq)",
+    "mis_nomaskvoid": "masking (mis)",
+    "m2po_nomaskvoid": "M2PO",
+    "vcpo_nomaskvoid": "VCPO",
+    "vcpo": "VCPO, void masking on",
+    "plain": "plain REINFORCE, void masking on",
+}
+SERIES = {  # runs_b.jsonl.gz field -> metrics.jsonl key (steps the learner skipped have none)
+    "ess_ratio": "vcpo/ess_ratio",
+    "grad_norm": "learner/grad_norm",
+    "is_weight_max": "vcpo/is_weight_max",
+    "kl": "vcpo/kl_behavior_current",
+    "log_ratio_abs_max": "vcpo/log_ratio_abs_max",
+    "lr_scale": "vcpo/lr_scale",
+}
 
 
-def main(runs: str, out: str) -> None:
-    cells: dict[tuple[str, int], list[dict[str, float]]] = defaultdict(list)
-    for path in sorted(Path(runs).glob("stress_b_*_k*_s*/metrics.jsonl")):
-        method, lag, _ = re.match(r"stress_b_(\w+?)_k(\d+)_s(\d+)", path.parent.name).groups()
-        recs = [json.loads(line) for line in path.read_text().splitlines()]
-        evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
-        ess = sorted(r["vcpo/ess_ratio"] for r in recs if "vcpo/ess_ratio" in r)  # not on skipped steps
-        skipped = sum(int(r.get("learner/skipped", 0)) for r in recs)
-        cells[(method, int(lag))].append(
-            {"final": evals[-1], "curve": evals, "ess_min": ess[0], "ess_med": ess[len(ess) // 2],
-             "skipped": skipped}
-        )  # fmt: skip
+def load_run(path: Path) -> dict:
+    method, lag, seed = re.match(r"stress_b_(\w+?)_k(\d+)_s(\d+)", path.parent.name).groups()
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    trained = [r for r in recs if "vcpo/ess_ratio" in r]
+    evals = [r for r in recs if "eval/accuracy" in r]
+    return {
+        "name": path.parent.name, "method": method, "lag": int(lag), "seed": int(seed),
+        "steps": [int(r["step"]) for r in trained],
+        **{field: [r[key] for r in trained] for field, key in SERIES.items()},
+        "skipped_steps": [int(r["step"]) for r in recs if r.get("learner/skipped", 0)],
+        "staleness_bound": [r.get("monitor/staleness_bound") for r in recs],
+        "monitor_warning": [int(r["step"]) for r in recs if r.get("monitor/warning", 0)],
+        "eval_steps": [int(r["step"]) for r in evals],  # the step index after whose update it ran
+        "eval_accuracy": [r["eval/accuracy"] for r in evals],
+        "train_reward": [r["rollout/reward_mean"] for r in recs],
+        "wall_seconds": recs[-1]["time"] if recs else 0.0,
+    }  # fmt: skip
+
+
+def load_runs(runs_dir: str | Path) -> list[dict]:
+    return [load_run(p) for p in sorted(Path(runs_dir).glob("stress_b_*_k*_s*/metrics.jsonl"))]
+
+
+def _cells(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    cells: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for r in runs:
+        if r["eval_accuracy"]:
+            cells[(r["method"], r["lag"])].append(r)
+    return cells
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def _final(runs: list[dict]) -> list[float]:
+    return [r["eval_accuracy"][-1] for r in runs]
+
+
+def comparison(runs: list[dict]) -> dict:
+    """Per method and k: final accuracy over seeds, collapses; k* per method; VCPO vs the best baseline."""
+    cells = _cells(runs)
+    sync_runs = cells.get(("plain_nomaskvoid", 0), [])
+    sync = statistics.mean(_final(sync_runs)) if sync_runs else None
+    lags = sorted({k for _, k in cells})
+    table: dict[str, dict[int, dict]] = {}
+    for method in [m for m in ORDER if any(mm == m for mm, _ in cells)] + sorted(
+        {m for m, _ in cells} - set(ORDER)
+    ):
+        row = {}
+        for k in lags:
+            rs = cells.get((method, k)) or (
+                cells.get(("plain_nomaskvoid", 0)) if k == 0 and method in SAME_AS_PLAIN_AT_K0 else None
+            )
+            if not rs:
+                continue
+            mean, std = _mean_std(_final(rs))
+            row[k] = {
+                "seeds": len(rs), "mean": mean, "std": std, "collapsed": sum(f < WARM_START for f in _final(rs)),
+                "same_as_plain": (method, k) not in cells,
+            }  # fmt: skip
+        table[method] = row
+    k_star = {}
+    for method, row in table.items():
+        best = None
+        for k in sorted(row):
+            if sync is None or row[k]["mean"] < TOLERANCE * sync:
+                break
+            best = k
+        k_star[method] = best
+    versus = {}
+    baselines = ("plain_nomaskvoid", "tis_nomaskvoid", "mis_nomaskvoid", "m2po_nomaskvoid")
+    for k in lags:
+        if k == 0 or k not in table.get("vcpo_nomaskvoid", {}):
+            continue
+        base = [(m, table[m][k]) for m in baselines if k in table.get(m, {})]
+        if not base:
+            continue
+        m, b = max(base, key=lambda mb: mb[1]["mean"])
+        v = table["vcpo_nomaskvoid"][k]
+        versus[k] = {
+            "best_baseline": m, "baseline_mean": b["mean"], "baseline_std": b["std"], "vcpo_mean": v["mean"],
+            "vcpo_std": v["std"], "difference": v["mean"] - b["mean"],
+            "separated": abs(v["mean"] - b["mean"]) > max(v["std"], b["std"]),
+        }  # fmt: skip
+    return {"sync": sync, "lags": lags, "table": table, "k_star": k_star, "vcpo_vs_best_baseline": versus}
+
+
+def markdown(cmp: dict, n_runs: int) -> str:
+    lags = cmp["lags"]
+    sync = cmp["sync"]
     lines = [
-        "# Staleness study, level (b): full stack on tiny_arith (`recipes/stress/level_b.sh`)",
+        "# Staleness study, level (b): stabiliser comparison through the full stack (`recipes/stress/level_b.sh`)",
         "",
-        "Warm start: recipes/tiny_tir (held-out accuracy 0.25). 40 steps of 8 prompts x 8 samples, lr 5e-4,",
-        "every batch exactly k versions stale (`rollout.fixed_lag`). Held-out accuracy of the current policy",
-        "(100 tasks, T=1) at steps 10/20/30/40. Collapsed: final accuracy below the warm start. Skipped:",
-        "steps whose trajectories were all masked (void turns), so the learner made no update.",
+        f"{n_runs} runs. Warm start: recipes/tiny_tir (held-out accuracy {WARM_START}); 8 prompts x 8 samples "
+        "per step, lr 5e-4, every batch exactly k versions stale (`rollout.fixed_lag`); void-turn masking off "
+        "unless the row says on. Final = held-out accuracy of the current policy at the last step (100 tasks, "
+        f"T=1), mean ± std over seeds; [n] = collapsed (ended below the warm start); k* = largest k with every "
+        f"k' <= k at >= 90 % of sync (plain, k = 0: {sync if sync is None else f'{sync:.2f}'}). "
+        "k = 0 of tis/mis/m2po is plain's run (the same update when every IS weight is 1).",
         "",
-        "| method | k | seeds | final accuracy | collapsed | curves (steps 10/20/30/40) | ESS/B min | ESS/B median "
-        "| skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | " + " | ".join(f"k={k}" for k in lags) + " | k* |",
+        "|---|" + "---|" * (len(lags) + 1),
     ]
-    for (method, lag), runs_ in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        finals = [r["final"] for r in runs_]
-        spread = f" ± {statistics.stdev(finals):.2f}" if len(finals) > 1 else ""
-        curves = "; ".join("/".join(f"{x:.2f}" for x in r["curve"]) for r in runs_)
+    for method, row in cmp["table"].items():
+        cells = []
+        for k in lags:
+            c = row.get(k)
+            if c is None:
+                cells.append("")
+                continue
+            txt = f"{c['mean']:.2f} ± {c['std']:.2f}" + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+            cells.append(
+                ("(= plain)" if c["same_as_plain"] else txt)
+                + ("" if c["seeds"] >= 5 else f" ({c['seeds']} seeds)")
+            )
+        ks = cmp["k_star"].get(method)
         lines.append(
-            f"| {method} | {lag} | {len(runs_)} | {statistics.mean(finals):.2f}{spread} | "
-            f"{sum(f < WARM_START for f in finals)}/{len(finals)} | {curves} | "
-            f"{min(r['ess_min'] for r in runs_):.2f} | {statistics.median(r['ess_med'] for r in runs_):.2f} | "
-            f"{sum(r['skipped'] for r in runs_)} |"
+            f"| {LABEL.get(method, method)} | " + " | ".join(cells) + f" | {'-' if ks is None else ks} |"
         )
-    Path(out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    png = Path(out).with_suffix(".png")
-    _plot(cells, png)
-    print(f"curves: {png}")
+    lines += ["", "VCPO (masking off) against the best baseline at each k:", ""]
+    for k, v in cmp["vcpo_vs_best_baseline"].items():
+        verdict = "beats" if v["difference"] > 0 else "does not beat"
+        sep = "more" if v["separated"] else "less"
+        lines.append(
+            f"- k={k}: VCPO {v['vcpo_mean']:.2f} ± {v['vcpo_std']:.2f} {verdict} the best baseline "
+            f"({LABEL.get(v['best_baseline'], v['best_baseline'])}, {v['baseline_mean']:.2f} ± {v['baseline_std']:.2f}) "
+            f"by {v['difference']:+.2f}, {sep} than one seed std."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_series(runs: list[dict], path: Path) -> None:
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in runs).encode()))
+
+
+def main(runs_dir: str, out: str) -> None:
+    runs = load_runs(runs_dir)
+    out_path = Path(out)
+    write_series(runs, out_path.with_name("runs_b.jsonl.gz"))
+    cmp = comparison(runs)
+    out_path.with_suffix(".json").write_text(json.dumps(cmp, indent=1))
+    text = markdown(cmp, len(runs))
+    out_path.write_text(text)
+    print(text)
+    png = out_path.with_suffix(".png")
+    _plot(_cells(runs), png)
+    print(f"curves: {png}; per-step series: {out_path.with_name('runs_b.jsonl.gz')}")
 
 
 def _plot(cells: dict[tuple[str, int], list[dict]], png: Path) -> None:
@@ -61,25 +200,28 @@ def _plot(cells: dict[tuple[str, int], list[dict]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     lags = sorted({lag for _, lag in cells})
-    methods = sorted({m for m, _ in cells})
+    methods = [m for m in ORDER if any(mm == m for mm, _ in cells)] + sorted(
+        {m for m, _ in cells} - set(ORDER)
+    )
     color = {m: f"C{i}" for i, m in enumerate(methods)}  # the same colour for a method in every panel
     fig, axes = plt.subplots(1, len(lags), figsize=(4.6 * len(lags), 3.6), sharey=True, squeeze=False)
     for ax, lag in zip(axes[0], lags, strict=True):
-        for (method, k), runs_ in sorted(cells.items()):
-            if k != lag:
+        for method in methods:
+            runs_ = cells.get((method, lag))
+            if not runs_:
                 continue
-            n = min(len(r["curve"]) for r in runs_)
-            steps = [10 * (i + 1) for i in range(n)]
-            cols = [[r["curve"][i] for r in runs_] for i in range(n)]
+            n = min(len(r["eval_accuracy"]) for r in runs_)
+            steps = runs_[0]["eval_steps"][:n]
+            cols = [[r["eval_accuracy"][i] for r in runs_] for i in range(n)]
             ax.plot(steps, [statistics.mean(c) for c in cols], marker="o", color=color[method],
-                    label=f"{method} ({len(runs_)})")  # fmt: skip
+                    label=f"{LABEL.get(method, method)} ({len(runs_)})")  # fmt: skip
             ax.fill_between(
                 steps, [min(c) for c in cols], [max(c) for c in cols], color=color[method], alpha=0.15
             )
         ax.axhline(WARM_START, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"k = {lag}")
         ax.set_xlabel("step")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     axes[0][0].set_ylabel("held-out accuracy")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -136,7 +136,7 @@ def level_a_runs(path: Path) -> list[RunSeries]:
             RunSeries(
                 level="a", name=f"{c['method']}[{c['opob_mode']}] k={c['lag']} lr={c['lr']}", lag=c["lag"], seed=c["seed"],
                 steps=list(range(n)), signals={s: r[s] for s in SIGNALS}, collapsed=failed,
-                onset=_onset(r["eval_steps"], h, half) if failed else None,
+                onset=_onset([v - 1 for v in r["eval_steps"]], h, half) if failed else None,  # eval at version v: after step v-1
             )
         )  # fmt: skip
     return out
