@@ -55,7 +55,30 @@ def _prctl(option, value):
     ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = (
+    1,
+    4,
+    22,
+    36,
+    38,
+)
+SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _install_seccomp(program):
+    """Load a raw BPF program (built on the host by sandboxes.seccomp) on this process; inherited on fork."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 class Capture:
@@ -495,6 +518,7 @@ def main(argv):
     parser.add_argument("--nproc-rlimit", action="store_true", help="no cgroup: cap processes by rlimit")
     parser.add_argument("--preload", default="")
     parser.add_argument("--keep", default="", help="workdir entries never emptied (bind-mounted host paths)")
+    parser.add_argument("--seccomp-bpf", default="", help="base64 BPF program to load before serving")
     args = parser.parse_args(argv)
     _WORKDIR = args.workdir
     inp, outp = os.dup(0), os.dup(1)
@@ -513,7 +537,13 @@ def main(argv):
     os.chdir(_WORKDIR)
     for mod in filter(None, args.preload.split(",")):
         __import__(mod)
-    _send(outp, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
+    if args.seccomp_bpf:
+        try:
+            _install_seccomp(base64.b64decode(args.seccomp_bpf))
+        except OSError as e:
+            _send(outp, {"ready": False, "error": f"cannot load the seccomp filter: {e}"})
+            return
+    _send(outp, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "seccomp": bool(args.seccomp_bpf)})
     keep = filter(None, args.keep.split(","))
     Server(args.pidns, args.private_shm, args.nproc_rlimit, keep).serve(inp, outp)
 

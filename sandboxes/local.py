@@ -11,6 +11,7 @@ it reads any request; run as another user, bwrap uses a user namespace instead.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -26,10 +27,10 @@ from pathlib import Path
 
 from sandboxes.api import Limits, MiB, SandboxError
 from sandboxes.cgroup import SandboxCgroup
-from sandboxes.worker import FORKSERVER_PATH, Transport, Worker
+from sandboxes.seccomp import filter_bpf
+from sandboxes.worker import FORKSERVER_PATH, INSIDE_FORKSERVER, Transport, Worker
 
 NOBODY = 65534
-INSIDE_FORKSERVER = "/opt/agent-rl/forkserver.py"
 SANDBOX_ENV = {
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
@@ -58,6 +59,8 @@ class LocalOptions:
     """Extra host paths to make visible read-only (same path inside)."""
     cgroups: bool = True
     """Cap memory and processes per sandbox with a cgroup where the host allows it."""
+    seccomp: bool = True
+    """Load the seccomp filter of `sandboxes.seccomp` (no new namespaces, mounts, bpf, ptrace, ...)."""
     bwrap: str = "bwrap"
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -93,7 +96,9 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         # The fork-server needs exactly these two to drop to uid 65534; it does so first thing.
         cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+        # --disable-userns: the sandbox cannot make nested user namespaces (the seccomp filter denies
+        # them too; as root there is no user namespace to limit, and the filter alone does it).
+        cmd += ["--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     # Mounts first, then binds: a host python that lives under /tmp (a CI checkout in a temp dir)
     # must be bound on top of the private /tmp, not hidden by it.
     cmd += ["--proc", "/proc", "--dev", "/dev"]
@@ -131,6 +136,8 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
         cmd += ["--preload", ",".join(opts.preload)]
     if keep:
         cmd += ["--keep", ",".join(sorted(keep))]
+    if opts.seccomp:
+        cmd += ["--seccomp-bpf", base64.b64encode(filter_bpf()).decode()]
     return cmd
 
 
@@ -163,6 +170,8 @@ def check_available(opts: LocalOptions) -> None:
     """Fail early, with what to install, if bwrap or namespaces are unusable here."""
     if shutil.which(opts.bwrap) is None:
         raise SandboxError(f"local sandbox: `{opts.bwrap}` not found; {_INSTALL_HINT}")
+    if opts.seccomp:
+        filter_bpf()  # raises, saying what to install, when libseccomp cannot be loaded
     probe = [opts.bwrap, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "true"]
     if os.geteuid() != 0:
         probe[1:1] = ["--unshare-user"]
@@ -211,7 +220,10 @@ async def launch_local(opts: LocalOptions, limits: Limits, startup_timeout_s: fl
         raise SandboxError(f"{e}; bwrap said: {errlog.read(4000).decode(errors='replace')}") from e
     finally:
         errlog.close()
-    if hello["uid"] != NOBODY:
+    if hello["uid"] != NOBODY or hello.get("seccomp") != opts.seccomp:
         await worker.kill()
-        raise SandboxError(f"local sandbox: fork-server runs as uid {hello['uid']}, expected {NOBODY}")
+        raise SandboxError(
+            f"local sandbox: fork-server runs as uid {hello['uid']} with seccomp={hello.get('seccomp')}, "
+            f"expected uid {NOBODY} and seccomp={opts.seccomp}"
+        )
     return worker

@@ -19,6 +19,8 @@ from sandboxes.api import SandboxError
 
 _HEADER = struct.Struct(">I")
 FORKSERVER_PATH = Path(__file__).with_name("forkserver.py")
+INSIDE_FORKSERVER = "/opt/agent-rl/forkserver.py"
+"""Where the fork-server sits inside a local sandbox and inside the docker image."""
 
 # Extra wall time the host grants beyond the call's own timeout before declaring the worker hung.
 HOST_GRACE_S = 5.0

@@ -249,3 +249,151 @@ async def state_does_not_leak_between_calls(sb: Sandbox) -> None:
     )
     assert second.stdout == "False False False\n", second
     await still_works(sb)
+
+
+# ---- syscalls the seccomp filter refuses (issue 15) ------------------------------------------
+# Each probe calls the raw syscall with arguments that, without the filter, succeed or fail with an
+# errno other than EPERM where the kernel allows it (unshare(CLONE_NEWUSER), ptrace(TRACEME),
+# process_vm_readv, kcmp, personality, userfaultfd, io_uring_setup, perf_event_open, clock_settime,
+# settimeofday, pidfd_getfd, clone3, ...); the filter answers EPERM (clone3: ENOSYS) before the
+# kernel looks at them. Syscall numbers come from libseccomp for this machine's ABI.
+
+
+def _syscall_numbers(names: list[str]) -> dict[str, int]:
+    import pyseccomp
+
+    numbers = {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in names}
+    return {name: nr for name, nr in numbers.items() if nr >= 0}  # negative: not on this ABI
+
+
+_PROBE = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {numbers!r}
+def call(name, *args):
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(NR[name]), *[ctypes.c_long(a) for a in args])
+    if ret == 0 and name in ("clone", "clone3"):
+        os._exit(0)  # the call made a child: it must not go on running this script
+    return name, ret, errno.errorcode.get(ctypes.get_errno(), "0") if ret == -1 else "ok"
+results = [{calls}]
+for name, ret, err in results:
+    print(name, ret, err)
+"""
+
+
+async def _probe(sb: Sandbox, calls: list[str]) -> list[tuple[str, str]]:
+    """(syscall, errno name or 'ok') per call, in order; calls missing on this ABI are left out."""
+    numbers = _syscall_numbers(sorted({c.split(",")[0].strip("'") for c in calls}))
+    kept = [c for c in calls if c.split(",")[0].strip("'") in numbers]
+    code = _PROBE.format(numbers=numbers, calls=", ".join(f"call({c})" for c in kept))
+    result = await sb.run(code)
+    assert result.exit_code == 0, result
+    return [(line.split()[0], line.split()[2]) for line in result.stdout.splitlines()]
+
+
+@case
+async def nested_user_namespaces_are_refused(sb: Sandbox) -> None:
+    result = await sb.run(
+        "import subprocess\n"
+        "r = subprocess.run(['unshare', '-r', 'true'], capture_output=True, text=True)\n"
+        "print(r.returncode, r.stderr.strip())\n"
+        "r = subprocess.run(['unshare', '-U', '-p', '-n', '-m', '-f', 'true'], capture_output=True, text=True)\n"
+        "print(r.returncode, r.stderr.strip())\n"
+    )
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and all(not line.startswith("0 ") for line in lines), result
+    assert all("Operation not permitted" in line for line in lines), result
+    new_user, new_pid, new_net, new_ns = 0x10000000, 0x20000000, 0x40000000, 0x00020000
+    sigchld = 17
+    got = await _probe(
+        sb,
+        [
+            f"'unshare', {new_user}",
+            f"'unshare', {new_net | new_ns}",
+            f"'clone', {new_user | sigchld}, 0, 0, 0, 0",
+            f"'clone', {new_pid | sigchld}, 0, 0, 0, 0",
+            "'clone3', 0, 0",
+            "'setns', 0, 0",
+        ],
+    )
+    assert [err for _, err in got] == ["EPERM"] * 4 + ["ENOSYS", "EPERM"], got
+    await still_works(sb)
+
+
+@case
+async def mount_syscalls_are_refused(sb: Sandbox) -> None:
+    got = await _probe(
+        sb,
+        [
+            "'mount', 0, 0, 0, 0, 0",
+            "'umount2', 0, 0",
+            "'pivot_root', 0, 0",
+            "'chroot', 0",
+            "'fsopen', 0, 0",
+            "'open_tree', -1, 0, 0",
+            "'move_mount', -1, 0, -1, 0, 0",
+            "'open_by_handle_at', -1, 0, 0",
+        ],
+    )
+    assert {err for _, err in got} == {"EPERM"} and len(got) >= 5, got
+    await still_works(sb)
+
+
+@case
+async def kernel_attack_surface_syscalls_are_refused(sb: Sandbox) -> None:
+    addr_no_randomize = 0x0040000
+    got = await _probe(
+        sb,
+        [
+            "'bpf', 5, 0, 0",
+            "'perf_event_open', 0, 0, -1, -1, 0",
+            "'userfaultfd', 1",
+            "'io_uring_setup', 1, 0",
+            "'keyctl', 0, -3, 0",
+            "'add_key', 0, 0, 0, 0, 0",
+            "'request_key', 0, 0, 0, 0",
+            "'kexec_load', 0, 0, 0, 0",
+            "'init_module', 0, 0, 0",
+            "'finit_module', -1, 0, 0",
+            "'delete_module', 0, 0",
+            "'clock_settime', 0, 0",
+            "'settimeofday', 0, 0",
+            "'adjtimex', 0",
+            "'reboot', 0, 0, 0, 0",
+            "'swapon', 0, 0",
+            "'acct', 0",
+            "'iopl', 3",
+            f"'personality', {addr_no_randomize}",
+        ],
+    )
+    assert {err for _, err in got} == {"EPERM"} and len(got) >= 15, got
+    await still_works(sb)
+
+
+@case
+async def other_processes_cannot_be_traced_or_read(sb: Sandbox) -> None:
+    got = await _probe(
+        sb,
+        [
+            "'ptrace', 0, 0, 0, 0",  # PTRACE_TRACEME
+            "'process_vm_readv', os.getpid(), 0, 0, 0, 0, 0",
+            "'kcmp', os.getpid(), os.getpid(), 0, 0, 0",
+            "'pidfd_getfd', -1, 0, 0",
+        ],
+    )
+    assert got == [(name, "EPERM") for name in ("ptrace", "process_vm_readv", "kcmp", "pidfd_getfd")], got
+    await still_works(sb)
+
+
+@case
+async def threads_and_subprocesses_still_work_under_the_filter(sb: Sandbox) -> None:
+    code = (
+        "import threading, subprocess, sys, concurrent.futures as cf\n"
+        "with cf.ThreadPoolExecutor(4) as ex:\n    print(sum(ex.map(lambda x: x * x, range(10))))\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True).stdout.strip())\n"
+        "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])\n"
+    )
+    result = await sb.run(code)
+    assert result.stdout == "285\n7\n2\n", result

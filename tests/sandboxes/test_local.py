@@ -117,3 +117,21 @@ async def test_file_paths_escaping_the_workdir_are_rejected() -> None:
     async with sandboxes.create("local") as sb:
         with pytest.raises(ValueError, match="'../etc/x' must be a relative path"):
             await sb.run("pass", files={"../etc/x": "x"})
+
+
+def test_missing_libseccomp_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxes import seccomp
+
+    seccomp.filter_bpf.cache_clear()
+    monkeypatch.setitem(__import__("sys").modules, "pyseccomp", None)  # import fails as when not installed
+    try:
+        with pytest.raises(SandboxError, match="pip install pyseccomp.*seccomp=False"):
+            sandboxes.create("local")
+    finally:
+        seccomp.filter_bpf.cache_clear()
+
+
+async def test_seccomp_false_runs_without_the_filter() -> None:
+    async with sandboxes.create("local", seccomp=False) as sb:
+        result = await sb.run("print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+    assert result.stdout == "0\n", result
