@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the system packages the sandbox backends need: bubblewrap (local backend) and
+# Install the system packages the sandbox backends need: bubblewrap and libseccomp2 (local
+# backend; its seccomp filter is built with libseccomp through the pip package pyseccomp) and
 # docker.io (docker backend and its tests). Idempotent; quiet; says what it did.
 # Run as root (CI, containers). As another user it only reports what is missing.
 set -u
@@ -7,9 +8,10 @@ set -u
 want=()
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || want+=(docker.io)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want+=(libseccomp2)
 
 if [ ${#want[@]} -eq 0 ]; then
-    echo "install_system_deps: bubblewrap and docker.io already present"
+    echo "install_system_deps: bubblewrap, libseccomp2 and docker.io already present"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
