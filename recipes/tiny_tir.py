@@ -75,6 +75,7 @@ def report(before: EvalReport, after: EvalReport, run_dir: Path, curves: Path, s
     gain = 100 * (after.accuracy - before.accuracy)
     lines += ["", f"accuracy gain: {gain:+.1f} points; total {seconds / 60:.1f} min", f"curves: {curves}"]
     lines.append(f"run dir: {run_dir}")
+    lines.append(f"trajectories: agent-rl view {run_dir}  (writes {run_dir / 'view.html'}, open it in a browser)")
     return "\n".join(lines)
 
 

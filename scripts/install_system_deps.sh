@@ -9,9 +9,10 @@ want=()
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || want+=(docker.io)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want+=(libseccomp2)
+command -v chromium >/dev/null 2>&1 || want+=(chromium)  # tests/viewer: `agent-rl view` in headless Chromium
 
 if [ ${#want[@]} -eq 0 ]; then
-    echo "install_system_deps: bubblewrap, libseccomp2 and docker.io already present"
+    echo "install_system_deps: bubblewrap, libseccomp2, docker.io and chromium already present"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then

@@ -97,9 +97,9 @@ class TorchLearner:
     def trained_rows(self) -> dict[str, TrainedRow]:
         """The last step's per-trajectory results (current log-probs, baseline, advantage) by uid."""
         out: dict[str, TrainedRow] = {}
+        if not self._row_uids:  # no step yet, or the last one was skipped
+            return out
         for uids, rows in zip(self._row_uids, self._call("last_rows", [()] * self.dp), strict=True):
-            if rows is None:  # the step was skipped (every trajectory masked)
-                continue
             assert isinstance(rows, RowResults)
             out |= trained_rows(uids, rows)
         return out

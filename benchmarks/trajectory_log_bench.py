@@ -1,0 +1,192 @@
+"""What recording trajectories for `agent-rl view` costs on the main job: step time with the log on and off, size per step.
+
+    .venv/bin/python benchmarks/trajectory_log_bench.py [--steps 40] [--repeats 2]
+
+The main job's RL stage (recipes/tiny_tir.yaml from its SFT warm start at runs/tiny_tir/sft, which
+`make run` writes) is run as `agent-rl train` in its own process, once per cell and repeat, cells
+interleaved in a rotated order so machine noise hits all alike; eval and checkpoints are off so a
+step is take + learner step + weight sync + logging:
+- off: `logging.trajectories=0`;
+- default: `logging.trajectories=16` (the default: 2 of the 8 groups per step);
+- all: `logging.trajectories=all` (all 64 trajectories of every step).
+
+Two measures of cost:
+- in-run (the direct one): `perf/trajectory_log_seconds` (reading the learner's rows, encoding,
+  compressing, appending) over `perf/step_seconds`, summed over the run's steps, in the same run;
+- across runs: median `perf/step_seconds` of a cell / that of `off` (includes everything the
+  recording changes, but runs differ in episode lengths as their policies drift apart: noisy).
+
+Size: bytes of data.bin + index.jsonl per step and per recorded trajectory.
+Results: benchmarks/results/trajectory_log_bench.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
+WARM = ROOT / "runs" / "tiny_tir" / "sft"
+WORK = ROOT / "runs" / "trajectory_log_bench"
+CELLS = {"off": "0", "default": "16", "all": "all"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:
+    run_dir = WORK / f"{name}_{repeat}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "agent_rl.cli", "train", str(RECIPE),
+        "--set", f"model.path={WARM}", "--set", f"logging.run_dir={run_dir}",
+        "--set", f"logging.trajectories={CELLS[name]}", "--set", f"train.steps={steps}",
+        "--set", "eval.every=0", "--set", "checkpoint.every=0", "--set", "logging.tensorboard=false",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.monotonic() - t0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step_s = [r["perf/step_seconds"] for r in records]
+    log_s = [r.get("perf/trajectory_log_seconds", 0.0) for r in records]
+    out: dict[str, object] = {
+        "cell": name,
+        "repeat": repeat,
+        "run_dir": str(run_dir.relative_to(ROOT)),
+        "steps": len(records),
+        "wall_seconds": wall,
+        "step_seconds_median": statistics.median(step_s),
+        "step_seconds_sum": sum(step_s),
+        "log_seconds_sum": sum(log_s),
+        "log_seconds_max": max(log_s),
+        "log_fraction_of_step": sum(log_s) / sum(step_s),
+        "sampled_tokens_per_step": sum(r.get("learner/tokens", 0.0) for r in records) / len(records),
+    }
+    tdir = run_dir / "trajectories"
+    if tdir.is_dir():
+        index = [json.loads(line) for line in (tdir / "index.jsonl").read_text().splitlines()]
+        total = (tdir / "data.bin").stat().st_size + (tdir / "index.jsonl").stat().st_size
+        recorded = sum(s["trajectories"] for s in index)
+        out |= {
+            "bytes_total": total,
+            "bytes_per_step_mean": total / len(index),
+            "bytes_per_step_max": max(s["length"] for s in index),
+            "bytes_raw_per_step_mean": sum(s["bytes_raw"] for s in index) / len(index),
+            "trajectories_per_step": recorded / len(index),
+            "bytes_per_trajectory": total / max(recorded, 1),
+        }
+    return out
+
+
+def summarise(runs: list[dict[str, object]]) -> dict[str, dict[str, float]]:
+    by: dict[str, list[dict[str, object]]] = {}
+    for r in runs:
+        by.setdefault(str(r["cell"]), []).append(r)
+    base = statistics.median(float(r["step_seconds_median"]) for r in by["off"])  # type: ignore[arg-type]
+    out = {}
+    for name, rs in by.items():
+        med = statistics.median(float(r["step_seconds_median"]) for r in rs)  # type: ignore[arg-type]
+        s: dict[str, float] = {
+            "runs": len(rs),
+            "step_seconds_median": med,
+            "step_time_vs_off": med / base,
+            "log_fraction_of_step_mean": statistics.mean(float(r["log_fraction_of_step"]) for r in rs),  # type: ignore[arg-type]
+            "log_fraction_of_step_max": max(float(r["log_fraction_of_step"]) for r in rs),  # type: ignore[arg-type]
+            "log_seconds_max": max(float(r["log_seconds_max"]) for r in rs),  # type: ignore[arg-type]
+        }
+        if "bytes_per_step_mean" in rs[0]:
+            for k in (
+                "bytes_per_step_mean",
+                "bytes_per_step_max",
+                "bytes_raw_per_step_mean",
+                "bytes_per_trajectory",
+                "trajectories_per_step",
+            ):
+                s[k] = statistics.mean(float(r[k]) for r in rs)  # type: ignore[arg-type]
+        out[name] = s
+    return out
+
+
+def write(
+    runs: list[dict[str, object]], summary: dict[str, dict[str, float]], args: argparse.Namespace
+) -> None:
+    meta = {
+        "command": f"benchmarks/trajectory_log_bench.py --steps {args.steps} --repeats {args.repeats}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    (OUT / "trajectory_log_bench.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=2)
+    )
+    lines = [
+        "# Trajectory log: cost on the main job's step time, size per step",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}. Main job RL stage (recipes/tiny_tir.yaml,",
+        "8 prompts x 8 samples per step, k=2, VCPO), eval and checkpoints off; cells interleaved.",
+        "",
+        "| cell | runs | median s/step | vs off | log time / step time (same run) | max log s | recorded traj./step | bytes/step (compressed) | raw bytes/step | bytes/traj. |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in CELLS:
+        s = summary[name]
+        size = (
+            f"{s['trajectories_per_step']:.0f} | {s['bytes_per_step_mean'] / 1024:.1f} KiB (max {s['bytes_per_step_max'] / 1024:.1f}) | "
+            f"{s['bytes_raw_per_step_mean'] / 1024:.1f} KiB | {s['bytes_per_trajectory']:.0f}"
+            if "bytes_per_step_mean" in s
+            else "0 | – | – | –"
+        )
+        lines.append(
+            f"| {name} | {s['runs']:.0f} | {s['step_seconds_median']:.3f} | {s['step_time_vs_off']:.3f}x | "
+            f"{100 * s['log_fraction_of_step_mean']:.2f}% (max {100 * s['log_fraction_of_step_max']:.2f}%) | "
+            f"{s['log_seconds_max'] * 1000:.1f} ms | {size} |"
+        )
+    lines += [
+        "",
+        "Read the in-run fraction: it times the recording itself inside the step it is part of. The across-run",
+        "ratio also carries run-to-run noise (async timing and episode lengths differ between runs).",
+    ]
+    (OUT / "trajectory_log_bench.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    if not (WARM / "config.json").is_file():
+        print(
+            f"{WARM} not found: run `make run` (or python -m recipes.tiny_tir) first for the warm start",
+            file=sys.stderr,
+        )
+        return 2
+    WORK.mkdir(parents=True, exist_ok=True)
+    runs = []
+    names = list(CELLS)
+    for rep in range(args.repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            log(f"repeat {rep}: {name}")
+            runs.append(run_cell(name, rep, args.steps))
+            r = runs[-1]
+            log(
+                f"  median {r['step_seconds_median']:.3f} s/step, log {100 * float(r['log_fraction_of_step']):.2f}% of step time"
+            )  # type: ignore[arg-type]
+    summary = summarise(runs)
+    write(runs, summary, args)
+    print((OUT / "trajectory_log_bench.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
