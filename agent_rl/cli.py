@@ -8,32 +8,69 @@ from pathlib import Path
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from envs.yamlio import ConfigError, read_yaml
+    """Check each file as what its top-level keys say it is: a recipe, an env, or a study config."""
+    from agent_rl import errors
+    from envs.yamlio import ConfigError
 
     failed = False
     for path in args.files:
         try:
-            data, _ = read_yaml(path)
-            if isinstance(data, dict) and "train" in data and "model" in data:
-                from agent_rl.config import load_recipe
-
-                recipe = load_recipe(path)
-                import envs
-
-                for env_path in (recipe.envs.train, *recipe.envs.eval):
-                    envs.load(env_path)
-                kind = "recipe"
-            else:
-                import envs
-
-                envs.load(path)
-                kind = "env"
+            kind = _check_file(path, check_model=not args.skip_model)
         except ConfigError as e:
-            print(e, file=sys.stderr)
+            for line in e.errors:
+                print(line, file=sys.stderr)
             failed = True
         else:
             print(f"{path}: ok ({kind})")
-    return 1 if failed else 0
+    return errors.EXIT_USER if failed else 0
+
+
+def _check_file(path: Path, *, check_model: bool) -> str:
+    from envs.yamlio import ConfigError, load_model, read_yaml
+
+    data, _ = read_yaml(path)
+    kind = file_kind(data)
+    if kind == "recipe":
+        import envs
+        from agent_rl.config import load_recipe
+
+        recipe = load_recipe(path, check_model=check_model)
+        for env_path in (recipe.envs.train, *recipe.envs.eval):
+            envs.load(env_path)
+    elif kind == "env":
+        import envs
+
+        envs.load(path)
+    else:
+        try:
+            from recipes.stress.study import StudyConfig
+        except ImportError:
+            raise ConfigError(
+                [f"{path}:1: <root>: a staleness-study config; check it from a checkout (recipes/stress)"]
+            ) from None
+        load_model(path, StudyConfig)
+    return kind
+
+
+# Top-level keys that only one kind of file has (both recipes and envs have `name`).
+KIND_KEYS: dict[str, frozenset[str]] = {
+    "recipe": frozenset(
+        {"model", "engines", "envs", "rollout", "buffer", "train", "learner", "algorithm", "logging"}
+        | {"checkpoint", "eval", "placement"}
+    ),
+    "env": frozenset({"data", "prompt", "tool", "turns", "sandbox", "reward"}),
+    "study": frozenset(
+        {"reference_lr", "seeds", "steps", "eval_every", "opob_mode", "workers", "out", "blocks"}
+    ),
+}
+
+
+def file_kind(data: object) -> str:
+    """recipe, env or study: the schema whose own top-level keys the file uses most (ties: recipe, then env).
+
+    A recipe missing `train:` is still a recipe (it has `model:`, `envs:`...), so its error is the missing section."""
+    keys = set(data) if isinstance(data, dict) else set()
+    return max(KIND_KEYS, key=lambda k: (len(keys & KIND_KEYS[k]), -list(KIND_KEYS).index(k)))
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -66,17 +103,31 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     ),
     "tiny-model": ("agent_rl.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
     "view": ("agent_rl.viewer", "main", "write a run's recorded trajectories as a self-contained HTML viewer"),
+    "data": (
+        "agent_rl.data_pull",
+        "main",
+        "data pull [NAME...]: download the GPU recipes' data sets (checked)",
+    ),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="agent-rl", description="Asynchronous RL for LLMs on multi-turn tool use."
+        prog="agent-rl",
+        description="Asynchronous RL for LLMs on multi-turn tool use. "
+        "--debug (anywhere): show the full traceback of any error.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser("validate", help="check recipe or environment YAML files (file:line:field errors)")
+    v = sub.add_parser(
+        "validate", help="check recipe, environment or study YAML files (file:line:field errors)"
+    )
     v.add_argument("files", nargs="+", type=Path)
+    v.add_argument(
+        "--skip-model",
+        action="store_true",
+        help="do not require model.path to be a HF model directory (recipes whose path is a placeholder)",
+    )
     v.set_defaults(func=_validate)
 
     pl = sub.add_parser(
@@ -90,14 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one subcommand. The project's own errors print one line and exit 2 (`errors.EXIT_USER`);
+    `--debug` (anywhere on the line) or AGENT_RL_DEBUG=1 keeps the traceback."""
+    import os
+
+    from agent_rl import errors
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("AGENT_RL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if argv and argv[0] in DELEGATED:
         import importlib
 
         module, func, _ = DELEGATED[argv[0]]
-        return getattr(importlib.import_module(module), func)(argv[1:])
+        return errors.run(lambda: getattr(importlib.import_module(module), func)(argv[1:]), debug=debug)
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return errors.run(lambda: args.func(args), debug=debug)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from envs.yamlio import ConfigError, load_model
+from envs.yamlio import ConfigError
 
 __all__ = ["ConfigError", "Recipe", "load_recipe"]
 
@@ -271,11 +271,14 @@ class Recipe(Strict):
         return Path(self.logging.run_dir or f"runs/{self.name}")
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load and validate a recipe; `overrides` are `dotted.key=value` strings (YAML values)."""
-    if not overrides:
-        return load_model(path, Recipe)
-    import yaml
+def load_recipe(path: str | Path, overrides: list[str] | None = None, *, check_model: bool = False) -> Recipe:
+    """Load and validate a recipe; `overrides` are `dotted.key=value` strings (YAML values).
+
+    Errors name `file:line: dotted.field`, or `--set key=value` when the value came from an override.
+    Env paths resolve against the recipe's folder, then the packaged envs/ (an override: the current
+    directory first). `check_model`: also require model.path (and model.tokenizer) to be HF directories.
+    """
+    from pydantic import ValidationError
 
     from envs.yamlio import read_yaml, validation_messages
 
@@ -283,17 +286,132 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError([f"--set {item!r}: expected dotted.key=value"])
+            raise ConfigError([f"--set {item}: expected dotted.key=value (e.g. --set train.steps=10)"])
         node: dict[str, Any] = data
         *parents, leaf = key.split(".")
-        for p in parents:
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError([f"--set {item!r}: {p} is not a section"])
-        node[leaf] = yaml.safe_load(raw)
-    from pydantic import ValidationError
+                raise ConfigError([f"--set {item}: {'.'.join(parents[: i + 1])} is not a section"])
+        try:
+            node[leaf] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(
+                [f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)})"]
+            ) from None
+        set_by[tuple(key.split("."))] = item
+    return set_by
 
+
+def _where(loc: Loc, path: Path, lines: dict[Loc, int], set_by: dict[Loc, str]) -> str:
+    """`--set key=value` if an override set `loc` (or a section holding it), else `file:line`."""
+    for cut in range(len(loc), 0, -1):
+        if loc[:cut] in set_by:
+            return f"--set {set_by[loc[:cut]]}"
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return f"{path}:{lines[loc[:cut]]}"
+    return f"{path}:1"
+
+
+def _resolve_env_paths(
+    data: dict[str, Any], path: Path, lines: dict[Loc, int], set_by: dict[Loc, str]
+) -> None:
+    """Replace each env path under `envs:` by the absolute path of the file it names (in place)."""
+    section = data.get("envs")
+    if not isinstance(section, dict):
+        return  # validation reports the missing or malformed section
+    errors = []
+    slots: list[Loc] = [("envs", "train")] if isinstance(section.get("train"), str) else []
+    if isinstance(section.get("eval"), list):
+        slots += [("envs", "eval", i) for i, v in enumerate(section["eval"]) if isinstance(v, str)]
+    for loc in slots:
+        value = section["train"] if loc[1] == "train" else section["eval"][loc[2]]
+        candidates = env_path_candidates(
+            value, path.parent, from_override=_where(loc, path, lines, set_by).startswith("--set")
+        )
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            tried = ", ".join(str(c) for c in candidates)
+            errors.append(
+                f"{_where(loc, path, lines, set_by)}: {'.'.join(map(str, loc[:2]))}"
+                f"{f'[{loc[2]}]' if len(loc) > 2 else ''}: env file {value!r} not found (looked at {tried}); "
+                "give a path relative to the recipe file or an env under envs/"
+            )
+        elif loc[1] == "train":
+            section["train"] = str(found)
+        else:
+            section["eval"][loc[2]] = str(found)
+    if errors:
+        raise ConfigError(errors)
+
+
+def env_path_candidates(value: str, recipe_dir: Path, *, from_override: bool = False) -> list[Path]:
+    """Where an env path may point, in order: the recipe's folder (the current directory first for a
+    `--set` value), then the packaged envs (`envs/x.yaml` beside the envs package, or `x.yaml` in it)."""
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return [p]
+    package = Path(__file__).resolve().parents[1] / "envs"  # the envs package, installed beside agent_rl
+    out = ([Path.cwd() / p] if from_override else []) + [
+        recipe_dir.resolve() / p,
+        package.parent / p,
+        package / p,
+    ]
+    return list(dict.fromkeys(c.resolve() for c in out))
+
+
+HF_WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+
+
+def check_model_dirs(model: ModelConfig, where: Any) -> None:
+    """model.path must be a Hugging Face model directory and the tokenizer directory must hold a tokenizer.
+
+    `where(loc)` names the place a field was set (`file:line` or `--set key=value`). Relative paths are
+    relative to the current directory. Nothing is downloaded: a hub id is not a directory here.
+    """
+    fix = "point it at a Hugging Face model directory (config.json + weights), e.g. --set model.path=DIR"
+    d = Path(model.path).expanduser()
+    shown = f"{model.path!r}" + ("" if d.is_absolute() else f" (relative to {Path.cwd()})")
+    if not d.is_dir():
+        problem = "does not exist" if not d.exists() else "is not a directory"
+        raise ConfigError([f"{where(('model', 'path'))}: model.path: {shown} {problem}: {fix}"])
+    if not (d / "config.json").is_file():
+        raise ConfigError([f"{where(('model', 'path'))}: model.path: {shown} has no config.json: {fix}"])
+    if not any(next(d.glob(pattern), None) for pattern in HF_WEIGHTS):
+        raise ConfigError(
+            [f"{where(('model', 'path'))}: model.path: {shown} has no weights (*.safetensors): {fix}"]
+        )
+    tok_field = "model.tokenizer" if model.tokenizer else "model.path"
+    t = Path(model.tokenizer or model.path).expanduser()
+    if not t.is_dir() or not any((t / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(
+            [
+                f"{where(tuple(tok_field.split('.')))}: {tok_field}: {str(t)!r} holds no tokenizer (tokenizer.json or "
+                "tokenizer_config.json): set model.tokenizer to the tokenizer's directory"
+            ]
+        )
+    path = Path(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: <root>: expected a mapping of keys, got {type(data).__name__}"])
+    set_by = _apply_overrides(data, overrides or [])
+    _resolve_env_paths(data, path, lines, set_by)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(validation_messages(e, path, lines)) from None
+        raise ConfigError(validation_messages(e, path, lines, set_by)) from None
+    if check_model:
+        check_model_dirs(recipe.model, lambda loc: _where(loc, path, lines, set_by))
+    return recipe
+
+
+Loc = tuple[str | int, ...]
+
+
+def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[Loc, str]:
+    """Apply `--set dotted.key=value` items in place; returns key path -> the `--set` item that set it."""
+    import yaml
+
+    set_by: dict[Loc, str] = {}

@@ -1,4 +1,4 @@
-"""`agent-rl eval`: pass@1 / avg@n of a policy on an env's eval split, with tool-use and speed numbers.
+"""`agent-rl eval`: pass@1 / avg@n of a policy on each eval env's split, with tool-use and speed numbers.
 
 The same rollout workers as training run the episodes (a buffer with k=0 that admits
 exactly the eval tasks), so eval measures the policy the way training samples it.
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.buffer import RolloutBuffer
-from agent_rl.config import BufferConfig, Recipe
+from agent_rl.config import BufferConfig, EnvRef, EvalConfig, Recipe, RolloutConfig
 from agent_rl.engines.api import EngineClient
 from agent_rl.rollout import LoopThread, PromptSource, Rollouts
+from envs.spec import EnvSpec
 
 
 @dataclass(frozen=True)
@@ -44,38 +45,54 @@ class EvalReport:
         return asdict(self)
 
 
-async def evaluate_policy(recipe: Recipe, engine: EngineClient, tokenizer: Any, sandbox: Any) -> EvalReport:
-    """Run the first eval env's split against `engine` (whatever weights it holds now). Run on the engine's loop."""
+async def evaluate_policy(
+    spec: EnvSpec,
+    cfg: EvalConfig,
+    rollout: RolloutConfig,
+    engine: EngineClient,
+    tokenizer: Any,
+    sandbox: Any,
+    *,
+    max_seq_len: int,
+    seed: int,
+    progress: bool = False,
+) -> EvalReport:
+    """Run `spec`'s eval split against `engine` (whatever weights it holds now). Run on the engine's loop.
+
+    progress: a bar of finished episodes on stderr (the CLI's `agent-rl eval`)."""
+    import asyncio
+
     import envs
 
-    path = recipe.envs.eval[0] if recipe.envs.eval else recipe.envs.train
-    spec = envs.load(path)
-    tasks = list(envs.make(spec, tokenizer, sandbox).tasks(recipe.eval.split))[: recipe.eval.limit]
-    n = recipe.eval.samples_per_task
+    tasks = list(envs.make(spec, tokenizer, sandbox).tasks(cfg.split))[: cfg.limit]
+    n = cfg.samples_per_task
     buffer = RolloutBuffer(
         BufferConfig(max_staleness=0, mask_void=False), batch_prompts=len(tasks), group_size=n
     )
     rollouts = Rollouts(
-        recipe.rollout,
+        rollout,
         buffer,
-        PromptSource(tasks, seed=recipe.train.seed),
+        PromptSource(tasks, seed=seed),
         lambda: envs.make(spec, tokenizer, sandbox),
         engine,
-        max_seq_len=recipe.engines.max_seq_len,
-        seed=recipe.train.seed + 1,
+        max_seq_len=max_seq_len,
+        seed=seed + 1,
     )
     t0 = time.monotonic()
     rollouts.start()
+    bar = asyncio.ensure_future(_progress(rollouts, spec.name, len(tasks) * n)) if progress else None
     try:
         groups = await buffer.take(len(tasks))
     finally:
+        if bar is not None:
+            bar.cancel()
         await rollouts.stop()
     seconds = time.monotonic() - t0
     trajs = [t for g in groups for t in g.trajectories]
     correct = [[(t.reward or 0.0) > 0 for t in g.trajectories] for g in groups]
     return EvalReport(
         env=spec.name,
-        split=recipe.eval.split,
+        split=cfg.split,
         tasks=len(tasks),
         samples_per_task=n,
         accuracy=sum(t.reward or 0.0 for t in trajs) / len(trajs),
@@ -88,8 +105,63 @@ async def evaluate_policy(recipe: Recipe, engine: EngineClient, tokenizer: Any, 
     )
 
 
+async def evaluate_envs(
+    specs: list[EnvSpec],
+    cfg: EvalConfig,
+    rollout: RolloutConfig,
+    engine: EngineClient,
+    tokenizer: Any,
+    sandbox: Any,
+    *,
+    max_seq_len: int,
+    seed: int,
+) -> dict[str, float]:
+    """Periodic eval during training: every eval env in turn, as metrics (`eval_metrics`)."""
+    reports = [
+        await evaluate_policy(
+            spec, cfg, rollout, engine, tokenizer, sandbox, max_seq_len=max_seq_len, seed=seed
+        )
+        for spec in specs
+    ]
+    return eval_metrics(reports)
+
+
+async def _progress(rollouts: Rollouts, name: str, total: int) -> None:
+    """Episodes finished so far, redrawn twice a second until cancelled."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=f"eval {name}", unit="episode", leave=False) as bar:
+        while True:
+            bar.update(min(rollouts.counters.episodes, total) - bar.n)
+            await asyncio.sleep(0.5)
+
+
+def eval_specs(ref: EnvRef) -> list[EnvSpec]:
+    """Every env of `envs.eval` (default: the train env), loaded and checked."""
+    import envs
+
+    return [envs.load(path) for path in (ref.eval or (ref.train,))]
+
+
+def eval_metrics(reports: list[EvalReport]) -> dict[str, float]:
+    """One env: `eval/...`; several: `eval/<env name>/...` each."""
+    if len(reports) == 1:
+        return reports[0].metrics()
+    return {k: v for r in reports for k, v in r.metrics(f"eval/{r.env}").items()}
+
+
 def evaluate(recipe: Recipe, checkpoint: Path | None = None) -> EvalReport:
-    """Evaluate a training checkpoint (its hf/ export; a run dir means its latest checkpoint) or the recipe's model."""
+    """The first eval env's report (see `evaluate_all` for every env)."""
+    return evaluate_all(recipe, checkpoint, first_only=True)[0]
+
+
+def evaluate_all(
+    recipe: Recipe, checkpoint: Path | None = None, *, first_only: bool = False, progress: bool = False
+) -> list[EvalReport]:
+    """Evaluate a training checkpoint (its hf/ export; a run dir means its latest checkpoint) or the recipe's
+    model on every env of `envs.eval` (default: the train env), one report each."""
     from transformers import AutoTokenizer
 
     import envs
@@ -97,6 +169,7 @@ def evaluate(recipe: Recipe, checkpoint: Path | None = None) -> EvalReport:
     from agent_rl import placement
 
     model_dir = Path(recipe.model.path)
+    tokenizer_dir = recipe.model.tokenizer or recipe.model.path
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         if (checkpoint / "checkpoints").is_dir():
@@ -106,16 +179,33 @@ def evaluate(recipe: Recipe, checkpoint: Path | None = None) -> EvalReport:
             raise FileNotFoundError(
                 f"--checkpoint {checkpoint}: no Hugging Face model (config.json) in {model_dir}"
             )
+        if (model_dir / "tokenizer_config.json").is_file():
+            tokenizer_dir = str(model_dir)  # the export carries the tokenizer the run used
     model = recipe.model.model_copy(update={"path": str(model_dir)})
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer or recipe.model.path)
-    spec = envs.load(recipe.envs.eval[0] if recipe.envs.eval else recipe.envs.train)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    specs = eval_specs(recipe.envs)[:1] if first_only else eval_specs(recipe.envs)
     loop = LoopThread()
-    sandbox = envs.make_sandbox(spec)
-    plan = placement.plan(recipe)
+    sandbox = envs.make_sandbox(specs[0])
+    plan = placement.plan(recipe.engines, recipe.learner, recipe.placement)
     placement.apply(plan)
     engines = loop.call(placement.start_engines(plan, recipe.engines, model, seed=recipe.train.seed))
     try:
-        return loop.call(evaluate_policy(recipe, engines.client, tokenizer, sandbox))
+        return [
+            loop.call(
+                evaluate_policy(
+                    spec,
+                    recipe.eval,
+                    recipe.rollout,
+                    engines.client,
+                    tokenizer,
+                    sandbox,
+                    max_seq_len=recipe.engines.max_seq_len,
+                    seed=recipe.train.seed,
+                    progress=progress,
+                )
+            )
+            for spec in specs
+        ]
     finally:
         loop.call(_close(engines, sandbox))
         loop.close()
@@ -134,7 +224,7 @@ def main_eval(argv: list[str] | None = None) -> int:
     from agent_rl.config import load_recipe
 
     p = argparse.ArgumentParser(
-        prog="agent-rl eval", description="Evaluate a policy on the recipe's eval env."
+        prog="agent-rl eval", description="Evaluate a policy on every eval env of the recipe (envs.eval)."
     )
     p.add_argument("recipe", type=Path)
     p.add_argument(
@@ -142,6 +232,8 @@ def main_eval(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
-    report = evaluate(load_recipe(args.recipe, args.set), args.checkpoint)
-    print(json.dumps(report.to_dict(), indent=2))
+    recipe = load_recipe(args.recipe, args.set, check_model=args.checkpoint is None)
+    reports = evaluate_all(recipe, args.checkpoint, progress=True)
+    out = reports[0].to_dict() if len(reports) == 1 else [r.to_dict() for r in reports]
+    print(json.dumps(out, indent=2))
     return 0

@@ -1,6 +1,6 @@
 """Who runs where: a pure function from the recipe to a plan, and the one place Ray is started.
 
-`plan(recipe)` needs no cluster, so it is unit-tested as a function. `apply(plan)` starts
+`plan(engines, learner, placement)` needs no cluster, so it is unit-tested as a function. `apply(plan)` starts
 or joins Ray only when the plan needs it: a plain one-machine `agent-rl train` with one
 engine and one learner rank runs everything in this process and never starts Ray.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_rl import cores
-from agent_rl.config import EngineConfig, ModelConfig, Recipe
+from agent_rl.config import EngineConfig, LearnerConfig, ModelConfig, PlacementConfig
 from agent_rl.cores import CoreMap
 from agent_rl.engines.api import EngineClient
 
@@ -55,32 +55,48 @@ class Plan:
         return next(r for r in self.roles if r.name == name)
 
 
-def plan(recipe: Recipe, address: str | None = None, cpus: tuple[int, ...] | None = None) -> Plan:
-    """Roles and resources for a recipe. `address` (the CLI's --address) overrides placement.address;
-    `cpus`: the cores to place on (default: those this process may use)."""
-    address = address or recipe.placement.address
-    eng, lrn = recipe.engines, recipe.learner
+def plan(
+    eng: EngineConfig,
+    lrn: LearnerConfig,
+    pc: PlacementConfig,
+    address: str | None = None,
+    cpus: tuple[int, ...] | None = None,
+) -> Plan:
+    """Roles and resources for a recipe's engines, learner and placement. `address` (the CLI's --address or
+    $RAY_ADDRESS) overrides placement.address; `cpus`: the cores to place on (default: those this process may use)."""
+    address = address or pc.address
     local_engines = eng.count if eng.type == "embedded" else 0
-    per_engine_gpus = recipe.placement.engine_gpus / max(local_engines, 1)
+    per_engine_gpus = pc.engine_gpus / max(local_engines, 1)
     world = lrn.dp * lrn.tp * lrn.cp
     roles = (
-        Role("learner", world, 1.0, recipe.placement.learner_gpus / world),
+        Role("learner", world, 1.0, pc.learner_gpus / world),
         Role("engine", local_engines, 1.0, per_engine_gpus),
         Role("rollout", 1, 1.0, 0.0),  # asyncio workers: one process, many episodes in flight
     )
     # On one machine nothing needs Ray: learner ranks (dp>1) are the torch learner's own worker processes
-    # and engine replicas are server processes. A cluster address places engine replicas as Ray actors.
-    if address:
+    # and engine replicas are server processes. A cluster address places engine replicas as Ray actors,
+    # except a single embedded engine, which runs in the driver (weights handed over in memory).
+    if address and local_engines == 1 and pc.topology == "inprocess":
+        reason = (
+            f"joining {address}: the single embedded engine runs inside the driver, not on the cluster "
+            "(set engines.count >= 2 to place engine replicas as Ray actors)"
+        )
+    elif address:
         reason = f"joining {address}: {local_engines} engine replica(s) placed as Ray actors"
     else:
         reason = f"one machine: {world} learner rank(s), {local_engines} engine(s) as local processes, no Ray"
-    pc = recipe.placement
     core_map = None
     if pc.topology == "processes" and not address:
         core_map = cores.assign(
             pc.cores, engines=local_engines, learner_ranks=world, cpus=cpus or cores.available()
         )
     return Plan(roles, bool(address), address, reason, pc.topology, core_map)
+
+
+def cluster_address(cli_address: str | None) -> str | None:
+    """The Ray cluster to join: --address, else $RAY_ADDRESS (as `ray job submit` sets it), else None
+    (then placement.address decides)."""
+    return cli_address or os.environ.get("RAY_ADDRESS") or None
 
 
 def apply(p: Plan) -> bool:

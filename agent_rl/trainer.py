@@ -12,7 +12,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from agent_rl import checkpoint, evaluate, placement
+from agent_rl import checkpoint, evaluate, placement, rundir
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import Recipe
 from agent_rl.metrics import RunWriter
@@ -21,16 +21,20 @@ from agent_rl.trajectory_log import TrajectoryLog
 from agent_rl.weight_sync import WeightSync
 
 
-def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = None) -> Path:
-    """Train `recipe`; with `resume`, continue that run directory from its latest checkpoint. Returns the run dir."""
+def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | None = None) -> Path:
+    """Train `recipe`; with `resume`, continue that run directory ("auto": the recipe's own, if it has a
+    checkpoint) from its latest checkpoint. Returns the run dir."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     import envs
     from agent_rl.learners import build as build_learner
 
-    run_dir = Path(resume) if resume else recipe.run_dir
-    plan = placement.plan(recipe, address)
+    run_dir, resuming = rundir.choose(recipe, resume)  # a fresh run never writes into an old run's dir
+    if resuming:
+        rundir.warn_on_differences(run_dir, recipe)
+    rundir.announce(run_dir, recipe, resuming)
+    plan = placement.plan(recipe.engines, recipe.learner, recipe.placement, address)
     placement.apply(plan)  # Ray only if the plan needs it
     spec = envs.load(recipe.envs.train)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer or recipe.model.path)
@@ -51,7 +55,7 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
         learner = build_learner(recipe, rank_cores=plan.cores.learner_ranks if plan.cores else None)
         cleanup.callback(learner.close)
         start, lagged = 0, []
-        if resume:
+        if resuming:
             state = checkpoint.load(checkpoint.latest(run_dir), learner)
             buffer.load_state(state.buffer)
             prompts.load_state(state.prompts)
@@ -110,8 +114,11 @@ def train(recipe: Recipe, *, resume: Path | None = None, address: str | None = N
             }
             if recipe.eval.every and (step + 1) % recipe.eval.every == 0:
                 metrics |= loop.call(
-                    evaluate.evaluate_policy(recipe, engines.client, tokenizer, sandbox)
-                ).metrics()
+                    evaluate.evaluate_envs(
+                        evaluate.eval_specs(recipe.envs), recipe.eval, recipe.rollout, engines.client,
+                        tokenizer, sandbox, max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
+                    )
+                )  # fmt: skip
             writer.log(step, metrics)
             _log_batch(run_dir, step, batch)
             bar.set_postfix(
@@ -189,24 +196,43 @@ def main_train(argv: list[str] | None = None) -> int:
     from agent_rl.config import load_recipe
 
     p = argparse.ArgumentParser(prog="agent-rl train", description="Train a recipe (async RL with VCPO).")
-    p.add_argument("recipe", type=Path)
     p.add_argument(
-        "--resume", type=Path, metavar="RUN_DIR", help="continue this run from its latest checkpoint"
+        "recipe", type=Path, nargs="?", help="the recipe (optional with --resume: the run's own config)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue this run from its latest checkpoint; 'auto': the recipe's run dir if it has one",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
-    p.add_argument("--address", help="join an existing Ray cluster (default: local, started only if needed)")
+    p.add_argument(
+        "--address",
+        help="join an existing Ray cluster (default: $RAY_ADDRESS, else local, started only if needed)",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate the recipe and print the placement plan")
     args = p.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.set)
+    address = placement.cluster_address(args.address)  # --address, else $RAY_ADDRESS (as Ray's own tools)
+    if args.recipe is None:
+        if args.resume in (None, rundir.AUTO):
+            p.error(
+                "give a RECIPE (or --resume RUN_DIR to continue a run with the config it was started with)"
+            )
+        if args.set:
+            p.error("--set needs the RECIPE too: agent-rl train RECIPE --resume RUN_DIR --set key=value")
+        recipe = rundir.load_saved(Path(args.resume))
+    else:
+        recipe = load_recipe(args.recipe, args.set, check_model=True)
     if args.dry_run:
         import envs
 
         envs.load(recipe.envs.train)
-        plan = placement.plan(recipe, args.address)
-        print(f"{args.recipe}: ok; run dir {args.resume or recipe.run_dir}; Ray: {plan.reason}")
+        run_dir, resuming = rundir.choose(recipe, args.resume)
+        plan = placement.plan(recipe.engines, recipe.learner, recipe.placement, address)
+        source = args.recipe or f"{run_dir}/{rundir.SAVED_CONFIG}"
+        print(f"{source}: ok; run dir {run_dir} ({'resume' if resuming else 'new run'}); Ray: {plan.reason}")
         for role in plan.roles:
             print(f"  {role.name}: {role.count} x ({role.cpus:g} CPU, {role.gpus:g} GPU)")
         print("\n".join(f"  {line}" for line in plan.describe()))
         return 0
-    print(train(recipe, resume=args.resume, address=args.address))
+    print(train(recipe, resume=args.resume, address=address))
     return 0

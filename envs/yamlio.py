@@ -79,15 +79,22 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
     return data, lines
 
 
-def validation_messages(err: ValidationError, path: str | Path, lines: dict[Loc, int]) -> list[str]:
-    """Turn a pydantic error into `file:line: dotted.field: message` lines."""
+def validation_messages(
+    err: ValidationError, path: str | Path, lines: dict[Loc, int], set_by: dict[Loc, str] | None = None
+) -> list[str]:
+    """Turn a pydantic error into `file:line: dotted.field: message` lines; a field set (or inside a section
+    set) by a command-line override is named as `--set key=value` instead (`set_by`: key path -> item)."""
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the schema in the docs)"
-        out.append(f"{path}:{_line_for(loc, lines)}: {_dotted(loc)}: {msg}")
+        item = next(
+            (set_by[loc[:cut]] for cut in range(len(loc), 0, -1) if loc[:cut] in (set_by or {})), None
+        )
+        where = f"--set {item}" if item is not None else f"{path}:{_line_for(loc, lines)}"
+        out.append(f"{where}: {_dotted(loc)}: {msg}")
     return out
 
 

