@@ -282,7 +282,31 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, *, check_m
 
     from envs.yamlio import read_yaml, validation_messages
 
+    path = Path(path)
     data, lines = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: <root>: expected a mapping of keys, got {type(data).__name__}"])
+    set_by = _apply_overrides(data, overrides or [])
+    _resolve_env_paths(data, path, lines, set_by)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(validation_messages(e, path, lines, set_by)) from None
+    if check_model:
+        check_model_dirs(recipe.model, lambda loc: _where(loc, path, lines, set_by))
+    return recipe
+
+
+Loc = tuple[str | int, ...]
+
+
+def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[Loc, str]:
+    """Apply `--set dotted.key=value` items in place; returns key path -> the `--set` item that set it."""
+    import yaml
+
+    set_by: dict[Loc, str] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -391,27 +415,3 @@ def check_model_dirs(model: ModelConfig, where: Any) -> None:
                 "tokenizer_config.json): set model.tokenizer to the tokenizer's directory"
             ]
         )
-    path = Path(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}:1: <root>: expected a mapping of keys, got {type(data).__name__}"])
-    set_by = _apply_overrides(data, overrides or [])
-    _resolve_env_paths(data, path, lines, set_by)
-    try:
-        recipe = Recipe.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(validation_messages(e, path, lines, set_by)) from None
-    if check_model:
-        check_model_dirs(recipe.model, lambda loc: _where(loc, path, lines, set_by))
-    return recipe
-
-
-Loc = tuple[str | int, ...]
-
-
-def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[Loc, str]:
-    """Apply `--set dotted.key=value` items in place; returns key path -> the `--set` item that set it."""
-    import yaml
-
-    set_by: dict[Loc, str] = {}
