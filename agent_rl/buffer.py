@@ -199,6 +199,17 @@ class RolloutBuffer:
         drop what can no longer be used, and open admission for the next batch."""
         self.version = version
         self._in_step = 0
+        self._enforce_bound()
+
+    def set_bound(self, k: int) -> None:
+        """Change the staleness bound in force (monitor.on_warning: adapt_staleness); admission follows it.
+        Ready groups now over it are dropped and open ones doomed at once, so none is ever delivered."""
+        if k < 0:
+            raise ValueError(f"staleness bound must be >= 0, got {k}")
+        self.k = self.admit_lag = k
+        self._enforce_bound()
+
+    def _enforce_bound(self) -> None:
         for gid in [gid for gid, grp in self._ready.items() if self._over_bound(grp.min_version)]:
             grp = self._ready.pop(gid)
             del self._ready_seq[gid]
@@ -277,6 +288,7 @@ class RolloutBuffer:
         out: dict[str, float] = {f"buffer/{k}": float(v) for k, v in vars(self.counters).items()}
         out["buffer/ready_groups"] = len(self._ready)
         out["buffer/inflight_groups"] = len(self._open)
+        out["buffer/staleness_bound"] = self.k
         if s:
             out["buffer/staleness_mean"] = sum(s) / len(s)
             out["buffer/staleness_max"] = max(s)

@@ -182,6 +182,45 @@ class EvalConfig(Strict):
     samples_per_task: int = Field(1, ge=1)
 
 
+class MonitorConfig(Strict):
+    """Collapse early warning (vcpo.monitor) and the loop's response. Threshold defaults: chosen on the
+    staleness study's calibration runs (benchmarks/results/stress/monitor.md)."""
+
+    on_warning: Literal["log", "stop", "rollback", "adapt_staleness"] = "log"
+    """log: record it; stop: checkpoint and stop with a one-line explanation; rollback: reload the newest
+    checkpoint from before the unhealthy window, lower the lr by `rollback_lr_factor`, go on; adapt_staleness:
+    the buffer's staleness bound follows the ESS (lowered toward 0 below `adapt_ess_floor`, raised back toward
+    buffer.max_staleness while healthy)."""
+    window: int = Field(10, ge=1)
+    min_unhealthy: int = Field(9, ge=1)
+    """Warn when at least this many of the last `window` steps are unhealthy."""
+    warmup: int = Field(5, ge=1)
+    """Steps whose median gradient norm is the reference for `grad_spike`."""
+    ess_floor: float = Field(0.05, ge=0, le=1)
+    """A step with ESS/B below this is unhealthy (0: criterion off)."""
+    grad_spike: float | None = Field(5.0, gt=1)
+    """A step with grad norm above this multiple of the warm-up median is unhealthy (None: off)."""
+    kl_ceiling: float | None = Field(0.5, gt=0)
+    """A step with KL(behaviour || current) per token above this is unhealthy (None: off)."""
+    is_weight_ceiling: float | None = Field(None, gt=1)
+    """A step whose largest IS weight exceeds this is unhealthy (None: off)."""
+    rollback_lr_factor: float = Field(0.5, gt=0, lt=1)
+    max_rollbacks: int = Field(3, ge=1)
+    """rollback: after this many, the next warning stops the run instead."""
+    adapt_ess_floor: float = Field(0.3, gt=0, le=1)
+    """adapt_staleness: a step with ESS/B below this halves the bound (a warning sets it to 0)."""
+    adapt_patience: int = Field(3, ge=1)
+    """adapt_staleness: healthy steps in a row (ESS/B >= adapt_ess_floor) before the bound is raised by 1."""
+
+    @model_validator(mode="after")
+    def _window_holds_min_unhealthy(self) -> MonitorConfig:
+        if self.min_unhealthy > self.window:
+            raise ValueError(
+                f"monitor.min_unhealthy={self.min_unhealthy} > monitor.window={self.window}: it could never warn"
+            )
+        return self
+
+
 CoreRole = Literal["engine", "learner", "rollout"]
 
 
@@ -229,6 +268,23 @@ class Recipe(Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     placement: PlacementConfig = PlacementConfig()
+    monitor: MonitorConfig = MonitorConfig()
+
+    @model_validator(mode="after")
+    def _monitor_response_fits_the_run(self) -> Recipe:
+        on = self.monitor.on_warning
+        if on == "rollback" and (self.checkpoint.every == 0 or self.learner.backend != "torch"):
+            raise ValueError(
+                "monitor.on_warning: rollback reloads checkpoints and lowers the torch learner's lr: set "
+                f"checkpoint.every > 0 (got {self.checkpoint.every}) and learner.backend: torch "
+                f"(got {self.learner.backend})"
+            )
+        if on == "adapt_staleness" and self.rollout.fixed_lag is not None:
+            raise ValueError(
+                f"monitor.on_warning: adapt_staleness moves the staleness bound, rollout.fixed_lag="
+                f"{self.rollout.fixed_lag} pins it: drop one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fixed_lag_needs_per_step_sync(self) -> Recipe:

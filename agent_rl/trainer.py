@@ -8,6 +8,7 @@ k and admission control), so k=0 (synchronous, on-policy) and k>0 run the same l
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,6 +17,7 @@ from agent_rl import checkpoint, evaluate, placement, rundir
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import Recipe
 from agent_rl.metrics import RunWriter
+from agent_rl.monitor import LoopMonitor
 from agent_rl.rollout import LoopThread, PromptSource, Rollouts
 from agent_rl.trajectory_log import TrajectoryLog
 from agent_rl.weight_sync import WeightSync
@@ -93,6 +95,7 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
         bar = cleanup.enter_context(
             tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
         )
+        monitor = LoopMonitor(recipe.monitor, bcfg.max_staleness)  # collapse early warning
         for step in bar:
             t0 = time.monotonic()
             batch = loop.call(buffer.take(recipe.train.batch_prompts))
@@ -112,6 +115,10 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
                 "perf/learner_busy_fraction": t_learn / step_s,
                 "learner/version": learner.version,
             }
+            response = monitor.observe(step, metrics)  # monitor.on_warning: log/stop/rollback/adapt
+            metrics |= response.metrics
+            if response.staleness_bound is not None:
+                loop.call(_set_bound(buffer, response.staleness_bound))
             if recipe.eval.every and (step + 1) % recipe.eval.every == 0:
                 metrics |= loop.call(
                     evaluate.evaluate_envs(
@@ -127,14 +134,20 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
                 stale=f"{metrics.get('buffer/staleness_mean', 0.0):.1f}",
                 tok_s=f"{metrics['perf/rollout_tokens_per_s']:.0f}",
             )
-            if (step + 1) % (
-                recipe.checkpoint.every or recipe.train.steps
-            ) == 0 or step + 1 == recipe.train.steps:
+            every = recipe.checkpoint.every or recipe.train.steps
+            if response.stop or (step + 1) % every == 0 or step + 1 == recipe.train.steps:
                 state = loop.call(_loop_state(step + 1, prompts, buffer))
                 state.lagged_weights = list(sync.history)
                 checkpoint.save(
                     run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
                 )
+            if response.stop:
+                print(f"{recipe.name}: {response.message}", file=sys.stderr, flush=True)
+                break
+            if response.rollback:  # restored weights and optimizer, lower lr, published as a new version
+                monitor.rollback(run_dir, learner, sync, response.warning)
+                sync.push(learner)
+                loop.call(_set_version(buffer, learner.version))
     return run_dir
 
 
@@ -143,6 +156,10 @@ async def _set_version(buffer: RolloutBuffer, version: int) -> dict[str, float]:
     stats = buffer.stats()  # staleness of the batch just taken, measured against the version it trained
     buffer.set_version(version)
     return stats
+
+
+async def _set_bound(buffer: RolloutBuffer, k: int) -> None:
+    buffer.set_bound(k)
 
 
 async def _start(rollouts: Rollouts) -> None:

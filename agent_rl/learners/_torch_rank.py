@@ -106,6 +106,14 @@ class TorchRank:
         metrics["lr_scheduled"] = lr
         return metrics
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Base lr = spec.lr x scale from now on (the schedule's factor still applies); saved with the
+        scheduler's state. The collapse monitor's rollback lowers it."""
+        self.scheduler.base_lrs = [self.spec.lr * scale for _ in self.optimizer.param_groups]
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+
     def last_rows(self) -> RowResults | None:
         """Per-trajectory results of this rank's last step (current log-probs, baseline, advantage)."""
         return self._step.last_rows

@@ -94,6 +94,10 @@ class TorchLearner:
         self.version += 1
         return metrics
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Every rank's base lr becomes learner.lr x scale (monitor.on_warning: rollback lowers it)."""
+        self._call("set_lr_scale", [(scale,)] * self.dp)
+
     def trained_rows(self) -> dict[str, TrainedRow]:
         """The last step's per-trajectory results (current log-probs, baseline, advantage) by uid."""
         out: dict[str, TrainedRow] = {}

@@ -1,0 +1,160 @@
+"""The training loop's collapse monitor: vcpo.monitor's early warning, and what the loop does about it.
+
+`monitor.on_warning` (agent_rl/config.py: MonitorConfig):
+- log (default): metrics `monitor/warning` (1 while the pattern holds) and `monitor/unhealthy`; the
+  first warning is printed once;
+- stop: the loop checkpoints and stops, printing one line that says why and what to change;
+- rollback: reload the newest checkpoint from before the unhealthy window (weights, optimizer,
+  lr schedule, and under fixed_lag the engines' lagged weights), lower the lr by
+  `rollback_lr_factor`, go on (after `max_rollbacks`, the next warning stops the run);
+- adapt_staleness: the buffer's staleness bound follows the ESS every step: halved when ESS/B is below
+  `adapt_ess_floor`, set to 0 by a warning, raised by 1 (up to buffer.max_staleness) after
+  `adapt_patience` healthy steps in a row. `buffer/staleness_bound` logs the bound in force.
+
+Versions only go up: a rollback publishes the restored weights as a new version (current + 1), so the
+buffer's staleness arithmetic and the engines' version stay monotonic.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent_rl import checkpoint
+from agent_rl.config import MonitorConfig
+from vcpo.monitor import CollapseMonitor, CollapseWarning, MonitorThresholds, StepSignals
+
+if TYPE_CHECKING:
+    from agent_rl.learners.torch_learner import TorchLearner
+    from agent_rl.weight_sync import WeightSync
+
+SIGNAL_KEYS = {  # StepSignals field -> the learner's metric
+    "ess_ratio": "vcpo/ess_ratio",
+    "grad_norm": "learner/grad_norm",
+    "is_weight_max": "vcpo/is_weight_max",
+    "kl": "vcpo/kl_behavior_current",
+}
+
+
+def thresholds(cfg: MonitorConfig) -> MonitorThresholds:
+    return MonitorThresholds(
+        window=cfg.window,
+        min_unhealthy=cfg.min_unhealthy,
+        warmup=cfg.warmup,
+        ess_floor=cfg.ess_floor,
+        grad_spike=math.inf if cfg.grad_spike is None else cfg.grad_spike,
+        kl_ceiling=math.inf if cfg.kl_ceiling is None else cfg.kl_ceiling,
+        is_weight_ceiling=math.inf if cfg.is_weight_ceiling is None else cfg.is_weight_ceiling,
+    )
+
+
+@dataclass
+class Response:
+    """What the loop does after this step."""
+
+    metrics: dict[str, float]
+    warning: CollapseWarning | None = None
+    stop: bool = False
+    rollback: bool = False
+    staleness_bound: int | None = None  # adapt_staleness: the bound to put in force now
+    message: str = ""
+
+
+@dataclass
+class LoopMonitor:
+    cfg: MonitorConfig
+    max_staleness: int
+    detector: CollapseMonitor = field(init=False)
+    bound: int = field(init=False)
+    healthy_streak: int = 0
+    rollbacks: int = 0
+    lr_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.detector = CollapseMonitor(thresholds(self.cfg))
+        self.bound = self.max_staleness
+
+    def observe(self, step: int, metrics: dict[str, float]) -> Response:
+        """Feed one step's learner metrics (a skipped step, with no vcpo metrics, is not fed)."""
+        if SIGNAL_KEYS["ess_ratio"] not in metrics:
+            return Response({"monitor/warning": 0.0})
+        signals = StepSignals(**{f: float(metrics[k]) for f, k in SIGNAL_KEYS.items()})
+        unhealthy = bool(self.detector.reasons(signals))
+        first_before = self.detector.first_warning
+        warning = self.detector.update(step, signals)
+        out = Response({"monitor/warning": float(warning is not None), "monitor/unhealthy": float(unhealthy)})
+        out.warning = warning
+        on = self.cfg.on_warning
+        if on == "adapt_staleness":
+            out.staleness_bound = self._adapt(signals.ess_ratio, warning)
+        if warning is None:
+            return out
+        if first_before is None:
+            print(f"monitor: {warning.message()} (monitor.on_warning={on})", file=sys.stderr, flush=True)
+        if on == "stop" or (on == "rollback" and self.rollbacks >= self.cfg.max_rollbacks):
+            out.stop = True
+            extra = f" after {self.rollbacks} rollbacks" if on == "rollback" else ""
+            out.message = (
+                f"stopped by monitor.on_warning={on}{extra}: {warning.message()}. A checkpoint was saved; lower "
+                "learner.lr or buffer.max_staleness (or use monitor.on_warning: adapt_staleness) and --resume"
+            )
+        elif on == "rollback":
+            out.rollback = True
+        return out
+
+    def _adapt(self, ess_ratio: float, warning: CollapseWarning | None) -> int:
+        if warning is not None:
+            self.bound, self.healthy_streak = 0, 0
+        elif ess_ratio < self.cfg.adapt_ess_floor:
+            self.bound, self.healthy_streak = self.bound // 2, 0
+        else:
+            self.healthy_streak += 1
+            if self.healthy_streak >= self.cfg.adapt_patience and self.bound < self.max_staleness:
+                self.bound, self.healthy_streak = self.bound + 1, 0
+        return self.bound
+
+    def rollback(
+        self, run_dir: Path, learner: TorchLearner, sync: WeightSync, warning: CollapseWarning
+    ) -> Path:
+        """Restore the newest checkpoint taken before the unhealthy window began, lr x rollback_lr_factor.
+        Returns the checkpoint used. The caller pushes the weights and tells the buffer the new version."""
+        path = checkpoint_before(run_dir, warning.step - self.cfg.window + 1)
+        if path is None:
+            raise RuntimeError(
+                f"monitor.on_warning=rollback at step {warning.step}: no checkpoint in {run_dir / 'checkpoints'}; "
+                "set checkpoint.every (and checkpoint.keep) so one exists before the warning window"
+            )
+        version = learner.version
+        state = checkpoint.load(path, learner)  # weights, optimizer, lr schedule, RNG; sets learner.version
+        shift = version + 1 - learner.version
+        learner.version = version + 1  # the restored weights are published as a new version
+        self.lr_scale *= self.cfg.rollback_lr_factor
+        learner.set_lr_scale(self.lr_scale)
+        if sync.lag:  # fixed_lag: the engines go on from the checkpoint's lagged weights, relabelled
+            sync.history.clear()
+            sync.history.extend((v + shift, w) for v, w in state.lagged_weights)
+        self.detector.reset()
+        self.rollbacks += 1
+        print(
+            f"monitor: rolled back to {path} (lr x{self.lr_scale:g}, rollback {self.rollbacks}"
+            f"/{self.cfg.max_rollbacks})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return path
+
+
+def checkpoint_before(run_dir: Path, step: int) -> Path | None:
+    """The newest complete checkpoint whose step is <= `step`; else the oldest kept one; None if none."""
+    found = sorted(
+        (int(p.name.removeprefix("step_")), p)
+        for p in (Path(run_dir) / "checkpoints").glob("step_*")
+        if p.is_dir() and (p / "loop.pkl").is_file()
+    )
+    if not found:
+        return None
+    before = [p for s, p in found if s <= step]
+    return before[-1] if before else found[0][1]
