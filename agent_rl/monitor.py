@@ -85,7 +85,14 @@ class LoopMonitor:
         unhealthy = bool(self.detector.reasons(signals))
         first_before = self.detector.first_warning
         warning = self.detector.update(step, signals)
-        out = Response({"monitor/warning": float(warning is not None), "monitor/unhealthy": float(unhealthy)})
+        out = Response(
+            {
+                "monitor/warning": float(warning is not None),
+                "monitor/unhealthy": float(unhealthy),
+                "monitor/rollbacks": float(self.rollbacks),
+                "monitor/lr_scale": self.lr_scale,
+            }
+        )
         out.warning = warning
         on = self.cfg.on_warning
         if on == "adapt_staleness":
