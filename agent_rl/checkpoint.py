@@ -2,11 +2,14 @@
 
 A checkpoint directory `RUN_DIR/checkpoints/step_NNNNNN/` holds:
   learner/     `Learner.save` (model, optimizer, lr schedule, RNG, version)
-  hf/          the policy as a Hugging Face model dir (safetensors + config + tokenizer), for eval/serving
+  hf/          the policy as a Hugging Face model dir for eval and serving: config, generation config, the
+               tokenizer the run used (`save_pretrained`: chat template included), safetensors weights
+               (sharded with an index above `MAX_SHARD_SIZE`)
   loop.pkl     next step, data-set cursor, python/torch RNG, and the buffer's state with every
                half-finished trajectory (`Trajectory.to_bytes`): resuming loses no sampled token.
-It is written to a temporary directory and renamed into place, then `latest` is replaced
-atomically, so a kill at any moment leaves the previous checkpoint intact.
+It is written to a temporary directory and renamed into place, then the symlink `latest -> step_NNNNNN`
+is replaced atomically, so a kill at any moment leaves the previous checkpoint intact, and
+`RUN_DIR/checkpoints/latest/hf` is what `agent-rl serve` and `AutoModelForCausalLM.from_pretrained` take.
 """
 
 from __future__ import annotations
@@ -21,13 +24,11 @@ from typing import Any
 
 from agent_rl.learners import Learner
 
-HF_FILES = (
+HF_CONFIG_FILES = (
     "config.json",
     "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
+)  # from model.path; weights and tokenizer are written
+MAX_SHARD_SIZE = "2GB"
 
 
 @dataclass
@@ -42,10 +43,13 @@ class LoopState:
     lagged_weights: list = field(default_factory=list)  # rollout.fixed_lag only: the engines' weight history
 
 
-def save(run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, keep: int) -> Path:
-    """Write one checkpoint atomically; keep the newest `keep`. Returns its directory."""
+def save(
+    run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, keep: int, tokenizer: Any = None
+) -> Path:
+    """Write one checkpoint atomically; keep the newest `keep`. Returns its directory.
+
+    tokenizer: the one the run uses (model.tokenizer or model.path); default: loaded from `model_dir`."""
     import torch
-    from safetensors.torch import save_file
 
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:06d}"
@@ -53,7 +57,7 @@ def save(run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, 
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "hf").mkdir(parents=True)
     learner.save(tmp / "learner")
-    export_hf(learner, model_dir, tmp / "hf", save_file)
+    export_hf(learner.hf_state_dict(), tmp / "hf", model_dir=model_dir, tokenizer=tokenizer)
     state.python_rng, state.torch_rng = random.getstate(), torch.get_rng_state()
     with open(tmp / "loop.pkl", "wb") as f:
         pickle.dump(state, f)
@@ -61,29 +65,50 @@ def save(run_dir: Path, learner: Learner, state: LoopState, *, model_dir: Path, 
         os.fsync(f.fileno())
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _write_atomic(root / "latest", final.name)
+    _point_latest(root, final.name)
     for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def export_hf(learner: Learner, model_dir: Path, out: Path, save_file: Any) -> None:
-    """The current policy as a loadable Hugging Face directory (weights + the base model's config/tokenizer)."""
-    tensors = {k: v.detach().contiguous().cpu() for k, v in learner.hf_state_dict().items()}
-    save_file(tensors, str(out / "model.safetensors"))
-    for name in HF_FILES:
+def export_hf(
+    state_dict: dict[str, Any],
+    out: Path,
+    *,
+    model_dir: Path,
+    tokenizer: Any = None,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
+) -> None:
+    """A loadable Hugging Face directory: `state_dict` (HF names) as safetensors, sharded with
+    model.safetensors.index.json above `max_shard_size`; config and generation config from `model_dir`;
+    the tokenizer through `save_pretrained` (tokenizer files and chat_template.jinja)."""
+    from huggingface_hub import save_torch_state_dict
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size)
+    for name in HF_CONFIG_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, out / name)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.save_pretrained(out)
 
 
 def latest(run_dir: Path) -> Path:
     """The newest complete checkpoint of a run; a clear error if there is none."""
     pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
+    if pointer.is_symlink():
+        name = os.readlink(pointer)
+    elif pointer.is_file():  # written before `latest` became a symlink
+        name = pointer.read_text().strip()
+    else:
         raise FileNotFoundError(
             f"--resume {run_dir}: no checkpoints/latest in it (was it written by `agent-rl train`?)"
         )
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    path = run_dir / "checkpoints" / name
     if not (path / "loop.pkl").is_file():
         raise FileNotFoundError(f"--resume {run_dir}: {path} is incomplete (no loop.pkl)")
     return path
@@ -114,6 +139,17 @@ def truncate_logs(
                 ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step
             ]
             _write_atomic(path, "".join(ln + "\n" for ln in keep))
+
+
+def _point_latest(root: Path, name: str) -> None:
+    """`root/latest -> name`, replaced atomically (a relative link: the run dir can be moved)."""
+    tmp = root / f".latest.tmp-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(name, target_is_directory=True)
+    latest = root / "latest"
+    if latest.is_file() and not latest.is_symlink():
+        latest.unlink()  # an old text pointer
+    os.replace(tmp, latest)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_rl import errors
 
+    _configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("AGENT_RL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
@@ -157,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         return errors.run(lambda: getattr(importlib.import_module(module), func)(argv[1:]), debug=debug)
     args = build_parser().parse_args(argv)
     return errors.run(lambda: args.func(args), debug=debug)
+
+
+def _configure_logging() -> None:
+    """Warnings of every library on stderr, plus the data loaders' fix reports (once per split)."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("envs.datasets").setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

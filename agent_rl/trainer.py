@@ -139,8 +139,9 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
                 state = loop.call(_loop_state(step + 1, prompts, buffer))
                 state.lagged_weights = list(sync.history)
                 checkpoint.save(
-                    run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep
-                )
+                    run_dir, learner, state, model_dir=Path(recipe.model.path), keep=recipe.checkpoint.keep,
+                    tokenizer=tokenizer,  # the export carries the tokenizer this run used (model.tokenizer)
+                )  # fmt: skip
             if response.stop:
                 print(f"{recipe.name}: {response.message}", file=sys.stderr, flush=True)
                 break

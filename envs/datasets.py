@@ -1,7 +1,8 @@
 """Loaders for the data sets in the data root (parquet/jsonl), fixing the defects their SOURCE.txt files name.
 
 Where data lives: `data.root` in the environment YAML (relative to that file), else
-$AGENT_RL_DATA, else ../shared/data beside the checkout. Nothing here reaches a hub.
+$AGENT_RL_DATA, else ../shared/data beside the checkout, else the cache `agent-rl data pull` fills
+(~/.cache/agent-rl/data). Nothing here reaches a hub; each split's report is logged once (INFO).
 Every loader returns the tasks plus a `DatasetReport` saying what was fixed or dropped:
 - form feeds where JSON un-escaping ate the "\\f" of "\\frac" (AIME 2025, DAPO) are restored;
   other form feeds in DAPO are PDF "fi" ligatures and are repaired;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -24,6 +26,8 @@ from typing import Any
 from envs.rewards import gsm8k_answer
 from envs.spec import DATA_ENV_VAR, DataSource
 from envs.types import EnvError, Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,10 @@ def field(row: Any, dotted: str) -> Any:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
-        raise EnvError(f"data file not found: {path} (set data.root in the env YAML or ${DATA_ENV_VAR})")
+        raise EnvError(
+            f"data file not found: {path} (download the built-in sets with `agent-rl data pull`, "
+            f"or set data.root in the env YAML or ${DATA_ENV_VAR})"
+        )
     if path.suffix == ".jsonl":
         with path.open() as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -228,4 +235,6 @@ def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], Datase
         )
     if source.limit is not None:
         tasks = tasks[: source.limit]
-    return tuple(tasks), replace(report, tasks=len(tasks))
+    report = replace(report, tasks=len(tasks))
+    log.info("data %s", report.summary())  # once per split and process: load_split is cached
+    return tuple(tasks), report

@@ -40,11 +40,18 @@ def resolve_root(root: str | None, yaml_path: Path | None) -> Path:
 
 
 def default_data_root() -> Path:
-    """$AGENT_RL_DATA, else ../shared/data beside the checkout (where the project's data sets live)."""
+    """$AGENT_RL_DATA, else ../shared/data beside the checkout (the project's snapshot) if it exists, else the
+    cache `agent-rl data pull` fills (~/.cache/agent-rl/data)."""
     env = os.environ.get(DATA_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    beside = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return beside if beside.is_dir() else default_cache_root()
+
+
+def default_cache_root() -> Path:
+    """Where `agent-rl data pull` caches the data sets: $XDG_CACHE_HOME/agent-rl/data (~/.cache by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "agent-rl" / "data"
 
 
 class DataSource(Strict):

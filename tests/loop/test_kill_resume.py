@@ -74,7 +74,7 @@ def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
         done = (
             (killed / "batches.jsonl").read_text().count("\n") if (killed / "batches.jsonl").exists() else 0
         )
-        if ckpt.exists() and ckpt.read_text().strip() >= "step_000002" and done >= 3:
+        if ckpt.exists() and os.readlink(ckpt) >= "step_000002" and done >= 3:  # latest -> step_N
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed mid-training"
@@ -82,7 +82,7 @@ def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()
-    resumed_from = (killed / "checkpoints" / "latest").read_text().strip()
+    resumed_from = os.readlink(killed / "checkpoints" / "latest")
     state = pickle.loads((killed / "checkpoints" / resumed_from / "loop.pkl").read_bytes())
     assert state.buffer["open"], "the checkpoint holds no in-flight groups: nothing to restore"
 
