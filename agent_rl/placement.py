@@ -190,7 +190,7 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
 
     handles: list[Any] = []
     if eng.type == "embedded":
-        from agent_rl.engines.api import launch_embedded
+        from agent_rl.engines.launch import launch_embedded
 
         kw = dict(max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype)
         if ray_up():  # each replica in a Ray actor, so the cluster decides which node (and GPU) serves it

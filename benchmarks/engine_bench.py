@@ -84,8 +84,8 @@ async def engine_generate(engine, batch: list[tuple[list[int], int]], tag: str) 
 async def run(model_dir: Path, repeats: int, vllm_venv: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from agent_rl.engines.api import launch_embedded
     from agent_rl.engines.embedded import EmbeddedEngine
+    from agent_rl.engines.launch import launch_embedded
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     engine = EmbeddedEngine(model_dir, max_batch=max(BATCHES), max_seq_len=256)

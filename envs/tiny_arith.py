@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from envs.types import Task
@@ -139,17 +138,11 @@ def corpus(n: int = 2000, seed: int = 12345) -> list[str]:
     return [t.render() for t in teacher_traces(n, seed, tool_rate=0.5)]
 
 
-SPEC_PATH = Path(__file__).with_name("tiny_arith.yaml")
-
-
-def encode_trace(trace: Trace, tokenizer: Any, spec: Any = None) -> tuple[list[int], list[int]]:
+def encode_trace(trace: Trace, tokenizer: Any, env: Any) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) exactly as the env builds the episode: the env's prompt ids, each model segment
     tokenized on its own (EOS after the last), each observation through the env's formatter; mask 1 on model
-    tokens. `spec`: the EnvSpec the model will be trained in (default: the shipped tiny_arith.yaml)."""
-    from envs.env import make
-    from envs.spec import load
-
-    env = make(spec if spec is not None else load(SPEC_PATH), tokenizer)
+    tokens. `env`: an Env of the spec the model will be trained in, made for `tokenizer`
+    (`envs.make(envs.load("envs/tiny_arith.yaml"), tokenizer)`)."""
     ids = env.reset(trace.task)
     mask = [0] * len(ids)
     for i, s in enumerate(trace.segments):

@@ -12,10 +12,10 @@ from agent_rl.engines.api import (
     EngineUnavailable,
     Generation,
     SamplingParams,
-    launch_embedded,
 )
 from agent_rl.engines.client import SGLangClient, VLLMClient
 from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.launch import launch_embedded
 from agent_rl.engines.pool import EnginePool
 
 __all__ = [

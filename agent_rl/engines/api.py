@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from agent_rl.engines.launch import EmbeddedServerHandle
     from agent_rl.weight_group import GroupSpec, TensorMeta
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -119,32 +118,3 @@ class WeightGroupMember(Protocol):
         """Receive the tensors `meta` announces (rank 0 broadcasts them concurrently); load them as `version`."""
 
     async def destroy_weights_update_group(self, group_name: str) -> None: ...
-
-
-def launch_embedded(
-    model_dir: str,
-    *,
-    port: int = 0,
-    max_batch: int = 64,
-    max_seq_len: int = 2048,
-    dtype: str = "float32",
-    seed: int = 0,
-    threads: int = 0,
-    cores: tuple[int, ...] | None = None,
-) -> EmbeddedServerHandle:
-    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers.
-
-    threads: torch CPU threads of the server process (0 = torch's default); cores: pin it to these cores.
-    """
-    from agent_rl.engines.launch import launch_server
-
-    return launch_server(
-        model_dir,
-        port=port,
-        max_batch=max_batch,
-        max_seq_len=max_seq_len,
-        dtype=dtype,
-        seed=seed,
-        threads=threads,
-        cores=cores,
-    )

@@ -101,3 +101,30 @@ def _healthy(url: str) -> bool:
 
 def _tail(path: Path, n: int = 3000) -> str:
     return path.read_text(errors="replace")[-n:]
+
+
+def launch_embedded(
+    model_dir: str,
+    *,
+    port: int = 0,
+    max_batch: int = 64,
+    max_seq_len: int = 2048,
+    dtype: str = "float32",
+    seed: int = 0,
+    threads: int = 0,
+    cores: tuple[int, ...] | None = None,
+) -> EmbeddedServerHandle:
+    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers.
+
+    threads: torch CPU threads of the server process (0 = torch's default); cores: pin it to these cores.
+    """
+    return launch_server(
+        model_dir,
+        port=port,
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        dtype=dtype,
+        seed=seed,
+        threads=threads,
+        cores=cores,
+    )

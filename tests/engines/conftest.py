@@ -24,7 +24,7 @@ async def engine(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir):
-    from agent_rl.engines.api import launch_embedded
+    from agent_rl.engines.launch import launch_embedded
 
     handle = launch_embedded(str(tiny_model_dir), max_batch=64, max_seq_len=512, threads=1)
     yield handle

@@ -179,7 +179,7 @@ async def test_sglang_client_pause_update_from_tensors_resume_over_http(server, 
 
 
 def test_launch_reports_why_the_server_did_not_start(tmp_path):
-    from agent_rl.engines.api import launch_embedded
+    from agent_rl.engines.launch import launch_embedded
 
     with pytest.raises(RuntimeError, match="config.json not found"):
         launch_embedded(str(tmp_path / "no-model-here"))

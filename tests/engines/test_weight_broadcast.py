@@ -47,7 +47,7 @@ def _rank(model_dir) -> TorchRank:
 @pytest.fixture(scope="module")
 def joined(tiny_model_dir) -> Iterator[Joined]:
     """A fresh server (its weights change here) that has joined a learner rank's group: world 2, engine rank 1."""
-    from agent_rl.engines.api import launch_embedded
+    from agent_rl.engines.launch import launch_embedded
 
     server = launch_embedded(str(tiny_model_dir), max_batch=4, max_seq_len=128, threads=1)
     rank = _rank(tiny_model_dir)
@@ -232,7 +232,7 @@ def test_learner_rank0_broadcast_replaces_a_different_engines_weights(kind, tmp_
     """The engine starts from other random weights; after one broadcast its log-probs are the learner's."""
     from transformers import AutoModelForCausalLM
 
-    from agent_rl.engines.api import launch_embedded
+    from agent_rl.engines.launch import launch_embedded
     from agent_rl.tiny import build_tiny, sample_corpus
 
     learner_dir = build_tiny(tmp_path / "learner", sample_corpus(), seed=0, **TINY)

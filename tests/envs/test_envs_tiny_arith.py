@@ -49,7 +49,7 @@ def test_teacher_uses_the_tool_at_the_requested_rate_and_guesses_are_wrong():
 def test_traces_are_short_and_fit_the_env_budgets(tok):
     spec = envs.load(SPEC)
     for trace in tiny_arith.teacher_traces(300, seed=1, tool_rate=1.0):
-        ids, mask = tiny_arith.encode_trace(trace, tok, spec)
+        ids, mask = tiny_arith.encode_trace(trace, tok, envs.make(spec, tok))
         assert len(ids) <= 150
         assert sum(mask) <= spec.turns.max_response_tokens
         for seg in trace.segments:
@@ -74,7 +74,7 @@ async def test_teacher_traces_replay_through_the_env_with_identical_tokens(tok, 
     traces = tiny_arith.teacher_traces(24, seed=11, tool_rate=0.5)
     assert any(t.used_tool for t in traces) and any(not t.used_tool and "*" in t.task.problem for t in traces)
     for trace in traces:
-        expect_ids, expect_mask = tiny_arith.encode_trace(trace, tok, spec)
+        expect_ids, expect_mask = tiny_arith.encode_trace(trace, tok, envs.make(spec, tok))
         env = envs.make(spec, tok, sandbox=sandbox)
         ids = env.reset(trace.task)
         mask = [0] * len(ids)
