@@ -18,6 +18,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tool_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model over-fitted to one Hermes function-calling round trip (tests/tool_model.py)."""
+    import torch
+    from tool_model import build_tool_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool_model"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data beside the checkout (the data sets with their SOURCE.txt)."""
     path = SHARED / "data"

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agent_rl.engines.api import EngineError, Generation, SamplingParams
+from agent_rl.engines.sampling import TopList
 from agent_rl.engines.scheduler import Output, Request, Scheduler
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,16 @@ class EmbeddedEngine:
     # ---- more than the protocol ----
 
     async def generate_full(
-        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str,
+        top_logprobs: int = 0,
+        on_token: Callable[[int, float, int, TopList | None], None] | None = None,
     ) -> Output:
+        """Generate; `top_logprobs` > 0 also reports that many alternatives per token (Output.top_logprobs);
+        `on_token(token, logprob, version, top)` is called on the caller's event loop as each token is sampled."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Output] = loop.create_future()
 
@@ -85,7 +94,18 @@ class EmbeddedEngine:
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_resolve, done, out)
 
-        req = Request(rid=request_id, prompt=list(input_ids), sampling=sampling, on_finish=on_finish)
+        def token_cb(t: int, lp: float, v: int, top: TopList | None) -> None:  # engine thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(on_token, t, lp, v, top)
+
+        req = Request(
+            rid=request_id,
+            prompt=list(input_ids),
+            sampling=sampling,
+            on_finish=on_finish,
+            top_n=top_logprobs,
+            on_token=None if on_token is None else token_cb,
+        )
         await self.call(lambda: self.scheduler.add(req))
         try:
             out = await asyncio.shield(done)

@@ -63,11 +63,13 @@ class SGLangSampling(Strict):
             frequency_penalty=0.0,
             presence_penalty=0.0,
             repetition_penalty=1.0,
-            n=1,
         )
+        if self.n < 1:
+            raise ValueError(f"n={self.n} must be >= 1")
         return self
 
-    def to_params(self) -> SamplingParams:
+    def to_params(self, index: int = 0) -> SamplingParams:
+        """Sampling for sample `index` of a prompt (n > 1: sampling_seed + index)."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -75,14 +77,17 @@ class SGLangSampling(Strict):
             max_new_tokens=self.max_new_tokens,
             stop=_stops(self.stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
-            seed=self.sampling_seed,
+            seed=None if self.sampling_seed is None else self.sampling_seed + index,
             ignore_eos=self.ignore_eos,
         )
 
 
 class GenerateReq(Strict):
-    text: str | None = None
-    input_ids: list[int] | None = None
+    """One prompt (text / input_ids) or a batch (a list of them); with n > 1 each prompt is sampled n times.
+    A batch or n > 1 is answered with a list, prompt-major, as SGLang does."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
     rid: str | None = None
     return_logprob: bool = False
@@ -94,11 +99,30 @@ class GenerateReq(Strict):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.text is None) == (self.input_ids is None):
-            raise ValueError(
-                "give exactly one of text or input_ids (a single prompt; batches are not supported)"
-            )
-        _neutral(self, logprob_start_len=-1, top_logprobs_num=0, stream=False)
+            raise ValueError("give exactly one of text or input_ids (one prompt, or a list of them)")
+        if self.top_logprobs_num < 0 or self.top_logprobs_num > 20:
+            raise ValueError(f"top_logprobs_num={self.top_logprobs_num} must be in [0, 20]")
+        _neutral(self, logprob_start_len=-1, stream=False)
         return self
+
+    @property
+    def batched(self) -> bool:
+        single = isinstance(self.text, str) or (
+            self.input_ids is not None and (not self.input_ids or isinstance(self.input_ids[0], int))
+        )
+        return not single or self.sampling_params.n > 1
+
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.text, str):
+            return [self.text]
+        if self.text is not None:
+            return list(self.text)
+        assert self.input_ids is not None
+        return (
+            [self.input_ids]
+            if not self.input_ids or isinstance(self.input_ids[0], int)
+            else list(self.input_ids)
+        )
 
 
 class AbortReq(Strict):
@@ -197,20 +221,52 @@ class EndWeightUpdateReq(Strict):
 
 
 # ---- OpenAI-compatible ----
+# OpenAI's bodies are lenient: a field we do not know is ignored with one warning per field name
+# (`unknown_fields`), because agents and frameworks send fields of newer API versions. Known
+# options the engine cannot honour (penalties, logit_bias) are still refused unless neutral.
 
 
-class OpenAISampling(Strict):
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
+    """Dotted names of every field the request carried that our models do not declare (nested too)."""
+    out = [f"{where}{k}" for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for j, v in enumerate(items):
+            if isinstance(v, BaseModel):
+                sub = f"{where}{name}[{j}]." if isinstance(value, list) else f"{where}{name}."
+                out += [_generic_index(x) for x in unknown_fields(v, sub)]
+    return sorted(set(out))
+
+
+def _generic_index(name: str) -> str:
+    import re
+
+    return re.sub(r"\[\d+\]", "[]", name)  # messages[3].foo -> messages[].foo: one warning per field
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class OpenAISampling(Lenient):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None  # None: 1.0
+    top_p: float | None = None  # None: 1.0
+    n: int = Field(1, ge=1, le=64)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
     # vLLM extensions
     top_k: int = -1
     stop_token_ids: list[int] | None = None
@@ -221,56 +277,133 @@ class OpenAISampling(Strict):
 
     @model_validator(mode="after")
     def _supported(self):
-        _neutral(self, n=1, stream=False, presence_penalty=0.0, frequency_penalty=0.0)
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError(
+                "presence_penalty/frequency_penalty are not supported by the embedded engine (only 0)"
+            )
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by the embedded engine (only empty)")
         return self
 
-    def to_params(self, default_max_tokens: int) -> SamplingParams:
+    def to_params(self, default_max_tokens: int, index: int = 0) -> SamplingParams:
+        """Sampling for choice `index` (n > 1: seed + index, so the choices differ yet are reproducible)."""
         return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k,
             max_new_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
             stop=_stops(self.stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed + index,
             ignore_eos=self.ignore_eos,
         )
 
 
 class CompletionReq(OpenAISampling):
     prompt: str | list[int]
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    suffix: str | None = None
 
     @model_validator(mode="after")
-    def _logprobs(self):
-        _neutral(self, echo=False)
-        if self.logprobs not in (None, 0):
-            raise ValueError(
-                f"logprobs={self.logprobs} asks for top alternatives, which the embedded engine does not compute; "
-                "use logprobs=0 for the sampled tokens' log-probs"
-            )
+    def _echo(self):
+        _neutral(self, echo=False, suffix=None)
         return self
 
 
-class Message(Strict):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None  # vLLM/Qwen: the thinking of an earlier assistant turn
+    # sent back by clients that echo the response message; ignored
+    refusal: str | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
+    annotations: list | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data):
+        content = data.get("content") if isinstance(data, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise ValueError(f"content part of type {kind!r} is not supported (text parts only)")
+        return data
+
+    @model_validator(mode="after")
+    def _roles(self):
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+        if self.role != "assistant" and self.tool_calls:
+            raise ValueError(f"only assistant messages carry tool_calls (this one is {self.role!r})")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The content as one string (text parts joined; None -> "")."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class FunctionDef(Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
 
 
 class ChatReq(OpenAISampling):
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None  # vLLM extension: extra variables for the chat template
 
     @model_validator(mode="after")
-    def _logprobs(self):
-        if self.top_logprobs not in (None, 0):
-            raise ValueError(
-                f"top_logprobs={self.top_logprobs} is not supported by the embedded engine (only 0)"
-            )
+    def _options(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if self.response_format not in (None, {"type": "text"}):
+            raise ValueError("response_format: only {'type': 'text'} is supported (no constrained decoding)")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return self
+
+    @property
+    def parse_tools(self) -> bool:
+        """Parse tool calls out of the output: tools were given and tool_choice is not "none"."""
+        return bool(self.tools) and self.tool_choice != "none"

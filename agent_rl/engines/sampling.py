@@ -8,6 +8,10 @@ Log-prob semantics (what the learner receives as log μ):
 - temperature == 0 (greedy): the sampling distribution is a point mass (log-prob 0 carries no
   information), so we return the model's own log_softmax(logits) at the argmax, as SGLang and
   vLLM do.
+
+Top alternatives (`top_n` > 0, OpenAI's top_logprobs): the n most likely tokens of that same
+distribution with their log-probs, most likely first; tokens the filter removed (probability 0)
+are never listed, so a row may get fewer than n.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class RowParams:
     top_p: float
     top_k: int
     generator: torch.Generator | None
+    top_n: int = 0  # also report this many top alternatives per token
 
 
 def filtered_logprobs(
@@ -51,11 +56,15 @@ def filtered_logprobs(
     return torch.log_softmax(x, dim=-1)
 
 
+TopList = list[tuple[int, float]]
+
+
 def sample(
     logits: torch.Tensor, rows: list[RowParams], default: torch.Generator
-) -> tuple[list[int], list[float]]:
-    """Draw one token per row; return (tokens, logprobs) as Python lists (see module doc for the log-prob)."""
+) -> tuple[list[int], list[float], list[TopList | None]]:
+    """Draw one token per row; return (tokens, logprobs, top alternatives or None per row) as Python lists."""
     raw = torch.log_softmax(logits, dim=-1)
+    tops: list[TopList | None] = [None] * len(rows)
     greedy = [r.temperature == 0.0 for r in rows]
     tokens = raw.argmax(-1)
     logprobs = raw.gather(-1, tokens[:, None])[:, 0]
@@ -79,4 +88,16 @@ def sample(
                 drawn[j] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
         tokens[idx] = drawn
         logprobs[idx] = lp.gather(-1, drawn[:, None])[:, 0]
-    return tokens.tolist(), logprobs.tolist()
+        for j, i in enumerate(rand):
+            if rows[i].top_n > 0:
+                tops[i] = _top(lp[j], rows[i].top_n)
+    for i, g in enumerate(greedy):
+        if g and rows[i].top_n > 0:
+            tops[i] = _top(raw[i], rows[i].top_n)
+    return tokens.tolist(), logprobs.tolist(), tops
+
+
+def _top(dist: torch.Tensor, n: int) -> TopList:
+    """The n most likely tokens of one row's log-distribution, dropping those it gives probability 0."""
+    values, ids = torch.topk(dist, min(n, dist.shape[-1]))
+    return [(t, v) for t, v in zip(ids.tolist(), values.tolist(), strict=True) if v != float("-inf")]

@@ -27,7 +27,7 @@ import torch
 from agent_rl.engines.api import BadRequest, FinishReason, Generation, SamplingParams
 from agent_rl.engines.cache import KVCache
 from agent_rl.engines.model import load_model
-from agent_rl.engines.sampling import RowParams, sample
+from agent_rl.engines.sampling import RowParams, TopList, sample
 from agent_rl.engines.weights import copy_weights_, read_safetensors_dir
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Output:
     matched: int | str | None  # the stop token id or stop string that ended it
     latency_s: float
     error: str | None = None  # engine failure: callers raise it rather than treat it as an abort
+    top_logprobs: list[TopList] | None = None  # per output token, when the request asked for top_n > 0
 
 
 @dataclass(eq=False)  # identity semantics: `in` / remove() must not compare token lists
@@ -54,12 +55,15 @@ class Request:
     prompt: list[int]
     sampling: SamplingParams
     on_finish: Callable[[Output], None]
+    top_n: int = 0  # top alternatives to report per output token (OpenAI top_logprobs)
+    on_token: Callable[[int, float, int, TopList | None], None] | None = None  # streaming, engine thread
     row: RowParams | None = None  # sampling settings + private RNG, set on admission
     slot: int = -1
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    tops: list[TopList] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
 
 
@@ -126,7 +130,7 @@ class Scheduler:
             raise BadRequest(f"request {req.rid}: a request with this rid is already in flight")
         sp = req.sampling
         generator = None if sp.seed is None else torch.Generator().manual_seed(sp.seed)
-        req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator)
+        req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator, req.top_n)
         self.waiting.append(req)
 
     def abort(self, rid: str | None = None) -> int:
@@ -229,11 +233,15 @@ class Scheduler:
         # Rows sorted by slot; when they are exactly slots 0..B-1 the cache hands out views instead of copies.
         dense = slots[-1] == len(slots) - 1
         logits = self.model(tokens, positions, torch.tensor(slots), self.cache, last, dense=dense)
-        ids, lps = sample(logits, [r.row for r in reqs], self.generator)
-        for r, t, lp in zip(reqs, ids, lps, strict=True):
+        ids, lps, tops = sample(logits, [r.row for r in reqs], self.generator)
+        for r, t, lp, top in zip(reqs, ids, lps, tops, strict=True):
             r.tokens.append(t)
             r.logprobs.append(lp)
             r.versions.append(self.version)
+            if top is not None:
+                r.tops.append(top)
+            if r.on_token is not None:
+                r.on_token(t, lp, self.version, top)
             self._check_finished(r)
 
     def _check_finished(self, r: Request) -> None:
@@ -265,8 +273,11 @@ class Scheduler:
         else:
             self.waiting.remove(r)
         gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason)
+        tops = list(r.tops) if r.top_n > 0 else None
         r.on_finish(
-            Output(r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error)
+            Output(
+                r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error, tops
+            )
         )
 
     def fail_all(self, error: BaseException) -> None:

@@ -42,14 +42,33 @@ def finish_reason(out: Output) -> dict:
 
 
 async def generate(request: web.Request) -> web.Response:
+    """SGLang /generate: one prompt, or a batch (text or input_ids as a list), each sampled n times."""
     req = await parse(request, GenerateReq)
     engine = request.app[ENGINE]
-    ids = req.input_ids if req.input_ids is not None else tokenizer(request)(req.text)["input_ids"]
-    out = await engine.generate_full(
-        ids, req.sampling_params.to_params(), request_id=req.rid or uuid.uuid4().hex
-    )
+    base = req.rid or uuid.uuid4().hex
+    jobs = []
+    for p, prompt in enumerate(req.prompts()):
+        ids = prompt if isinstance(prompt, list) else tokenizer(request)(prompt)["input_ids"]
+        for i in range(req.sampling_params.n):
+            rid = (
+                base if not req.batched else f"{base}-{p}-{i}" if req.sampling_params.n > 1 else f"{base}-{p}"
+            )
+            jobs.append(
+                engine.generate_full(
+                    ids,
+                    req.sampling_params.to_params(i),
+                    request_id=rid,
+                    top_logprobs=req.top_logprobs_num if req.return_logprob else 0,
+                )
+            )
+    outs = await asyncio.gather(*jobs)
+    results = [_generate_result(req, engine, out) for out in outs]
+    return web.json_response(results if req.batched else results[0])
+
+
+def _generate_result(req: GenerateReq, engine: EmbeddedEngine, out: Output) -> dict:
     g, sp = out.generation, req.sampling_params
-    tok = request.app[ENGINE].scheduler.tokenizer
+    tok = engine.scheduler.tokenizer
     text = "" if tok is None else tok.decode(g.token_ids, skip_special_tokens=sp.skip_special_tokens)
     meta = {
         "id": out.rid,
@@ -62,14 +81,20 @@ async def generate(request: web.Request) -> web.Response:
         "output_token_versions": g.versions,
     }
     if req.return_logprob:
-        texts = [tok.decode([t]) if req.return_text_in_logprobs and tok else None for t in g.token_ids]
+
+        def piece(t: int) -> str | None:
+            return tok.decode([t]) if req.return_text_in_logprobs and tok else None
+
         meta["input_token_logprobs"] = []
         meta["output_token_logprobs"] = [
-            [lp, t, s] for lp, t, s in zip(g.logprobs, g.token_ids, texts, strict=True)
+            [lp, t, piece(t)] for lp, t in zip(g.logprobs, g.token_ids, strict=True)
         ]
-    return web.json_response(
-        {"text": trim_stop(text, out, sp.no_stop_trim), "output_ids": g.token_ids, "meta_info": meta}
-    )
+        if req.top_logprobs_num:
+            meta["input_top_logprobs"] = []
+            meta["output_top_logprobs"] = [
+                [[lp, t, piece(t)] for t, lp in top] for top in (out.top_logprobs or [])
+            ]
+    return {"text": trim_stop(text, out, sp.no_stop_trim), "output_ids": g.token_ids, "meta_info": meta}
 
 
 async def abort_request(request: web.Request) -> web.Response:
@@ -143,12 +168,22 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="OK" if ok else "engine thread is not running", status=200 if ok else 503)
 
 
-def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
+def build_app(
+    engine: EmbeddedEngine,
+    model_path: str,
+    *,
+    served_model_name: str | None = None,
+    tool_parser: str = "hermes",
+) -> web.Application:
+    """served_model_name: the OpenAI model id (default: model_path); tool_parser: tool_parsers.PARSERS key."""
     from agent_rl.engines.broadcast_routes import add_weight_group_routes
-    from agent_rl.engines.openai_api import add_openai_routes
+    from agent_rl.engines.openai_api import SERVED_NAME, TOOL_PARSER, add_openai_routes
+    from agent_rl.engines.tool_parsers import get_parser
 
+    get_parser(tool_parser)  # an unknown name fails at start, not at the first request
     app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
     app[ENGINE], app[MODEL_PATH] = engine, model_path
+    app[SERVED_NAME], app[TOOL_PARSER] = served_model_name or model_path, tool_parser
     app.router.add_post("/generate", generate)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/pause_generation", pause_generation)
@@ -171,7 +206,10 @@ async def serve(args: argparse.Namespace) -> None:
         dtype=args.dtype,
         seed=args.seed,
     )
-    runner = web.AppRunner(build_app(engine, str(args.model_dir)), handler_cancellation=True, access_log=None)
+    app = build_app(
+        engine, str(args.model_dir), served_model_name=args.served_model_name, tool_parser=args.tool_parser
+    )
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -213,6 +251,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--max-seq-len", type=int, default=2048, help="context length per sequence (prompt + output)"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--served-model-name", default=None, help="OpenAI model id (default: MODEL_DIR as given)")
+    p.add_argument(
+        "--tool-parser",
+        default="hermes",
+        choices=["hermes", "none"],
+        help="how chat completions with `tools` find tool calls in the output (hermes: <tool_call>{json}</tool_call>)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the sampling stream for requests without a seed"
     )

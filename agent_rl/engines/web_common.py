@@ -6,7 +6,7 @@ import json
 from typing import TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agent_rl.engines.api import EngineError
 from agent_rl.engines.embedded import EmbeddedEngine
@@ -17,8 +17,21 @@ MODEL_PATH = web.AppKey("model_path", str)
 M = TypeVar("M", bound=BaseModel)
 
 
-def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+class NotFound(LookupError):
+    """Answered with 404 (e.g. an unknown model); `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def error(status: int, message: str, *, param: str | None = None, code: str | int | None = None) -> web.Response:
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}} (SGLang clients read message)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 404:
+        kind = "not_found_error"
+    body = {"message": message, "type": kind, "param": param, "code": status if code is None else code}
+    return web.json_response({"error": body}, status=status)
 
 
 @web.middleware
@@ -29,10 +42,27 @@ async def errors_to_json(request: web.Request, handler):
         raise
     except json.JSONDecodeError as e:
         return error(400, f"{request.method} {request.path}: malformed JSON body: {e}")
-    except (ValueError, KeyError, TypeError) as e:  # pydantic ValidationError and BadRequest are ValueErrors
+    except NotFound as e:
+        return error(404, f"{request.method} {request.path}: {e}", param=e.param, code=e.code)
+    except ValidationError as e:
+        errs = e.errors()
+        param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+        return error(400, f"{request.method} {request.path}: {one_line(e)}", param=param)
+    except (ValueError, KeyError, TypeError) as e:  # BadRequest is a ValueError
         return error(400, f"{request.method} {request.path}: {e}")
     except EngineError as e:
         return error(500, f"{request.method} {request.path}: {e}")
+
+
+def one_line(e: ValidationError) -> str:
+    """`field: message (got value)` per error, joined with '; ' (pydantic's own text spans several lines)."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
+        got = repr(err.get("input"))
+        got = got if len(got) <= 80 else got[:77] + "..."
+        parts.append(f"{loc}: {err['msg']} (got {got})")
+    return f"{e.title}: " + "; ".join(parts)
 
 
 async def parse(request: web.Request, model: type[M]) -> M:
