@@ -88,3 +88,29 @@ def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
     mean_w = sum(math.exp(min(r.seq_log_weight, math.log(8.0))) for r in rows.values()) / len(rows)
     assert mean_w == pytest.approx(metrics["vcpo/is_weight_mean"], rel=1e-4)
     learner.close()
+
+
+@pytest.mark.slow
+def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Path) -> None:
+    groups = _groups(tiny_model_dir)
+    one = build_learner(_recipe(tiny_model_dir, "proxy"))
+    one.step(groups)
+    expected = one.trained_rows()
+    one.close()
+    two = build_learner(
+        _recipe(tiny_model_dir, "proxy").model_copy(
+            update={"learner": _recipe(tiny_model_dir, "proxy").learner.model_copy(update={"dp": 2})}
+        )
+    )
+    try:
+        two.step(groups)
+        rows = two.trained_rows()
+    finally:
+        two.close()
+    assert set(rows) == set(expected)
+    length = {t.uid: len(t) for g in groups for t in g.trajectories}
+    for uid, r in rows.items():
+        e, n = expected[uid], length[uid]  # a row's positions past its trajectory are padding
+        assert torch.allclose(r.logprobs[:n], e.logprobs[:n], atol=1e-5)
+        assert r.seq_log_weight == pytest.approx(e.seq_log_weight, abs=1e-4)
+        assert r.advantage == pytest.approx(e.advantage, abs=1e-4)

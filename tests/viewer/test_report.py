@@ -109,3 +109,14 @@ def test_report_embeds_every_step_and_escapes_script_endings(tmp_path: Path) -> 
     assert [s["step"] for s in page["steps"]] == [1, 2] and page["is_truncation"] == 8.0
     assert "http://" not in html and "https://" not in html  # nothing to fetch: works offline
     assert read_step(tmp_path, 2).trajectories[0].versions == [2]
+
+
+def test_view_of_a_run_without_a_log_says_how_to_get_one(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from agent_rl.viewer import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path)])
+    assert e.value.code == 2
+    assert "has no trajectory log (train with logging.trajectories > 0)" in capsys.readouterr().err
