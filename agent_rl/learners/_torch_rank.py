@@ -113,6 +113,7 @@ class TorchRank:
         factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
             group["lr"] = base * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr() reports
 
     def last_rows(self) -> RowResults | None:
         """Per-trajectory results of this rank's last step (current log-probs, baseline, advantage)."""
