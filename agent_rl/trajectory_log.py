@@ -159,6 +159,8 @@ class TrajectoryLog:
         self.keep, self.seed = keep, seed
         self.dir = Path(run_dir) / DIR
         if keep == 0:
+            if (self.dir / "index.jsonl").exists():  # resumed with recording off: no records past `start`
+                _truncate(self.dir, start)
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = LogMeta(FORMAT_VERSION, str(Path(tokenizer).resolve()), is_truncation, keep)

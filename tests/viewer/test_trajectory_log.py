@@ -181,3 +181,12 @@ def test_infinite_log_weights_are_written_as_finite_json(tmp_path: Path) -> None
     t = read_step(tmp_path, 0).trajectories[0]
     assert t.seq_log_weight == 1e4 and t.baseline is None
     json.dumps(t.seq_log_weight, allow_nan=False)
+
+
+def test_resuming_with_recording_off_still_drops_the_later_steps(tmp_path: Path) -> None:
+    log = _open(tmp_path)
+    for step in range(3):
+        groups = _groups(1, 2)
+        log.append(step, groups, FakeLearner(_rows(groups)), METRICS)
+    _open(tmp_path, keep=0, start=1)
+    assert [s.step for s in read_index(tmp_path)] == [0]
