@@ -5,8 +5,8 @@
 # with void-turn masking off (`_nomaskvoid`), and VCPO with it on. k = 0 runs only plain and VCPO: with
 # behaviour = current every IS weight is 1, so tis/mis/m2po make plain's update.
 # Usage: recipes/stress/level_b.sh [SEEDS...]   (default 0 1 2 3 4)
-#   LAGS="0 4 8 16" METHODS="plain tis mis m2po vcpo vcpo_maskvoid" JOBS=2 STEPS=40   (the defaults)
-# Each run's metrics.jsonl (every step's ESS, grad norm, IS weights, KL; held-out accuracy every 10 steps)
+#   LAGS="0 4 8 16" METHODS="plain tis mis m2po vcpo vcpo_maskvoid" JOBS=2 STEPS=40 EVAL_EVERY=5   (defaults)
+# Each run's metrics.jsonl (every step's ESS, grad norm, IS weights, KL; held-out accuracy every 5 steps)
 # is packed by level_b_report into benchmarks/results/stress/runs_b.jsonl.gz; finished runs are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,8 @@ LAGS=${LAGS:-0 4 8 16}
 METHODS=${METHODS:-plain tis mis m2po vcpo vcpo_maskvoid}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
-export STEPS
+EVAL_EVERY=${EVAL_EVERY:-5}
+export STEPS EVAL_EVERY
 overrides() {  # method -> recipe overrides
   local base="--set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none --set buffer.mask_void=false"
   case "$1" in
@@ -33,9 +34,9 @@ run() {  # name lag seed [overrides...]
   shift 3
   [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] && return 0
   rm -rf "runs/$name"
-  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/agent-rl train recipes/tiny_tir.yaml --set rollout.fixed_lag="$lag" \
+  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set rollout.fixed_lag="$lag" \
     --set train.seed="$seed" --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false \
-    --set checkpoint.every=0 "$@" > "runs/$name.log" 2>&1 || echo "FAILED $name (runs/$name.log)"
+    --set checkpoint.every=0 --set eval.every="$EVAL_EVERY" "$@" > "runs/$name.log" 2>&1 || echo "FAILED $name (runs/$name.log)"
   echo "done $name"
 }
 export -f run
