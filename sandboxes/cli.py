@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 
 from sandboxes.api import GiB, Limits
@@ -23,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-gib", type=float, default=1.0, help="default memory limit per call")
     serve.add_argument("--docker-image", default=None, help="image for --backend docker")
     serve.add_argument("--docker-host", default=None, help="engine URL, e.g. unix:///path/docker.sock")
+    serve.add_argument("--run", default="", help="value of the containers' agent-rl.run label (docker)")
+    serve.add_argument("--preload", default="", help="modules the fork-servers import once, comma-separated")
     serve.add_argument("--allow-unsafe", action="store_true", help="required for --backend unsafe-subprocess")
     build = sub.add_parser(
         "build-image", help="build the docker sandbox image offline from this host's Python"
@@ -55,10 +58,14 @@ async def _serve(args: argparse.Namespace) -> int:
     options: dict[str, object] = {}
     if args.backend == "docker":
         options = {
-            k: v for k, v in {"image": args.docker_image, "docker_host": args.docker_host}.items() if v
+            k: v
+            for k, v in {"image": args.docker_image, "docker_host": args.docker_host, "run": args.run}.items()
+            if v
         }
     elif args.backend == "unsafe-subprocess":
         options = {"allow_unsafe": args.allow_unsafe}
+    if args.preload and args.backend == "local":
+        options["preload"] = args.preload.split(",")
     sandbox = sandboxes.create(args.backend, pool_size=args.pool_size, limits=limits, **options)
     await sandbox.start()
     runner = web.AppRunner(SandboxService(sandbox, limits).app())
@@ -69,8 +76,14 @@ async def _serve(args: argparse.Namespace) -> int:
         f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{args.port}",
         flush=True,
     )
+    # SIGTERM and SIGINT stop the service cleanly: the pool closes, so its containers are removed.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await runner.cleanup()
+    print("sandbox service stopped", flush=True)
     return 0

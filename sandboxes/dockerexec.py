@@ -1,25 +1,31 @@
 """The docker backend: warm containers, each with a fork-server reached over one attached exec stream.
 
 Containers run with no network, a read-only root, tmpfs /tmp, memory+swap, pids and ulimit
-caps, uid 65534, all capabilities dropped, no-new-privileges, and an init (so zombies do not
-eat the pids cap). docker-py is imported lazily; the engine comes from `docker_host` or
-DOCKER_HOST. The image is built offline by `sandboxes.image.build_image`.
+caps, uid 65534, all capabilities dropped, no-new-privileges, an init (so zombies do not
+eat the pids cap), and our seccomp filter on top of the engine's. They carry labels and
+remove themselves when their owner is gone (`sandboxes.docker_engine`). docker-py is
+imported lazily; the engine comes from `docker_host` or DOCKER_HOST. The image is built
+offline by `sandboxes.image.build_image`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import struct
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sandboxes.api import Limits, MiB, SandboxError
-from sandboxes.image import INSIDE_FORKSERVER, image_python
+from sandboxes.docker_engine import WATCHDOG, Labels, docker_client, owner_id, remove_orphans
+from sandboxes.image import image_python
 from sandboxes.local import NOBODY, SANDBOX_ENV
 from sandboxes.pool import PooledSandbox
-from sandboxes.worker import Transport, Worker
+from sandboxes.seccomp import filter_bpf
+from sandboxes.worker import INSIDE_FORKSERVER, Transport, Worker
 
 DEFAULT_IMAGE = f"agent-rl-sandbox:py{sys.version_info.major}.{sys.version_info.minor}"
 _FRAME = struct.Struct(">BxxxL")
@@ -35,22 +41,10 @@ class DockerOptions:
     tmp_bytes: int = 64 * MiB
     runtime: str | None = None
     """e.g. "runsc" for gVisor."""
-
-
-def docker_client(docker_host: str | None) -> Any:
-    try:
-        import docker
-    except ImportError as e:
-        raise SandboxError("the docker backend needs the docker python package: pip install docker") from e
-    try:
-        client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
-        client.ping()
-    except Exception as e:
-        raise SandboxError(
-            f"docker backend: cannot reach a Docker engine at {docker_host or 'DOCKER_HOST/default socket'} ({e}); "
-            "install docker.io (scripts/install_system_deps.sh) and start dockerd"
-        ) from e
-    return client
+    seccomp: bool = True
+    """Load the seccomp filter of `sandboxes.seccomp` in each container's fork-server (on top of the engine's)."""
+    run: str = ""
+    """Value of the containers' `agent-rl.run` label (default: the owning process, host:pid:start-time)."""
 
 
 async def _demux(raw: asyncio.StreamReader, out: asyncio.StreamReader) -> None:
@@ -67,13 +61,16 @@ async def _demux(raw: asyncio.StreamReader, out: asyncio.StreamReader) -> None:
         out.feed_eof()
 
 
-async def launch_docker(client: Any, opts: DockerOptions, limits: Limits, python: str) -> Worker:
+async def launch_docker(
+    client: Any, opts: DockerOptions, limits: Limits, python: str, labels: Labels
+) -> Worker:
     def create() -> tuple[Any, Any]:
         from docker.types import Ulimit
 
         container = client.containers.run(
             opts.image,
-            command=[python, "-I", "-c", "import signal; signal.pause()"],
+            command=[python, "-I", "-c", WATCHDOG],
+            labels=labels.as_dict(),
             detach=True,
             init=True,
             network_mode="none",
@@ -89,9 +86,11 @@ async def launch_docker(client: Any, opts: DockerOptions, limits: Limits, python
             environment={**SANDBOX_ENV, "PATH": f"{python.rsplit('/', 1)[0]}:/usr/bin:/bin"},
             working_dir="/tmp",
             runtime=opts.runtime,
-            auto_remove=False,
+            auto_remove=True,
         )
         cmd = [python, "-I", "-B", INSIDE_FORKSERVER, "--private-shm", "--workdir", "/tmp"]
+        if opts.seccomp:
+            cmd += ["--seccomp-bpf", base64.b64encode(filter_bpf()).decode()]
         exec_id = client.api.exec_create(
             container.id, cmd, stdin=True, stdout=True, stderr=True, user=f"{NOBODY}"
         )
@@ -116,7 +115,12 @@ async def launch_docker(client: Any, opts: DockerOptions, limits: Limits, python
             await asyncio.to_thread(container.remove, force=True)
 
     worker = Worker(Transport(reader, writer, kill, f"docker[{container.short_id}]"))
-    await worker.handshake(30.0)
+    hello = await worker.handshake(30.0)
+    if hello.get("seccomp") != opts.seccomp:
+        await worker.kill()
+        raise SandboxError(
+            f"docker backend: fork-server has seccomp={hello.get('seccomp')}, expected {opts.seccomp}"
+        )
     return worker
 
 
@@ -129,9 +133,18 @@ def docker_sandbox(opts: DockerOptions, *, pool_size: int, limits: Limits, max_c
             f"docker backend: image {opts.image!r} not found ({e}); build it offline with "
             f"`agent-rl sandbox build-image --tag {opts.image}`"
         ) from e
+    if opts.seccomp:
+        filter_bpf()  # raises, saying what to install, when libseccomp cannot be loaded
+    removed = remove_orphans(client)
+    if removed:
+        print(
+            f"docker backend: removed {len(removed)} orphan sandbox container(s) whose owner is gone",
+            file=sys.stderr,
+        )
     python = opts.python or image_python()
+    labels = Labels(pool=uuid.uuid4().hex[:12], run=opts.run or owner_id())
     return PooledSandbox(
-        lambda: launch_docker(client, opts, limits, python),
+        lambda: launch_docker(client, opts, limits, python, labels),
         pool_size=pool_size,
         limits=limits,
         max_calls=max_calls,

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sandboxes.api import SandboxError
-from sandboxes.worker import FORKSERVER_PATH
+from sandboxes.docker_engine import docker_client
+from sandboxes.worker import FORKSERVER_PATH, INSIDE_FORKSERVER
 
-INSIDE_FORKSERVER = "/opt/agent-rl/forkserver.py"
 _SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip"}
 
 
@@ -127,8 +127,6 @@ def build_image(tag: str, *, python: str = sys.executable, docker_host: str | No
         raise SandboxError(
             f"build-image: run it with the interpreter to copy ({python}), not {sys.executable}"
         )
-    from sandboxes.dockerexec import docker_client
-
     client = docker_client(docker_host)
     data = rootfs_tar()
     repo, _, version = tag.partition(":")

@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from sandboxes.api import ExecResult, Limits, Sandbox, SandboxError, Session, check_files
-from sandboxes.worker import Worker, WorkerDied
+from sandboxes.worker import Worker, WorkerDied, WorkerHung
 
 Launcher = Callable[[], Awaitable[Worker]]
 
 _LAUNCH_ATTEMPTS = 3
+_CALL_ATTEMPTS = 2  # a call whose worker dies under it runs once more on a fresh worker
 _LOST_NOTE = "[sandbox] the session's previous state was lost (timeout, crash or OOM); this is a fresh one\n"
 
 
@@ -34,6 +35,10 @@ class PoolStats:
     worker_deaths: int = 0
     recycled: int = 0
     sessions: int = 0
+    retries: int = 0
+    """Calls run again because their worker died under them."""
+    hung: int = 0
+    """Calls whose worker did not answer in time (raised as `WorkerHung`, a `SandboxError`)."""
 
 
 class _Broken:
@@ -160,19 +165,31 @@ class PooledSandbox(Sandbox):
             "files": {k: base64.b64encode(v).decode() for k, v in check_files(files).items()},
             "limits": limits.to_wire(),
         }
-        worker = await self._acquire()
-        self.stats.in_flight += 1
-        recycle = False
-        try:
-            async with worker.lock:
-                reply = await worker.request(msg, limits.timeout_s)
-            recycle = reply["recycle"]
-            result = ExecResult.from_wire(reply)
-        except WorkerDied as e:
-            result = ExecResult(stdout="", stderr=f"[sandbox] {e}; the sandbox was replaced\n", exit_code=-9)
-        finally:
-            self.stats.in_flight -= 1
-            self._release(worker, recycle)
+        for attempt in range(_CALL_ATTEMPTS):
+            worker = await self._acquire()
+            self.stats.in_flight += 1
+            recycle = False
+            try:
+                async with worker.lock:
+                    reply = await worker.request(msg, limits.timeout_s)
+                recycle = reply["recycle"]
+                result = ExecResult.from_wire(reply)
+                break
+            except WorkerHung:
+                self.stats.hung += 1
+                raise
+            except WorkerDied as e:
+                # Killed from outside (or by the code itself, where the sandbox lets it): run once more on a
+                # fresh worker; if that one dies too, the code is the cause and the model sees it as a result.
+                if attempt + 1 < _CALL_ATTEMPTS:
+                    self.stats.retries += 1
+                    continue
+                result = ExecResult(
+                    stdout="", stderr=f"[sandbox] {e}; the sandbox was replaced\n", exit_code=-9
+                )
+            finally:
+                self.stats.in_flight -= 1
+                self._release(worker, recycle)
         self.stats.calls += 1
         self.stats.timeouts += result.timed_out
         self.stats.ooms += result.oom_killed
@@ -235,6 +252,13 @@ class PooledSession(Session):
         try:
             async with self.worker.lock:
                 reply = await self.worker.request(msg, limits.timeout_s)
+        except WorkerHung:
+            self.pool.stats.hung += 1
+            self.pool.stats.worker_deaths += 1
+            self.pool._replace(self.worker)
+            self._forget()
+            self._lost = True
+            raise
         except WorkerDied as e:
             self.pool.stats.worker_deaths += 1
             self.pool._replace(self.worker)

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sandboxes.api import ExecResult, Limits, Sandbox, Session
+from sandboxes.api import ExecResult, Limits, Sandbox, SandboxError, Session
 
 MAX_BODY_BYTES = 32 << 20
 _LIMIT_FIELDS = {f.name for f in dataclasses.fields(Limits)}
@@ -111,6 +111,7 @@ class SandboxService:
         self._ids = itertools.count(1)
         self.requests = 0
         self.bad_requests = 0
+        self.sandbox_errors = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._errors])
@@ -135,6 +136,9 @@ class SandboxService:
         except ValueError as e:  # from the sandbox API's own checks (file paths, limits)
             self.bad_requests += 1
             return web.json_response({"status": "Failed", "message": str(e)}, status=400)
+        except SandboxError as e:  # the pool's own failure (a hung worker): the client raises it as such
+            self.sandbox_errors += 1
+            return web.json_response({"status": "SandboxError", "message": str(e)}, status=503)
 
     async def run_code(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -207,6 +211,7 @@ class SandboxService:
     async def metrics(self, request: web.Request) -> web.Response:
         lines = [f"agent_rl_sandbox_http_requests_total {self.requests}"]
         lines.append(f"agent_rl_sandbox_http_bad_requests_total {self.bad_requests}")
+        lines.append(f"agent_rl_sandbox_http_sandbox_errors_total {self.sandbox_errors}")
         lines.append(f"agent_rl_sandbox_open_sessions {len(self.sessions)}")
         stats = getattr(self.sandbox, "stats", None)
         if stats is not None:

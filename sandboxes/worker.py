@@ -63,7 +63,13 @@ class Worker:
             self.transport.writer.write(_HEADER.pack(len(data)) + data)
             await self.transport.writer.drain()
             reply = await asyncio.wait_for(self._recv(), timeout_s + HOST_GRACE_S)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+        except TimeoutError as e:
+            await self.kill()
+            raise WorkerHung(
+                f"sandbox {self.transport.describe} sent no reply to {msg['op']} within its {timeout_s:g} s "
+                f"timeout + {HOST_GRACE_S:g} s; the worker was killed and is being replaced"
+            ) from e
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             await self.kill()
             raise WorkerDied(f"sandbox {self.transport.describe} died during {msg['op']}: {e!r}") from e
         if "error" in reply:
@@ -81,4 +87,9 @@ class Worker:
 
 
 class WorkerDied(SandboxError):
-    """The fork-server went away mid-request (killed, crashed, or hung past the grace period)."""
+    """The fork-server went away mid-request (killed or crashed)."""
+
+
+class WorkerHung(SandboxError):
+    """The fork-server did not answer within the call's timeout plus a grace period: an infrastructure
+    failure (the fork-server enforces the timeout itself), so the caller gets this error, not a result."""
