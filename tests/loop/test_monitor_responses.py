@@ -221,8 +221,8 @@ def test_stop_checkpoints_and_stops_a_collapsing_fixed_lag_run(
     smoke_recipe: Callable[..., Recipe], capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Plain REINFORCE, every batch 4 versions stale, lr 100x the smoke recipe's, a dense reward (so a random
-    tiny model gets a gradient): the importance weights
-    degenerate within a few steps (ESS/B near 1/B, KL far above the ceiling) and `stop` ends the run."""
+    tiny model gets a gradient): within ~10 steps KL(behaviour || current) per token passes the 0.5 ceiling on
+    most steps (ESS/B ~0.15) and `stop` checkpoints and ends the run with its one-line reason."""
     from agent_rl.trainer import train
 
     recipe = smoke_recipe(
