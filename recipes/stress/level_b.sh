@@ -15,8 +15,9 @@ LAGS=${LAGS:-0 4 8 16}
 METHODS=${METHODS:-plain tis mis m2po vcpo vcpo_maskvoid}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
+WARM=${WARM:-runs/tiny_tir/sft}  # the warm start (a copy keeps a grid steady while `make run` rebuilds it)
 EVAL_EVERY=${EVAL_EVERY:-5}
-export STEPS EVAL_EVERY
+export WARM STEPS EVAL_EVERY
 overrides() {  # method -> recipe overrides
   local base="--set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none --set buffer.mask_void=false"
   case "$1" in
@@ -34,7 +35,7 @@ run() {  # name lag seed [overrides...]
   shift 3
   [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] && return 0
   rm -rf "runs/$name"
-  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set rollout.fixed_lag="$lag" \
+  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set model.path="$WARM" --set rollout.fixed_lag="$lag" \
     --set train.seed="$seed" --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false \
     --set checkpoint.every=0 --set eval.every="$EVAL_EVERY" "$@" > "runs/$name.log" 2>&1 || echo "FAILED $name (runs/$name.log)"
   echo "done $name"

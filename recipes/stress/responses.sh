@@ -15,14 +15,15 @@ LAGS=${LAGS:-8 16}
 PARTS=${PARTS:-rollback adapt}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
-export STEPS
+WARM=${WARM:-runs/tiny_tir/sft}  # the warm start (a copy keeps a grid steady while `make run` rebuilds it)
+export WARM STEPS
 PLAIN="--set algorithm.loss=reinforce --set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none --set buffer.mask_void=false"
 run() {  # name [overrides...]
   local name=$1
   shift
   [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] && return 0
   rm -rf "runs/$name"
-  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set train.seed="${name##*_s}" \
+  OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set model.path="$WARM" --set train.seed="${name##*_s}" \
     --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false "$@" > "runs/$name.log" 2>&1 \
     || echo "FAILED $name (runs/$name.log)"
   echo "done $name"
