@@ -1,0 +1,124 @@
+"""The prompt ids of a chat request, built so that an agent that only appends messages never forks.
+
+A chat template may render earlier turns differently on the next call (Qwen3 drops the reasoning of
+earlier assistant turns, some templates re-format tool calls), so re-rendering the whole conversation
+would not extend the previous call's prompt + completion ids and every turn would become a new
+trajectory. The rule here: when the new request's messages are an earlier request's messages, then
+the assistant message the gateway returned for it, then appended messages, the prompt is
+
+    earlier prompt ids + sampled completion ids + ids of (closing glue + rendered suffix)
+
+where the suffix is rendered against a fixed stand-in conversation (`_BASE`) and cut off at where
+that conversation ends, and the closing glue is what the template puts after an assistant message
+that the sampled ids did not already contain (e.g. "\\n" after a sampled "<|im_end|>"). Sampled ids
+are never decoded and re-encoded. Anything else (the agent edited history, dropped or reordered
+messages, changed tools) is rendered in full, and trajectory assembly then decides whether it still
+extends an earlier call or starts a new trajectory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent_rl.engines import chat
+
+_SENTINEL = "GATEWAY-ASSISTANT-SENTINEL-9f3c"
+_BASE = [{"role": "user", "content": "GATEWAY-USER-SENTINEL"}, {"role": "assistant", "content": _SENTINEL}]
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A choice the gateway returned: the conversation it continued, and the assistant message it sent."""
+
+    messages_key: tuple[str, ...]  # canonical JSON of each request message
+    tools_key: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    message: dict  # the assistant message as returned (content, tool_calls)
+
+
+def message_key(m: dict) -> str:
+    return json.dumps(m, sort_keys=True, ensure_ascii=False)
+
+
+def context_key(tools: list[dict] | None, template_kwargs: dict | None) -> str:
+    """What else the template sees: a request with other tools or template variables never extends."""
+    return json.dumps([tools, template_kwargs], sort_keys=True, ensure_ascii=False)
+
+
+def same_assistant(sent: dict, returned: dict) -> bool:
+    """The agent echoed back the assistant message we returned (content and tool calls; ids and None vs "" aside)."""
+    if sent.get("role") != "assistant" or (sent.get("content") or "") != (returned.get("content") or ""):
+        return False
+
+    def calls(m: dict) -> list[tuple[str, Any]]:
+        out = []
+        for c in m.get("tool_calls") or []:
+            fn = c["function"]
+            args = fn["arguments"]
+            if isinstance(args, str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    args = json.loads(args)
+            out.append((fn["name"], json.dumps(args, sort_keys=True)))
+        return out
+
+    return calls(sent) == calls(returned)
+
+
+class PromptBuilder:
+    """Renders requests for one tokenizer and template; `build` applies the prefix-extension rule."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        self._eos_texts = {
+            tokenizer.convert_ids_to_tokens(t)
+            for t in ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        }
+
+    def build(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict | None,
+        answered: Sequence[Answered],
+    ) -> tuple[list[int], bool]:
+        """(prompt ids, True if built by extension of an answered choice)."""
+        keys = tuple(message_key(m) for m in messages)
+        tools_key = context_key(tools, template_kwargs)
+        for a in reversed(answered):  # the latest matching choice wins
+            n = len(a.messages_key)
+            if (
+                a.tools_key == tools_key
+                and len(keys) > n + 1
+                and keys[:n] == a.messages_key
+                and same_assistant(messages[n], a.message)
+            ):
+                suffix = self.suffix_ids(a.token_ids, messages[n + 1 :], tools, template_kwargs)
+                if suffix is not None:
+                    return list(a.prompt_ids) + list(a.token_ids) + suffix, True
+        return chat.render(self.tok, messages, tools, template_kwargs=template_kwargs), False
+
+    def suffix_ids(
+        self,
+        completion: Sequence[int],
+        appended: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict | None,
+    ) -> list[int] | None:
+        """Ids of the glue after a sampled assistant turn plus the appended messages and generation prompt;
+        None when the template does not render the stand-in conversation as a prefix (then render in full)."""
+        kw = dict(tools=tools, template_kwargs=template_kwargs)
+        head = chat.render_text(self.tok, _BASE, add_generation_prompt=False, **kw)
+        full = chat.render_text(self.tok, _BASE + appended, add_generation_prompt=True, **kw)
+        at = head.rfind(_SENTINEL)
+        if at < 0 or not full.startswith(head):
+            return None
+        closer = head[at + len(_SENTINEL) :]  # e.g. "<|im_end|>\n"
+        last = self.tok.convert_ids_to_tokens(completion[-1]) if completion else None
+        if last in self._eos_texts and closer.startswith(last):
+            closer = closer[len(last) :]  # the model sampled the end-of-turn token itself
+        return chat.encode(self.tok, closer + full[len(head) :])

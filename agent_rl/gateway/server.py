@@ -1,0 +1,375 @@
+"""The recording gateway: an OpenAI-compatible chat endpoint per episode, in front of any engine client.
+
+    gw = Gateway(engine_client, tokenizer, max_seq_len=2048)     # embedded, SGLang, vLLM or a pool
+    url = await gw.start()                                      # http://127.0.0.1:PORT
+    session = gw.open("episode-17", sampling=SamplingParams(temperature=1.0))
+    client = openai.AsyncOpenAI(base_url=gw.base_url("episode-17"), api_key="unused")
+    ... the agent calls client.chat.completions.create(...) as it would call OpenAI ...
+    calls = gw.close_session("episode-17").calls                 # -> gateway.assemble
+
+Each request's messages are rendered with the model's chat template to token ids by the gateway
+itself (prompt.py: the prefix-extension rule), the engines get token ids only, and every choice is
+recorded as a `Call` (prompt ids, sampled ids, behaviour log-probs, versions). When a weight update
+aborts a request mid-way, the gateway sends the continuation (prompt + tokens so far, remaining
+budget) and the agent sees one ordinary response whose tokens carry the versions that sampled them.
+
+External agents (another process or language) use the same routes: `POST /sessions` opens a session
+and answers its `base_url`; `POST /sessions/{id}/close` closes it and answers the assembled
+trajectories as JSON (token ids, loss mask, log-probs, versions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+
+from agent_rl.engines import chat
+from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
+from agent_rl.engines.openai_api import warn_unknown
+from agent_rl.engines.protocol import ChatReq
+from agent_rl.engines.tool_parsers import get_parser
+from agent_rl.engines.web_common import NotFound, errors_to_json, parse
+from agent_rl.gateway.assemble import assemble
+from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
+from agent_rl.gateway.record import Call, SessionStats
+
+log = logging.getLogger(__name__)
+GATEWAY = web.AppKey("gateway", object)
+
+
+class SessionOver(RuntimeError):
+    """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Budgets of one episode; None = no limit beyond the engine's context."""
+
+    max_calls: int | None = None  # chat completion requests
+    max_tokens_per_call: int | None = None
+    max_sampled_tokens: int | None = None  # all calls together
+
+
+@dataclass
+class Session:
+    id: str
+    sampling: SamplingParams | None  # forced temperature / top-p / top-k (the agent's are ignored), or None
+    limits: SessionLimits
+    seed: int
+    on_call: Callable[[Call], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    answered: list[Answered] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    stats: SessionStats = field(default_factory=SessionStats)
+    over: str | None = None  # why the episode may not sample any more
+    closed: bool = False
+
+    def check(self) -> None:
+        if self.closed:
+            raise SessionOver(f"session {self.id} is closed")
+        if self.should_stop is not None and self.should_stop():
+            self.over = (
+                self.over or "stopped by the trainer (the episode's group went over the staleness bound)"
+            )
+        if self.over:
+            raise SessionOver(f"session {self.id}: {self.over}")
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: Any,
+        *,
+        max_seq_len: int,
+        tool_parser: str = "hermes",
+        model_name: str = "agent-rl-policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_retries: int = 3,
+    ):
+        self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
+        self.parser = get_parser(tool_parser)
+        self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
+        self.builder = PromptBuilder(tokenizer)
+        self.sessions: dict[str, Session] = {}
+        self.url: str | None = None
+        self.engine_retries = 0
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> str:
+        app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
+        app[GATEWAY] = self
+        app.router.add_get("/sessions/{sid}/v1/models", _models)
+        app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
+        app.router.add_post("/sessions", _open)
+        app.router.add_post("/sessions/{sid}/close", _close)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.url = f"http://{self.host}:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def base_url(self, sid: str) -> str:
+        if self.url is None:
+            raise RuntimeError("Gateway.start() first")
+        return f"{self.url}/sessions/{sid}/v1"
+
+    def open(
+        self,
+        sid: str,
+        *,
+        sampling: SamplingParams | None = None,
+        limits: SessionLimits = SessionLimits(),
+        seed: int = 0,
+        on_call: Callable[[Call], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Session:
+        if sid in self.sessions:
+            raise ValueError(f"session {sid!r} is already open")
+        if "/" in sid:
+            raise ValueError(f"session id {sid!r} must not contain '/'")
+        s = Session(sid, sampling, limits, seed, on_call, should_stop)
+        self.sessions[sid] = s
+        return s
+
+    def close_session(self, sid: str) -> Session:
+        s = self.sessions.pop(sid)
+        s.closed = True
+        return s
+
+    def session(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise NotFound(f"no open session {sid!r} (open one with POST /sessions)", param="session")
+        return s
+
+    # -- one chat completion --------------------------------------------------------------
+    async def complete(self, s: Session, req: ChatReq) -> dict:
+        s.check()
+        if req.top_logprobs:
+            raise ValueError(
+                "top_logprobs is not available through the gateway (it records the sampled tokens')"
+            )
+        if s.limits.max_calls is not None and s.stats.calls >= s.limits.max_calls:
+            s.over = f"call budget spent ({s.limits.max_calls} chat completions per episode)"
+            raise SessionOver(f"session {s.id}: {s.over}")
+        messages = chat.template_messages(req.messages)
+        tools = chat.template_tools(req.tools)
+        ids, extended = self.builder.build(messages, tools, req.chat_template_kwargs, s.answered)
+        budget = [self.max_seq_len - len(ids)]
+        if req.max_tokens is not None:
+            budget.append(req.max_tokens)
+        if s.limits.max_tokens_per_call is not None:
+            budget.append(s.limits.max_tokens_per_call)
+        if s.limits.max_sampled_tokens is not None:
+            budget.append(s.limits.max_sampled_tokens - s.stats.sampled_tokens)
+        if min(budget) < 1:
+            s.over = f"token budget spent (prompt {len(ids)} tokens, context {self.max_seq_len})"
+            raise SessionOver(f"session {s.id}: {s.over}")
+        call_no = s.stats.calls
+        s.stats.calls += 1
+        s.stats.extended += int(extended)
+        s.stats.rerendered += int(not extended)
+        base = req.to_params(min(budget))
+        if s.sampling is not None:
+            base = replace(
+                base, temperature=s.sampling.temperature, top_p=s.sampling.top_p, top_k=s.sampling.top_k
+            )
+        t0 = time.monotonic()
+        calls = await asyncio.gather(
+            *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
+        )
+        parser = self.parser if req.parse_tools else None
+        stops = chat_stops(req)
+        keys = tuple(message_key(m) for m in messages)
+        ctx = context_key(tools, req.chat_template_kwargs)
+        choices = []
+        for i, c in enumerate(calls):
+            c = replace(c, seconds=time.monotonic() - t0)
+            text = self.tok.decode(list(c.token_ids), skip_special_tokens=req.skip_special_tokens)
+            if not req.include_stop_str_in_output:
+                text = _cut_stop(text, stops)
+            lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
+            ch = chat.choice(i, text, c.finish_reason, parser, lps)
+            s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
+            s.calls.append(c)
+            s.stats.sampled_tokens += len(c.token_ids)
+            s.stats.aborts += c.aborts
+            s.stats.gen_seconds += c.seconds
+            if s.on_call is not None:
+                s.on_call(c)
+            choices.append(ch)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model or self.model_name,
+            "choices": choices,
+            "usage": chat.usage(len(ids), sum(len(c.token_ids) for c in calls)),
+        }
+
+    async def _sample(
+        self, s: Session, ids: list[int], params: SamplingParams, rid: str, extended: bool
+    ) -> Call:
+        """Sample one choice; continue it after weight-update aborts until it really stops."""
+        toks: list[int] = []
+        lps: list[float] = []
+        vers: list[int] = []
+        aborts, finish = 0, "length"
+        while True:
+            s.check()
+            room = min(params.max_new_tokens - len(toks), self.max_seq_len - len(ids) - len(toks))
+            if room < 1:
+                finish = "length"
+                break
+            seed = _seed(s.seed, rid, len(toks))
+            gen = await self._generate(
+                ids + toks, replace(params, max_new_tokens=room, seed=seed), f"{rid}.{len(toks)}"
+            )
+            toks += gen.token_ids
+            lps += gen.logprobs
+            vers += gen.versions
+            finish = gen.finish_reason
+            if finish != "abort":
+                break
+            aborts += 1
+        return Call(tuple(ids), tuple(toks), tuple(lps), tuple(vers), finish, aborts, extended)
+
+    async def _generate(self, ids: list[int], params: SamplingParams, rid: str):
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await self.engine.generate(ids, params, request_id=rid)
+            except BadRequest:
+                raise
+            except Exception as e:
+                if attempt == self.max_retries:
+                    raise
+                self.engine_retries += 1
+                log.warning("gateway: engine request %s failed (%r); retrying", rid, e)
+            await asyncio.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+def chat_stops(req: ChatReq) -> list[str]:
+    return [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
+
+
+def _cut_stop(text: str, stops: list[str]) -> str:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(hits)] if hits else text
+
+
+def _seed(base: int, rid: str, offset: int) -> int:
+    digest = hashlib.blake2b(f"{base}:{rid}:{offset}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+# -- routes -------------------------------------------------------------------------------
+async def _models(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    gw.session(request.match_info["sid"])
+    return web.json_response(
+        {"object": "list", "data": [{"id": gw.model_name, "object": "model", "owned_by": "agent-rl"}]}
+    )
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+    req = await parse(request, ChatReq)
+    warn_unknown(req, "gateway /v1/chat/completions")
+    try:
+        body = await gw.complete(s, req)
+    except SessionOver as e:
+        from agent_rl.engines.web_common import error
+
+        return error(409, str(e), code="session_over")
+    except BadRequest:
+        raise
+    except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
+        s.stats.errors.append(repr(e))
+        from agent_rl.engines.web_common import error
+
+        return error(502, f"session {s.id}: engine failed: {e!r}")
+    if not req.stream:
+        return web.json_response(body)
+    # Streaming: the response is sent when complete (continuations across weight updates are hidden),
+    # as one chunk per choice with the whole delta, then usage and [DONE].
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    head = {
+        "id": body["id"],
+        "object": "chat.completion.chunk",
+        "created": body["created"],
+        "model": body["model"],
+    }
+    for ch in body["choices"]:
+        delta = dict(ch["message"])
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
+        chunk = {
+            **head,
+            "choices": [
+                {
+                    "index": ch["index"],
+                    "delta": delta,
+                    "logprobs": ch["logprobs"],
+                    "finish_reason": ch["finish_reason"],
+                }
+            ],
+        }
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    if req.stream_options is not None and req.stream_options.include_usage:
+        await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': body['usage']})}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _open(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    raw = await request.read()
+    data = json.loads(raw) if raw.strip() else {}
+    sid = data.get("session_id") or uuid.uuid4().hex
+    gw.open(sid, seed=int(data.get("seed", 0)))
+    return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})
+
+
+async def _close(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    sid = request.match_info["sid"]
+    gw.session(sid)
+    s = gw.close_session(sid)
+    trajectories, splits = assemble(s.calls, uid=sid, group_id=sid)
+    out = []
+    for t in trajectories:
+        flat = t.flatten()
+        out.append(
+            {
+                "uid": t.uid,
+                "input_ids": flat.input_ids,
+                "loss_mask": flat.loss_mask,
+                "logprobs": flat.behavior_logprobs,
+                "versions": flat.versions,
+            }
+        )
+    return web.json_response(
+        {"session_id": sid, "calls": s.stats.calls, "splits": splits, "trajectories": out}
+    )
