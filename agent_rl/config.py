@@ -162,10 +162,30 @@ class AlgorithmConfig(Strict):
 class LoggingConfig(Strict):
     run_dir: str | None = None
     """Default runs/<recipe name>."""
+    backends: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow"], ...] = ("jsonl", "tensorboard")
+    """Where step metrics go. metrics.jsonl is always written (`agent-rl plot` and `--resume` read it);
+    tensorboard: RUN_DIR/tb; wandb, mlflow: optional extras (`pip install 'agent-rl[wandb]'`), offline into
+    the run dir unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise."""
     tensorboard: bool = True
+    """false: leave tensorboard out of `backends` (shorthand for quick runs and tests)."""
+    project: str = "agent-rl"
+    """wandb project / MLflow experiment name (the run is named after the run dir)."""
     trajectories: Literal["all"] | Annotated[int, Field(ge=0, strict=True)] = 16
     """Trajectories recorded per step for `agent-rl view` (RUN_DIR/trajectories): 'all', N (whole groups,
     at least one), or 0 (off)."""
+
+    @field_validator("backends")
+    @classmethod
+    def _backends_once_each(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"list each backend once (got {list(v)})")
+        return v
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The backends a run writes: jsonl always, tensorboard unless `tensorboard: false`."""
+        out = ("jsonl",) + tuple(b for b in self.backends if b != "jsonl")
+        return out if self.tensorboard else tuple(b for b in out if b != "tensorboard")
 
 
 class CheckpointConfig(Strict):

@@ -9,6 +9,7 @@ run reads the config it was started with and warns about every field the current
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,5 +104,14 @@ def announce(run_dir: Path, recipe: Recipe, resuming: bool) -> None:
     """The run dir and how to watch it, printed once at the start of training."""
     verb = "resuming" if resuming else "writing"
     print(f"{verb} run dir: {run_dir}", file=sys.stderr)
-    if recipe.logging.tensorboard:
+    sinks = recipe.logging.sinks
+    if "tensorboard" in sinks:
         print(f"  curves: tensorboard --logdir {run_dir / 'tb'}", file=sys.stderr)
+    if "wandb" in sinks:
+        print(
+            f"  wandb: {run_dir / 'wandb'} (offline unless WANDB_MODE is set: `wandb sync` uploads)",
+            file=sys.stderr,
+        )
+    if "mlflow" in sinks:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        print(f"  mlflow: mlflow ui --backend-store-uri {uri}", file=sys.stderr)

@@ -243,7 +243,7 @@ def run_sft(model_dir: str | Path, data_path: str | Path, out_dir: str | Path, *
     mbs = cfg.micro_batch_size or cfg.batch_size
     rng = random.Random(cfg.seed)
     out = Path(cfg.out_dir)
-    writer = RunWriter(out, cfg, tensorboard=cfg.tensorboard)
+    writer = RunWriter(out, cfg, backends=("jsonl", "tensorboard") if cfg.tensorboard else ("jsonl",))
     bar = tqdm(total=total, desc="sft", unit="step", disable=not cfg.progress)
     order: list[int] = []
     try:

@@ -87,7 +87,9 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
         loop.call(_start(rollouts))
         cleanup.callback(lambda: loop.call(_shutdown(rollouts, engines)))
         cleanup.callback(sync.close)  # nccl: engines leave the run's weight group (runs before they close)
-        writer = cleanup.enter_context(RunWriter(run_dir, recipe, tensorboard=recipe.logging.tensorboard))
+        writer = cleanup.enter_context(
+            RunWriter(run_dir, recipe, backends=recipe.logging.sinks, project=recipe.logging.project)
+        )
         trajectories = TrajectoryLog(
             run_dir, recipe.logging.trajectories, tokenizer=recipe.model.tokenizer or recipe.model.path,
             is_truncation=recipe.algorithm.is_truncation, seed=recipe.train.seed, start=start,

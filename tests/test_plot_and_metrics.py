@@ -12,7 +12,7 @@ from agent_rl.metrics import RunWriter, read_metrics
 
 
 def test_writer_appends_jsonl_and_tensorboard(tmp_path):
-    with RunWriter(tmp_path, tensorboard=True) as w:
+    with RunWriter(tmp_path, backends=("jsonl", "tensorboard")) as w:
         w.log(0, {"rollout/reward_mean": 0.25})
         w.log(1, {"rollout/reward_mean": 0.5})
     recs = read_metrics(tmp_path)
@@ -21,7 +21,7 @@ def test_writer_appends_jsonl_and_tensorboard(tmp_path):
 
 
 def test_writer_refuses_nan(tmp_path):
-    with RunWriter(tmp_path, tensorboard=False) as w, pytest.raises(ValueError, match="non-finite metrics"):
+    with RunWriter(tmp_path) as w, pytest.raises(ValueError, match="non-finite metrics"):
         w.log(0, {"vcpo/ess_ratio": math.nan})
 
 
@@ -54,5 +54,5 @@ def test_validate_cli_reports_errors_and_exit_code(capsys):
     from pathlib import Path
 
     bad = Path(__file__).parent / "data" / "recipes" / "wrong_type.yaml"
-    assert main(["validate", str(bad)]) == 1
+    assert main(["validate", str(bad)]) == 2  # errors.EXIT_USER
     assert "learner.lr: Input should be a valid number" in capsys.readouterr().err
