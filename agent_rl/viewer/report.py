@@ -101,7 +101,10 @@ def trajectory_json(t: RecordedTrajectory, decode: Decode) -> dict[str, object]:
     blocks = _blocks(t.segments, masked=t.masked, decode=decode)
     turns = [asdict(x) for x in t.turns]
     error = t.finish_reason == "error" or any(x.timed_out or (x.exit_code or 0) != 0 for x in t.turns)
-    w = None if t.seq_log_weight is None else math.exp(min(t.seq_log_weight, 700.0))
+    trained = (
+        t.seq_log_weight is not None and not t.masked
+    )  # a masked trajectory has no weight (no loss token)
+    w = math.exp(min(t.seq_log_weight, 700.0)) if trained else None  # type: ignore[arg-type]
     return {
         "uid": t.uid,
         "task_id": t.task_id,

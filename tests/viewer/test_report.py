@@ -75,6 +75,8 @@ def test_flags_name_errors_void_turns_and_truncation() -> None:
     assert trajectory_json(err, decode)["flags"] == {"error": True, "void": False, "truncated": False}
     assert trajectory_json(void, decode)["flags"] == {"error": False, "void": True, "truncated": False}
     assert trajectory_json(void, decode)["blocks"][0]["trained"] is False  # masked: greyed, no loss
+    assert trajectory_json(void, decode)["weight"] is None  # no loss token, so no weight to show
+    assert trajectory_json(err, decode)["weight"] == 1.0
     assert trajectory_json(cut, decode)["flags"]["truncated"]
 
 
