@@ -163,7 +163,8 @@ class TrajectoryLog:
                 _truncate(self.dir, start)
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        meta = LogMeta(FORMAT_VERSION, str(Path(tokenizer).resolve()), is_truncation, keep)
+        tok = str(Path(tokenizer).resolve()) if Path(tokenizer).exists() else tokenizer  # a dir, or a hub id
+        meta = LogMeta(FORMAT_VERSION, tok, is_truncation, keep)
         (self.dir / "meta.json").write_text(json.dumps(asdict(meta)))
         _truncate(self.dir, start)
 
