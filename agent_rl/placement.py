@@ -8,6 +8,7 @@ engine and one learner rank runs everything in this process and never starts Ray
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -164,13 +165,15 @@ class Engines:
     async def close(self) -> None:
         if self._supervisor is not None:
             self._supervisor.cancel()
-        await self.client.close()
+        await self.client.close()  # first: no request is in flight when the servers go away
         for h in self.handles:
-            if hasattr(h, "stop"):
+            if hasattr(h, "process"):  # a local server process
                 await asyncio.to_thread(h.stop)
-            else:  # a Ray actor: killing it stops its server process
+            else:  # a Ray actor: its server process stops, then the actor goes
                 import ray
 
+                with contextlib.suppress(ray.exceptions.RayError):
+                    await asyncio.wrap_future(h.stop.remote().future())
                 ray.kill(h)
 
 
@@ -242,7 +245,7 @@ def _ray_engine_host(p: Plan, model_path: str, kw: dict[str, Any], seed: int) ->
         def url(self) -> str:
             return self.handle.url
 
-        def __del__(self) -> None:
+        def stop(self) -> None:  # called by Engines.close; no __del__: Ray copies it onto the class wrapper
             self.handle.stop()
 
     return EngineHost.remote()
