@@ -14,6 +14,7 @@ is replaced atomically, so a kill at any moment leaves the previous checkpoint i
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
@@ -55,14 +56,26 @@ def save(
     final = root / f"step_{state.step:06d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "hf").mkdir(parents=True)
-    learner.save(tmp / "learner")
-    export_hf(learner.hf_state_dict(), tmp / "hf", model_dir=model_dir, tokenizer=tokenizer)
-    state.python_rng, state.torch_rng = random.getstate(), torch.get_rng_state()
-    with open(tmp / "loop.pkl", "wb") as f:
-        pickle.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        (tmp / "hf").mkdir(parents=True)
+        learner.save(tmp / "learner")
+        export_hf(learner.hf_state_dict(), tmp / "hf", model_dir=model_dir, tokenizer=tokenizer)
+        state.python_rng, state.torch_rng = random.getstate(), torch.get_rng_state()
+        with open(tmp / "loop.pkl", "wb") as f:
+            pickle.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as e:  # torch.save and safetensors report a full disk as their own errors
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint must not keep the disk full
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or "No space left" in str(e) or "Disk quota exceeded" in str(e):
+            from agent_rl.errors import UserError
+
+            raise UserError(
+                f"checkpoint step {state.step}: no space left in {root} ({e}); the previous checkpoint is "
+                f"intact: free space (or lower checkpoint.keep) and continue with --resume {run_dir}"
+            ) from e
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _point_latest(root, final.name)

@@ -29,11 +29,12 @@ LABEL_RUN = "agent-rl.run"
 LABEL_OWNER = "agent-rl.owner"
 """host:pid:start-time of the process that owns the container."""
 
-# The container's main process: exits when no fork-server has run for a while after one did
-# (or none started within 120 s), so the container stops and --rm removes it.
+# The container's main process: exits once no fork-server runs and one has started (a process newer
+# than the watchdog exists or existed: /proc/loadavg's last pid, in the container's pid namespace), or
+# when none started within 120 s; the container then stops and --rm removes it.
 WATCHDOG = (
     f"import os, time\nPATH = {INSIDE_FORKSERVER.encode()!r}\n"
-    "seen, start = False, time.monotonic()\n"
+    "me, start = os.getpid(), time.monotonic()\n"
     "def alive():\n"
     "    for p in os.listdir('/proc'):\n"
     "        try:\n"
@@ -42,11 +43,9 @@ WATCHDOG = (
     "        except OSError:\n"
     "            pass\n"
     "    return False\n"
-    "while True:\n"
-    "    if alive():\n"
-    "        seen = True\n"
-    "    elif seen or time.monotonic() - start > 120:\n"
-    "        break\n"
+    "def started():\n"
+    "    return int(open('/proc/loadavg').read().split()[-1]) > me\n"
+    "while alive() or not (started() or time.monotonic() - start > 120):\n"
     "    time.sleep(1)\n"
 )
 

@@ -1,0 +1,101 @@
+"""A checkpoint written onto a disk that fills up mid-write: one-line error, previous checkpoint intact and loadable.
+
+The disk is a real size-capped tmpfs (needs root to mount; skipped, saying why, otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl import checkpoint
+from agent_rl.config import Recipe
+from agent_rl.errors import UserError
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Path:
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    yield mnt
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
+    tiny_model_dir: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from agent_rl.learners import build
+
+    recipe = Recipe.model_validate(
+        {
+            "name": "disk-full",
+            "model": {"path": str(tiny_model_dir)},
+            "envs": {"train": "tiny_arith.yaml"},
+            "train": {"steps": 1, "batch_prompts": 1},
+        }
+    )
+    learner = build(recipe)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    try:
+        # How big one checkpoint is, measured by writing one on the ordinary disk.
+        probe = checkpoint.save(
+            tmp_path / "probe",
+            learner,
+            checkpoint.LoopState(1, {}, {}),
+            model_dir=tiny_model_dir,
+            keep=2,
+            tokenizer=tokenizer,
+        )
+        size = _du(probe)
+        if os.geteuid() != 0:
+            pytest.skip("mounting the small tmpfs needs root")
+        mount = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.5)}", "tmpfs", str(small_disk)],
+            capture_output=True,
+            text=True,
+        )
+        if mount.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+        run_dir = small_disk / "run"
+        first = checkpoint.save(
+            run_dir,
+            learner,
+            checkpoint.LoopState(1, {"cursor": 7}, {}),
+            model_dir=tiny_model_dir,
+            keep=2,
+            tokenizer=tokenizer,
+        )
+        with pytest.raises(
+            UserError, match=r"checkpoint step 2: no space left in .* the previous checkpoint is intact"
+        ):
+            checkpoint.save(
+                run_dir,
+                learner,
+                checkpoint.LoopState(2, {"cursor": 9}, {}),
+                model_dir=tiny_model_dir,
+                keep=2,
+                tokenizer=tokenizer,
+            )
+        root = run_dir / "checkpoints"
+        assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]  # no partial temp dir left
+        assert checkpoint.latest(run_dir) == first
+        state = checkpoint.load(checkpoint.latest(run_dir), learner)
+        assert state.step == 1 and state.prompts == {"cursor": 7}
+        from safetensors.torch import load_file
+
+        on_disk = load_file(first / "hf" / "model.safetensors")
+        restored = learner.hf_state_dict()
+        assert on_disk.keys() == restored.keys()
+        assert all(torch.equal(restored[k], on_disk[k]) for k in on_disk)
+    finally:
+        learner.close()
