@@ -1,12 +1,17 @@
-"""Sandbox latency and throughput: p50/p95 per call and calls/s with 1 and 2 concurrent callers.
+"""Sandbox throughput and latency: the local pool, the HTTP service, and the snippets models really run.
 
-    .venv/bin/python benchmarks/sandbox_bench.py [--calls 200] [--backends local,unsafe-subprocess,docker]
-        [--docker-host unix:///path/docker.sock]
+    .venv/bin/python benchmarks/sandbox_bench.py [--calls 2000] [--rounds 3] [--docker-host unix:///path/docker.sock]
 
-Snippets: `print(1+1)` and a numpy-importing one. Backends: local (bwrap fork-server), local with
-numpy preloaded in the fork-server, docker (warm containers; needs a running engine and the image),
-unsafe-subprocess, and plain `subprocess.run([python, "-c", code])` as the baseline, all in the
-same run. Writes benchmarks/results/sandbox_bench.json and .md (ratios are baseline p50 / p50).
+All in one run, on the same machine state:
+1. `print(1+1)` through the local pool (pool_size 2) with 2 and 8 concurrent callers: calls/s, p50, p99;
+   the seccomp filter on and off, alternated over `--rounds` rounds (median and min-max), so its cost is
+   read against the noise; `subprocess.run([python, "-c", code])` as the baseline.
+2. The same through `agent-rl sandbox serve` (a separate process, pool_size 2) with 8 and 64 concurrent
+   HTTP clients (aiohttp, SandboxFusion `/run_code`): calls/s, p50, p99.
+3. A realistic snippet mix of model-written code (numpy, sympy, fractions, pure Python), with and without
+   `preload: [numpy, sympy]` (what the math envs now declare): p50/p99 per snippet kind.
+4. docker (warm containers) when `--docker-host` is given.
+Writes benchmarks/results/sandbox_bench.{json,md}.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -24,128 +31,256 @@ from pathlib import Path
 
 import sandboxes
 
-SNIPPETS = {
-    "print": ("print(1+1)", "2\n"),
-    "numpy": ("import numpy as np\nprint(int(np.arange(10).sum()))", "45\n"),
-}
 RESULTS = Path(__file__).resolve().parent / "results"
+PRINT = ("print(1+1)", "2\n")
+# What models write in SimpleTIR math episodes: the kinds and a typical cell of each.
+MIX = {
+    "numpy": (
+        "import numpy as np\nA = np.array([[2, 1], [1, 3]])\nprint(np.linalg.det(A).round(6), np.arange(10).sum())",
+        "5.0 45\n",
+    ),
+    "sympy": (
+        "from sympy import symbols, solve, Rational\nx = symbols('x')\nprint(solve(x**2 - 5*x + 6, x), Rational(3, 4) + Rational(1, 6))",
+        "[2, 3] 11/12\n",
+    ),
+    "fractions": (
+        "from fractions import Fraction\nfrom math import comb\nprint(sum(Fraction(1, k) for k in range(1, 11)), comb(10, 3))",
+        "7381/2520 120\n",
+    ),
+    "pure": (
+        "total = 0\nfor i in range(1, 1001):\n    if i % 3 == 0 or i % 5 == 0:\n        total += i\nprint(total)",
+        "234168\n",
+    ),
+}
+PRELOAD = ("numpy", "sympy")
+
+
+def quantiles(latencies: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(latencies, n=100)
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3}
 
 
 async def measure(
     call: Callable[[str], Awaitable[str]], code: str, expect: str, calls: int, conc: int
 ) -> dict:
     for _ in range(3):  # warm up
-        assert await call(code) == expect
+        got = await call(code)
+        assert got == expect, got
     latencies: list[float] = []
+    left = [calls]
 
-    async def caller(n: int) -> None:
-        for _ in range(n):
+    async def caller() -> None:
+        while left[0] > 0:
+            left[0] -= 1
             t0 = time.perf_counter()
             out = await call(code)
             latencies.append(time.perf_counter() - t0)
             assert out == expect, out
 
     start = time.perf_counter()
-    await asyncio.gather(*(caller(calls // conc) for _ in range(conc)))
+    await asyncio.gather(*(caller() for _ in range(conc)))
     wall = time.perf_counter() - start
-    q = statistics.quantiles(latencies, n=100)
     return {
-        "p50_ms": q[49] * 1e3,
-        "p95_ms": q[94] * 1e3,
+        **quantiles(latencies),
         "calls_per_s": len(latencies) / wall,
         "n": len(latencies),
+        "callers": conc,
     }
 
 
-def subprocess_call(code: str) -> Awaitable[str]:
-    async def run() -> str:
-        return (
-            await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True
-            )
-        ).stdout
+def sandbox_call(sb: sandboxes.Sandbox) -> Callable[[str], Awaitable[str]]:
+    async def call(code: str) -> str:
+        result = await sb.run(code, limits=sandboxes.Limits(timeout_s=60))
+        return result.stdout if result.exit_code == 0 else f"{result}"
 
-    return run()
+    return call
 
 
-async def bench_backend(name: str, make: Callable[[], sandboxes.Sandbox] | None, calls: int) -> dict:
-    rows: dict = {}
-    if make is None:
-        for snip, (code, expect) in SNIPPETS.items():
-            for conc in (1, 2):
-                rows[f"{snip}/c{conc}"] = await measure(subprocess_call, code, expect, calls // 4, conc)
-                print(f"  {name:24s} {snip:6s} c={conc}: {rows[f'{snip}/c{conc}']}", flush=True)
-        return rows
-    async with make() as sb:
+async def subprocess_call(code: str) -> str:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return out.decode()
+
+
+async def bench_local_print(calls: int, rounds: int) -> dict:
+    """seccomp on/off alternated per round; each round measures 2 and 8 callers."""
+    rows: dict[str, list[dict]] = {}
+    for _ in range(rounds):
+        for seccomp in (True, False):
+            async with sandboxes.create("local", pool_size=2, seccomp=seccomp) as sb:
+                await sb.start()
+                for conc in (2, 8):
+                    row = await measure(sandbox_call(sb), *PRINT, calls, conc)
+                    rows.setdefault(f"seccomp={'on' if seccomp else 'off'}/c{conc}", []).append(row)
+                    print(f"  local print seccomp={seccomp} c={conc}: {row}", flush=True)
+    return {key: summarize(runs) for key, runs in rows.items()}
+
+
+def summarize(runs: list[dict]) -> dict:
+    out: dict = {"rounds": len(runs)}
+    for field in ("calls_per_s", "p50_ms", "p99_ms"):
+        values = [r[field] for r in runs]
+        out[field] = statistics.median(values)
+        out[f"{field}_min"], out[f"{field}_max"] = min(values), max(values)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def bench_http(calls: int) -> dict:
+    import aiohttp
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sandboxes", "serve", "--pool-size", "2", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    rows = {}
+    try:
+        assert server.stdout is not None and "sandbox service" in server.stdout.readline()
+        url = f"http://127.0.0.1:{port}/run_code"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def call(code: str) -> str:
+                async with http.post(url, json={"code": code, "language": "python"}) as resp:
+                    body = await resp.json()
+                return body["run_result"]["stdout"]
+
+            for conc in (8, 64):
+                rows[f"c{conc}"] = await measure(call, *PRINT, calls, conc)
+                print(f"  http print c={conc}: {rows[f'c{conc}']}", flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+    return rows
+
+
+async def bench_mix(calls: int) -> dict:
+    rows: dict[str, dict] = {}
+    for preload in ((), PRELOAD):
+        name = "preload numpy,sympy" if preload else "no preload"
+        async with sandboxes.create("local", pool_size=2, preload=list(preload)) as sb:
+            await sb.start()
+            for kind, (code, expect) in MIX.items():
+                row = await measure(sandbox_call(sb), code, expect, calls, 2)
+                rows[f"{name}/{kind}"] = row
+                print(f"  mix {name} {kind}: {row}", flush=True)
+    return rows
+
+
+async def bench_docker(calls: int, docker_host: str) -> dict:
+    rows = {}
+    async with sandboxes.create("docker", pool_size=2, docker_host=docker_host) as sb:
         await sb.start()
-
-        async def call(code: str) -> str:
-            result = await sb.run(code)
-            return result.stdout if result.exit_code == 0 else result.stderr
-
-        for snip, (code, expect) in SNIPPETS.items():
-            for conc in (1, 2):
-                rows[f"{snip}/c{conc}"] = await measure(call, code, expect, calls, conc)
-                print(f"  {name:24s} {snip:6s} c={conc}: {rows[f'{snip}/c{conc}']}", flush=True)
+        for conc in (2, 8):
+            rows[f"c{conc}"] = await measure(sandbox_call(sb), *PRINT, calls, conc)
+            print(f"  docker print c={conc}: {rows[f'c{conc}']}", flush=True)
     return rows
 
 
 def write_markdown(report: dict, path: Path) -> None:
-    base = report["results"]["subprocess.run (baseline)"]
+    r = report["results"]
+    base = r["subprocess.run (baseline)"]
     lines = [
         "# Sandbox benchmark",
         "",
-        f"{report['machine']}; {report['calls']} calls per cell; {report['note']}",
+        f"`{report['command']}`",
         "",
-        "| backend | snippet | callers | p50 ms | p95 ms | calls/s | speed-up vs subprocess.run (p50) |",
-        "|---|---|---|---|---|---|---|",
+        f"{report['machine']}; load average at start {report['loadavg_start']}; {report['calls']} calls per cell "
+        f"(the snippet mix: {report['mix_calls']}).",
+        "",
+        "## print(1+1): local pool (pool_size 2) and the HTTP service, same run",
+        "",
+        f"Local rows: median over {report['rounds']} rounds, seccomp on and off alternated (min-max in brackets).",
+        "",
+        "| path | callers | calls/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|",
+        f"| subprocess.run (baseline) | 2 | {base['calls_per_s']:.0f} | {base['p50_ms']:.2f} | {base['p99_ms']:.2f} |",
     ]
-    for backend, rows in report["results"].items():
-        for key, row in rows.items():
-            snip, conc = key.split("/")
-            ratio = base[key]["p50_ms"] / row["p50_ms"]
-            lines.append(
-                f"| {backend} | {snip} | {conc[1:]} | {row['p50_ms']:.2f} | {row['p95_ms']:.2f} | "
-                f"{row['calls_per_s']:.0f} | {ratio:.1f}x |"
-            )
-    lines += ["", "Targets (issue 4): local p50 <= 5 ms and >= 500 calls/s; docker warm p50 <= 10 ms."]
+    for key, row in r["local"].items():
+        mode, conc = key.split("/")
+        lines.append(
+            f"| local, {mode} | {conc[1:]} | {row['calls_per_s']:.0f} ({row['calls_per_s_min']:.0f}-"
+            f"{row['calls_per_s_max']:.0f}) | {row['p50_ms']:.2f} ({row['p50_ms_min']:.2f}-{row['p50_ms_max']:.2f}) | "
+            f"{row['p99_ms']:.2f} |"
+        )
+    for key, row in r["http"].items():
+        lines.append(
+            f"| HTTP `sandbox serve` /run_code | {key[1:]} | {row['calls_per_s']:.0f} | {row['p50_ms']:.2f} | "
+            f"{row['p99_ms']:.2f} |"
+        )
+    for key, row in r.get("docker", {}).items():
+        lines.append(
+            f"| docker | {key[1:]} | {row['calls_per_s']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
+        )
+    lines += [
+        "",
+        "## The snippet mix (2 callers, pool_size 2)",
+        "",
+        "| snippet | no preload p50 / p99 ms | preload numpy,sympy p50 / p99 ms | p50 speed-up |",
+        "|---|---|---|---|",
+    ]
+    for kind in MIX:
+        a, b = r["mix"][f"no preload/{kind}"], r["mix"][f"preload numpy,sympy/{kind}"]
+        lines.append(
+            f"| {kind} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} | "
+            f"{a['p50_ms'] / b['p50_ms']:.1f}x |"
+        )
+    lines += [
+        "",
+        f"Goal (issue 15): >= 700 print(1+1) calls/s through the local pool on 2 cores. {report['verdict']}",
+    ]
+    if report["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items())]
     path.write_text("\n".join(lines) + "\n")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--backends", default="local,local+preload,unsafe-subprocess,docker")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--mix-calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--docker-host", default=None)
     args = parser.parse_args()
-    makers: dict[str, Callable[[], sandboxes.Sandbox] | None] = {"subprocess.run (baseline)": None}
-    wanted = args.backends.split(",")
-    if "local" in wanted:
-        makers["local"] = lambda: sandboxes.create("local", pool_size=2)
-    if "local+preload" in wanted:
-        makers["local (numpy preloaded)"] = lambda: sandboxes.create("local", pool_size=2, preload=["numpy"])
-    if "unsafe-subprocess" in wanted:
-        makers["unsafe-subprocess"] = lambda: sandboxes.create(
-            "unsafe-subprocess", pool_size=2, allow_unsafe=True
-        )
-    if "docker" in wanted:
-        opts = {"docker_host": args.docker_host} if args.docker_host else {}
-        makers["docker"] = lambda: sandboxes.create("docker", pool_size=2, **opts)
-    results = {}
-    skipped = {}
-    for name, make in makers.items():
-        print(f"{name}:", flush=True)
+    loadavg = os.getloadavg()[0]
+    results: dict = {}
+    skipped: dict = {}
+    print("subprocess.run baseline:", flush=True)
+    results["subprocess.run (baseline)"] = await measure(
+        subprocess_call, *PRINT, max(50, args.calls // 20), 2
+    )
+    print("local print:", flush=True)
+    results["local"] = await bench_local_print(args.calls, args.rounds)
+    print("http print:", flush=True)
+    results["http"] = await bench_http(args.calls)
+    print("snippet mix:", flush=True)
+    results["mix"] = await bench_mix(args.mix_calls)
+    if args.docker_host:
         try:
-            results[name] = await bench_backend(name, make, args.calls)
+            results["docker"] = await bench_docker(args.calls, args.docker_host)
         except sandboxes.SandboxError as e:
-            skipped[name] = str(e)
-            print(f"  skipped: {e}", flush=True)
+            skipped["docker"] = str(e)
+    best = max(row["calls_per_s"] for key, row in results["local"].items() if key.startswith("seccomp=on"))
+    verdict = (
+        f"Reached: {best:.0f} calls/s with the filter on."
+        if best >= 700
+        else f"Not reached: {best:.0f} calls/s."
+    )
     report = {
-        "machine": f"{platform.node()} {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
+        "command": "python benchmarks/sandbox_bench.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.node()} {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
+        "loadavg_start": round(loadavg, 2),
         "calls": args.calls,
-        "note": "CPUs shared with other jobs during the run: treat absolute numbers as rough",
+        "mix_calls": args.mix_calls,
+        "rounds": args.rounds,
         "results": results,
         "skipped": skipped,
+        "verdict": verdict,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sandbox_bench.json").write_text(json.dumps(report, indent=2) + "\n")

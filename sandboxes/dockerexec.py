@@ -43,6 +43,8 @@ class DockerOptions:
     """e.g. "runsc" for gVisor."""
     seccomp: bool = True
     """Load the seccomp filter of `sandboxes.seccomp` in each container's fork-server (on top of the engine's)."""
+    preload: tuple[str, ...] | list[str] = ()
+    """Modules the fork-server imports once (they must be in the image: build-image copies numpy and sympy)."""
     run: str = ""
     """Value of the containers' `agent-rl.run` label (default: the owning process, host:pid:start-time)."""
 
@@ -89,6 +91,8 @@ async def launch_docker(
             auto_remove=True,
         )
         cmd = [python, "-I", "-B", INSIDE_FORKSERVER, "--private-shm", "--workdir", "/tmp"]
+        if opts.preload:
+            cmd += ["--preload", ",".join(opts.preload)]
         if opts.seccomp:
             cmd += ["--seccomp-bpf", base64.b64encode(filter_bpf()).decode()]
         exec_id = client.api.exec_create(

@@ -1,7 +1,7 @@
 """Build the docker sandbox image offline from the host's Python (no registry needed).
 
 The image holds: the base Python install at its host path (stdlib, without its test suite),
-the chosen site-packages (numpy by default) copied into the base install's site-packages,
+the chosen site-packages (numpy, sympy and mpmath by default) copied into the base install's site-packages,
 every shared library `ldd` names for those binaries, an empty /tmp, and the fork-server at
 /opt/agent-rl/forkserver.py. It is streamed as a tar into `docker import` (what
 `tar -C rootfs -c . | docker import - NAME` does), ~3 s. Equivalent shell:
@@ -78,7 +78,7 @@ def _add_dir_entry(tar: tarfile.TarFile, path: str, mode: int) -> None:
     tar.addfile(info)
 
 
-def rootfs_tar(packages: Sequence[str] = ("numpy",)) -> bytes:
+def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath")) -> bytes:
     """The image's root filesystem as an uncompressed tar (built from *this* interpreter)."""
     base = Path(sys.base_prefix)
     version = sysconfig.get_config_var("VERSION")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from sandboxes.worker import Worker, WorkerDied, WorkerHung
 
 Launcher = Callable[[], Awaitable[Worker]]
 
-_LAUNCH_ATTEMPTS = 3
+_REFILL_DEADLINE_S = 120.0
 _CALL_ATTEMPTS = 2  # a call whose worker dies under it runs once more on a fresh worker
 _LOST_NOTE = "[sandbox] the session's previous state was lost (timeout, crash or OOM); this is a fresh one\n"
 
@@ -37,6 +38,8 @@ class PoolStats:
     sessions: int = 0
     retries: int = 0
     """Calls run again because their worker died under them."""
+    launch_failures: int = 0
+    """Replacement workers that failed to start (each is retried with backoff)."""
     hung: int = 0
     """Calls whose worker did not answer in time (raised as `WorkerHung`, a `SandboxError`)."""
 
@@ -129,14 +132,18 @@ class PooledSandbox(Sandbox):
         await worker.kill()
 
     async def _refill(self) -> None:
-        for attempt in range(_LAUNCH_ATTEMPTS):
+        """Start a replacement worker, retrying with backoff for up to `_REFILL_DEADLINE_S` (a Docker engine
+        being restarted); callers wait meanwhile. After that the pool is broken and every caller raises."""
+        deadline = asyncio.get_running_loop().time() + _REFILL_DEADLINE_S
+        for attempt in itertools.count():
             try:
                 worker = await self._launch()
             except SandboxError as e:
-                if attempt == _LAUNCH_ATTEMPTS - 1:
+                self.stats.launch_failures += 1
+                if self._closed or asyncio.get_running_loop().time() > deadline:
                     self._idle.put_nowait(_Broken(e))
                     return
-                await asyncio.sleep(0.1 * (attempt + 1))
+                await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
             else:
                 if self._closed:
                     await self._retire(worker)

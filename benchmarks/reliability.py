@@ -1,0 +1,761 @@
+"""Load-and-fault campaign: the whole loop under load, and faults injected mid-run at random moments.
+
+    .venv/bin/python benchmarks/reliability.py [--repeats 2] [--only load,serve,faults] [--model HF_DIR]
+
+Load
+- `train`: the full loop (recipes/tiny_tir_smoke.yaml on the tiny model; two `agent-rl serve` engine server
+  processes; the local sandbox pool; the buffer) with up to 1,000 episodes in flight
+  (rollout.max_concurrent_episodes=1000, admission (k+1)·B groups x 8 = 1,000); reports episodes/s, tool
+  calls/s, step time p50/p99, mean episode seconds p50/p99 over steps, and the process tree's memory (PSS)
+  per step: bounded means the last steps are no higher than the early ones.
+- `serve`: 256 concurrent clients on `agent-rl sandbox serve` (SandboxFusion /run_code): calls/s, p50/p99,
+  the server's PSS during the run, wrong answers and HTTP errors.
+Faults (each `--repeats` times, at a random step and a random moment within it)
+- an engine server SIGKILLed (2 engine servers, weights by disk), a sandbox fork-server SIGKILLed, a sandbox
+  fork-server SIGSTOPped (a call that never returns), the Docker daemon restarted (env on the docker backend),
+  the learner process tree SIGKILLed then `--resume` (k=0, compared with an uninterrupted run), and the
+  disk filling up under the run (a small tmpfs run dir: the checkpoint write fails; space freed, `--resume`).
+For each run: completed or not, the last line the user saw on stderr, recovery time (fault -> next step
+logged), and the audit of batches.jsonl: every step once, no trajectory delivered twice, every delivered
+group whole (for the learner kill: prompts and trajectories exactly those of the uninterrupted run).
+Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
+scenarios are skipped, saying why, otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FORKSERVER = b"/opt/agent-rl/forkserver.py"
+STEPS = 10
+GROUP = 8
+
+
+# ---- processes ------------------------------------------------------------------------------------
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                out[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def tree(root: int) -> list[int]:
+    parents = _parents()
+    found = [root]
+    for pid in found:
+        found += [c for c, p in parents.items() if p == pid]
+    return found
+
+
+def argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def pss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+    return total / 1024
+
+
+class MemorySampler(threading.Thread):
+    """PSS of a process tree once a second."""
+
+    def __init__(self, root: int):
+        super().__init__(daemon=True)
+        self.root, self.samples, self.stop = root, [], threading.Event()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        while not self.stop.wait(1.0):
+            self.samples.append((round(time.monotonic() - t0, 1), round(pss_mib(tree(self.root)), 1)))
+
+
+def forkservers(root: int) -> list[int]:
+    return [p for p in tree(root) if FORKSERVER in argv(p) and not argv(p)[0].endswith(b"bwrap")]
+
+
+def engine_servers(root: int) -> list[int]:
+    return [p for p in tree(root) if b"serve" in argv(p) and p != root and FORKSERVER not in argv(p)]
+
+
+def kill_tree(root: int) -> None:
+    for pid in tree(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---- training runs ---------------------------------------------------------------------------------
+
+
+def train_cmd(model: Path, run_dir: Path, sets: dict[str, object], resume: bool = False) -> list[str]:
+    base = {
+        "model.path": model,
+        "logging.run_dir": run_dir,
+        "train.steps": STEPS,
+        "checkpoint.every": 2,
+        "rollout.max_errors": 1000,
+    }
+    cmd = [sys.executable, "-m", "agent_rl.cli", "train", str(ROOT / "recipes" / "tiny_tir_smoke.yaml")]
+    for key, value in {**base, **sets}.items():
+        cmd += ["--set", f"{key}={value}"]
+    return cmd + (["--resume", str(run_dir)] if resume else [])
+
+
+def batches(run_dir: Path) -> list[dict]:
+    path = run_dir / "batches.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen
+    log: Path
+    step_times: dict[int, float] = field(default_factory=dict)  # step -> monotonic time it was logged
+
+
+def start(cmd: list[str], log: Path) -> Run:
+    handle = log.open("ab")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    return Run(proc, log)
+
+
+def watch(run: Run, run_dir: Path, until: Callable[[], bool] | None = None, timeout_s: float = 900) -> None:
+    """Record when each step appears in batches.jsonl; return when the process ends or `until()` holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for b in batches(run_dir):
+            run.step_times.setdefault(b["step"], time.monotonic())
+        if run.proc.poll() is not None or (until is not None and until()):
+            return
+        time.sleep(0.05)
+    kill_tree(run.proc.pid)
+    run.proc.wait()
+
+
+def last_error_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("agent-rl:") or "Error" in ln]
+    return (errors or lines or [""])[-1][:300]
+
+
+def audit(run_dir: Path, batch_prompts: int, reference: list[dict] | None = None) -> dict:
+    bs = batches(run_dir)
+    steps = [b["step"] for b in bs]
+    uids = [u for b in bs for u in b["uids"]]
+    out = {
+        "steps_logged": len(bs),
+        "steps_ok": steps == list(range(STEPS)),
+        "duplicated_trajectories": len(uids) - len(set(uids)),
+        "short_batches": sum(len(b["uids"]) != batch_prompts * GROUP for b in bs),
+    }
+    if reference is not None:
+        out["same_prompts_as_uninterrupted"] = [b["tasks"] for b in bs] == [b["tasks"] for b in reference]
+        ref_uids = [u for b in reference for u in b["uids"]]
+        out["lost_trajectories"] = len(set(ref_uids) - set(uids))
+    last = (metrics(run_dir) or [{}])[-1]
+    out["episodes_ended_as_error"] = int(last.get("rollout/errors", 0))
+    out["groups_dropped_for_error"] = int(last.get("buffer/dropped_error", 0))
+    return out
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    repeat: int
+    at_step: int
+    completed: bool
+    exit_code: int | None
+    user_saw: str
+    recovery_s: float | None
+    audit: dict
+    note: str = ""
+
+
+def inject_and_wait(
+    name: str,
+    repeat: int,
+    rng: random.Random,
+    work: Path,
+    model: Path,
+    sets: dict,
+    fault: Callable[[Run], str],
+) -> FaultResult:
+    run_dir = work / f"{name}-{repeat}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log = work / f"{name}-{repeat}.log"
+    log.unlink(missing_ok=True)
+    at_step = rng.randint(2, STEPS - 4)
+    run = start(train_cmd(model, run_dir, sets), log)
+    watch(run, run_dir, until=lambda: at_step in run.step_times)
+    time.sleep(rng.uniform(0.0, 1.0))  # a random moment within the step
+    t_fault = time.monotonic()
+    note = fault(run) if run.proc.poll() is None else "the run ended before the fault"
+    watch(run, run_dir)
+    after = [t for s, t in run.step_times.items() if t > t_fault]
+    return FaultResult(
+        name,
+        repeat,
+        at_step,
+        completed=run.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
+        exit_code=run.proc.returncode,
+        user_saw=last_error_line(log) if run.proc.returncode else "",
+        recovery_s=round(min(after) - t_fault, 2) if after else None,
+        audit=audit(run_dir, 2),
+        note=note,
+    )
+
+
+def fault_engine_kill(run: Run) -> str:
+    servers = engine_servers(run.proc.pid)
+    if not servers:
+        return "no engine server found"
+    os.kill(servers[0], signal.SIGKILL)
+    return f"SIGKILL engine server pid {servers[0]} (of {len(servers)})"
+
+
+def fault_sandbox_kill(run: Run) -> str:
+    pids = forkservers(run.proc.pid)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL {len(pids)} fork-server(s)"
+
+
+def fault_sandbox_hang(run: Run) -> str:
+    pids = forkservers(run.proc.pid)
+    if pids:
+        os.kill(pids[0], signal.SIGSTOP)
+    return f"SIGSTOP fork-server pid {pids[0] if pids else None} (of {len(pids)})"
+
+
+# ---- the learner killed, then --resume ---------------------------------------------------------------
+
+
+def learner_kill(
+    repeat: int, rng: random.Random, work: Path, model: Path, reference: list[dict]
+) -> FaultResult:
+    sets = {"buffer.max_staleness": 0}
+    run_dir = work / f"learner_kill-{repeat}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log = work / f"learner_kill-{repeat}.log"
+    log.unlink(missing_ok=True)
+    at_step = rng.randint(3, STEPS - 3)
+    run = start(train_cmd(model, run_dir, sets), log)
+    watch(run, run_dir, until=lambda: at_step in run.step_times)
+    time.sleep(rng.uniform(0.0, 1.0))
+    t_fault = time.monotonic()
+    kill_tree(run.proc.pid)
+    run.proc.wait()
+    resumed = start(train_cmd(model, run_dir, sets, resume=True), log)
+    watch(resumed, run_dir)
+    after = [t for t in resumed.step_times.values() if t > t_fault]
+    return FaultResult(
+        "learner SIGKILL + --resume",
+        repeat,
+        at_step,
+        completed=resumed.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
+        exit_code=resumed.proc.returncode,
+        user_saw=last_error_line(log) if resumed.proc.returncode else "",
+        recovery_s=round(min(after) - t_fault, 2) if after else None,
+        audit=audit(run_dir, 2, reference),
+        note="whole process tree SIGKILLed; recovery includes the restart",
+    )
+
+
+# ---- the disk fills up under the run -------------------------------------------------------------------
+
+
+def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> FaultResult:
+    mnt = work / f"disk-{repeat}"
+    mnt.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if mount.returncode != 0:
+        return FaultResult(
+            "disk full on checkpoint",
+            repeat,
+            0,
+            False,
+            None,
+            "",
+            None,
+            {},
+            f"skipped: {mount.stderr.strip()}",
+        )
+    try:
+        run_dir = mnt / "run"
+        log = work / f"disk_full-{repeat}.log"
+        log.unlink(missing_ok=True)
+        at_step = rng.randint(2, STEPS - 4)
+        run = start(train_cmd(model, run_dir, {}), log)
+        watch(run, run_dir, until=lambda: at_step in run.step_times)
+        time.sleep(rng.uniform(0.0, 1.0))
+        t_fault = time.monotonic()
+        filler = mnt / "filler"
+        free = shutil.disk_usage(mnt).free
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # leave 64 KiB: logs go on, the next checkpoint cannot be written
+            os.posix_fallocate(fd, 0, max(1, free - (64 << 10)))
+        os.close(fd)
+        watch(run, run_dir)
+        first_rc, first_saw = run.proc.returncode, last_error_line(log)
+        filler.unlink()  # the user frees space and resumes
+        t_resume = time.monotonic()
+        resumed = start(train_cmd(model, run_dir, {}, resume=True), log)
+        watch(resumed, run_dir)
+        after = [t for t in resumed.step_times.values() if t > t_resume]
+        return FaultResult(
+            "disk full on checkpoint",
+            repeat,
+            at_step,
+            completed=resumed.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
+            exit_code=first_rc,
+            user_saw=first_saw if first_rc else "(the run did not stop)",
+            recovery_s=round(min(after) - t_fault, 2) if after else None,
+            audit=audit(run_dir, 2),
+            note="tmpfs filled to 64 KiB free mid-run; then freed and --resume (recovery includes the restart)",
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ---- the Docker daemon restarted -------------------------------------------------------------------------
+
+
+class Dockerd:
+    def __init__(self, root: Path):
+        self.root, self.proc = root, None
+        self.host = f"unix://{root / 'docker.sock'}"
+
+    def start(self) -> None:
+        import docker
+
+        log = (self.root / "dockerd.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", f"--data-root={self.root / 'data'}",
+             f"--exec-root={self.root / 'exec'}", f"--pidfile={self.root / 'dockerd.pid'}", f"-H={self.host}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                docker.DockerClient(base_url=self.host).ping()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("dockerd did not start") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def docker_env(work: Path, host: str, image: str) -> Path:
+    text = (ROOT / "envs" / "tiny_arith.yaml").read_text()
+    text = text.replace(
+        "  backend: local\n  options: {pool_size: 2}",
+        f"  backend: docker\n  options: {{pool_size: 2, image: '{image}', docker_host: '{host}'}}",
+    )
+    assert "backend: docker" in text
+    path = work / "tiny_arith_docker.yaml"
+    path.write_text(text)
+    return path
+
+
+# ---- load ---------------------------------------------------------------------------------------------------
+
+
+def load_train(work: Path, model: Path) -> dict:
+    run_dir = work / "load-train"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log = work / "load-train.log"
+    log.unlink(missing_ok=True)
+    sets = {
+        "rollout.max_concurrent_episodes": 1000,
+        "buffer.max_staleness": 4,
+        "train.batch_prompts": 25,  # admission: (4 + 1) x 25 groups x 8 = 1,000 episodes in flight
+        "placement.topology": "processes",
+        "engines.count": 2,
+        "engines.weight_sync": "disk",
+        "engines.max_batch": 64,
+        "checkpoint.every": 0,
+        "train.steps": 12,
+    }
+    cmd = train_cmd(model, run_dir, sets)
+    t0 = time.monotonic()
+    run = start(cmd, log)
+    sampler = MemorySampler(run.proc.pid)
+    sampler.start()
+    peak_inflight = 0
+    while run.proc.poll() is None and time.monotonic() - t0 < 1500:
+        peak_inflight = max(
+            peak_inflight, *(int(m.get("buffer/inflight_groups", 0)) for m in metrics(run_dir)[-1:]), 0
+        )
+        time.sleep(1.0)
+    sampler.stop.set()
+    if run.proc.poll() is None:
+        kill_tree(run.proc.pid)
+        run.proc.wait()
+    wall = time.monotonic() - t0
+    ms = metrics(run_dir)
+    out: dict = {"command": " ".join(cmd[1:]), "exit_code": run.proc.returncode, "wall_s": round(wall, 1)}
+    if not ms:
+        out["error"] = last_error_line(log)
+        return out
+    last = ms[-1]
+    span = ms[-1]["time"] - ms[0]["time"]
+    episodes = last.get("rollout/episodes", 0) - ms[0].get("rollout/episodes", 0)
+    step_s = [m["perf/step_seconds"] for m in ms[1:]]
+    ep_s = [m["rollout/episode_seconds"] for m in ms[1:] if "rollout/episode_seconds" in m]
+    rates = [m.get("rollout/tool_calls_per_episode", 0.0) for m in ms[1:]]
+    pss = [p for _, p in sampler.samples]
+    third = max(1, len(pss) // 3)
+    out.update(
+        {
+            "steps": len(ms),
+            "trajectories_per_step": int(last.get("learner/trajectories", 0)),
+            "episodes_per_s": round(episodes / span, 1) if span > 0 else None,
+            "tool_calls_per_s": round(episodes / span * statistics.mean(rates), 1)
+            if span > 0 and rates
+            else None,
+            "step_s_p50": round(statistics.median(step_s), 2) if step_s else None,
+            "step_s_p99": round(max(step_s), 2) if step_s else None,
+            "episode_s_p50_over_steps": round(statistics.median(ep_s), 2) if ep_s else None,
+            "episode_s_p99_over_steps": round(max(ep_s), 2) if ep_s else None,
+            "peak_inflight_groups": peak_inflight,
+            "peak_inflight_episodes": peak_inflight * GROUP,
+            "pss_mib_first_third_max": round(max(pss[:third]), 1) if pss else None,
+            "pss_mib_last_third_max": round(max(pss[-third:]), 1) if pss else None,
+            "pss_mib_peak": round(max(pss), 1) if pss else None,
+            "pss_samples": sampler.samples,
+            "errors": int(last.get("rollout/errors", 0)),
+        }
+    )
+    return out
+
+
+def load_serve(work: Path, clients: int, calls_per_client: int) -> dict:
+    import asyncio
+
+    import aiohttp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sandboxes", "serve", "--pool-size", "2", "--port", str(port)],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    sampler = MemorySampler(server.pid)
+    latencies: list[float] = []
+    wrong = http_errors = 0
+
+    async def client(http: aiohttp.ClientSession, i: int) -> None:
+        nonlocal wrong, http_errors
+        for j in range(calls_per_client):
+            t0 = time.perf_counter()
+            try:
+                async with http.post(
+                    f"http://127.0.0.1:{port}/run_code", json={"code": f"print({i} + {j})"}
+                ) as r:
+                    body = await r.json()
+                    if r.status != 200:
+                        http_errors += 1
+                        continue
+            except aiohttp.ClientError:
+                http_errors += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            wrong += body["run_result"]["stdout"] != f"{i + j}\n"
+
+    async def main() -> float:
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(http, i) for i in range(clients)))
+            return time.perf_counter() - t0
+
+    try:
+        assert server.stdout is not None and "sandbox service" in server.stdout.readline()
+        sampler.start()
+        wall = asyncio.run(main())
+    finally:
+        sampler.stop.set()
+        server.terminate()
+        server.wait(30)
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    pss = [p for _, p in sampler.samples]
+    return {
+        "clients": clients,
+        "calls": clients * calls_per_client,
+        "calls_per_s": round(len(latencies) / wall, 1),
+        "p50_ms": round(q[49] * 1e3, 1),
+        "p99_ms": round(q[98] * 1e3, 1),
+        "wrong_answers": wrong,
+        "http_errors": http_errors,
+        "server_pss_mib_start": pss[0] if pss else None,
+        "server_pss_mib_peak": max(pss) if pss else None,
+        "server_pss_mib_end": pss[-1] if pss else None,
+    }
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+
+def default_model(work: Path) -> Path:
+    """The SFT'd and RL'd tiny model of `make run` when present (it writes code), else a fresh tiny model."""
+    from agent_rl import checkpoint
+
+    dest = work / "model"
+    if dest.exists():
+        return dest
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copytree(checkpoint.latest(ROOT / "runs" / "tiny_tir" / "rl") / "hf", dest)
+        return dest
+    from agent_rl.tiny import build_tiny, sample_corpus
+
+    return build_tiny(dest, sample_corpus(), vocab_size=512, seed=0)
+
+
+def write_markdown(report: dict) -> None:
+    lines = [
+        "# Reliability: load and faults",
+        "",
+        f"`{report['command']}` on {report['machine']}, {report['date']}; model: {report['model']}.",
+        "",
+    ]
+    if "load_train" in report:
+        lt = report["load_train"]
+        lines += ["## Load: the full loop with up to 1,000 episodes in flight", ""]
+        if "error" in lt:
+            lines += [f"Did not run: {lt['error']}", ""]
+        else:
+            lines += [
+                "| steps | trajectories/step | peak episodes in flight | episodes/s | tool calls/s | step s p50 / max | "
+                "episode s p50 / max (per-step means) | PSS MiB first third / last third / peak | errors |",
+                "|---|---|---|---|---|---|---|---|---|",
+                f"| {lt['steps']} | {lt['trajectories_per_step']} | {lt['peak_inflight_episodes']} | {lt['episodes_per_s']} | "
+                f"{lt['tool_calls_per_s']} | {lt['step_s_p50']} / {lt['step_s_p99']} | {lt['episode_s_p50_over_steps']} / "
+                f"{lt['episode_s_p99_over_steps']} | {lt['pss_mib_first_third_max']} / {lt['pss_mib_last_third_max']} / "
+                f"{lt['pss_mib_peak']} | {lt['errors']} |",
+                "",
+            ]
+    if "load_serve" in report:
+        ls = report["load_serve"]
+        lines += [
+            "## Load: `agent-rl sandbox serve` (pool_size 2) under concurrent clients",
+            "",
+            "| clients | calls | calls/s | p50 ms | p99 ms | wrong answers | HTTP errors | server PSS MiB start / peak / end |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {ls['clients']} | {ls['calls']} | {ls['calls_per_s']} | {ls['p50_ms']} | {ls['p99_ms']} | {ls['wrong_answers']} | "
+            f"{ls['http_errors']} | {ls['server_pss_mib_start']} / {ls['server_pss_mib_peak']} / {ls['server_pss_mib_end']} |",
+            "",
+        ]
+    if report.get("faults"):
+        lines += [
+            "## Faults (each injected at a random step and moment)",
+            "",
+            "| fault | run | at step | completed | steps once, no duplicate | lost | episodes ended as error | "
+            "recovery s | what the user saw | note |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for f in report["faults"]:
+            a = f["audit"]
+            once = "yes" if a.get("steps_ok") and a.get("duplicated_trajectories") == 0 and a.get("short_batches") == 0 else (
+                "no" if a else "-")  # fmt: skip
+            lost = a.get("lost_trajectories", "-" if not a else ("0" if once == "yes" else "?"))
+            saw = (f["user_saw"] or "(nothing: the run went on)").replace("|", "\\|")
+            lines.append(
+                f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {'yes' if f['completed'] else 'no'} | {once} | {lost} | "
+                f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {f['note']} |"
+            )
+        lines.append("")
+    if report.get("skipped"):
+        lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()), ""]
+    (RESULTS / "reliability.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", default="load,serve,faults")
+    parser.add_argument("--faults", default="engine,sandbox_kill,sandbox_hang,docker,learner,disk")
+    parser.add_argument("--clients", type=int, default=256)
+    parser.add_argument("--calls-per-client", type=int, default=20)
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "reliability")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = (args.model or default_model(work)).resolve()
+    only, wanted = set(args.only.split(",")), set(args.faults.split(","))
+    rng = random.Random(args.seed)
+    report: dict = {
+        "command": "python benchmarks/reliability.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.node()} {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "model": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
+        "faults": [],
+        "skipped": {},
+    }
+    out_json = RESULTS / "reliability.json"
+
+    def save() -> None:
+        RESULTS.mkdir(exist_ok=True)
+        out_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        write_markdown(report)
+
+    def add(result: FaultResult) -> None:
+        report["faults"].append(asdict(result))
+        print(f"  {result.fault} #{result.repeat}: completed={result.completed} recovery={result.recovery_s} "
+              f"audit={result.audit} saw={result.user_saw!r} {result.note}", flush=True)  # fmt: skip
+        save()
+
+    if "serve" in only:
+        print(f"load: sandbox serve, {args.clients} clients", flush=True)
+        report["load_serve"] = load_serve(work, args.clients, args.calls_per_client)
+        print(f"  {report['load_serve']}", flush=True)
+        save()
+    if "load" in only:
+        print("load: the full loop, 1,000 episodes in flight", flush=True)
+        report["load_train"] = load_train(work, model)
+        print(f"  { {k: v for k, v in report['load_train'].items() if k != 'pss_samples'} }", flush=True)
+        save()
+    if "faults" in only:
+        for repeat in range(args.repeats):
+            if "engine" in wanted:
+                sets = {"placement.topology": "processes", "engines.count": 2, "engines.weight_sync": "disk"}
+                add(
+                    inject_and_wait(
+                        "engine server SIGKILL", repeat, rng, work, model, sets, fault_engine_kill
+                    )
+                )
+            if "sandbox_kill" in wanted:
+                add(
+                    inject_and_wait(
+                        "sandbox fork-servers SIGKILL", repeat, rng, work, model, {}, fault_sandbox_kill
+                    )
+                )
+            if "sandbox_hang" in wanted:
+                add(
+                    inject_and_wait(
+                        "sandbox call never returns (SIGSTOP)",
+                        repeat,
+                        rng,
+                        work,
+                        model,
+                        {},
+                        fault_sandbox_hang,
+                    )
+                )
+        if "learner" in wanted:
+            ref_dir = work / "learner_reference"
+            shutil.rmtree(ref_dir, ignore_errors=True)
+            ref = start(
+                train_cmd(model, ref_dir, {"buffer.max_staleness": 0}), work / "learner_reference.log"
+            )
+            watch(ref, ref_dir)
+            reference = batches(ref_dir)
+            for repeat in range(args.repeats):
+                add(learner_kill(repeat, rng, work, model, reference))
+        if "disk" in wanted:
+            if os.geteuid() != 0:
+                report["skipped"]["disk full"] = "mounting a tmpfs needs root"
+            else:
+                for repeat in range(args.repeats):
+                    add(disk_full(repeat, rng, work, model))
+        if "docker" in wanted:
+            docker_faults(report, add, work, model, rng, args.repeats)
+    save()
+    print((RESULTS / "reliability.md").read_text())
+
+
+def docker_faults(
+    report: dict,
+    add: Callable[[FaultResult], None],
+    work: Path,
+    model: Path,
+    rng: random.Random,
+    repeats: int,
+) -> None:
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        report["skipped"]["docker restart"] = "needs dockerd (scripts/install_system_deps.sh) and root"
+        return
+    root = Path(f"/tmp/agent-rl-reliability-dockerd-{os.getpid()}")
+    root.mkdir(parents=True, exist_ok=True)
+    daemon = Dockerd(root)
+    try:
+        daemon.start()
+        from sandboxes.image import build_image
+
+        image = build_image("agent-rl-sandbox:reliability", docker_host=daemon.host)
+        env = docker_env(work, daemon.host, image)
+
+        def restart(run: Run) -> str:
+            t0 = time.monotonic()
+            daemon.stop()
+            stopped = time.monotonic() - t0
+            daemon.start()
+            return f"dockerd stopped in {stopped:.1f} s and started again in {time.monotonic() - t0 - stopped:.1f} s"
+
+        for repeat in range(repeats):
+            add(
+                inject_and_wait(
+                    "Docker daemon restarted", repeat, rng, work, model, {"envs.train": env}, restart
+                )
+            )
+    except Exception as e:  # the engine could not run here: say so in the report
+        report["skipped"]["docker restart"] = f"{type(e).__name__}: {e}"
+    finally:
+        daemon.stop()
+        subprocess.Popen(["rm", "-rf", str(root)], start_new_session=True)
+
+
+if __name__ == "__main__":
+    main()
