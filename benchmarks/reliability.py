@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -218,9 +219,10 @@ def inject_and_wait(
     sets: dict,
     fault: Callable[[Run], str],
 ) -> FaultResult:
-    run_dir = work / f"{name}-{repeat}"
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    run_dir = work / f"{slug}-{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    log = work / f"{name}-{repeat}.log"
+    log = work / f"{slug}-{repeat}.log"
     log.unlink(missing_ok=True)
     at_step = rng.randint(2, STEPS - 4)
     run = start(train_cmd(model, run_dir, sets), log)

@@ -121,14 +121,23 @@ def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath")) -> bytes:
     return buf.getvalue()
 
 
-def build_image(tag: str, *, python: str = sys.executable, docker_host: str | None = None) -> str:
+DEFAULT_PACKAGES = ("numpy", "sympy", "mpmath")
+
+
+def build_image(
+    tag: str,
+    *,
+    python: str = sys.executable,
+    docker_host: str | None = None,
+    packages: Sequence[str] = DEFAULT_PACKAGES,
+) -> str:
     """Build and import the image; returns its tag. `python` must be this interpreter for now."""
     if os.path.realpath(python) != os.path.realpath(sys.executable):
         raise SandboxError(
             f"build-image: run it with the interpreter to copy ({python}), not {sys.executable}"
         )
     client = docker_client(docker_host)
-    data = rootfs_tar()
+    data = rootfs_tar(packages)
     repo, _, version = tag.partition(":")
     client.api.import_image_from_data(data, repository=repo, tag=version or "latest")
     client.images.get(tag)

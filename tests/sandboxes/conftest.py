@@ -71,7 +71,9 @@ def docker_host() -> Iterator[str]:
                     tail = (root / "dockerd.log").read_text(errors="replace")[-2000:]
                     pytest.skip(f"dockerd could not start here: {tail}")
                 time.sleep(0.2)
-        build_image(TEST_IMAGE, docker_host=host)
+        build_image(
+            TEST_IMAGE, docker_host=host, packages=("numpy",)
+        )  # sympy: not needed here, slower to build
         yield host
     finally:
         _stop(proc)
