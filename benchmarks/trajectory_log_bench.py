@@ -125,6 +125,7 @@ def write(
         "command": f"benchmarks/trajectory_log_bench.py --steps {args.steps} --repeats {args.repeats}",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_at_end": list(os.getloadavg()),  # other jobs on the machine make s/step noisy
     }
     (OUT / "trajectory_log_bench.json").write_text(
         json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=2)
@@ -155,6 +156,7 @@ def write(
         "",
         "Read the in-run fraction: it times the recording itself inside the step it is part of. The across-run",
         "ratio also carries run-to-run noise (async timing and episode lengths differ between runs).",
+        f"Load average at the end (1/5/15 min): {', '.join(f'{x:.1f}' for x in meta['load_average_at_end'])}.",
     ]
     (OUT / "trajectory_log_bench.md").write_text("\n".join(lines) + "\n")
 
