@@ -101,7 +101,13 @@ class MemorySampler(threading.Thread):
 
 
 def forkservers(root: int) -> list[int]:
-    return [p for p in tree(root) if FORKSERVER in argv(p) and not argv(p)[0].endswith(b"bwrap")]
+    """Fork-servers in the tree (not the calls they forked, which share their argv)."""
+
+    def is_server(pid: int) -> bool:
+        return FORKSERVER in argv(pid) and not argv(pid)[0].endswith(b"bwrap")
+
+    parents = _parents()
+    return [p for p in tree(root) if is_server(p) and not is_server(parents.get(p, 0))]
 
 
 def engine_servers(root: int) -> list[int]:

@@ -41,15 +41,16 @@ def forkserver_pids() -> list[int]:
     while frontier:
         frontier = {p for p, pp in parent.items() if pp in frontier and p not in mine}
         mine |= frontier
-    found = []
-    for pid in mine:
+
+    def is_forkserver(pid: int) -> bool:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            continue
-        if INSIDE_FORKSERVER.encode() in argv and argv[0] != b"bwrap":
-            found.append(pid)
-    return found
+            return False
+        return INSIDE_FORKSERVER.encode() in argv and argv[0] != b"bwrap"
+
+    # A call's process is a fork of its fork-server (same argv): keep the servers, not their children.
+    return [pid for pid in mine if is_forkserver(pid) and not is_forkserver(parent.get(pid, 0))]
 
 
 def signal_forkservers(sig: int) -> int:
