@@ -18,6 +18,7 @@ from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._dp import RankPool, _free_port, join_rank_group
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
+from agent_rl.trajectory_log import TrainedRow, trained_rows
 from agent_rl.types import Group
 from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
 
@@ -43,6 +44,7 @@ class MegatronLearner:
         `rank_cores` (placement.topology: processes): each rank's process is pinned to its cores."""
         self.spec = spec
         self.version = 0
+        self._row_uids: list[tuple[str, ...]] = []  # per DP rank: the uid of each row of the last step
         self._local: MegatronRank | None = None
         self._pool: RankPool | None = None
         if in_process is None:
@@ -67,19 +69,33 @@ class MegatronLearner:
 
     def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
         t0 = time.perf_counter()
-        shares = [collate(s).policy for s in split_groups(groups, self.spec.dp)]
+        batches = [collate(s) for s in split_groups(groups, self.spec.dp)]
+        shares = [b.policy for b in batches]
         for b in shares:
             b.validate()
+        self._row_uids = []  # a skipped step reports no rows
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shares, self.version)) is not None:
             return metrics | skipped
         metrics |= step_metrics(self._all("step", shares), shares, time.perf_counter() - t0)
+        self._row_uids = [b.uids for b in batches]
         self.version += 1
         return metrics
 
-    def trained_rows(self) -> None:
-        """Not reported yet: the trajectory log records this backend's batches without current log-probs."""
-        return None
+    def trained_rows(self) -> dict[str, TrainedRow]:
+        """The last step's per-trajectory results by uid, from one rank of each data-parallel replica."""
+        if not self._row_uids:  # no step yet, or the last one was skipped
+            return {}
+        if self._local is not None:
+            answers = [self._local.last_rows()]
+        else:
+            assert self._pool is not None
+            answers = self._pool.call("last_rows", [()] * self.spec.world)
+        by_dp = {dp: rows for dp, rows in reversed(answers) if rows is not None}
+        out: dict[str, TrainedRow] = {}
+        for dp, uids in enumerate(self._row_uids):
+            out |= trained_rows(uids, by_dp[dp])
+        return out
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return self._all("hf_state_dict")

@@ -26,6 +26,7 @@ from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, fr
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
 from agent_rl.learners.megatron.step import sharded_step
 from vcpo.batch import PolicyBatch
+from vcpo.step import RowResults
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,11 @@ class MegatronRank:
         self.scheduler.step()
         metrics["lr_scheduled"] = lr
         return metrics
+
+    def last_rows(self) -> tuple[int, RowResults | None]:
+        """(DP rank, per-trajectory results of this rank's last step): every TP/CP rank of a replica holds
+        the same rows (log-probs are gathered over the vocabulary and the sequence)."""
+        return self.dp_rank, self._step.last_rows
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Gathered HF weights in the engines' dtype on global rank 0 (a collective: all ranks call); None elsewhere."""
