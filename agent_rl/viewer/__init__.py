@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     print(out)
     print(f"open file://{out.resolve()}")
+    if out.stat().st_size > 64 << 20:
+        print(
+            f"note: {out.stat().st_size >> 20} MiB; browsers slow down on pages this big: pick steps with --steps A:B"
+        )
     if args.serve:
         _serve(out, args.port)
     return 0
