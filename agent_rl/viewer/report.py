@@ -2,7 +2,7 @@
 
 The page embeds the step list and, per step, its recorded groups as JSON (one script tag per
 step, parsed only when the step is opened); `viewer.js` renders them. Tokens are decoded one id
-at a time with the run's tokenizer, so what is shown is exactly what was trained on, token by
+at a time with the run's tokenizer (a character split over several byte-level tokens goes to the last), so what is shown is exactly what was trained on, token by
 token. Works for any env: a trajectory is prompt + alternating model (sampled) and environment
 blocks; a model block and the environment block after it make one turn.
 """
@@ -26,7 +26,7 @@ from agent_rl.trajectory_log import (
     read_step,
 )
 
-Decode = Callable[[int], str]
+Decode = Callable[[Sequence[int]], str]  # token ids -> text
 FENCES = (("```", "```"), ("<tool_call>", "</tool_call>"), ("<code>", "</code>"))  # SimpleTIR, Hermes, others
 
 
@@ -67,12 +67,32 @@ def tokenizer_decoder(path: str) -> Decode:
         ) from None
     cache: dict[int, str] = {}
 
-    def decode(i: int) -> str:
-        if i not in cache:
-            cache[i] = tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return cache[i]
+    def decode(ids: Sequence[int]) -> str:
+        if len(ids) != 1:
+            return tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if ids[0] not in cache:
+            cache[ids[0]] = tok.decode(
+                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        return cache[ids[0]]
 
     return decode
+
+
+def token_texts(ids: Sequence[int], decode: Decode) -> list[str]:
+    """One string per token. A token that ends inside a multi-byte character (byte-level BPE) gets "" and
+    the token that completes it gets the character, so the text reads right and stays token-aligned."""
+    out: list[str] = []
+    pending: list[int] = []
+    for i in ids:
+        pending.append(i)
+        text = decode(pending)
+        if text.endswith("\ufffd") and len(pending) < 4:  # a UTF-8 character is at most 4 bytes
+            out.append("")
+            continue
+        out.append(text)
+        pending = []
+    return out
 
 
 def _summary(s: StepSummary) -> dict[str, object]:
@@ -122,7 +142,7 @@ def trajectory_json(t: RecordedTrajectory, decode: Decode) -> dict[str, object]:
             "void": t.finish_reason == "void" or t.masked,
             "truncated": t.finish_reason in ("length", "max_turns"),
         },
-        "prompt": "".join(decode(i) for i in t.prompt_ids),
+        "prompt": decode(t.prompt_ids),
         "blocks": blocks,
     }
 
@@ -135,7 +155,7 @@ def _blocks(segments: Sequence[RecordedSegment], *, masked: bool, decode: Decode
         if not out or out[-1]["kind"] != kind:
             out.append({"kind": kind, "text": [], "v": [], "b": [], "c": [], "code": []})
         blk = out[-1]
-        blk["text"].extend(decode(i) for i in s.token_ids)  # type: ignore[union-attr]
+        blk["text"].extend(token_texts(s.token_ids, decode))  # type: ignore[union-attr]
         if s.sampled:
             blk["v"].extend(s.versions)  # type: ignore[union-attr]
             blk["b"].extend(_r(x) for x in s.behavior_logprobs)  # type: ignore[union-attr]

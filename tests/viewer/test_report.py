@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent_rl.trajectory_log import RecordedSegment, RecordedTrajectory, TrainedRow, TrajectoryLog, read_step
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
-from agent_rl.viewer.report import _inside_fences, build_report, trajectory_json
+from agent_rl.viewer.report import _inside_fences, build_report, token_texts, trajectory_json
 
 VOCAB = {
     1: "Q",
@@ -24,8 +24,8 @@ VOCAB = {
 }
 
 
-def decode(i: int) -> str:
-    return VOCAB.get(i, f"<{i}>")
+def decode(ids) -> str:
+    return "".join(VOCAB.get(i, f"<{i}>") for i in ids)
 
 
 def _rec(segments: list[RecordedSegment], **kw) -> RecordedTrajectory:
@@ -49,6 +49,16 @@ def test_a_turn_continued_after_an_abort_is_one_model_block_with_two_versions() 
     assert model["v"] == [3, 3, 4, 4, 4, 4] and model["versions"] == [3, 4] and model["trained"]
     assert model["c"] == [-0.25] * 6 and model["b"] == [-0.5] * 6
     assert page["blocks"][1]["trained"] is False and page["blocks"][1]["text"] == ["1"]
+
+
+def test_a_character_split_over_byte_tokens_goes_to_the_token_that_completes_it() -> None:
+    raw = "é€".encode()  # 2 + 3 bytes, one token per byte as a byte-level BPE may give them
+    ids = list(range(100, 100 + len(raw)))
+
+    def byte_decode(seq) -> str:
+        return bytes(raw[i - 100] for i in seq).decode("utf-8", errors="replace")
+
+    assert token_texts(ids, byte_decode) == ["", "é", "", "", "€"]
 
 
 def test_tool_call_fences_mark_their_tokens_only() -> None:
