@@ -190,3 +190,39 @@ def test_resuming_with_recording_off_still_drops_the_later_steps(tmp_path: Path)
         log.append(step, groups, FakeLearner(_rows(groups)), METRICS)
     _open(tmp_path, keep=0, start=1)
     assert [s.step for s in read_index(tmp_path)] == [0]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_records_each_step_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A real run checkpointed at steps 2 and 4 loses its last checkpoint (killed before it was written):
+    the resumed run drops the records of steps 2-3 and writes them again, once."""
+    import os
+    import shutil
+
+    from agent_rl.config import load_recipe
+    from agent_rl.trainer import train
+
+    root = Path(__file__).resolve().parents[2]
+    recipe = load_recipe(
+        root / "recipes" / "tiny_tir_smoke.yaml",
+        [
+            f"model.path={tiny_model_dir}",
+            f"logging.run_dir={tmp_path / 'run'}",
+            "train.steps=4",
+            "checkpoint.every=2",
+        ],
+    )
+    run_dir = train(recipe)
+    assert [s.step for s in read_index(run_dir)] == [0, 1, 2, 3]
+    ckpts = run_dir / "checkpoints"
+    shutil.rmtree(ckpts / "step_000004")
+    (ckpts / "latest").unlink()
+    os.symlink("step_000002", ckpts / "latest")
+    first = {s.step: s for s in read_index(run_dir)}
+    train(recipe, resume=run_dir)
+    index = read_index(run_dir)
+    assert [s.step for s in index] == [0, 1, 2, 3]
+    assert index[2].offset == first[2].offset  # rewritten in place of the dropped records
+    assert index[3].offset == index[2].offset + index[2].length
+    assert (run_dir / "trajectories" / "data.bin").stat().st_size == index[3].offset + index[3].length
+    assert (index[1].offset, index[1].length) == (first[1].offset, first[1].length)  # kept as it was
