@@ -192,7 +192,6 @@ def test_resuming_with_recording_off_still_drops_the_later_steps(tmp_path: Path)
     assert [s.step for s in read_index(tmp_path)] == [0]
 
 
-@pytest.mark.slow
 def test_a_resumed_run_records_each_step_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A real run checkpointed at steps 2 and 4 loses its last checkpoint (killed before it was written):
     the resumed run drops the records of steps 2-3 and writes them again, once."""
