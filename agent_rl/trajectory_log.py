@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
+from agent_rl.types import Group, Trajectory, TurnInfo
 
 if TYPE_CHECKING:
     import torch
@@ -290,8 +290,7 @@ def encode_step(groups: Sequence[Group], rows: Mapping[str, TrainedRow]) -> tupl
 
 
 def _current(row: TrainedRow, n: int) -> array:
-    lp = row.logprobs[:n]
-    return array("f", lp.float().numpy().tobytes()) if hasattr(lp, "numpy") else array("f", lp)
+    return array("f", row.logprobs[:n].float().contiguous().numpy().tobytes())
 
 
 def _header(t: Trajectory, row: TrainedRow | None) -> dict[str, Any]:
@@ -406,7 +405,3 @@ def read_step(run_dir: Path, step: int, index: Sequence[StepSummary] | None = No
         f.seek(s.offset)
         blob = f.read(s.length)
     return decode_step(s, blob)
-
-
-def is_void(t: RecordedTrajectory) -> bool:
-    return t.finish_reason == FinishReason.VOID or t.masked
