@@ -30,6 +30,7 @@ HF_CONFIG_FILES = (
     "generation_config.json",
 )  # from model.path; weights and tokenizer are written
 MAX_SHARD_SIZE = "2GB"
+_FULL_BYTES = 64 << 20  # a write that failed with less free space than this failed for want of space
 
 
 @dataclass
@@ -68,7 +69,9 @@ def save(
     except Exception as e:  # torch.save and safetensors report a full disk as their own errors
         shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint must not keep the disk full
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-        if full or "No space left" in str(e) or "Disk quota exceeded" in str(e):
+        full = full or "No space left" in str(e) or "Disk quota exceeded" in str(e)
+        # torch.save's own message hides the errno ("unexpected pos ..."): look at the disk itself
+        if full or shutil.disk_usage(root).free < _FULL_BYTES:
             from agent_rl.errors import UserError
 
             raise UserError(

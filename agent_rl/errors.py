@@ -37,7 +37,10 @@ def user_message(exc: BaseException) -> str | None:
     """The one-line message for an error the user can act on, or None for a bug (keep the traceback)."""
     from envs.types import EnvError
     from envs.yamlio import ConfigError
+    from sandboxes.api import SandboxError
 
+    if isinstance(exc, SandboxError):  # a sandbox that cannot start: its message says what to install
+        return str(exc).splitlines()[0]
     if isinstance(exc, UserError | ConfigError | EnvError):
         return str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
@@ -45,6 +48,9 @@ def user_message(exc: BaseException) -> str | None:
         if top in INSTALL_HINTS:
             return f"the optional package {top!r} is not installed: {INSTALL_HINTS[top]}"
         return None  # one of our own modules, or a hard dependency: a broken install is a bug report
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}: free space, then continue the run with --resume RUN_DIR (its last checkpoint is intact)"
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return f"{exc.strerror or 'address already in use'}: another process holds the port; pick a free one with --port"
     if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):

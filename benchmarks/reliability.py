@@ -234,10 +234,10 @@ def inject_and_wait(
     run = start(train_cmd(model, run_dir, sets), log)
     watch(run, run_dir, until=lambda: at_step in run.step_times)
     time.sleep(rng.uniform(0.0, 1.0))  # a random moment within the step
-    t_fault = time.monotonic()
+    t_fault, last = time.monotonic(), max(run.step_times)
     note = fault(run) if run.proc.poll() is None else "the run ended before the fault"
     watch(run, run_dir)
-    after = [t for s, t in run.step_times.items() if t > t_fault]
+    after = [t for s, t in run.step_times.items() if s > last]
     return FaultResult(
         name,
         repeat,
@@ -245,7 +245,7 @@ def inject_and_wait(
         completed=run.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
         exit_code=run.proc.returncode,
         user_saw=last_error_line(log) if run.proc.returncode else "",
-        recovery_s=round(min(after) - t_fault, 2) if after else None,
+        recovery_s=round(min(after) - t_fault, 2) if after else None,  # fault -> first step past the last one
         audit=audit(run_dir, 2),
         note=note,
     )
@@ -288,12 +288,13 @@ def learner_kill(
     run = start(train_cmd(model, run_dir, sets), log)
     watch(run, run_dir, until=lambda: at_step in run.step_times)
     time.sleep(rng.uniform(0.0, 1.0))
-    t_fault = time.monotonic()
+    t_fault, last = time.monotonic(), max(run.step_times)
     kill_tree(run.proc.pid)
     run.proc.wait()
     resumed = start(train_cmd(model, run_dir, sets, resume=True), log)
+    resumed.step_times = {s: t_fault for s in range(last + 1)}  # steps redone after the resume do not count
     watch(resumed, run_dir)
-    after = [t for t in resumed.step_times.values() if t > t_fault]
+    after = [t for s, t in resumed.step_times.items() if s > last]
     return FaultResult(
         "learner SIGKILL + --resume",
         repeat,
@@ -301,7 +302,7 @@ def learner_kill(
         completed=resumed.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
         exit_code=resumed.proc.returncode,
         user_saw=last_error_line(log) if resumed.proc.returncode else "",
-        recovery_s=round(min(after) - t_fault, 2) if after else None,
+        recovery_s=round(min(after) - t_fault, 2) if after else None,  # fault -> first step past the last one
         audit=audit(run_dir, 2, reference),
         note="whole process tree SIGKILLed; recovery includes the restart",
     )
@@ -337,7 +338,7 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
         run = start(train_cmd(model, run_dir, {}), log)
         watch(run, run_dir, until=lambda: at_step in run.step_times)
         time.sleep(rng.uniform(0.0, 1.0))
-        t_fault = time.monotonic()
+        t_fault, last = time.monotonic(), max(run.step_times)
         filler = mnt / "filler"
         free = shutil.disk_usage(mnt).free
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
@@ -347,10 +348,11 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
         watch(run, run_dir)
         first_rc, first_saw = run.proc.returncode, last_error_line(log)
         filler.unlink()  # the user frees space and resumes
-        t_resume = time.monotonic()
+        last = max(last, *run.step_times)
         resumed = start(train_cmd(model, run_dir, {}, resume=True), log)
+        resumed.step_times = {s: t_fault for s in range(last + 1)}
         watch(resumed, run_dir)
-        after = [t for t in resumed.step_times.values() if t > t_resume]
+        after = [t for s, t in resumed.step_times.items() if s > last]
         return FaultResult(
             "disk full on checkpoint",
             repeat,
@@ -358,7 +360,9 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
             completed=resumed.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
             exit_code=first_rc,
             user_saw=first_saw if first_rc else "(the run did not stop)",
-            recovery_s=round(min(after) - t_fault, 2) if after else None,
+            recovery_s=round(min(after) - t_fault, 2)
+            if after
+            else None,  # fault -> first step past the last one
             audit=audit(run_dir, 2),
             note="tmpfs filled to 64 KiB free mid-run; then freed and --resume (recovery includes the restart)",
         )
