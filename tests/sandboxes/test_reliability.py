@@ -150,3 +150,21 @@ async def test_hung_sandbox_call_ends_the_episode_as_error_not_reward_zero() -> 
     assert r.buffer.counters.dropped_error >= 1
     assert [t.reward for t in group.trajectories] == [1.0, 1.0]
     assert all(t.finish_reason == FinishReason.ANSWER for t in group.trajectories)
+
+
+async def test_hung_call_through_the_http_service_is_a_sandbox_error_at_the_client() -> None:
+    from aiohttp.test_utils import TestServer
+
+    from sandboxes.server import SandboxService
+
+    srv = TestServer(SandboxService(sandboxes.create("local", pool_size=1), Limits(timeout_s=0.5)).app())
+    await srv.start_server()
+    try:
+        async with sandboxes.create("http", url=str(srv.make_url("/"))) as client:
+            assert (await client.run("print(1)")).stdout == "1\n"
+            assert signal_forkservers(signal.SIGSTOP) == 1
+            with pytest.raises(SandboxError, match="HTTP 503: .*sent no reply to run"):
+                await client.run("print(2)", limits=Limits(timeout_s=0.5))
+            assert (await client.run("print(3)")).stdout == "3\n"  # the service replaced its worker
+    finally:
+        await srv.close()
