@@ -211,3 +211,12 @@ def test_debug_keeps_the_traceback_and_a_real_bug_is_not_hidden(capsys, monkeypa
     monkeypatch.setattr(cli, "_plot", bug)
     with pytest.raises(KeyError):
         main(["plot", "anything"])
+
+
+def test_training_announces_its_run_dir_and_the_tensorboard_command(capsys, tmp_path, tiny_model_dir):
+    recipe = load_recipe(
+        SMOKE, [f"model.path={tiny_model_dir}", f"logging.run_dir={tmp_path}", "logging.tensorboard=true"]
+    )
+    rundir.announce(tmp_path, recipe, resuming=False)
+    err = capsys.readouterr().err
+    assert f"writing run dir: {tmp_path}" in err and f"tensorboard --logdir {tmp_path / 'tb'}" in err

@@ -95,3 +95,17 @@ def test_a_missing_file_and_an_unknown_name_are_one_line(mirror, tmp_path, capsy
     assert "HTTP 404" in capsys.readouterr().err
     assert main(["data", "pull", "imagenet", "--root", str(tmp_path)]) == EXIT_USER
     assert "unknown data set(s) imagenet: choose from aime2024" in capsys.readouterr().err
+
+
+def test_a_loader_logs_its_fix_report_once_per_split(shared_data, caplog):
+    import logging
+
+    from envs.datasets import load_split
+    from envs.spec import DataSource
+
+    load_split.cache_clear()
+    with caplog.at_level(logging.INFO, logger="envs.datasets"):
+        for _ in range(3):  # envs are made per episode: the report must not repeat
+            load_split(DataSource(dataset="aime2024"), shared_data)
+    lines = [r.getMessage() for r in caplog.records if r.name == "envs.datasets"]
+    assert lines == ["data aime2024: 30 rows -> 30 tasks (padded_answers_fixed=7)"]
