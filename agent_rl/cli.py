@@ -102,7 +102,11 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "write an offline pretrained model as a HF directory (smollm2)",
     ),
     "tiny-model": ("agent_rl.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
-    "view": ("agent_rl.viewer", "main", "write a run's recorded trajectories as a self-contained HTML viewer"),
+    "view": (
+        "agent_rl.viewer",
+        "main",
+        "write a run's recorded trajectories as a self-contained HTML viewer",
+    ),
     "data": (
         "agent_rl.data_pull",
         "main",
