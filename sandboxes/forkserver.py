@@ -52,8 +52,11 @@ def _send(fd, msg):
         data = data[os.write(fd, data) :]
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once, before any fork: children only call into it
+
+
 def _prctl(option, value):
-    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    _LIBC.prctl(option, value, 0, 0, 0)
 
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = (
@@ -74,7 +77,7 @@ def _install_seccomp(program):
     """Load a raw BPF program (built on the host by sandboxes.seccomp) on this process; inherited on fork."""
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # its own handle: argtypes set here must not apply to _prctl
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
