@@ -51,4 +51,4 @@ for s in $SEEDS; do
     done
   done
 done | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _
-.venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b.md
+.venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b_stabilisers.md

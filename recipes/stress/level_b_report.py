@@ -1,10 +1,10 @@
 """Level (b) report: the stabiliser comparison through the full stack, and its per-step series.
 
-    .venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b.md
+    .venv/bin/python -m recipes.stress.level_b_report runs benchmarks/results/stress/level_b_stabilisers.md
 
-Reads every runs/stress_b_<method>_k<K>_s<S>/metrics.jsonl; writes level_b.md (table: final held-out
+Reads every runs/stress_b_<method>_k<K>_s<S>/metrics.jsonl; writes level_b_stabilisers.md (table: final held-out
 accuracy mean ± std over seeds, collapses, k* per method; VCPO against the best baseline at each k),
-level_b.png (curves) and runs_b.jsonl.gz (one line per run: every step's ESS/B, grad norm, max IS
+level_b_stabilisers.png (curves) and runs_b.jsonl.gz (one line per run: every step's ESS/B, grad norm, max IS
 weight, KL(behaviour || current), lr scale, staleness bound in force, plus the held-out curve), which
 `recipes.stress.monitor_eval` reads to calibrate the collapse warning.
 """
