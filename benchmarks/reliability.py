@@ -642,6 +642,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "reliability")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other sections of results/reliability.json"
+    )
     args = parser.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -657,6 +660,14 @@ def main() -> None:
         "skipped": {},
     }
     out_json = RESULTS / "reliability.json"
+    if args.merge and out_json.exists():  # keep the sections of an earlier run that this one does not redo
+        earlier = json.loads(out_json.read_text())
+        for key in ("load_serve", "load_train"):
+            if key in earlier:
+                report[key] = earlier[key]
+        if "faults" not in only:
+            report["faults"], report["skipped"] = earlier.get("faults", []), earlier.get("skipped", {})
+        report["command"] = f"{earlier['command']}; then {report['command']}"
 
     def save() -> None:
         RESULTS.mkdir(exist_ok=True)

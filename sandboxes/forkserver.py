@@ -215,9 +215,12 @@ class Server:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(base64.b64decode(b64))
-        stdin_fd = os.memfd_create("stdin")
-        os.write(stdin_fd, (req.get("stdin") or "").encode())
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        if req.get("stdin"):
+            stdin_fd = os.memfd_create("stdin")
+            os.write(stdin_fd, req["stdin"].encode())
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+        else:
+            stdin_fd = os.open("/dev/null", os.O_RDONLY)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         status_r, status_w = os.pipe()
@@ -438,12 +441,24 @@ def _prepare_child(stdin_fd, out_w, err_w):
     os.dup2(err_w, 2)
     _prctl(PR_SET_DUMPABLE, 1)
     os.chdir(_WORKDIR)
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
+    # File objects made once in the server (never written there, so their buffers are empty): the child
+    # only points fds 0-2 at its pipes. Making them per call cost ~10% of a call's CPU (allocations that
+    # copy-on-write the server's heap pages).
+    sys.stdin, sys.stdout, sys.stderr = _STDIO or _make_stdio()
     sys.argv = ["-c"]
     if "" not in sys.path:
         sys.path.insert(0, "")
+
+
+_STDIO = None
+
+
+def _make_stdio():
+    return (
+        open(0, encoding="utf-8", errors="replace", closefd=False),  # noqa: SIM115
+        open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),  # noqa: SIM115
+        open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1),  # noqa: SIM115
+    )
 
 
 def _child(code, limits, nproc_rlimit, stdin_fd, out_w, err_w, status_w):
@@ -543,6 +558,8 @@ def main(argv):
         __import__(mod)
     # Everything imported so far is never collected: children's collections skip it, so they do not
     # touch (and copy-on-write) the parent's heap pages.
+    global _STDIO
+    _STDIO = _make_stdio()
     gc.collect()
     gc.freeze()
     if args.seccomp_bpf:
