@@ -111,7 +111,7 @@ def forkservers(root: int) -> list[int]:
 
 
 def engine_servers(root: int) -> list[int]:
-    return [p for p in tree(root) if b"serve" in argv(p) and p != root and FORKSERVER not in argv(p)]
+    return [p for p in tree(root) if any(a.endswith(b"engines.server") for a in argv(p))]
 
 
 def kill_tree(root: int) -> None:
