@@ -220,3 +220,18 @@ def test_training_announces_its_run_dir_and_the_tensorboard_command(capsys, tmp_
     rundir.announce(tmp_path, recipe, resuming=False)
     err = capsys.readouterr().err
     assert f"writing run dir: {tmp_path}" in err and f"tensorboard --logdir {tmp_path / 'tb'}" in err
+
+
+def test_serve_on_a_port_in_use_is_one_line(tiny_model_dir):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run(
+            [sys.executable, "-m", "agent_rl.cli", "serve", str(tiny_model_dir), "--port", str(port)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert res.returncode == EXIT_USER
+    assert "address already in use" in _one_line(res.stderr) and "--port" in res.stderr
