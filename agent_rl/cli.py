@@ -58,7 +58,7 @@ KIND_KEYS: dict[str, frozenset[str]] = {
         {"model", "engines", "envs", "rollout", "buffer", "train", "learner", "algorithm", "logging"}
         | {"checkpoint", "eval", "placement"}
     ),
-    "env": frozenset({"data", "prompt", "tool", "turns", "sandbox", "reward"}),
+    "env": frozenset({"data", "prompt", "tool", "turns", "sandbox", "reward", "group_size", "agent"}),
     "study": frozenset(
         {"reference_lr", "seeds", "steps", "eval_every", "opob_mode", "workers", "out", "blocks"}
     ),
