@@ -222,6 +222,7 @@ def test_training_announces_its_run_dir_and_the_tensorboard_command(capsys, tmp_
     assert f"writing run dir: {tmp_path}" in err and f"tensorboard --logdir {tmp_path / 'tb'}" in err
 
 
+@pytest.mark.slow  # the server loads the model before it binds: ~20 s idle, 2 min on a busy machine
 def test_serve_on_a_port_in_use_is_one_line(tiny_model_dir):
     import socket
 
