@@ -224,13 +224,14 @@ def inject_and_wait(
     model: Path,
     sets: dict,
     fault: Callable[[Run], str],
+    steps: tuple[int, int] = (2, STEPS - 4),
 ) -> FaultResult:
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
     run_dir = work / f"{slug}-{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)
     log = work / f"{slug}-{repeat}.log"
     log.unlink(missing_ok=True)
-    at_step = rng.randint(2, STEPS - 4)
+    at_step = rng.randint(*steps)
     run = start(train_cmd(model, run_dir, sets), log)
     watch(run, run_dir, until=lambda: at_step in run.step_times)
     time.sleep(rng.uniform(0.0, 1.0))  # a random moment within the step
@@ -443,11 +444,7 @@ def load_train(work: Path, model: Path) -> dict:
     run = start(cmd, log)
     sampler = MemorySampler(run.proc.pid)
     sampler.start()
-    peak_inflight = 0
     while run.proc.poll() is None and time.monotonic() - t0 < 1500:
-        peak_inflight = max(
-            peak_inflight, *(int(m.get("buffer/inflight_groups", 0)) for m in metrics(run_dir)[-1:]), 0
-        )
         time.sleep(1.0)
     sampler.stop.set()
     if run.proc.poll() is None:
@@ -479,8 +476,9 @@ def load_train(work: Path, model: Path) -> dict:
             "step_s_p99": round(max(step_s), 2) if step_s else None,
             "episode_s_p50_over_steps": round(statistics.median(ep_s), 2) if ep_s else None,
             "episode_s_p99_over_steps": round(max(ep_s), 2) if ep_s else None,
-            "peak_inflight_groups": peak_inflight,
-            "peak_inflight_episodes": peak_inflight * GROUP,
+            # admission lets (k+1)·B groups start at once: all of them are in flight before the first step
+            "episodes_started_before_step_0": int(ms[0].get("buffer/admitted", 0)) * GROUP,
+            "episodes_total": int(last.get("rollout/episodes", 0)),
             "pss_mib_first_third_max": round(max(pss[:third]), 1) if pss else None,
             "pss_mib_last_third_max": round(max(pss[-third:]), 1) if pss else None,
             "pss_mib_peak": round(max(pss), 1) if pss else None,
@@ -588,10 +586,11 @@ def write_markdown(report: dict) -> None:
             lines += [f"Did not run: {lt['error']}", ""]
         else:
             lines += [
-                "| steps | trajectories/step | peak episodes in flight | episodes/s | tool calls/s | step s p50 / max | "
+                "| steps | trajectories/step | episodes in flight at the start / total | episodes/s | tool calls/s | step s p50 / max | "
                 "episode s p50 / max (per-step means) | PSS MiB first third / last third / peak | errors |",
                 "|---|---|---|---|---|---|---|---|---|",
-                f"| {lt['steps']} | {lt['trajectories_per_step']} | {lt['peak_inflight_episodes']} | {lt['episodes_per_s']} | "
+                f"| {lt['steps']} | {lt['trajectories_per_step']} | {lt['episodes_started_before_step_0']} / {lt['episodes_total']} | "
+                f"{lt['episodes_per_s']} | "
                 f"{lt['tool_calls_per_s']} | {lt['step_s_p50']} / {lt['step_s_p99']} | {lt['episode_s_p50_over_steps']} / "
                 f"{lt['episode_s_p99_over_steps']} | {lt['pss_mib_first_third_max']} / {lt['pss_mib_last_third_max']} / "
                 f"{lt['pss_mib_peak']} | {lt['errors']} |",
@@ -665,8 +664,7 @@ def main() -> None:
         for key in ("load_serve", "load_train"):
             if key in earlier:
                 report[key] = earlier[key]
-        if "faults" not in only:
-            report["faults"], report["skipped"] = earlier.get("faults", []), earlier.get("skipped", {})
+        report["faults"], report["skipped"] = earlier.get("faults", []), earlier.get("skipped", {})
         report["command"] = f"{earlier['command']}; then {report['command']}"
 
     def save() -> None:
@@ -674,7 +672,12 @@ def main() -> None:
         out_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         write_markdown(report)
 
+    redone: set[str] = set()
+
     def add(result: FaultResult) -> None:
+        if result.fault not in redone:  # --merge: this run's rows of a fault replace the earlier ones
+            redone.add(result.fault)
+            report["faults"] = [f for f in report["faults"] if f["fault"] != result.fault]
         report["faults"].append(asdict(result))
         print(f"  {result.fault} #{result.repeat}: completed={result.completed} recovery={result.recovery_s} "
               f"audit={result.audit} saw={result.user_saw!r} {result.note}", flush=True)  # fmt: skip
