@@ -62,7 +62,13 @@ def load_run(path: Path) -> dict:
 
 
 def load_runs(runs_dir: str | Path) -> list[dict]:
-    return [load_run(p) for p in sorted(Path(runs_dir).glob("stress_b_*_k*_s*/metrics.jsonl"))]
+    """Finished runs only (as many step records as the run's train.steps)."""
+    out = []
+    for p in sorted(Path(runs_dir).glob("stress_b_*_k*_s*/metrics.jsonl")):
+        steps = json.loads((p.parent / "resolved_config.json").read_text())["train"]["steps"]
+        if sum(1 for line in p.read_text().splitlines() if line.strip()) >= steps:
+            out.append(load_run(p))
+    return out
 
 
 def _cells(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:

@@ -58,6 +58,9 @@ def collect(runs_dir: Path) -> dict[tuple[str, int], dict]:
         r"stress_b_(plain_nomaskvoid)_k(\d+)_s(\d+)": "none (fixed lag)",
     }
     for path in sorted(runs_dir.glob("stress_*/metrics.jsonl")):
+        steps = json.loads((path.parent / "resolved_config.json").read_text())["train"]["steps"]
+        if sum(1 for line in path.read_text().splitlines() if line.strip()) < steps:
+            continue  # unfinished
         for pattern, rename in patterns.items():
             m = re.fullmatch(pattern, path.parent.name)
             if m:
