@@ -40,9 +40,10 @@ class _OpenGroup:
     members: list[Trajectory | None]  # None: not started yet
     reported: set[int] = field(default_factory=set)  # member indices finished or abandoned
     doomed: bool = False  # already over the bound: workers should stop sampling it
+    forks: list[Trajectory] = field(default_factory=list)  # agent episodes split into more trajectories
 
     def min_version(self) -> int | None:
-        vs = [v for t in self.members if t is not None and (v := t.min_version) is not None]
+        vs = [v for t in (*self.members, *self.forks) if t is not None and (v := t.min_version) is not None]
         return min(vs) if vs else None
 
 
@@ -139,6 +140,19 @@ class RolloutBuffer:
         g.members[index] = traj
         return traj
 
+    def fork(self, member: Trajectory, n: int) -> Trajectory:
+        """One more trajectory of `member`'s episode (an agent episode that split, gateway/assemble.py); it is
+        delivered with the group and shares the member's reward."""
+        g = self._open[member.group_id]
+        traj = Trajectory(uid=f"{member.uid}.{n}", group_id=g.group_id, prompt_ids=[], task_id=g.task_id)
+        g.forks.append(traj)
+        return traj
+
+    def drop_forks(self, member: Trajectory) -> None:
+        """Forget `member`'s forks (its episode restarts)."""
+        g = self._open[member.group_id]
+        g.forks = [f for f in g.forks if not f.uid.startswith(member.uid + ".")]
+
     def open_task(self, group_id: str) -> str:
         return self._open[group_id].task_id
 
@@ -170,7 +184,7 @@ class RolloutBuffer:
 
     def _resolve(self, g: _OpenGroup) -> None:
         del self._open[g.group_id]
-        members = [t for t in g.members if t is not None]
+        members = [t for t in g.members if t is not None] + g.forks
         sampled = sum(t.num_sampled for t in members)
         if any(t.finish_reason == FinishReason.ERROR for t in members):
             self.counters.dropped_sampled_tokens += sampled
@@ -314,6 +328,7 @@ class RolloutBuffer:
                     "doomed": g.doomed,
                     "reported": sorted(g.reported),
                     "members": [enc(t) for t in g.members],
+                    "forks": [t.to_bytes() for t in g.forks],
                 }
                 for g in self._open.values()
             ],
@@ -331,8 +346,9 @@ class RolloutBuffer:
         self._open = {}
         for g in state["open"]:
             members = [None if b is None else Trajectory.from_bytes(b) for b in g["members"]]
+            forks = [Trajectory.from_bytes(b) for b in g.get("forks", [])]
             self._open[g["group_id"]] = _OpenGroup(
-                g["group_id"], g["task_id"], g["seq"], members, set(g["reported"]), g["doomed"]
+                g["group_id"], g["task_id"], g["seq"], members, set(g["reported"]), g["doomed"], forks
             )
         self._ready, self._ready_seq = {}, {}
         for r in state["ready"]:

@@ -94,6 +94,9 @@ class RolloutCounters:
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0
     engine_busy_seconds: float = 0.0  # wall time with at least one generate request in flight
+    agent_calls: int = 0  # chat completions of agent episodes (type: agent envs)
+    agent_splits: int = 0  # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
+    agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
 
 
 class Rollouts:
@@ -126,6 +129,7 @@ class Rollouts:
         self._generating = 0
         self._busy_since = 0.0
         self._snap = (time.monotonic(), RolloutCounters())
+        self._gateway: Any = None  # agent_rl.gateway.Gateway, started at the first agent episode
 
     # -- lifecycle (call on the loop) ---------------------------------------------------
     def start(self) -> None:
@@ -142,6 +146,8 @@ class Rollouts:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._gateway is not None:
+            await self._gateway.close()
 
     async def _produce(self) -> None:
         while True:
@@ -170,11 +176,12 @@ class Rollouts:
             if traj is None:
                 traj = self.buffer.start(group_id, index, prompt_ids)
             try:
-                if restored:
-                    await self._replay(
-                        env, traj
-                    )  # rebuild the env's state from a checkpointed partial episode
-                finished = await self._run_turns(env, traj)
+                if getattr(env, "is_agent", False):  # an OpenAI-client agent, through the gateway
+                    finished = await self._run_agent(env, traj)
+                else:
+                    if restored:  # rebuild the env's state from a checkpointed partial episode
+                        await self._replay(env, traj)
+                    finished = await self._run_turns(env, traj)
             except _InfraError as e:
                 self.counters.errors += 1
                 self.last_error = str(e)
@@ -265,6 +272,29 @@ class Rollouts:
                 traj.masked = info.masked
                 return True
 
+    async def _run_agent(self, env: Any, traj: Trajectory) -> bool:
+        from agent_rl.gateway.episode import AgentEpisodeError, run_agent_episode
+        from agent_rl.gateway.server import Gateway
+
+        if self._gateway is None:
+            gw = Gateway(
+                self.engine,
+                env.tokenizer,
+                max_seq_len=self.max_seq_len,
+                tool_parser=env.spec.agent.tool_parser,
+                max_retries=self.cfg.max_retries,
+            )
+            self._gateway = gw
+            await gw.start()
+        while self._gateway.url is None:  # another episode is starting it
+            await asyncio.sleep(0.01)
+        try:
+            return await run_agent_episode(
+                self._gateway, env, traj, self.buffer, self.cfg, self.counters, seed=self.seed
+            )
+        except AgentEpisodeError as e:
+            raise _InfraError(str(e)) from e
+
     async def _replay(self, env: EpisodeEnv, traj: Trajectory) -> None:
         """Step a fresh env through a restored episode's completed turns (their tokens are kept as stored)."""
         pos, response = 0, traj.response_ids
@@ -328,7 +358,15 @@ class Rollouts:
             "rollout/engine_retries": c.engine_retries,
             "rollout/errors": c.errors,
             "rollout/abandoned": c.abandoned,
-        }
+        } | (
+            {
+                "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
+                "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
+                "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
+            }
+            if c.agent_calls
+            else {}
+        )
 
 
 _PENDING = "pending_step_truncated"  # in traj.extras while env.step runs (survives a checkpoint)

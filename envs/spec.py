@@ -214,6 +214,29 @@ class RewardConfig(Strict):
         return self
 
 
+class AgentConfig(Strict):
+    """`type: agent`: an agent written against the OpenAI client runs each episode (envs/agent.py)."""
+
+    import_path: str
+    """`package.module:function`, an async function called as
+    `await fn(task, client, sandbox, **kwargs)` with an `openai.AsyncOpenAI` bound to the episode's gateway
+    session; it returns the reward (a number) or its final answer (a string, scored by `reward`)."""
+    kwargs: dict[str, Any] = {}
+    tool_parser: Literal["hermes", "none"] = "hermes"
+    """How the gateway finds tool calls in the model's output (agent_rl/engines/tool_parsers.py)."""
+
+    @field_validator("import_path")
+    @classmethod
+    def _async_entrypoint(cls, v: str) -> str:
+        import inspect
+
+        if ":" not in v:
+            raise ValueError(f"{v!r}: expected 'package.module:function'")
+        if not inspect.iscoroutinefunction(load_callable(v)):
+            raise ValueError(f"{v!r} must be an async function (async def run(task, client, sandbox): ...)")
+        return v
+
+
 def load_callable(import_path: str) -> Any:
     """Import `package.module:function`; errors name the path."""
     module, _, name = import_path.partition(":")
@@ -228,6 +251,9 @@ def load_callable(import_path: str) -> Any:
 
 class EnvSpec(Strict):
     name: str
+    type: Literal["simple-tir", "agent"] = "simple-tir"
+    """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
+    runs the episode through the recording gateway; turns: then budgets its chat completions."""
     data: DataConfig
     prompt: PromptConfig = PromptConfig()
     tool: ToolConfig = ToolConfig()
@@ -236,6 +262,9 @@ class EnvSpec(Strict):
     reward: RewardConfig = RewardConfig()
     group_size: int = Field(8, ge=1)
     """n samples per prompt."""
+    agent: AgentConfig | None = None
+    """type: agent only. turns.max_turns caps chat completions per episode, max_tokens_per_turn each one's
+    max_tokens, max_response_tokens the episode's sampled tokens."""
     source_path: str | None = None
     """Set by envs.load: the YAML file (resolves data.root, shows up in errors)."""
 
@@ -245,6 +274,14 @@ class EnvSpec(Strict):
         if v is not None:
             raise ValueError("source_path is set by envs.load; remove it from the YAML")
         return v
+
+    @model_validator(mode="after")
+    def _agent_section(self) -> EnvSpec:
+        if (self.type == "agent") != (self.agent is not None):
+            raise ValueError(
+                "type: agent needs an agent: section (import_path: 'package.module:run'), and only it has one"
+            )
+        return self
 
     def data_root(self) -> Path:
         return self.data.resolved_root(Path(self.source_path) if self.source_path else None)

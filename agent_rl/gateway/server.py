@@ -259,8 +259,8 @@ class Gateway:
             except BadRequest:
                 raise
             except Exception as e:
-                if attempt == self.max_retries:
-                    raise
+                if attempt == self.max_retries or not await self.engine.health():
+                    raise  # out of retries, or the engine is closed (shutdown): nothing to wait for
                 self.engine_retries += 1
                 log.warning("gateway: engine request %s failed (%r); retrying", rid, e)
             await asyncio.sleep(0.2 * 2**attempt)

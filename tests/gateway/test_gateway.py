@@ -3,10 +3,10 @@ token identity, prefix extension, and splitting when an agent rewrites history."
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
+from recorder import Recorder
 from tool_model import CODE, FINAL, TOOLS, conversation
 
 from agent_rl.engines.api import SamplingParams
@@ -15,42 +15,6 @@ from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.server import Gateway, SessionLimits
 
 openai = pytest.importorskip("openai")
-
-
-class Recorder:
-    """The embedded engine as an EngineClient that remembers every Generation it returned (for token identity),
-    and can land a weight update after the first request has sampled `update_after` tokens."""
-
-    def __init__(self, engine: EmbeddedEngine, update_after: int | None = None):
-        self.engine, self.update_after = engine, update_after
-        self.returned: dict[str, object] = {}
-        self.updated = asyncio.Event()
-        self.triggered = False
-
-    async def generate(self, input_ids, sampling, *, request_id):
-        on_token = None
-        if self.update_after is not None and not self.triggered:
-            seen = []
-
-            def on_token(t, lp, v, top):
-                seen.append(t)
-                if len(seen) == self.update_after and not self.triggered:
-                    self.triggered = True
-                    asyncio.get_running_loop().create_task(self._update())
-
-        out = await self.engine.generate_full(input_ids, sampling, request_id=request_id, on_token=on_token)
-        self.returned[request_id] = out.generation
-        return out.generation
-
-    async def _update(self):
-        await self.engine.pause()  # aborts the request in flight: the gateway must continue it
-        perturbed = {
-            k: v + 0.01 for k, v in self.engine.scheduler.model.state_dict().items() if v.is_floating_point()
-        }
-        hf_names = {"lm_head.weight": perturbed["lm_head.weight"]}
-        await self.engine.update_weights(version=1, tensors=hf_names)
-        await self.engine.resume()
-        self.updated.set()
 
 
 @pytest.fixture
@@ -119,7 +83,7 @@ async def test_function_calling_agent_through_the_gateway_is_recorded_as_one_tra
 
 
 async def test_a_weight_update_mid_call_is_continued_and_each_token_keeps_its_version(engine, tokenizer):
-    rec = Recorder(engine, update_after=4)
+    rec = Recorder(engine, when=lambda rid: True, after=4)
     gw = await start(rec, tokenizer)
     gw.open("ep-2", sampling=SamplingParams(temperature=1.0))
     client = openai.AsyncOpenAI(base_url=gw.base_url("ep-2"), api_key="unused", max_retries=0)

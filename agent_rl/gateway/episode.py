@@ -1,0 +1,122 @@
+"""One agent episode inside the async training loop (called by `rollout.Rollouts` for `type: agent` envs).
+
+The buffer's member trajectory is grown live from the gateway's recorded calls (assemble.py), so
+the staleness bound sees its versions while the agent runs; a split starts a fork that the buffer
+delivers with the group, all sharing the episode's reward. A group that goes over the bound stops
+the session (the agent's next call gets a 409) and the episode is abandoned like any other. An
+episode interrupted by a checkpoint restarts from scratch on resume: an agent's Python state cannot
+be saved. Engine failures after retries and agents that raise are infrastructure errors (the group
+is dropped and re-sampled, never scored 0); an agent that runs out of budget (409) without handling
+it scores 0 with finish reason `length`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_rl.engines.api import SamplingParams
+from agent_rl.gateway.assemble import Assembler
+from agent_rl.gateway.record import Call
+from agent_rl.gateway.server import Gateway, SessionLimits
+from agent_rl.types import FinishReason, Trajectory, TurnInfo
+
+
+class AgentEpisodeError(RuntimeError):
+    """The engines failed after retries, or the agent itself raised: the episode ends as an error."""
+
+
+async def run_agent_episode(
+    gateway: Gateway,
+    env: Any,  # envs.agent.AgentEnv
+    traj: Trajectory,
+    buffer: Any,  # agent_rl.buffer.RolloutBuffer (doomed, fork, drop_forks)
+    cfg: Any,  # agent_rl.config.RolloutConfig (temperature, top_p, top_k)
+    counters: Any,  # agent_rl.rollout.RolloutCounters
+    *,
+    seed: int,
+) -> bool:
+    """Run the agent; True when the episode finished (reward set on every trajectory), False if abandoned."""
+    import openai
+
+    traj.prompt_ids, traj.segments, traj.turns, traj.reward, traj.finish_reason = [], [], [], None, None
+    buffer.drop_forks(traj)  # a restart after resume: the earlier attempt's forks are void
+    forks: list[Trajectory] = []
+
+    def fork() -> Trajectory:
+        forks.append(buffer.fork(traj, len(forks) + 1))
+        return forks[-1]
+
+    asm = Assembler(traj, fork)
+    runs_at_call: list[int] = []
+
+    def on_call(call: Call) -> None:
+        runs_at_call.append(len(env.sandbox.runs) if env.sandbox is not None else 0)
+        asm.add(call)
+
+    turns = env.spec.turns
+    sid = traj.uid.replace("/", "-")
+    session = gateway.open(
+        sid,
+        sampling=SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k),
+        limits=SessionLimits(
+            max_calls=turns.max_turns,
+            max_tokens_per_call=turns.max_tokens_per_turn,
+            max_sampled_tokens=turns.max_response_tokens,
+        ),
+        seed=seed,
+        on_call=on_call,
+        should_stop=lambda: buffer.doomed(traj.group_id),
+    )
+    client = openai.AsyncOpenAI(
+        base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0, timeout=None
+    )
+    finish, reward = FinishReason.ANSWER, 0.0
+    try:
+        outcome = await env.run(client)
+        reward = outcome.reward
+    except Exception as e:
+        if buffer.doomed(traj.group_id):
+            return False
+        if session.stats.errors:
+            raise AgentEpisodeError(f"episode {traj.uid}: engine failed: {session.stats.errors[-1]}") from e
+        if session.over is None:
+            raise AgentEpisodeError(
+                f"episode {traj.uid}: agent {env.spec.agent.import_path} raised {e!r}; fix the agent"
+            ) from e
+        finish = FinishReason.LENGTH  # the budget ran out and the agent did not handle the 409
+    finally:
+        gateway.close_session(sid)
+        await client.close()
+    if buffer.doomed(traj.group_id):
+        return False
+    if not asm.trajectories:
+        raise AgentEpisodeError(
+            f"episode {traj.uid}: agent {env.spec.agent.import_path} made no chat completion"
+        )
+    runs = len(env.sandbox.runs) if env.sandbox is not None else 0
+    after = runs_at_call[1:] + [runs]
+    traj.turns = [
+        TurnInfo(
+            sampled_tokens=len(c.token_ids),
+            code_ran=after[i] > runs_at_call[i],
+            gen_seconds=c.seconds,
+            aborts=c.aborts,
+        )
+        for i, c in enumerate(session.calls)
+    ]
+    for t in asm.trajectories:
+        t.reward, t.finish_reason = reward, finish
+    traj.extras["agent_splits"] = float(asm.splits)
+    counters.turns += len(session.calls)
+    counters.tool_calls += runs
+    counters.tool_errors += (
+        sum(1 for r in env.sandbox.runs if r.timed_out or (r.exit_code or 0) != 0) if runs else 0
+    )
+    counters.aborts += session.stats.aborts
+    counters.sampled_tokens += session.stats.sampled_tokens
+    counters.gen_seconds += session.stats.gen_seconds
+    counters.tool_seconds += sum(r.seconds for r in env.sandbox.runs) if runs else 0.0
+    counters.agent_calls += len(session.calls)
+    counters.agent_splits += asm.splits
+    counters.agent_rerendered += session.stats.rerendered
+    return True

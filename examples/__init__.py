@@ -1,0 +1,1 @@
+"""Examples: agents and scripts a user starts from (see README)."""

@@ -1,0 +1,1 @@
+"""An arithmetic agent written against the official openai client with native function calling (see agent.py)."""
