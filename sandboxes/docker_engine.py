@@ -20,7 +20,6 @@ from functools import cache
 from typing import Any
 
 from sandboxes.api import SandboxError
-from sandboxes.worker import INSIDE_FORKSERVER
 
 LABEL = "agent-rl.sandbox"
 """Every container we start has this label (value "1")."""
@@ -29,20 +28,18 @@ LABEL_RUN = "agent-rl.run"
 LABEL_OWNER = "agent-rl.owner"
 """host:pid:start-time of the process that owns the container."""
 
-# The container's main process: exits once no fork-server runs and one has started (a process newer
-# than the watchdog exists or existed: /proc/loadavg's last pid, in the container's pid namespace), or
-# when none started within 120 s; the container then stops and --rm removes it.
+# The container's main process: exits once a process other than the init and itself has existed
+# (/proc/loadavg's last pid, in the container's pid namespace, is newer than the watchdog) and none is
+# left, or when none started within 120 s; the container then stops and --rm removes it. Any process
+# counts, not only the fork-server: while `docker exec` sets the fork-server up, its process is already in
+# the namespace under another command line, and a watchdog looking for the fork-server's command line
+# alone saw "started, none alive" in that window and stopped the container under it (CI, a busy machine).
+# Sandboxed processes left behind by a dead fork-server keep the container until their rlimits end them.
 WATCHDOG = (
-    f"import os, time\nPATH = {INSIDE_FORKSERVER.encode()!r}\n"
+    "import os, time\n"
     "me, start = os.getpid(), time.monotonic()\n"
     "def alive():\n"
-    "    for p in os.listdir('/proc'):\n"
-    "        try:\n"
-    "            if p.isdigit() and PATH in open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1)):\n"
-    "                return True\n"
-    "        except OSError:\n"
-    "            pass\n"
-    "    return False\n"
+    "    return any(p.isdigit() and int(p) not in (1, me) for p in os.listdir('/proc'))\n"
     "def started():\n"
     "    return int(open('/proc/loadavg').read().split()[-1]) > me\n"
     "while alive() or not (started() or time.monotonic() - start > 120):\n"
