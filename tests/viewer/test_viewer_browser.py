@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from push_mid_turn import push_mid_turn
 
 from agent_rl.config import load_recipe
 from agent_rl.trainer import train
 from agent_rl.trajectory_log import read_index, read_step
 from agent_rl.viewer import main as view_main
-from push_mid_turn import push_mid_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "viewer"
