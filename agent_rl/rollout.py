@@ -95,7 +95,9 @@ class RolloutCounters:
     tool_seconds: float = 0.0
     engine_busy_seconds: float = 0.0  # wall time with at least one generate request in flight
     agent_calls: int = 0  # chat completions of agent episodes (type: agent envs)
-    agent_splits: int = 0  # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
+    agent_splits: int = (
+        0  # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
+    )
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
 
 

@@ -14,6 +14,12 @@ Cells (every one is `agent-rl train` in its own process, as a user runs it):
 - plain REINFORCE (GRPO advantages, no IS correction, no ESS-scaled lr) at the largest k, same placement.
 Runs are interleaved (for each seed, every cell in a rotated order) so machine noise hits all cells alike.
 
+Sync runs --steps steps; the other cells run --async-steps-factor times as many (default 1.5), so that a
+run whose accuracy per step equals sync's still shows when it passes sync's final accuracy. The target is
+paired by seed: seed s of every cell is timed to the final held-out accuracy of the sync baseline's seed s
+(seeds fix the data order and the evaluation's sampling, so the pairing removes most of the noise between
+seeds); `final_accuracy` is every run's accuracy after --steps steps, the same data as sync.
+
 Held-out accuracy is measured after the runs, on each run's checkpoints (every `checkpoint.every` steps,
 the same 100 test tasks, one sample at T=1, the in-process engine): evaluation never competes with the
 runs it measures. Training wall time at step s = sum of `perf/step_seconds` up to s (take + learner step
@@ -91,8 +97,8 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
         return sft_dir
     from agent_rl.sft import run_sft
     from agent_rl.tiny import build_tiny
+    from envs.tiny_arith import sft_row
     from envs.tiny_chain import corpus, teacher_traces
-    from recipes.tiny_tir import sft_row
 
     base = work / "base"
     if not (base / "config.json").is_file():
@@ -163,7 +169,7 @@ def evaluate_checkpoints(run_dir: Path, model: Path, limit: int) -> dict[int, fl
     return out
 
 
-def summarise_run(run_dir: Path, accuracy: dict[int, float], start_acc: float) -> dict:
+def summarise_run(run_dir: Path, accuracy: dict[int, float], start_acc: float, steps: int) -> dict:
     from agent_rl.metrics import read_metrics
 
     recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
@@ -181,7 +187,9 @@ def summarise_run(run_dir: Path, accuracy: dict[int, float], start_acc: float) -
     med = statistics.median
     return {
         "curve": curve,
-        "final_accuracy": curve[-1][1],
+        "final_accuracy": accuracy[max(s for s in accuracy if s <= steps)],  # after sync's number of steps
+        "end_accuracy": curve[-1][1],
+        "steps_run": len(recs),
         "train_seconds": cum[-1],
         "seconds_per_step": med(r["perf/step_seconds"] for r in recs),
         "learner_busy_fraction": statistics.mean(r["perf/learner_busy_fraction"] for r in recs),
@@ -195,6 +203,7 @@ def summarise_run(run_dir: Path, accuracy: dict[int, float], start_acc: float) -
         "dropped_stale_groups": last.get("buffer/dropped_stale", 0),
         "dropped_sampled_tokens": last.get("buffer/dropped_sampled_tokens", 0),
         "trained_tokens": {
+            "mean": sum(trained) / len(trained),
             "p50": _pct(trained, 50),
             "p90": _pct(trained, 90),
             "max": trained[-1],
@@ -240,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         "writes async_vs_sync_quick.* (accuracies are not meaningful)",
     )
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=30, help="steps of the sync runs")
+    p.add_argument(
+        "--async-steps-factor",
+        type=float,
+        default=1.5,
+        help="the other cells run this many times --steps (to see them pass sync's final accuracy)",
+    )
     p.add_argument("--every", type=int, default=3, help="checkpoint (and so evaluation) interval in steps")
     p.add_argument("--ks", default="0,1,2,4")
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
@@ -273,14 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         for cell in order:
             run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{seed}"
             log(f"[{len(runs) + 1}/{total}] {cell.name} seed {seed}")
-            info = train_run(cell, seed, model, run_dir, args.steps, args.every)
+            steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
+            info = train_run(cell, seed, model, run_dir, steps, args.every)
             runs.append((cell, seed, run_dir, info))
     log("evaluating checkpoints")
     results = []
     for cell, seed, run_dir, info in runs:
         acc = evaluate_checkpoints(run_dir, model, args.eval_limit)
         r = {"name": cell.name, "k": cell.k, "method": cell.method, "topology": cell.topology, "seed": seed}
-        r |= summarise_run(run_dir, acc, start_acc) | info
+        r |= summarise_run(run_dir, acc, start_acc, args.steps) | info
         results.append(r)
         log(f"{cell.name} seed {seed}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
     out = report(results, cells, args, start_acc, model, load)
@@ -298,11 +314,13 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
     sync_cells = [c for c in cells if c.k == 0]
     step_s = {c.name: med(r["seconds_per_step"] for r in results if r["name"] == c.name) for c in sync_cells}
     baseline = min(sync_cells, key=lambda c: step_s[c.name])  # the placement fastest for sync
-    # the target: sync's final held-out accuracy, mean over its seeds
-    sync_final = statistics.mean(r["final_accuracy"] for r in results if r["name"] == baseline.name)
+    # the target, paired by seed: the final held-out accuracy of the sync baseline's run with the same seed
+    target = {r["seed"]: r["final_accuracy"] for r in results if r["name"] == baseline.name}
+    sync_final = statistics.mean(target.values())
     for r in results:
-        r["time_to_sync_final_s"] = time_to(r["curve"], sync_final)
-        r["time_to_90pct_sync_final_s"] = time_to(r["curve"], 0.9 * sync_final)
+        r["target_accuracy"] = target[r["seed"]]
+        r["time_to_sync_final_s"] = time_to(r["curve"], target[r["seed"]])
+        r["time_to_90pct_sync_final_s"] = time_to(r["curve"], 0.9 * target[r["seed"]])
     per_cell = {}
     for c in cells:
         rs = [r for r in results if r["name"] == c.name]
@@ -316,6 +334,9 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
             "runs": len(rs),
             "final_accuracy_mean": statistics.mean(finals),
             "final_accuracy_std": statistics.pstdev(finals),
+            "final_minus_sync_mean": statistics.mean(r["final_accuracy"] - r["target_accuracy"] for r in rs),
+            "end_accuracy_mean": statistics.mean(r["end_accuracy"] for r in rs),
+            "steps_run": max(r["steps_run"] for r in rs),
             "reached_sync_final": len(reached),
             "time_to_sync_final_median_s": med(reached) if len(reached) * 2 > len(rs) else None,
             "time_to_90pct_median_s": med(reached90) if len(reached90) * 2 > len(rs) else None,
@@ -333,6 +354,7 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
             "aborted_turn_seconds": statistics.mean(r["aborted_turn_seconds"] for r in rs),
             "ess_ratio_mean": statistics.mean(r["ess_ratio_mean"] for r in rs),
             "dropped_sampled_tokens": statistics.mean(r["dropped_sampled_tokens"] for r in rs),
+            "trained_tokens_mean": statistics.mean(r["trained_tokens"]["mean"] for r in rs),
             "trained_tokens_p50": med(r["trained_tokens"]["p50"] for r in rs),
             "trained_tokens_p90": med(r["trained_tokens"]["p90"] for r in rs),
             "trained_tokens_max": max(r["trained_tokens"]["max"] for r in rs),
@@ -354,7 +376,9 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
     if best is not None:
         for seed in range(args.seeds):
             ts = [
-                next((r["time_to_sync_final_s"] for r in results if r["name"] == n and r["seed"] == seed), None)
+                next(
+                    (r["time_to_sync_final_s"] for r in results if r["name"] == n and r["seed"] == seed), None
+                )
                 for n in (baseline.name, best["name"])
             ]
             per_seed.append(ts[0] / ts[1] if None not in ts else None)
@@ -372,12 +396,14 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
         "summary": {
             "sync_baseline": baseline.name,
             "sync_final_accuracy": sync_final,
+            "sync_final_accuracy_per_seed": [target[s] for s in sorted(target)],
             "sync_time_to_final_median_s": sync_t,
             "best_k": None if best is None else best["k"],
             "best_time_to_sync_final_median_s": best_t,
             "speedup_to_sync_final": speedup,
             "speedup_per_seed": per_seed,
             "best_final_accuracy_mean": None if best is None else best["final_accuracy_mean"],
+            "best_final_minus_sync": None if best is None else best["final_minus_sync_mean"],
         },
     }
 
@@ -395,32 +421,36 @@ def markdown(out: dict) -> str:
         f"Warm start {out['warm_start_accuracy']:.3f}.",
         "",
         f"**Sync baseline: {s['sync_baseline']} (the faster sync placement); its final accuracy "
-        f"{s['sync_final_accuracy']:.3f}; best async k = {s['best_k']}; "
+        f"{s['sync_final_accuracy']:.3f} (per seed {', '.join(f'{a:.3f}' for a in s['sync_final_accuracy_per_seed'])}, "
+        f"each seed's target); best async k = {s['best_k']}; "
         f"speed-up to sync's final accuracy {f(s['speedup_to_sync_final'])}x** "
         f"(median sync time {f(s['sync_time_to_final_median_s'], '{:.0f}')} s / median best-async time "
         f"{f(s['best_time_to_sync_final_median_s'], '{:.0f}')} s; per seed "
         f"{', '.join(f(x) for x in s['speedup_per_seed'])}).",
         "",
-        "| cell | topology | final acc (mean ± std) | reached | time to 90% (s) | time to 100% (s) | s/step | "
+        "| cell | topology | steps | final acc (mean ± std; - sync) | reached | time to 90% (s) | time to 100% (s) | s/step | "
         "learner busy | engine busy | core busy | sync s | wait s | aborted turns (s) | ESS | dropped tok | "
-        "trained tok p50/p90/max | turns p90/max | chain prompts trained (share, mean terms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "trained tok mean/p90/max | turns p90/max | chain prompts trained (share, mean terms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in out["per_cell"].items():
         lines.append(
-            f"| {name} ({c['method']}) | {c['topology']} | {c['final_accuracy_mean']:.3f} ± {c['final_accuracy_std']:.3f} | "
+            f"| {name} ({c['method']}) | {c['topology']} | {c['steps_run']} | {c['final_accuracy_mean']:.3f} ± "
+            f"{c['final_accuracy_std']:.3f}; {c['final_minus_sync_mean']:+.3f} | "
             f"{c['reached_sync_final']}/{c['runs']} | {f(c['time_to_90pct_median_s'], '{:.0f}')} | "
             f"{f(c['time_to_sync_final_median_s'], '{:.0f}')} | {c['seconds_per_step_median']:.2f} | "
             f"{c['learner_busy']:.2f} | {c['engine_busy']:.2f} | {'/'.join(f'{x:.2f}' for x in c['core_busy'])} | "
             f"{c['weight_sync_seconds']:.1f} | {c['wait_seconds']:.1f} | {c['aborted_turns']:.0f} "
             f"({c['aborted_turn_seconds']:.1f}) | {c['ess_ratio_mean']:.2f} | {c['dropped_sampled_tokens']:.0f} | "
-            f"{c['trained_tokens_p50']:.0f}/{c['trained_tokens_p90']:.0f}/{c['trained_tokens_max']:.0f} | "
+            f"{c['trained_tokens_mean']:.1f}/{c['trained_tokens_p90']:.0f}/{c['trained_tokens_max']:.0f} | "
             f"{c['trained_turns_p90']:.0f}/{c['trained_turns_max']:.0f} | "
             f"{c['trained_chain_share']:.3f}, {c['trained_chain_terms_mean']:.2f} |"
         )
     lines += [
         "",
-        "Times are training wall time (sum of per-step take + learner step + weight sync), medians over seeds;",
+        "Final acc: after the sync runs' number of steps (same data), and its mean difference from the paired sync",
+        "run. Times are training wall time (sum of per-step take + learner step + weight sync) to the paired sync",
+        "seed's final accuracy (100%) and 90% of it, medians over seeds;",
         "a cell's time is given when most of its seeds reached the target. Learner busy: share of a step in",
         "learner.step; engine busy: share of wall time with a generate request in flight; core busy: share of",
         "each core's time busy (/proc/stat, whole run incl. start-up); sync s / wait s: seconds in weight sync",
@@ -446,7 +476,13 @@ def plot(out: dict, path: Path) -> None:
         c = colors.setdefault(r["name"], f"C{len(colors)}")
         t, a = zip(*r["curve"], strict=True)
         ax.plot(t, a, color=c, alpha=0.8, label=r["name"] if r["seed"] == 0 else None, marker=".")
-    ax.axhline(out["summary"]["sync_final_accuracy"], color="k", ls="--", lw=0.8, label="sync final (mean)")
+    ax.axhline(
+        out["summary"]["sync_final_accuracy"],
+        color="k",
+        ls="--",
+        lw=0.8,
+        label="sync final (mean over seeds)",
+    )
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel("held-out accuracy")
     ax.set_title("tiny_chain: accuracy vs wall time, every seed")

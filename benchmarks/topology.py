@@ -44,14 +44,23 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         "logging.tensorboard=false",
         *TOPOLOGIES[topology],
     ]
-    cmd = [sys.executable, "-m", "agent_rl.cli", "train", str(RECIPE), *(a for s in sets for a in ("--set", s))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        str(RECIPE),
+        *(a for s in sets for a in ("--set", s)),
+    ]
     with open(work / f"{topology}_s{seed}.log", "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"{topology} seed {seed} failed (exit {rc}); log {work / f'{topology}_s{seed}.log'}")
     from agent_rl.metrics import read_metrics
 
-    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r][1:]  # step 0 includes the first fill
+    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r][
+        1:
+    ]  # step 0 includes the first fill
     return {
         "topology": topology,
         "seed": seed,

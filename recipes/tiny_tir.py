@@ -21,10 +21,9 @@ from agent_rl.plot import plot_run
 from agent_rl.sft import run_sft
 from agent_rl.tiny import build_tiny
 from agent_rl.trainer import train
-from envs.tiny_arith import Trace, corpus, teacher_traces
+from envs.tiny_arith import corpus, sft_row, teacher_traces
 
 RECIPE = Path(__file__).with_name("tiny_tir.yaml")
-FENCE = "```"  # the tool branch's first token
 # Warm start: the teacher uses the tool on 30% of the hard problems and guesses on the rest. The
 # drill traces (all tool use, first token context-only) teach the tool branch itself, copying the
 # expression into print(...) and the output into \boxed{}, without moving the 30% decision.
@@ -35,22 +34,6 @@ MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 def _stage(name: str) -> None:
     print(f"\n=== {name} [{time.strftime('%H:%M:%S')}]", flush=True)
-
-
-def sft_row(trace: Trace, train_first_token: bool = True) -> dict:
-    """A teacher trace as an `agent-rl sft` row: model pieces trained, tool output as context only.
-
-    train_first_token=False makes the opening fence context too (a drill: the row teaches what follows
-    the decision to use the tool, not the decision)."""
-    pieces = []
-    for s in trace.segments:
-        if s.kind == "observation":
-            pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
-        elif not pieces and not train_first_token and s.text.startswith(FENCE):
-            pieces += [{"text": FENCE, "train": False}, {"text": s.text[len(FENCE) :], "train": True}]
-        else:
-            pieces.append({"text": s.text, "train": True})
-    return {"prompt": trace.prompt, "response": pieces}
 
 
 def write_sft_data(path: Path) -> None:
@@ -75,7 +58,9 @@ def report(before: EvalReport, after: EvalReport, run_dir: Path, curves: Path, s
     gain = 100 * (after.accuracy - before.accuracy)
     lines += ["", f"accuracy gain: {gain:+.1f} points; total {seconds / 60:.1f} min", f"curves: {curves}"]
     lines.append(f"run dir: {run_dir}")
-    lines.append(f"trajectories: agent-rl view {run_dir}  (writes {run_dir / 'view.html'}, open it in a browser)")
+    lines.append(
+        f"trajectories: agent-rl view {run_dir}  (writes {run_dir / 'view.html'}, open it in a browser)"
+    )
     return "\n".join(lines)
 
 

@@ -25,7 +25,9 @@ class NotFound(LookupError):
         self.param, self.code = param, code
 
 
-def error(status: int, message: str, *, param: str | None = None, code: str | int | None = None) -> web.Response:
+def error(
+    status: int, message: str, *, param: str | None = None, code: str | int | None = None
+) -> web.Response:
     """OpenAI's error body: {"error": {"message", "type", "param", "code"}} (SGLang clients read message)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 404:

@@ -61,7 +61,9 @@ async def test_official_openai_client_gets_completions_and_chat_completions(serv
 
     client = AsyncOpenAI(base_url=server.url + "/v1", api_key="unused")
     try:
-        model = (await client.models.list()).data[0].id  # another name is a 404 (tests/engines/test_openai_api.py)
+        model = (
+            (await client.models.list()).data[0].id
+        )  # another name is a 404 (tests/engines/test_openai_api.py)
         c = await client.completions.create(
             model=model, prompt="Compute 3 * 4", max_tokens=8, logprobs=0, seed=1
         )
