@@ -194,9 +194,21 @@ def write_series(runs: list[dict], path: Path) -> None:
     path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in runs).encode()))
 
 
+def read_series(path: Path) -> list[dict]:
+    """The runs an earlier report packed (empty when there is none)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+
+
 def main(runs_dir: str, out: str) -> None:
-    runs = load_runs(runs_dir)
+    """Report the finished runs under runs_dir together with those an earlier report packed into
+    runs_b.jsonl.gz (a run dir wins over its packed copy), so a study can be completed in parts."""
     out_path = Path(out)
+    fresh = load_runs(runs_dir)
+    names = {r["name"] for r in fresh}
+    earlier = [r for r in read_series(out_path.with_name("runs_b.jsonl.gz")) if r["name"] not in names]
+    runs = sorted(fresh + earlier, key=lambda r: r["name"])
     write_series(runs, out_path.with_name("runs_b.jsonl.gz"))
     cmp = comparison(runs)
     out_path.with_suffix(".json").write_text(json.dumps(cmp, indent=1))

@@ -1,0 +1,48 @@
+"""The level (b) report completes a study in parts: runs packed by an earlier report count with new run dirs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recipes.stress.level_b_report import main, read_series
+
+
+def _write_run(runs: Path, name: str, accuracy: float, steps: int = 4) -> None:
+    d = runs / name
+    d.mkdir(parents=True)
+    (d / "resolved_config.json").write_text(json.dumps({"train": {"steps": steps}}))
+    recs = []
+    for s in range(steps):
+        r = {"step": s, "time": float(s), "rollout/reward_mean": 0.5, "vcpo/ess_ratio": 0.9}
+        r |= {"learner/grad_norm": 0.1, "vcpo/is_weight_max": 1.2, "vcpo/kl_behavior_current": 0.01}
+        r |= {"vcpo/log_ratio_abs_max": 0.2, "vcpo/lr_scale": 1.0}
+        if s == steps - 1:
+            r["eval/accuracy"] = accuracy
+        recs.append(r)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_second_report_keeps_the_runs_the_first_packed_and_a_rerun_replaces_its_packed_copy(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out" / "level_b_stabilisers.md"
+    out.parent.mkdir()
+    first, second = tmp_path / "first", tmp_path / "second"
+    _write_run(first, "stress_b_vcpo_nomaskvoid_k8_s0", 0.7)
+    _write_run(first, "stress_b_plain_nomaskvoid_k8_s0", 0.1)
+    main(str(first), str(out))
+    # a later session: the first runs' dirs are gone; one new seed, and k=8 seed 0 of plain run again
+    _write_run(second, "stress_b_vcpo_nomaskvoid_k8_s1", 0.6)
+    _write_run(second, "stress_b_plain_nomaskvoid_k8_s0", 0.3)
+    main(str(second), str(out))
+    packed = {r["name"]: r["eval_accuracy"][-1] for r in read_series(out.with_name("runs_b.jsonl.gz"))}
+    assert packed == {
+        "stress_b_vcpo_nomaskvoid_k8_s0": 0.7,
+        "stress_b_vcpo_nomaskvoid_k8_s1": 0.6,
+        "stress_b_plain_nomaskvoid_k8_s0": 0.3,  # the run dir wins over its packed copy
+    }
+    cmp = json.loads(out.with_suffix(".json").read_text())
+    vcpo = cmp["table"]["vcpo_nomaskvoid"]["8"]
+    assert vcpo["seeds"] == 2 and abs(vcpo["mean"] - 0.65) < 1e-9
+    assert "3 runs" in out.read_text()
