@@ -26,7 +26,7 @@ overrides() {  # method -> recipe overrides
     mis) echo "--set algorithm.loss=mis $base" ;;
     m2po) echo "--set algorithm.loss=m2po $base" ;;
     vcpo) echo "--set buffer.mask_void=false" ;;  # the recipe's VCPO (proxy OPOB, sqrt ESS lr)
-    vcpo_maskvoid) echo "" ;;
+    vcpo_maskvoid) echo "--set buffer.mask_void=true" ;;
     *) echo "unknown method $1" >&2; exit 2 ;;
   esac
 }
