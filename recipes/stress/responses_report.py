@@ -123,8 +123,21 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def earlier_cells(path: Path) -> dict[tuple[str, int], dict]:
+    """The cells an earlier report wrote to `path` (a .json), keyed as `collect` keys them."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for key, cell in json.loads(path.read_text()).items():
+        method, _, k = key.rpartition("|k=")
+        out[(method, int(k))] = cell
+    return out
+
+
 def main(runs_dir: str, out: str) -> None:
-    cells = collect(Path(runs_dir))
+    """Report the finished runs under runs_dir; a cell none of them fills keeps what the earlier report
+    (OUT.json) measured, so the study can be completed in parts (its run dirs need not survive)."""
+    cells = earlier_cells(Path(out).with_suffix(".json")) | collect(Path(runs_dir))
     Path(out).with_suffix(".json").write_text(
         json.dumps({f"{m}|k={k}": c for (m, k), c in sorted(cells.items())}, indent=1)
     )

@@ -46,3 +46,25 @@ def test_a_second_report_keeps_the_runs_the_first_packed_and_a_rerun_replaces_it
     vcpo = cmp["table"]["vcpo_nomaskvoid"]["8"]
     assert vcpo["seeds"] == 2 and abs(vcpo["mean"] - 0.65) < 1e-9
     assert "3 runs" in out.read_text()
+
+
+def test_the_responses_report_keeps_the_cells_an_earlier_report_measured(tmp_path: Path) -> None:
+    from recipes.stress.responses_report import earlier_cells
+    from recipes.stress.responses_report import main as responses_main
+
+    out = tmp_path / "responses.md"
+    earlier = {"final_mean": 0.5, "final_std": 0.0, "collapsed": 0, "wall_mean": 10.0}
+    earlier |= {"seeds": 4, "rollbacks": 0, "warned": 0, "bound_mean": None, "staleness_mean": 0.0}
+    out.with_suffix(".json").write_text(json.dumps({"fixed|k=0": earlier}))
+    runs = tmp_path / "runs"
+    for mode in ("adapt", "fixed"):
+        d = runs / f"stress_r_{mode}_k16_s0"
+        d.mkdir(parents=True)
+        (d / "resolved_config.json").write_text(json.dumps({"train": {"steps": 2}}))
+        recs = [{"step": 0, "time": 1.0}, {"step": 1, "time": 3.0, "eval/accuracy": 0.4}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    responses_main(str(runs), str(out))
+    cells = earlier_cells(out.with_suffix(".json"))
+    assert cells[("fixed", 0)]["seeds"] == 4  # kept from the earlier report
+    assert cells[("adapt", 16)]["final_mean"] == 0.4 and cells[("fixed", 16)]["seeds"] == 1
+    assert "| 16 | k=0 (sync) | 4 |" in out.read_text()  # the new k compared with the kept sync cell
