@@ -52,8 +52,10 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         str(RECIPE),
         *(a for s in sets for a in ("--set", s)),
     ]
+    t0 = time.monotonic()
     with open(work / f"{topology}_s{seed}.log", "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - t0
     if rc != 0:
         raise SystemExit(f"{topology} seed {seed} failed (exit {rc}); log {work / f'{topology}_s{seed}.log'}")
     from agent_rl.metrics import read_metrics
@@ -68,6 +70,7 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         "learner_busy": statistics.mean(r["perf/learner_busy_fraction"] for r in recs),
         "engine_busy": statistics.mean(r["perf/engine_busy_fraction"] for r in recs),
         "weight_sync_seconds": sum(r["perf/weight_sync_seconds"] for r in recs),
+        "process_wall_s": wall,  # the whole command: start-up (engine servers, learner process) included
     }
 
 
@@ -92,11 +95,30 @@ def main(argv: list[str] | None = None) -> int:
     per = {
         t: {
             k: statistics.median(r[k] for r in rows if r["topology"] == t)
-            for k in ("seconds_per_step", "learner_busy", "engine_busy", "weight_sync_seconds")
+            for k in (
+                "seconds_per_step",
+                "learner_busy",
+                "engine_busy",
+                "weight_sync_seconds",
+                "process_wall_s",
+            )
         }
         for t in TOPOLOGIES
     }
     ratio = per["processes"]["seconds_per_step"] / per["inprocess"]["seconds_per_step"]
+    # per seed (runs of one seed ran back to back): the spread says whether the difference is real
+    by_seed = [
+        next(r for r in rows if r["topology"] == "processes" and r["seed"] == s)["seconds_per_step"]
+        / next(r for r in rows if r["topology"] == "inprocess" and r["seed"] == s)["seconds_per_step"]
+        for s in range(args.seeds)
+    ]
+    faster = (
+        "processes"
+        if max(by_seed) < 1
+        else "inprocess"
+        if min(by_seed) > 1
+        else "neither (within the seeds' spread)"
+    )
     out = {
         "command": "benchmarks/topology.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load:.2f}",
@@ -105,22 +127,24 @@ def main(argv: list[str] | None = None) -> int:
         "runs": rows,
         "per_topology": per,
         "processes_over_inprocess_seconds_per_step": ratio,
-        "faster": "processes" if ratio < 1 else "inprocess",
+        "per_seed_ratio": by_seed,
+        "faster": faster,
     }
     lines = [
         "# Main job (recipes/tiny_tir.yaml, k=2): placement.topology inprocess vs processes",
         "",
         f"`{out['command'].strip()}`; {out['machine']}; {args.steps} steps x {args.seeds} seeds, interleaved.",
         "",
-        "| topology | s/step (median) | learner busy | engine busy | weight sync s/run |",
-        "|---|---|---|---|---|",
+        "| topology | s/step (median) | learner busy | engine busy | weight sync s/run | whole command s |",
+        "|---|---|---|---|---|---|",
         *(
             f"| {t} | {v['seconds_per_step']:.2f} | {v['learner_busy']:.2f} | {v['engine_busy']:.2f} | "
-            f"{v['weight_sync_seconds']:.1f} |"
+            f"{v['weight_sync_seconds']:.1f} | {v['process_wall_s']:.0f} |"
             for t, v in per.items()
         ),
         "",
-        f"processes / inprocess s/step: **{ratio:.2f}x** ({out['faster']} is faster).",
+        f"processes / inprocess s/step: **{ratio:.2f}x** (per seed {', '.join(f'{x:.2f}' for x in by_seed)}; "
+        f"faster: {faster}). The whole command includes start-up: engine server and learner processes.",
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
