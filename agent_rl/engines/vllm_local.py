@@ -43,9 +43,14 @@ def launch_vllm(
     max_model_len: int = 512,
     threads: int | None = None,
     cores: tuple[int, ...] | None = None,
+    dtype: str = "float32",
+    seed: int | None = None,
+    logprobs_mode: str | None = None,
     timeout_s: float = 420.0,
 ) -> VLLMServerHandle:
-    """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, fp32, eager; `cores` pins it."""
+    """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, eager; `cores` pins it.
+    logprobs_mode "processed_logprobs": log-probs of the distribution sampled from (after temperature,
+    top-p/k), as our engines report them (vLLM's default is the raw model log-softmax)."""
     python = venv / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(
@@ -56,9 +61,13 @@ def launch_vllm(
         port = s.getsockname()[1]
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--enforce-eager",
         "--served-model-name", "tiny",
     ]  # fmt: skip
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    if logprobs_mode:
+        cmd += ["--logprobs-mode", logprobs_mode]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
