@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from train_cmd import train_command
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
@@ -134,14 +136,7 @@ def train_run(cell: Cell, seed: int, model: Path, run_dir: Path, steps: int, eve
         f"checkpoint.every={every}",
         *cell.overrides(),
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_rl.cli",
-        "train",
-        str(RECIPE),
-        *(a for s in sets for a in ("--set", s)),
-    ]
+    cmd = train_command(RECIPE, sets)
     env = dict(os.environ)
     if cell.threads:
         env["OMP_NUM_THREADS"] = str(cell.threads)

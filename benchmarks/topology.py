@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from train_cmd import train_command
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
@@ -44,14 +46,7 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         "logging.tensorboard=false",
         *TOPOLOGIES[topology],
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_rl.cli",
-        "train",
-        str(RECIPE),
-        *(a for s in sets for a in ("--set", s)),
-    ]
+    cmd = train_command(RECIPE, sets)
     t0 = time.monotonic()
     with open(work / f"{topology}_s{seed}.log", "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
