@@ -7,7 +7,8 @@
 #   adapt:    ordinary async runs (buffer.max_staleness=k, no fixed lag) with on_warning=adapt_staleness,
 #             against the same with no response (fixed k) and against k=0 (synchronous).
 # Usage: recipes/stress/responses.sh [SEEDS...]   (default 0 1 2 3 4)
-#   LAGS="8 16" PARTS="rollback adapt" JOBS=2 STEPS=40   (the defaults)
+#   LAGS="8 16" PARTS="rollback adapt" SYNC=1 JOBS=2 STEPS=40   (the defaults; SYNC=0 skips the k=0 runs,
+#   e.g. when a second pass adds a lag and the report already holds them)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${*:-0 1 2 3 4}
@@ -15,6 +16,7 @@ LAGS=${LAGS:-8 16}
 PARTS=${PARTS:-rollback adapt}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
+SYNC=${SYNC:-1}
 WARM=${WARM:-runs/tiny_tir/sft}  # the warm start (a copy keeps a grid steady while `make run` rebuilds it)
 export WARM STEPS
 PLAIN="--set algorithm.loss=reinforce --set algorithm.advantage=grpo --set algorithm.ess_lr_rule=none --set buffer.mask_void=false"
@@ -42,6 +44,8 @@ for s in $SEEDS; do
       esac
     done
   done
-  case " $PARTS " in *" adapt "*) echo "stress_r_fixed_k0_s${s} --set buffer.max_staleness=0 --set checkpoint.every=0 $PLAIN" ;; esac
+  if [ "$SYNC" = 1 ]; then
+    case " $PARTS " in *" adapt "*) echo "stress_r_fixed_k0_s${s} --set buffer.max_staleness=0 --set checkpoint.every=0 $PLAIN" ;; esac
+  fi
 done | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _
 .venv/bin/python -m recipes.stress.responses_report runs benchmarks/results/stress/responses.md
