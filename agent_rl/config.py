@@ -233,7 +233,8 @@ class MonitorConfig(Strict):
     max_rollbacks: int = Field(3, ge=1)
     """rollback: after this many, the next warning stops the run instead."""
     adapt_ess_floor: float = Field(0.3, gt=0, le=1)
-    """adapt_staleness: a step with ESS/B below this halves the bound (a warning sets it to 0)."""
+    """adapt_staleness: a step with ESS/B below this sets the bound to half the batch's largest staleness (or
+    half the bound, if lower); a warning sets it to 0."""
     adapt_patience: int = Field(3, ge=1)
     """adapt_staleness: healthy steps in a row (ESS/B >= adapt_ess_floor) before the bound is raised by 1."""
 

@@ -7,9 +7,10 @@
 - rollback: reload the newest checkpoint from before the unhealthy window (weights, optimizer,
   lr schedule, and under fixed_lag the engines' lagged weights), lower the lr by
   `rollback_lr_factor`, go on (after `max_rollbacks`, the next warning stops the run);
-- adapt_staleness: the buffer's staleness bound follows the ESS every step: halved when ESS/B is below
-  `adapt_ess_floor`, set to 0 by a warning, raised by 1 (up to buffer.max_staleness) after
-  `adapt_patience` healthy steps in a row. `buffer/staleness_bound` logs the bound in force.
+- adapt_staleness: the buffer's staleness bound follows the ESS every step: when ESS/B is below
+  `adapt_ess_floor` it becomes half the largest staleness in the batch (or of the bound, if lower);
+  a warning sets it to 0; it is raised by 1 (up to buffer.max_staleness) after `adapt_patience`
+  healthy steps in a row. `buffer/staleness_bound` logs the bound in force.
 
 Versions only go up: a rollback publishes the restored weights as a new version (current + 1), so the
 buffer's staleness arithmetic and the engines' version stay monotonic.
@@ -96,7 +97,10 @@ class LoopMonitor:
         out.warning = warning
         on = self.cfg.on_warning
         if on == "adapt_staleness":
-            out.staleness_bound = self._adapt(signals.ess_ratio, warning)
+            observed = metrics.get("learner/staleness_max")
+            out.staleness_bound = self._adapt(
+                signals.ess_ratio, warning, None if observed is None else int(observed)
+            )
         if warning is None:
             return out
         if first_before is None:
@@ -112,11 +116,15 @@ class LoopMonitor:
             out.rollback = True
         return out
 
-    def _adapt(self, ess_ratio: float, warning: CollapseWarning | None) -> int:
+    def _adapt(self, ess_ratio: float, warning: CollapseWarning | None, observed: int | None) -> int:
+        """`observed`: the largest staleness in the batch just trained. Low ESS halves the staleness that is
+        actually delivered, not the nominal bound: a bound of 16 over batches 2 stale would otherwise take
+        three halvings (three steps of the damage it reacts to) before it changed anything."""
         if warning is not None:
             self.bound, self.healthy_streak = 0, 0
         elif ess_ratio < self.cfg.adapt_ess_floor:
-            self.bound, self.healthy_streak = self.bound // 2, 0
+            in_force = self.bound if observed is None else min(self.bound, observed)
+            self.bound, self.healthy_streak = in_force // 2, 0
         else:
             self.healthy_streak += 1
             if self.healthy_streak >= self.cfg.adapt_patience and self.bound < self.max_staleness:

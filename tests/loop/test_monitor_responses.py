@@ -125,6 +125,17 @@ def test_adapt_staleness_halves_on_low_ess_drops_to_zero_on_a_warning_and_climbs
     assert bounds[:6] == [0, 0, 1, 1, 2, 2] and bounds[-1] == 8  # +1 per `patience` healthy steps, up to k
 
 
+def test_adapt_staleness_halves_the_staleness_delivered_not_the_nominal_bound() -> None:
+    """With max_staleness 16 but batches only 3 stale, one low-ESS step must bite at once (bound 1), not
+    take three halvings (16, 8, 4) that change nothing the learner sees."""
+    mon = LoopMonitor(MonitorConfig(on_warning="adapt_staleness", adapt_ess_floor=0.3), max_staleness=16)
+    healthy = mon.observe(0, _metrics(0.9) | {"learner/staleness_max": 3.0}).staleness_bound
+    low = mon.observe(1, _metrics(0.2) | {"learner/staleness_max": 3.0}).staleness_bound
+    assert (healthy, low) == (16, 1)
+    # a batch staler than the bound in force (admitted before it was lowered) halves the bound, not more
+    assert mon.observe(2, _metrics(0.2) | {"learner/staleness_max": 9.0}).staleness_bound == 0
+
+
 def test_a_skipped_step_is_not_fed_to_the_monitor() -> None:
     mon = LoopMonitor(MonitorConfig(on_warning="stop", window=1, min_unhealthy=1), max_staleness=2)
     assert mon.observe(0, {"learner/skipped": 1.0}).stop is False

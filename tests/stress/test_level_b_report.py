@@ -68,3 +68,17 @@ def test_the_responses_report_keeps_the_cells_an_earlier_report_measured(tmp_pat
     assert cells[("fixed", 0)]["seeds"] == 4  # kept from the earlier report
     assert cells[("adapt", 16)]["final_mean"] == 0.4 and cells[("fixed", 16)]["seeds"] == 1
     assert "| 16 | k=0 (sync) | 4 |" in out.read_text()  # the new k compared with the kept sync cell
+
+
+def test_k_star_claims_only_measured_lags(tmp_path: Path) -> None:
+    """A method run only at k=16 has no k*: the lags it skipped are not evidence that it holds there."""
+    from recipes.stress.level_b_report import comparison, load_runs
+
+    runs = tmp_path / "runs"
+    _write_run(runs, "stress_b_vcpo_nomaskvoid_k0_s0", 0.8)
+    _write_run(runs, "stress_b_vcpo_nomaskvoid_k4_s0", 0.5)  # below 90 % of sync
+    _write_run(runs, "stress_b_vcpo_nomaskvoid_k16_s0", 0.78)
+    _write_run(runs, "stress_b_vcpo_k16_s0", 0.79)  # void masking on, only k=16 ran
+    cmp = comparison(load_runs(str(runs)))
+    assert cmp["k_star"] == {"vcpo_nomaskvoid": 0, "vcpo": None}
+    assert cmp["k_within_tolerance"] == {"vcpo_nomaskvoid": [0, 16], "vcpo": [16]}
