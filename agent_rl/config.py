@@ -69,7 +69,9 @@ class RolloutConfig(Strict):
     """Research switch: every batch is exactly this many versions stale (deterministic lag injection).
 
     The engines are given the weights of `fixed_lag` versions ago and sampling is synchronous against
-    them, so batch b is sampled entirely by version max(0, b - fixed_lag) on any hardware."""
+    them, so batch b is sampled entirely by version max(0, b - fixed_lag) on any hardware. The periodic
+    eval runs on the engines too, so it measures that lagged policy (`eval/policy_version`); the learner's
+    own policy is the checkpoint's (`agent-rl eval --checkpoint RUN_DIR`, or `recipes.stress.final_eval`)."""
     max_retries: int = Field(3, ge=0)
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
     max_errors: int = Field(20, ge=0)

@@ -128,6 +128,8 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
                         tokenizer, sandbox, max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
                     )
                 )  # fmt: skip
+                # the engines' version: under rollout.fixed_lag it is k behind the learner's (learner/version)
+                metrics["eval/policy_version"] = float(sync.engine_version or 0)
             writer.log(step, metrics)
             _log_batch(run_dir, step, batch)
             bar.set_postfix(

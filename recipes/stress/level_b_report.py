@@ -55,10 +55,36 @@ def load_run(path: Path) -> dict:
         "staleness_bound": [r.get("monitor/staleness_bound") for r in recs],
         "monitor_warning": [int(r["step"]) for r in recs if r.get("monitor/warning", 0)],
         "eval_steps": [int(r["step"]) for r in evals],  # the step index after whose update it ran
-        "eval_accuracy": [r["eval/accuracy"] for r in evals],
+        "eval_accuracy": [r["eval/accuracy"] for r in evals],  # of the engines' policy: k versions behind
+        "final_accuracy": _final_eval(path.parent),  # of the learner's policy after the last step
         "train_reward": [r["rollout/reward_mean"] for r in recs],
         "wall_seconds": recs[-1]["time"] if recs else 0.0,
     }  # fmt: skip
+
+
+def _final_eval(run: Path) -> float | None:
+    """`recipes.stress.final_eval`'s accuracy of the run's final checkpoint (None if it has not run)."""
+    path = run / "final_eval.json"
+    return json.loads(path.read_text())["accuracy"] if path.is_file() else None
+
+
+def policy_curve(run: dict) -> tuple[list[int], list[float]]:
+    """The held-out curve against the learner step whose policy was evaluated. Under fixed_lag=k the periodic
+    eval runs on the engines, which hold version t+1-k after step t: the policy of step t-k (-1: the warm
+    start). The final checkpoint's eval, when there is one, is the policy of the last step."""
+    steps = [max(-1, t - run["lag"]) for t in run["eval_steps"]]
+    accs = list(run["eval_accuracy"])
+    if run.get("final_accuracy") is not None:
+        steps.append(run["steps"][-1] if run["steps"] else run["eval_steps"][-1])
+        accs.append(run["final_accuracy"])
+    return steps, accs
+
+
+def final_accuracy(run: dict) -> float:
+    """The learner's policy at the last step; without a final checkpoint eval, the last periodic eval (which
+    under fixed_lag=k is the policy k steps earlier)."""
+    final = run.get("final_accuracy")
+    return run["eval_accuracy"][-1] if final is None else final
 
 
 def load_runs(runs_dir: str | Path) -> list[dict]:
@@ -84,7 +110,12 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def _final(runs: list[dict]) -> list[float]:
-    return [r["eval_accuracy"][-1] for r in runs]
+    return [final_accuracy(r) for r in runs]
+
+
+def _lagged(runs: list[dict]) -> int:
+    """Runs whose final is a lagged periodic eval (k > 0 and no final checkpoint eval)."""
+    return sum(r["lag"] > 0 and r.get("final_accuracy") is None for r in runs)
 
 
 def comparison(runs: list[dict]) -> dict:
@@ -109,7 +140,7 @@ def comparison(runs: list[dict]) -> dict:
             mean, std = _mean_std(_final(rs))
             row[k] = {
                 "seeds": len(rs), "mean": mean, "std": std, "collapsed": sum(f < WARM_START for f in _final(rs)),
-                "same_as_plain": (method, k) not in cells,
+                "same_as_plain": (method, k) not in cells, "lagged_finals": _lagged(rs),
             }  # fmt: skip
         table[method] = row
     k_star, k_within = {}, {}
@@ -155,8 +186,9 @@ def markdown(cmp: dict, n_runs: int) -> str:
         "",
         f"{n_runs} runs. Warm start: recipes/tiny_tir (held-out accuracy {WARM_START}); 8 prompts x 8 samples "
         "per step, lr 5e-4, every batch exactly k versions stale (`rollout.fixed_lag`); void-turn masking off "
-        "unless the row says on. Final = held-out accuracy of the current policy at the last step (100 tasks, "
-        f"T=1), mean ± std over seeds; [n] = collapsed (ended below the warm start); k* = largest k with every "
+        "unless the row says on. Final = held-out accuracy of the learner's policy after the last step (its "
+        "final checkpoint, `recipes.stress.final_eval`; 100 tasks, T=1), mean ± std over seeds; †n = n seeds "
+        "without that eval, whose final is the last periodic eval: the engines' policy, k steps older; [n] = collapsed (ended below the warm start); k* = largest k with every "
         f"k' <= k run and at >= 90 % of sync; k at 90 % = each k whose mean is at >= 90 % of sync (the best method at k = 0: {LABEL.get(cmp['sync_method'], cmp['sync_method'])}, "
         f"{sync if sync is None else f'{sync:.2f}'}). "
         "k = 0 of tis/mis/m2po is plain's run (the same update when every IS weight is 1).",
@@ -172,6 +204,7 @@ def markdown(cmp: dict, n_runs: int) -> str:
                 cells.append("")
                 continue
             txt = f"{c['mean']:.2f} ± {c['std']:.2f}" + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+            txt += f" †{c['lagged_finals']}" if c.get("lagged_finals") else ""
             cells.append(
                 ("(= plain)" if c["same_as_plain"] else txt)
                 + ("" if c["seeds"] >= 5 else f" ({c['seeds']} seeds)")
@@ -244,9 +277,10 @@ def _plot(cells: dict[tuple[str, int], list[dict]], png: Path) -> None:
             runs_ = cells.get((method, lag))
             if not runs_:
                 continue
-            n = min(len(r["eval_accuracy"]) for r in runs_)
-            steps = runs_[0]["eval_steps"][:n]
-            cols = [[r["eval_accuracy"][i] for r in runs_] for i in range(n)]
+            curves = [policy_curve(r) for r in runs_]
+            n = min(len(a) for _, a in curves)
+            steps = curves[0][0][:n]
+            cols = [[a[i] for _, a in curves] for i in range(n)]
             ax.plot(steps, [statistics.mean(c) for c in cols], marker="o", color=color[method],
                     label=f"{LABEL.get(method, method)} ({len(runs_)})")  # fmt: skip
             ax.fill_between(
@@ -254,7 +288,7 @@ def _plot(cells: dict[tuple[str, int], list[dict]], png: Path) -> None:
             )
         ax.axhline(WARM_START, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"k = {lag}")
-        ax.set_xlabel("step")
+        ax.set_xlabel("learner step of the policy evaluated")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("held-out accuracy")
     fig.tight_layout()

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recipes.stress.level_b_report import final_accuracy, policy_curve
 from vcpo.monitor import MonitorThresholds, first_warning_index, unhealthy_steps
 
 OUT = Path("benchmarks/results/stress")
@@ -145,8 +146,8 @@ def level_a_runs(path: Path) -> list[RunSeries]:
 def level_b_runs(path: Path) -> list[RunSeries]:
     out = []
     for r in _read_jsonl_gz(path):
-        acc, evs = r["eval_accuracy"], r["eval_steps"]
-        collapsed = acc[-1] < LEVEL_B_WARM_START
+        evs, acc = policy_curve(r)  # against the learner step evaluated (fixed_lag evals are k steps old)
+        collapsed = final_accuracy(r) < LEVEL_B_WARM_START
         out.append(
             RunSeries(
                 level="b", name=f"{r['method']} k={r['lag']}", lag=r["lag"], seed=r["seed"], steps=r["steps"],

@@ -72,6 +72,8 @@ def test_fixed_lag_makes_every_batch_exactly_k_stale(smoke_recipe) -> None:
         "buffer.mask_void=false",
         "learner.lr=3e-3",
         "train.steps=5",
+        "eval.every=5",
+        "eval.limit=4",
     )
     records = read_metrics(train(recipe))
     for step, r in enumerate(records):
@@ -79,6 +81,8 @@ def test_fixed_lag_makes_every_batch_exactly_k_stale(smoke_recipe) -> None:
         assert r["learner/staleness_max"] == r["learner/staleness_mean"] == lag
         assert r["learner/batch_min_version"] == r["learner/batch_max_version"] == step - lag
     assert records[-1]["vcpo/log_ratio_abs_max"] > 1e-3, "stale batches but the policy ratio never moved"
+    # the periodic eval runs on the engines, so it says which (lagged) policy it measured
+    assert records[-1]["learner/version"] == 5 and records[-1]["eval/policy_version"] == 3
 
 
 @pytest.mark.slow

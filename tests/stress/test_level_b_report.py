@@ -82,3 +82,18 @@ def test_k_star_claims_only_measured_lags(tmp_path: Path) -> None:
     cmp = comparison(load_runs(str(runs)))
     assert cmp["k_star"] == {"vcpo_nomaskvoid": 0, "vcpo": None}
     assert cmp["k_within_tolerance"] == {"vcpo_nomaskvoid": [0, 16], "vcpo": [16]}
+
+
+def test_a_fixed_lag_run_is_scored_by_its_learner_policy_not_the_lagged_engine_eval(tmp_path: Path) -> None:
+    """Under fixed_lag=k the periodic eval measures the engines' policy, k steps old: the final checkpoint's
+    eval (final_eval.json) decides the final accuracy, and the curve is placed at the step it measured."""
+    from recipes.stress.level_b_report import final_accuracy, load_runs, policy_curve
+
+    runs = tmp_path / "runs"
+    _write_run(runs, "stress_b_tis_nomaskvoid_k2_s0", 0.7, steps=6)  # lagged eval at step 5 says 0.7
+    _write_run(runs, "stress_b_tis_nomaskvoid_k2_s1", 0.6, steps=6)  # no final eval: falls back, flagged
+    (runs / "stress_b_tis_nomaskvoid_k2_s0" / "final_eval.json").write_text(json.dumps({"accuracy": 0.0}))
+    r0, r1 = load_runs(str(runs))
+    assert final_accuracy(r0) == 0.0 and final_accuracy(r1) == 0.6
+    assert policy_curve(r0) == ([3, 5], [0.7, 0.0])  # eval after step 5 ran version 6-2=4: step 3's policy
+    assert policy_curve(r1) == ([3], [0.6])
