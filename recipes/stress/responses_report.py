@@ -4,7 +4,9 @@
 
 rollback: runs/stress_r_rollback_k<K>_s<S> against level_b.sh's runs/stress_b_plain_nomaskvoid_k<K>_s<S>
 (the same method, lag and seed with no response). adapt_staleness: runs/stress_r_{adapt,fixed}_k<K>_s<S>
-(ordinary async runs) against runs/stress_r_fixed_k0_s<S>. Final = held-out accuracy at the last eval;
+(ordinary async runs) against runs/stress_r_fixed_k0_s<S>. Final = held-out accuracy of the final checkpoint
+(`recipes.stress.final_eval`; under fixed_lag the periodic evals measure the engines' policy, k steps old),
+else the last periodic eval;
 collapsed = ended below the warm start (0.25); wall = seconds from the first to the last step's record.
 """
 
@@ -25,6 +27,9 @@ def _load(path: Path) -> dict:
     evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
     bounds = [r["buffer/staleness_bound"] for r in recs if "buffer/staleness_bound" in r]
     stale = [r["buffer/staleness_mean"] for r in recs if "buffer/staleness_mean" in r]
+    final_eval = path.parent / "final_eval.json"  # the learner's policy (recipes.stress.final_eval)
+    if final_eval.is_file():
+        evals.append(json.loads(final_eval.read_text())["accuracy"])
     return {
         "final": evals[-1] if evals else None, "curve": evals, "steps": len(recs), "wall": recs[-1]["time"],
         "rollbacks": max((r.get("monitor/rollbacks", 0.0) for r in recs), default=0.0),
@@ -81,7 +86,9 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
         "# Collapse monitor responses (`recipes/stress/responses.sh`)",
         "",
         "Plain REINFORCE, void masking off, tiny_arith from the tiny_tir warm start (0.25), 40 steps. Final = "
-        "held-out accuracy at step 40, mean ± std over seeds, [n] = collapsed (ended below 0.25).",
+        "held-out accuracy of the learner's policy after step 40 (its final checkpoint; cells from runs without "
+        "that eval use the last periodic eval, which under a fixed lag is the policy k steps older), mean ± std "
+        "over seeds, [n] = collapsed (ended below 0.25).",
         "",
         "## rollback under a fixed lag (every batch exactly k stale)",
         "",
