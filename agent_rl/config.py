@@ -93,7 +93,8 @@ class BufferConfig(Strict):
     """True: void-turn trajectories (SimpleTIR) get loss mask 0 but stay in their group's reward statistics.
     Off by default: on tiny_arith, masking let void turns grow with nothing pushing back until whole batches
     were void (the main job ended at 0.00 and 0.41 in 2 of 4 runs with it, 0.63-0.75 in 3 of 3 without;
-    level (b): VCPO at k=4/8 collapsed in 1 of 10 seeds with it, 0 of 10 without). recipes/dapo_aime sets it, as SimpleTIR's setting."""
+    level (b): VCPO at k=16 collapsed in 1 of 5 seeds with it, 0 of 5 without). recipes/dapo_aime sets it, as
+    SimpleTIR's setting."""
     wait_for_due: bool = True
     """The learner waits for in-flight groups that its next step is the last chance to train (oldest token k
     versions behind) and trains them first, instead of stepping past them and dropping them as stale. Without

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+
+def read(run: Path) -> float | None:
+    """The accuracy `evaluate` wrote for this run dir (None if it has not run)."""
+    path = run / "final_eval.json"
+    return json.loads(path.read_text())["accuracy"] if path.is_file() else None
 
 
 def evaluate(run: Path) -> str:
@@ -26,7 +33,7 @@ def evaluate(run: Path) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "agent_rl.cli", "eval", str(run / "config.yaml"), "--checkpoint", str(run),
          "--set", f"train.seed={seed}"],
-        capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     if proc.returncode:
         return f"FAILED {run.name}: {proc.stderr.strip().splitlines()[-1:]}"

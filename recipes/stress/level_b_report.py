@@ -19,6 +19,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from recipes.stress import final_eval
+
 WARM_START = 0.25  # held-out accuracy of runs/tiny_tir/sft, the runs' starting point
 TOLERANCE = 0.9  # k*: largest k with every k' <= k at >= 90 % of sync
 SAME_AS_PLAIN_AT_K0 = ("tis_nomaskvoid", "mis_nomaskvoid", "m2po_nomaskvoid")
@@ -56,16 +58,10 @@ def load_run(path: Path) -> dict:
         "monitor_warning": [int(r["step"]) for r in recs if r.get("monitor/warning", 0)],
         "eval_steps": [int(r["step"]) for r in evals],  # the step index after whose update it ran
         "eval_accuracy": [r["eval/accuracy"] for r in evals],  # of the engines' policy: k versions behind
-        "final_accuracy": _final_eval(path.parent),  # of the learner's policy after the last step
+        "final_accuracy": final_eval.read(path.parent),  # of the learner's policy after the last step
         "train_reward": [r["rollout/reward_mean"] for r in recs],
         "wall_seconds": recs[-1]["time"] if recs else 0.0,
     }  # fmt: skip
-
-
-def _final_eval(run: Path) -> float | None:
-    """`recipes.stress.final_eval`'s accuracy of the run's final checkpoint (None if it has not run)."""
-    path = run / "final_eval.json"
-    return json.loads(path.read_text())["accuracy"] if path.is_file() else None
 
 
 def policy_curve(run: dict) -> tuple[list[int], list[float]]:

@@ -19,6 +19,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from recipes.stress import final_eval
+
 WARM_START = 0.25
 
 
@@ -27,9 +29,8 @@ def _load(path: Path) -> dict:
     evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
     bounds = [r["buffer/staleness_bound"] for r in recs if "buffer/staleness_bound" in r]
     stale = [r["buffer/staleness_mean"] for r in recs if "buffer/staleness_mean" in r]
-    final_eval = path.parent / "final_eval.json"  # the learner's policy (recipes.stress.final_eval)
-    if final_eval.is_file():
-        evals.append(json.loads(final_eval.read_text())["accuracy"])
+    if (final := final_eval.read(path.parent)) is not None:  # the learner's policy at the last step
+        evals.append(final)
     return {
         "final": evals[-1] if evals else None, "curve": evals, "steps": len(recs), "wall": recs[-1]["time"],
         "rollbacks": max((r.get("monitor/rollbacks", 0.0) for r in recs), default=0.0),
