@@ -227,6 +227,7 @@ class RolloutBuffer:
         for gid in [gid for gid, grp in self._ready.items() if self._over_bound(grp.min_version)]:
             grp = self._ready.pop(gid)
             del self._ready_seq[gid]
+            self.counters.dropped_sampled_tokens += sum(t.num_sampled for t in grp.trajectories)
             self._drop(gid, grp.trajectories[0].task_id, "stale")
         for g in self._open.values():
             g.doomed = g.doomed or self._over_bound(g.min_version())
@@ -236,20 +237,32 @@ class RolloutBuffer:
         """Trained by the learner's next step or never (that step takes it over the bound)."""
         return min_version is not None and self.version - min_version >= self.k
 
+    def _must_wait(self, batch: list[str], rest: list[str], n: int) -> bool:
+        """Earliest-deadline-first: a group sampled first at version m must be trained by version m + k. Wait
+        for an in-flight group if it is due now, or if it is older than a group in `batch` and the groups left
+        over (ready and in flight, oldest first, n per later step) could not all be trained in time: stepping
+        now would leave more due groups for a later step than it can take (they would be dropped)."""
+        flying = [mv for g in self._open.values() if not g.doomed and (mv := g.min_version()) is not None]
+        if any(self._due(mv) for mv in flying):
+            return True
+        newest = max(_oldest(self._ready[gid].min_version) for gid in batch)
+        if not any(mv < newest for mv in flying):
+            return False
+        left = sorted([mv for gid in rest if (mv := self._ready[gid].min_version) is not None] + flying)
+        return any(mv + self.k < self.version + 1 + i // n for i, mv in enumerate(left))
+
     def try_take(self, n_groups: int) -> list[Group] | None:
-        """The n oldest ready groups, due ones first; None if fewer are ready, or (wait_for_due) while a due
-        group is still in flight."""
+        """The n ready groups with the oldest first tokens (earliest deadline); None if fewer are ready, or
+        (wait_for_due) while an in-flight group must be in this batch to be trained in time."""
         if self._failure is not None:
             raise BufferClosed(f"rollouts failed: {self._failure!r}") from self._failure
         if len(self._ready) < n_groups:
             return None
-        if self.cfg.wait_for_due and any(
-            not g.doomed and self._due(g.min_version()) for g in self._open.values()
-        ):
-            return None
         ids = sorted(
-            self._ready, key=lambda gid: (not self._due(self._ready[gid].min_version), self._ready_seq[gid])
+            self._ready, key=lambda gid: (_oldest(self._ready[gid].min_version), self._ready_seq[gid])
         )
+        if self.cfg.wait_for_due and self._must_wait(ids[:n_groups], ids[n_groups:], n_groups):
+            return None
         ids = ids[:n_groups]
         batch = [self._ready.pop(gid) for gid in ids]
         for gid in ids:
@@ -364,3 +377,8 @@ class RolloutBuffer:
 
     async def _wait(self) -> None:
         await self._wake.wait()
+
+
+def _oldest(min_version: int | None) -> float:
+    """Sort key: a group with no sampled token (nothing to go stale) comes after every sampled one."""
+    return float("inf") if min_version is None else min_version
