@@ -180,6 +180,8 @@ def make_agent_env(
 ) -> AgentEnv:
     """Called by envs.make for `type: agent` (sandbox None: `shared_sandbox()` at the first run)."""
     assert spec.agent is not None
-    entry = load_callable(spec.agent.import_path)
-    reward_fn = load_callable(spec.reward.import_path) if spec.reward.import_path else None
+    entry = load_callable(spec.agent.import_path, near=spec.source_path)
+    reward_fn = (
+        load_callable(spec.reward.import_path, near=spec.source_path) if spec.reward.import_path else None
+    )
     return AgentEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)

@@ -97,7 +97,9 @@ def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
             tokenizer=tokenizer,
             formatter=ObservationFormatter(tokenizer, obs.template, obs.max_tokens),
             limits=make_limits(spec),
-            reward_fn=load_callable(spec.reward.import_path) if spec.reward.import_path else None,
+            reward_fn=load_callable(spec.reward.import_path, near=spec.source_path)
+            if spec.reward.import_path
+            else None,
         )
         _SHARED[key] = shared
     return Env(shared, sandbox)

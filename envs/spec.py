@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -203,14 +204,14 @@ class RewardConfig(Strict):
     kwargs: dict[str, Any] = {}
 
     @model_validator(mode="after")
-    def _callable_imports(self) -> RewardConfig:
+    def _callable_imports(self, info: ValidationInfo) -> RewardConfig:
         if self.type != "callable":
             if self.import_path is not None:
                 raise ValueError(f"import_path is only used with type: callable (type is {self.type!r})")
             return self
         if not self.import_path or ":" not in self.import_path:
             raise ValueError("type: callable needs import_path: 'package.module:function'")
-        load_callable(self.import_path)
+        load_callable(self.import_path, near=(info.context or {}).get("path"))
         return self
 
 
@@ -227,23 +228,51 @@ class AgentConfig(Strict):
 
     @field_validator("import_path")
     @classmethod
-    def _async_entrypoint(cls, v: str) -> str:
+    def _async_entrypoint(cls, v: str, info: ValidationInfo) -> str:
         import inspect
 
         if ":" not in v:
             raise ValueError(f"{v!r}: expected 'package.module:function'")
-        if not inspect.iscoroutinefunction(load_callable(v)):
+        if not inspect.iscoroutinefunction(load_callable(v, near=(info.context or {}).get("path"))):
             raise ValueError(f"{v!r} must be an async function (async def run(task, client, sandbox): ...)")
         return v
 
 
-def load_callable(import_path: str) -> Any:
-    """Import `package.module:function`; errors name the path."""
+def project_of(path: str | Path) -> Path | None:
+    """The project a file belongs to: the nearest directory above it holding pyproject.toml or .git."""
+    for d in Path(path).resolve().parents:
+        if (d / "pyproject.toml").is_file() or (d / ".git").exists():
+            return d
+    return None
+
+
+def load_callable(import_path: str, near: str | Path | None = None) -> Any:
+    """Import `package.module:function` from sys.path, else from the project of `near` (the env file that
+    names it; see project_of), which then joins sys.path: `examples.arith_agent.agent:run` in a checkout's
+    env resolves from any working directory. Errors name the path."""
     module, _, name = import_path.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            root = project_of(near) if near is not None else None
+            missing_is_ours = e.name is not None and (module + ".").startswith(e.name + ".")
+            if root is None or not missing_is_ours or str(root) in sys.path:
+                raise
+            sys.path.append(str(root))  # after everything already on sys.path: installed packages win
+            try:
+                mod = importlib.import_module(module)
+            except ImportError:
+                sys.path.remove(str(root))
+                raise
+        fn = getattr(mod, name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import {import_path!r}: {e}") from None
+        where = (
+            f" (looked on sys.path and in {project_of(near)})"
+            if near is not None and project_of(near)
+            else ""
+        )
+        raise ValueError(f"cannot import {import_path!r}: {e}{where}") from None
     if not callable(fn):
         raise ValueError(f"{import_path!r} is not callable")
     return fn

@@ -7,6 +7,7 @@ rank spec and vcpo step config without loading 7B weights.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,15 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
     for eval_env in recipe.envs.eval:
         assert envs.make(envs.load(eval_env), tiny_tokenizer).tasks(recipe.eval.split)
     if recipe.engines.type != "embedded":
+        # the engines as train() starts them for external servers: one client of the recipe's type per url
+        engines = asyncio.run(
+            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+        )
+        pool = engines.client
         cls = SGLangClient if recipe.engines.type == "sglang" else VLLMClient
-        pool = EnginePool([cls(u) for u in recipe.engines.urls])
-        assert pool.stats().alive == [True] * len(recipe.engines.urls)
+        assert isinstance(pool, EnginePool) and all(type(e) is cls for e in pool.engines)
+        assert [e.url for e in pool.engines] == [u.rstrip("/") for u in recipe.engines.urls]
+        assert plan.role("engine").count == 0, "external servers are not placed by the run"
         loop = LoopThread()
         try:  # the weight path is built as train() builds it: a wrong mode/engine pairing fails here
             WeightSync(

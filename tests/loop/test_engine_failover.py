@@ -1,5 +1,8 @@
 """An engine server process killed mid-run: the pool routes around it, the supervisor restarts it,
-and the run finishes with every step trained (real engines, env, sandbox and learner)."""
+and the run finishes with every step trained (real engines, env, sandbox and learner).
+
+The kill waits for an event, not a time: both engines have requests in flight. The requests that hit the
+dead engine are retried on the other one (the pool's retries)."""
 
 from __future__ import annotations
 
@@ -27,9 +30,8 @@ def test_killed_engine_process_is_routed_around_and_restarted(smoke_recipe, monk
     monkeypatch.setattr(placement, "start_engines", recording_start)
 
     def kill_one_engine_mid_run() -> None:
-        while not started:
-            time.sleep(0.05)
-        time.sleep(1.0)  # episodes are in flight on both engines by now
+        while not started or not all(started[0].client.in_flight):  # both engines are serving requests
+            time.sleep(0.01)
         started[0].handles[0].process.kill()
 
     killer = threading.Thread(target=kill_one_engine_mid_run, daemon=True)
@@ -38,6 +40,8 @@ def test_killed_engine_process_is_routed_around_and_restarted(smoke_recipe, monk
     killer.join(timeout=1)
     assert [r["step"] for r in records] == list(range(30)), "the run did not survive losing an engine"
     assert started[0].restarts == 1
+    pool = started[0].client.stats()
+    assert pool.retries >= 1, "no request that hit the dead engine was routed to the live one"
     assert (
         records[-1]["rollout/errors"] == 0
         or records[-1]["buffer/dropped_error"] == records[-1]["buffer/recycled"]

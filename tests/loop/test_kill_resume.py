@@ -1,5 +1,7 @@
 """SIGKILL a real training run (its whole process tree) mid-training, resume it, and compare with
-an uninterrupted run: every prompt used exactly as often, no trajectory lost or duplicated."""
+an uninterrupted run: every prompt used exactly as often, no trajectory lost or duplicated, and every
+trajectory trained the same by content (token ids, versions, behaviour log-probs, reward; from the
+trajectory log, which records all of them here)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from loop_paths import DENSE_ENV, HERE, ROOT
 
+from agent_rl.trajectory_log import read_step
+
 STEPS = 6
 
 
@@ -28,6 +32,7 @@ def _cmd(tiny_model_dir: Path, run_dir: Path, resume: bool) -> list[str]:
         "--set", "buffer.max_staleness=0",  # synchronous: the uninterrupted run's batches are fully determined
         "--set", f"train.steps={STEPS}",
         "--set", "checkpoint.every=2",
+        "--set", "logging.trajectories=all",  # every trained trajectory's tokens, to compare by content
     ] + (["--resume", str(run_dir)] if resume else [])  # fmt: skip
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); from agent_rl.trainer import main_train; main_train({args!r})"
     return [sys.executable, "-c", code]
@@ -49,6 +54,16 @@ def _tree(root: int) -> list[int]:
     for pid in tree:
         tree += [c for c, p in parents.items() if p == pid]
     return tree
+
+
+def _content(t) -> tuple:
+    return (
+        t.uid,
+        t.task_id,
+        t.prompt_ids,
+        [(s.token_ids, s.sampled, s.versions) for s in t.segments],
+        t.reward,
+    )
 
 
 def _batches(run_dir: Path) -> list[dict]:
@@ -94,6 +109,15 @@ def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
     uids = [u for r in b for u in r["uids"]]
     assert len(uids) == len(set(uids)), "a trajectory was delivered twice"
     assert uids == [u for r in a for u in r["uids"]], "a trajectory was lost or replaced"
+    for step in range(STEPS):  # by content, not only by uid: the resumed run trained the same tokens
+        whole_step, killed_step = read_step(whole, step), read_step(killed, step)
+        assert [_content(t) for t in killed_step.trajectories] == [
+            _content(t) for t in whole_step.trajectories
+        ], f"step {step}: a trajectory's tokens, versions or reward differ after kill + resume"
+        for x, y in zip(killed_step.trajectories, whole_step.trajectories, strict=True):
+            mu_x = [lp for s in x.segments for lp in s.behavior_logprobs]
+            mu_y = [lp for s in y.segments for lp in s.behavior_logprobs]
+            assert mu_x == pytest.approx(mu_y, abs=1e-4), f"step {step}: {x.uid}: behaviour log-probs differ"
     metrics = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert metrics == list(range(STEPS)), (
         "metrics of the killed run's lost steps were not truncated on resume"

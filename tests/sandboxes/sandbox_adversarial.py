@@ -2,7 +2,8 @@
 
 Each case runs hostile code through a sandbox, asserts it was contained, and then asserts the
 sandbox still serves a normal call. Cases assume pool_size=1 so consecutive calls hit the same
-warm sandbox (the strictest setting for leaks between calls).
+warm sandbox (the strictest setting for leaks between calls). A probe that checks something is absent
+from its output also checks that it ran to its end, so a probe that crashes fails its case.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ async def host_tcp_listener_is_unreachable(sb: Sandbox) -> None:
         )
         result = await sb.run(code)
         assert "CONNECTED" not in result.stdout, result
+        assert result.exit_code == 0 and result.stdout.startswith("refused"), (
+            result
+        )  # the probe ran to its end
         try:
             listener.accept()
             raise AssertionError("the host listener accepted a connection from the sandbox")
@@ -93,6 +97,10 @@ async def host_secrets_are_unreadable(sb: Sandbox) -> None:
     )
     result = await sb.run(code)
     assert "READ" not in result.stdout, result
+    lines = result.stdout.splitlines()  # the probe ran to its end: four files tried, then /root
+    assert (
+        result.exit_code == 0 and len(lines) == 5 and sum(ln.startswith("denied /") for ln in lines[:4]) == 4
+    ), result
     root_line = [line for line in result.stdout.splitlines() if line.startswith("ROOT")]
     # /root may exist only to hold the bound Python install (pyenv); nothing else of /root is visible.
     assert not root_line or set(eval(root_line[0][5:])) <= {".pyenv"}, result
@@ -232,6 +240,7 @@ async def background_process_does_not_survive_into_next_call(sb: Sandbox) -> Non
         "        try:\n            print(open(f'/proc/{p}/cmdline','rb').read())\n"
         "        except OSError:\n            pass\n"
     )
+    assert check.exit_code == 0 and "b'" in check.stdout, check  # the listing ran: it shows its own command line
     assert b"time.sleep(300)".decode() not in check.stdout, check
     await still_works(sb)
 
@@ -303,6 +312,7 @@ async def nested_user_namespaces_are_refused(sb: Sandbox) -> None:
         "        r = subprocess.run(['unshare', *args, 'true'], capture_output=True, text=True)\n"
         "        print(r.returncode, r.stderr.strip())\n"
     )
+    assert result.exit_code == 0, result
     assert all(not line.startswith("0 ") for line in result.stdout.splitlines()), result
     assert all("Operation not permitted" in line for line in result.stdout.splitlines()), result
     new_user, new_pid, new_net, new_ns = 0x10000000, 0x20000000, 0x40000000, 0x00020000
