@@ -1,15 +1,16 @@
 """Print how an environment's installed versions differ from requirements.lock (make test-latest).
 
-    python scripts/lock_drift.py requirements.lock FREEZE.txt
+python scripts/lock_drift.py requirements.lock FREEZE.txt
 """
 
 import re
 import sys
+from pathlib import Path
 
 
 def pins(path: str) -> dict[str, str]:
     out = {}
-    for line in open(path):
+    for line in Path(path).read_text().splitlines():
         if m := re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)", line):
             out[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
     return out

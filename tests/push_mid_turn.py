@@ -9,6 +9,9 @@ Generation, training and the pushes are the real ones; only the order of engine 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import agent_rl.trainer
@@ -53,3 +56,26 @@ def push_mid_turn(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Scheduler, "has_work", parked_has_work)
     mp.setattr(agent_rl.trainer, "RolloutBuffer", Buffer)
     mp.setattr(agent_rl.trainer, "WeightSync", Sync)
+
+
+def push_mid_turn_servers(mp: pytest.MonkeyPatch, control: Path) -> None:
+    """The same for engine server processes (`placement.topology: processes`): they start with
+    tests/engine_park on PYTHONPATH, whose sitecustomize parks their engine mid-turn while the file `control`
+    exists; the learner removes it while it waits in `buffer.take` and creates it again after."""
+    park = Path(__file__).with_name("engine_park")
+    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(park), os.environ.get("PYTHONPATH")])))
+    mp.setenv("AGENT_RL_TEST_PARK", str(control))
+    control.touch()
+
+    class Buffer(RolloutBuffer):
+        async def take(self, n_groups: int):  # type: ignore[no-untyped-def]
+            batch = self.try_take(n_groups)
+            if batch is None:
+                control.unlink(missing_ok=True)
+                try:
+                    batch = await super().take(n_groups)
+                finally:
+                    control.touch()
+            return batch
+
+    mp.setattr(agent_rl.trainer, "RolloutBuffer", Buffer)

@@ -41,7 +41,9 @@ def test_all_four_backends_log_offline_into_the_run_dir_and_resume_continues_the
     # dir of the same id started within the same second.
     run_id = (tmp_path / "wandb_run_id").read_text()
     wandb_runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    named = [re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?", r.name) for r in wandb_runs]
+    named = [
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?", r.name) for r in wandb_runs
+    ]
     assert len(wandb_runs) == 2 and all(named), [r.name for r in wandb_runs]
     # The .wandb files are protobuf records (what `wandb sync` uploads): each holds its step's history row.
     first, second = (next(r.glob("run-*.wandb")).read_bytes() for r in wandb_runs)

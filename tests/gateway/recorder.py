@@ -29,7 +29,9 @@ class Recorder:
         has_work = sched.has_work
 
         def parked_has_work() -> bool:  # engine thread: park once the target request has `after` tokens
-            if not self.released and any(r.rid == self.target and len(r.tokens) >= after for r in sched.running):
+            if not self.released and any(
+                r.rid == self.target and len(r.tokens) >= after for r in sched.running
+            ):
                 return False
             return has_work()
 

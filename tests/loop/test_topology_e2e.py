@@ -1,16 +1,23 @@
 """The production topology end to end on CPU: an `agent-rl serve` engine process, the learner rank in a process
-of its own, weights broadcast over gloo (`engines.weight_sync: nccl`), partial rollouts across updates."""
+of its own, weights broadcast over gloo (`engines.weight_sync: nccl`), partial rollouts across updates.
+Every push lands mid-turn by an event, not by timing: the engine server parks mid-turn while the learner
+is busy (tests/push_mid_turn.py::push_mid_turn_servers)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from push_mid_turn import push_mid_turn_servers
+
 from agent_rl.metrics import read_metrics
 from agent_rl.trainer import train
 
 
-def test_processes_topology_trains_and_every_token_carries_the_version_that_sampled_it(smoke_recipe) -> None:
+def test_processes_topology_trains_and_every_token_carries_the_version_that_sampled_it(
+    smoke_recipe, monkeypatch, tmp_path
+) -> None:
+    push_mid_turn_servers(monkeypatch, tmp_path / "park")
     k = 2
     recipe = smoke_recipe(
         "placement.topology=processes",
@@ -38,4 +45,6 @@ def test_processes_topology_trains_and_every_token_carries_the_version_that_samp
     # partial rollouts: some trajectories were sampled by two policies (a turn or an episode continued
     # across a weight push), and turns aborted by a push were continued, not thrown away
     assert multi > 0
-    assert metrics[-1]["rollout/aborts"] > 0
+    # cumulative per step: every push after the first step aborted turns in flight
+    aborts = [r["rollout/aborts"] for r in metrics]
+    assert all(b > a for a, b in zip(aborts, aborts[1:], strict=False)), aborts
