@@ -68,6 +68,8 @@ bench: install system-deps
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/reliability.py
+	$(PY) benchmarks/topology.py
+	$(PY) benchmarks/trajectory_log_bench.py
 
 lint: install
 	.venv/bin/ruff check .

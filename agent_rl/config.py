@@ -96,10 +96,11 @@ class BufferConfig(Strict):
     level (b): VCPO at k=16 collapsed in 1 of 5 seeds with it, 0 of 5 without). recipes/dapo_aime sets it, as
     SimpleTIR's setting."""
     wait_for_due: bool = True
-    """The learner waits for in-flight groups that its next step is the last chance to train (oldest token k
-    versions behind) and trains them first, instead of stepping past them and dropping them as stale. Without
-    it, long episodes are the ones the bound throws away (benchmarks/async_vs_sync.py: 20k sampled tokens
-    dropped per 30-step run at k=2 on tiny_chain, and long chains under-represented in what was trained)."""
+    """Earliest deadline first: the learner trains the ready groups with the oldest first tokens first and
+    waits for an in-flight group its next step is the last chance to train (oldest token k versions behind),
+    or one whose skipping would leave more groups due at once than a step takes, instead of stepping past
+    them and dropping them as stale. Without it, long episodes are the ones the bound throws away
+    (tests/loop/test_wait_for_due.py)."""
 
 
 class TrainConfig(Strict):

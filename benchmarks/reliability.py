@@ -615,6 +615,22 @@ def default_model(work: Path) -> Path:
     return build_tiny(dest, sample_corpus(), vocab_size=512, seed=0)
 
 
+def summarize(faults: list[dict]) -> dict:
+    """Totals over the fault runs (the README quotes these)."""
+    audits = [f["audit"] for f in faults if f["audit"]]
+    return {
+        "fault_runs": len(faults),
+        "completed": sum(bool(f["completed"]) for f in faults),
+        "same_prompts_as_uninterrupted": sum(bool(a.get("same_prompts_as_uninterrupted")) for a in audits),
+        "prompt_counts_equal": sum(bool(a.get("prompt_counts_equal")) for a in audits),
+        "same_trajectory_ids": sum(bool(a.get("same_trajectory_ids")) for a in audits),
+        "lost_trajectories": sum(a.get("lost_trajectories", 0) for a in audits),
+        "extra_trajectories": sum(a.get("extra_trajectories", 0) for a in audits),
+        "duplicated_trajectories": sum(a.get("duplicated_trajectories", 0) for a in audits),
+        "episodes_ended_as_error": sum(a.get("episodes_ended_as_error", 0) for a in audits),
+    }
+
+
 def write_markdown(report: dict) -> None:
     lines = [
         "# Reliability: load and faults",
@@ -683,6 +699,16 @@ def write_markdown(report: dict) -> None:
                 f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {f['note']} |"
             )
         lines.append("")
+    if report.get("summary", {}).get("fault_runs"):
+        t = report["summary"]
+        lines += [
+            f"Totals over {t['fault_runs']} fault runs: {t['completed']} completed; prompts per step as uninterrupted "
+            f"in {t['same_prompts_as_uninterrupted']}, prompt counts equal in {t['prompt_counts_equal']}, trajectory "
+            f"ids equal in {t['same_trajectory_ids']}; trajectories lost {t['lost_trajectories']}, extra "
+            f"{t['extra_trajectories']}, duplicated {t['duplicated_trajectories']}; episodes ended as error "
+            f"{t['episodes_ended_as_error']}.",
+            "",
+        ]
     if report.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()), ""]
     (RESULTS / "reliability.md").write_text("\n".join(lines) + "\n")
@@ -701,7 +727,18 @@ def main() -> None:
     parser.add_argument(
         "--merge", action="store_true", help="keep the other sections of results/reliability.json"
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite results/reliability.{json,md} from the json; run nothing",
+    )
     args = parser.parse_args()
+    if args.report_only:
+        report = json.loads((RESULTS / "reliability.json").read_text())
+        report["summary"] = summarize(report.get("faults", []))
+        (RESULTS / "reliability.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        write_markdown(report)
+        return
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = (args.model or default_model(work)).resolve()
@@ -725,6 +762,7 @@ def main() -> None:
         report["command"] = f"{earlier['command']}; then {report['command']}"
 
     def save() -> None:
+        report["summary"] = summarize(report["faults"])
         RESULTS.mkdir(exist_ok=True)
         out_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         write_markdown(report)
