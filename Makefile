@@ -25,7 +25,7 @@ system-deps:
 
 ## The main job: the CPU recipe (build a tiny model, SFT warm start, async VCPO RL, eval before/after).
 run: install system-deps
-	$(PY) -m recipes.tiny_tir
+	$(PY) -m examples.tiny_tir
 
 ## The default test suite (what CI runs).
 test: install system-deps

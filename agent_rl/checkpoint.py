@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_rl.learners import Learner
+from agent_rl.learners.api import Learner
 
 HF_CONFIG_FILES = (
     "config.json",

@@ -71,7 +71,7 @@ class RolloutConfig(Strict):
     The engines are given the weights of `fixed_lag` versions ago and sampling is synchronous against
     them, so batch b is sampled entirely by version max(0, b - fixed_lag) on any hardware. The periodic
     eval runs on the engines too, so it measures that lagged policy (`eval/policy_version`); the learner's
-    own policy is the checkpoint's (`agent-rl eval --checkpoint RUN_DIR`, or `recipes.stress.final_eval`)."""
+    own policy is the checkpoint's (`agent-rl eval --checkpoint RUN_DIR`, or `benchmarks.stress.final_eval`)."""
     max_retries: int = Field(3, ge=0)
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
     max_errors: int = Field(20, ge=0)

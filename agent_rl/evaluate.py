@@ -14,7 +14,8 @@ from typing import Any
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, EnvRef, EvalConfig, Recipe, RolloutConfig
 from agent_rl.engines.api import EngineClient
-from agent_rl.rollout import LoopThread, PromptSource, Rollouts
+from agent_rl.loop_thread import LoopThread
+from agent_rl.rollout.workers import PromptSource, Rollouts
 from envs.spec import EnvSpec
 
 

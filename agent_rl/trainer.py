@@ -16,11 +16,12 @@ from pathlib import Path
 from agent_rl import checkpoint, evaluate, placement, rundir
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import Recipe
+from agent_rl.loop_thread import LoopThread
 from agent_rl.metrics import RunWriter
 from agent_rl.monitor import LoopMonitor
-from agent_rl.rollout import LoopThread, PromptSource, Rollouts
-from agent_rl.trajectory_log import TrajectoryLog
-from agent_rl.weight_sync import WeightSync
+from agent_rl.rollout.workers import PromptSource, Rollouts
+from agent_rl.viewer.log import TrajectoryLog
+from agent_rl.weights.publish import WeightSync
 
 
 def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | None = None) -> Path:

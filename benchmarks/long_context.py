@@ -155,7 +155,7 @@ def main() -> None:
     from agent_rl.learners.megatron.model import ParallelConfig
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
-    from agent_rl.tiny import build_model
+    from agent_rl.tools.tiny import build_model
 
     require_megatron()
     with tempfile.TemporaryDirectory() as tmp:

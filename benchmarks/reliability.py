@@ -117,7 +117,7 @@ def forkservers(root: int) -> list[int]:
 
 
 def engine_servers(root: int) -> list[int]:
-    return [p for p in tree(root) if any(a.endswith(b"engines.server") for a in argv(p))]
+    return [p for p in tree(root) if b"agent_rl.engines.embedded.server" in argv(p)]
 
 
 def kill_tree(root: int) -> None:
@@ -610,7 +610,7 @@ def default_model(work: Path) -> Path:
     with contextlib.suppress(FileNotFoundError):
         shutil.copytree(checkpoint.latest(ROOT / "runs" / "tiny_tir" / "rl") / "hf", dest)
         return dest
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     return build_tiny(dest, sample_corpus(), vocab_size=512, seed=0)
 

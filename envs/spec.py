@@ -224,7 +224,7 @@ class AgentConfig(Strict):
     session; it returns the reward (a number) or its final answer (a string, scored by `reward`)."""
     kwargs: dict[str, Any] = {}
     tool_parser: Literal["hermes", "none"] = "hermes"
-    """How the gateway finds tool calls in the model's output (agent_rl/engines/tool_parsers.py)."""
+    """How the gateway finds tool calls in the model's output (agent_rl/openai/tool_parsers.py)."""
 
     @field_validator("import_path")
     @classmethod

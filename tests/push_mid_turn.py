@@ -16,9 +16,9 @@ import pytest
 
 import agent_rl.trainer
 from agent_rl.buffer import RolloutBuffer
-from agent_rl.engines.embedded import EmbeddedEngine
-from agent_rl.engines.scheduler import Scheduler
-from agent_rl.weight_sync import WeightSync
+from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.engines.embedded.scheduler import Scheduler
+from agent_rl.weights.publish import WeightSync
 
 
 def push_mid_turn(mp: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from agent_rl.weight_group import GroupSpec, TensorMeta
+    from agent_rl.weights.group import GroupSpec, TensorMeta
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -101,7 +101,7 @@ class EngineClient(Protocol):
 
 @runtime_checkable
 class WeightGroupMember(Protocol):
-    """An engine (or pool) that receives weights by broadcast from learner rank 0 (agent_rl/weight_group.py)."""
+    """An engine (or pool) that receives weights by broadcast from learner rank 0 (agent_rl/weights/group.py)."""
 
     def host(self) -> str:
         """Host its server listens at: learner rank 0 offers the group on the interface that routes there."""

@@ -5,7 +5,7 @@ Weight updates from in-memory tensors go through a safetensors file in /dev/shm 
 see weights.py), then the server's load-from-path endpoint; the file is removed afterwards. That
 needs the server on the same machine; across machines use a shared path or the distributed update
 (`init_weights_update_group` + `update_weights_from_distributed`: a broadcast from learner rank 0,
-NCCL on GPUs, gloo on CPU; see agent_rl/weight_group.py).
+NCCL on GPUs, gloo on CPU; see agent_rl/weights/group.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 
 from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
-from agent_rl.engines.weights import remove_checkpoint, write_shm_checkpoint
-from agent_rl.weight_group import GroupSpec, TensorMeta
+from agent_rl.weights.group import GroupSpec, TensorMeta
+from agent_rl.weights.tensors import remove_checkpoint, write_shm_checkpoint
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -139,7 +139,7 @@ class SGLangClient(HTTPEngine):
             raise EngineError(f"{self.url}: update_weights_from_disk failed: {r.get('message')}")
         self.version = version
 
-    # ---- distributed weight update (agent_rl/weight_group.py): SGLang endpoints; our server has them too ----
+    # ---- distributed weight update (agent_rl/weights/group.py): SGLang endpoints; our server has them too ----
 
     BEGIN_BODY: dict[str, Any] = {}  # BeginWeightUpdateReqInput (selector defaults to "all")
     END_BODY: dict[str, Any] = {}  # EndWeightUpdateReqInput

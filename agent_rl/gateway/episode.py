@@ -31,7 +31,7 @@ async def run_agent_episode(
     traj: Trajectory,
     buffer: Any,  # agent_rl.buffer.RolloutBuffer (doomed, fork, drop_forks)
     cfg: Any,  # agent_rl.config.RolloutConfig (temperature, top_p, top_k)
-    counters: Any,  # agent_rl.rollout.RolloutCounters
+    counters: Any,  # agent_rl.rollout.workers.RolloutCounters
     *,
     seed: int,
 ) -> bool:

@@ -32,15 +32,14 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_rl.engines import chat
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
-from agent_rl.engines.openai_api import warn_unknown
-from agent_rl.engines.protocol import ChatReq
-from agent_rl.engines.tool_parsers import get_parser
-from agent_rl.engines.web_common import NotFound, errors_to_json, parse
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
 from agent_rl.gateway.record import Call, SessionStats
+from agent_rl.openai import chat
+from agent_rl.openai.errors import NotFound, errors_to_json, parse
+from agent_rl.openai.protocol import ChatReq, warn_unknown
+from agent_rl.openai.tool_parsers import get_parser
 
 log = logging.getLogger(__name__)
 GATEWAY = web.AppKey("gateway", object)
@@ -298,14 +297,14 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     try:
         body = await gw.complete(s, req)
     except SessionOver as e:
-        from agent_rl.engines.web_common import error
+        from agent_rl.openai.errors import error
 
         return error(409, str(e), code="session_over")
     except BadRequest:
         raise
     except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
         s.stats.errors.append(repr(e))
-        from agent_rl.engines.web_common import error
+        from agent_rl.openai.errors import error
 
         return error(502, f"session {s.id}: engine failed: {e!r}")
     if not req.stream:

@@ -19,16 +19,16 @@ import torch
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
-from agent_rl.trajectory_log import TrainedRow, trained_rows
+from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.types import Group
 from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
     from agent_rl.config import Recipe
-    from agent_rl.learners import Learner
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
-    from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
+    from agent_rl.learners.api import Learner
+    from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
 # vcpo.StepMetrics field -> logged name (everything the step reports is logged).

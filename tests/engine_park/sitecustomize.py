@@ -1,7 +1,7 @@
 """Park embedded engine *server processes* mid-turn, for tests/push_mid_turn.py::push_mid_turn_servers.
 
 Python imports this module at the start of every process that has this folder on PYTHONPATH. It acts only in
-an `agent_rl.engines.server` process started with AGENT_RL_TEST_PARK=PATH: while the file PATH exists
+an `agent_rl.engines.embedded.server` process started with AGENT_RL_TEST_PARK=PATH: while the file PATH exists
 (the learner is not waiting for groups), the engine takes no step once a running request has sampled a
 token (commands such as pause still run), so every weight push finds turns in flight. A watcher thread
 wakes the engine when the file goes away. Only the order of engine steps is constrained.
@@ -11,11 +11,11 @@ import os
 import sys
 
 _PARK = os.environ.get("AGENT_RL_TEST_PARK")
-if _PARK and "agent_rl.engines.server" in getattr(sys, "orig_argv", ()):
+if _PARK and "agent_rl.engines.embedded.server" in getattr(sys, "orig_argv", ()):
     import threading
 
-    from agent_rl.engines.embedded import EmbeddedEngine
-    from agent_rl.engines.scheduler import Scheduler
+    from agent_rl.engines.embedded.engine import EmbeddedEngine
+    from agent_rl.engines.embedded.scheduler import Scheduler
 
     _engines: list = []
     _has_work = Scheduler.has_work

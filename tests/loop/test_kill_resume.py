@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from loop_paths import DENSE_ENV, HERE, ROOT
 
-from agent_rl.trajectory_log import read_step
+from agent_rl.viewer.log import read_step
 
 STEPS = 6
 

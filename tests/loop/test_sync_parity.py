@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 import envs
 from agent_rl import checkpoint
 from agent_rl.engines.api import SamplingParams
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.learners import build as build_learner
-from agent_rl.rollout import _seed
+from agent_rl.rollout.workers import _seed
 from agent_rl.trainer import train
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from agent_rl.engines.api import BadRequest
-from agent_rl.rollout import LoopThread
-from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
-from agent_rl.weight_sync import WeightSync
+from agent_rl.loop_thread import LoopThread
+from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
+from agent_rl.weights.publish import WeightSync
 
 
 class FakeLearnerWeights:

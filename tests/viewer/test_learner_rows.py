@@ -121,7 +121,7 @@ def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Pa
 def test_megatron_tp2_sp_rows_equal_the_torch_learners(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core not installed: pip install 'agent-rl[dev]'")
     from agent_rl.learners.megatron import build_megatron_learner
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     # vocabulary and heads divisible by tp=2, as Megatron needs
     model_dir = build_tiny(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent_rl.config import Recipe
-    from agent_rl.learners import Learner
+    from agent_rl.learners.api import Learner
 
 INSTALL_HINT = "pip install 'agent-rl[gpu]' (or: pip install megatron-core)"
 
