@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -15,13 +16,31 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)
 
 
 async def wait_for_tokens(engine: EmbeddedEngine, rid: str, n: int) -> None:
-    """Poll until request `rid` has produced at least n tokens (it is still running)."""
-    for _ in range(10_000):
-        running = {r.rid: len(r.tokens) for r in list(engine.scheduler.running)}
-        if running.get(rid, 0) >= n:
-            return
+    """Park the engine once request `rid` has produced n tokens, and wait for that. Parked, the engine takes
+    no step (commands such as pause and abort still run) until `rid` leaves it, so the test's next pause,
+    abort or cancel finds it in flight with exactly n tokens, however fast or loaded the machine is."""
+    sched = engine.scheduler
+    has_work = type(sched).has_work
+
+    def reached() -> bool:
+        return any(r.rid == rid and len(r.tokens) >= n for r in list(sched.running))
+
+    hit = []
+
+    def parked_has_work() -> bool:  # engine thread
+        if reached():
+            hit.append(True)
+            return False
+        if hit:  # `rid` left the engine: unpark for good
+            sched.__dict__.pop("has_work", None)
+        return has_work(sched)
+
+    sched.has_work = parked_has_work  # type: ignore[method-assign]
+    deadline = time.monotonic() + 600  # a guard for a hung test, not a speed limit
+    while not reached():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{rid} never reached {n} tokens")
         await asyncio.sleep(0.001)
-    raise TimeoutError(f"{rid} never reached {n} tokens")
 
 
 async def test_paused_and_resumed_greedy_generation_is_token_identical_to_uninterrupted(engine):
@@ -163,9 +182,8 @@ async def test_cancelled_caller_frees_its_slot(engine):
     )
     await wait_for_tokens(engine, "c", 2)
     task.cancel()
-    for _ in range(500):
-        if engine.load == 0:
-            break
+    deadline = time.monotonic() + 600  # a guard for a hung test, not a speed limit
+    while engine.load and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert engine.load == 0
 

@@ -178,7 +178,7 @@ async def test_take_sees_a_group_that_completes_right_after_it_starts_waiting() 
     _sample(t, 0)
     _finish(t, 1.0)
     buf.finish(t)  # the last report, in the same loop turn
-    (g,) = await asyncio.wait_for(waiter, 2)
+    (g,) = await asyncio.wait_for(waiter, 600)
     assert g.group_id == gid
 
 
@@ -240,7 +240,7 @@ async def test_take_waits_for_a_whole_group_and_raises_when_rollouts_fail() -> N
     _sample(t1, 0)
     _finish(t1, 0.0)
     buf.finish(t1)
-    (g,) = await asyncio.wait_for(waiter, 1)
+    (g,) = await asyncio.wait_for(waiter, 600)
     assert len(g.trajectories) == 2
     buf.fail(RuntimeError("engine gone"))
     with pytest.raises(BufferClosed, match="engine gone"):

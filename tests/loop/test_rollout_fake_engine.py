@@ -79,7 +79,7 @@ async def test_aborted_turn_continues_with_remaining_budget_and_keeps_token_vers
     engine = FakeEngine(abort_first_after=2)
     r = _rollouts(engine)
     r.start()
-    (group,) = await asyncio.wait_for(r.buffer.take(1), 5)
+    (group,) = await asyncio.wait_for(r.buffer.take(1), 600)
     await r.stop()
     versions = sorted(t.flatten().versions for t in group.trajectories)
     # one member was interrupted after 2 tokens at version 0 and continued at version 1
@@ -92,7 +92,7 @@ async def test_aborted_turn_continues_with_remaining_budget_and_keeps_token_vers
 async def test_engine_failure_is_retried_a_bounded_number_of_times_and_counted() -> None:
     r = _rollouts(FakeEngine(fail_times=1))
     r.start()
-    (group,) = await asyncio.wait_for(r.buffer.take(1), 5)
+    (group,) = await asyncio.wait_for(r.buffer.take(1), 600)
     await r.stop()
     assert r.counters.engine_retries == 1 and r.counters.errors == 0
     assert all(t.finish_reason == FinishReason.ANSWER for t in group.trajectories)
@@ -101,10 +101,8 @@ async def test_engine_failure_is_retried_a_bounded_number_of_times_and_counted()
 async def test_dead_engine_ends_episodes_with_error_never_reward_zero() -> None:
     r = _rollouts(FakeEngine(fail_times=10**6), retries=1)
     r.start()
-    for _ in range(200):
+    while not r.buffer.counters.dropped_error:  # an event; the suite's hang guard bounds it
         await asyncio.sleep(0.05)
-        if r.buffer.counters.dropped_error:
-            break
     await r.stop()
     assert r.counters.errors >= 2 and r.counters.engine_retries >= 2
     assert r.buffer.counters.dropped_error >= 1 and r.buffer.counters.delivered_groups == 0
@@ -127,7 +125,7 @@ async def test_restored_partial_episode_continues_where_the_checkpoint_left_it()
     resumed = _rollouts(engine, k=8)
     resumed.buffer.load_state(state)
     resumed.start()
-    (group,) = await asyncio.wait_for(resumed.buffer.take(1), 5)
+    (group,) = await asyncio.wait_for(resumed.buffer.take(1), 600)
     await resumed.stop()
     a, b = group.trajectories
     assert a.flatten().versions[3:9] == [1, 1, 3, 3, 3, 3]  # 4 more tokens, the rest of the budget
