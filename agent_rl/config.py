@@ -76,6 +76,11 @@ class RolloutConfig(Strict):
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
     max_errors: int = Field(20, ge=0)
     """Episodes ending in an infrastructure error tolerated per run before training stops with the last error."""
+    constrained_logprobs: Literal["unmasked", "masked"] = "unmasked"
+    """Agent calls under a constraint (response_format, tool_choice): the behaviour log-prob the learner gets.
+    unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
+    the mask is part of the environment); masked: that of the masked distribution sampled from (the weights
+    then carry each token's mask log-normaliser). README, "Constrained decoding"."""
 
 
 class BufferConfig(Strict):

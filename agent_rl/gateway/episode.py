@@ -46,7 +46,7 @@ async def run_agent_episode(
         forks.append(buffer.fork(traj, len(forks) + 1))
         return forks[-1]
 
-    asm = Assembler(traj, fork)
+    asm = Assembler(traj, fork, cfg.constrained_logprobs)
     runs_at_call: list[int] = []
 
     def on_call(call: Call) -> None:
@@ -80,8 +80,10 @@ async def run_agent_episode(
         if session.stats.errors:
             raise AgentEpisodeError(f"episode {traj.uid}: engine failed: {session.stats.errors[-1]}") from e
         if session.over is None:
+            counters.agent_errors += 1
+            why = f" after a 4xx ({session.stats.client_errors[-1]})" if session.stats.client_errors else ""
             raise AgentEpisodeError(
-                f"episode {traj.uid}: agent {env.spec.agent.import_path} raised {e!r}; fix the agent"
+                f"episode {traj.uid}: agent {env.spec.agent.import_path} raised {e!r}{why}; fix the agent"
             ) from e
         finish = FinishReason.LENGTH  # the budget ran out and the agent did not handle the 409
     finally:

@@ -33,11 +33,12 @@ from typing import Any
 from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
+from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
 from agent_rl.gateway.record import Call, SessionStats
-from agent_rl.openai import chat
-from agent_rl.openai.errors import NotFound, errors_to_json, parse
+from agent_rl.openai import chat, structured
+from agent_rl.openai.errors import NotFound, error, errors_to_json, parse
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 from agent_rl.openai.tool_parsers import get_parser
 
@@ -47,6 +48,10 @@ GATEWAY = web.AppKey("gateway", object)
 
 class SessionOver(RuntimeError):
     """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engines failed a call after retries (answered 502; never the agent's fault)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,10 @@ class Gateway:
         max_retries: int = 3,
     ):
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
-        self.parser = get_parser(tool_parser)
+        self.parser, self.parser_name = get_parser(tool_parser), tool_parser
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
+        # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
+        self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
         self.sessions: dict[str, Session] = {}
         self.url: str | None = None
@@ -162,16 +169,16 @@ class Gateway:
     # -- one chat completion --------------------------------------------------------------
     async def complete(self, s: Session, req: ChatReq) -> dict:
         s.check()
-        if req.top_logprobs:
-            raise ValueError(
-                "top_logprobs is not available through the gateway (it records the sampled tokens')"
-            )
+        structure = structured.for_chat(req, self.parser_name)
         if s.limits.max_calls is not None and s.stats.calls >= s.limits.max_calls:
             s.over = f"call budget spent ({s.limits.max_calls} chat completions per episode)"
             raise SessionOver(f"session {s.id}: {s.over}")
         messages = chat.template_messages(req.messages)
         tools = chat.template_tools(req.tools)
         ids, extended = self.builder.build(messages, tools, req.chat_template_kwargs, s.answered)
+        if len(ids) >= self.max_seq_len:
+            s.over = f"context full (prompt {len(ids)} tokens, context {self.max_seq_len})"
+            chat.check_context(len(ids), self.max_seq_len)
         budget = [self.max_seq_len - len(ids)]
         if req.max_tokens is not None:
             budget.append(req.max_tokens)
@@ -186,15 +193,25 @@ class Gateway:
         s.stats.calls += 1
         s.stats.extended += int(extended)
         s.stats.rerendered += int(not extended)
-        base = req.to_params(min(budget))
+        base = replace(
+            req.to_params(min(budget)),
+            constraint=structure.constraint,
+            stop=stop_tuple(req.stop) + structure.stop,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
         if s.sampling is not None:
             base = replace(
                 base, temperature=s.sampling.temperature, top_p=s.sampling.top_p, top_k=s.sampling.top_k
             )
         t0 = time.monotonic()
-        calls = await asyncio.gather(
-            *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
-        )
+        try:
+            calls = await asyncio.gather(
+                *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
+            )
+        except (SessionOver, BadRequest):
+            raise
+        except Exception as e:  # engines down after retries
+            raise EngineFailed(f"session {s.id}: engine failed: {e!r}") from e
         parser = self.parser if req.parse_tools else None
         stops = chat_stops(req)
         keys = tuple(message_key(m) for m in messages)
@@ -205,7 +222,11 @@ class Gateway:
             text = self.tok.decode(list(c.token_ids), skip_special_tokens=req.skip_special_tokens)
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
-            lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
+            lps = (
+                chat.logprob_content(self.tok, c.token_ids, c.logprobs, c.top_logprobs)
+                if req.logprobs
+                else None
+            )
             ch = chat.choice(i, text, c.finish_reason, parser, lps)
             s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
@@ -231,25 +252,46 @@ class Gateway:
         toks: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
+        unmasked: list[float] = []
+        tops: list = []
         aborts, finish = 0, "length"
+        c = params.constraint
         while True:
             s.check()
             room = min(params.max_new_tokens - len(toks), self.max_seq_len - len(ids) - len(toks))
             if room < 1:
                 finish = "length"
                 break
-            seed = _seed(s.seed, rid, len(toks))
+            p = replace(params, max_new_tokens=room, seed=_seed(s.seed, rid, len(toks)))
+            if c is not None and toks:  # the grammar resumes after the tokens already sampled
+                p = replace(p, constraint=replace(c, resume_ids=tuple(toks)))
             gen = await self._generate(
-                ids + toks, replace(params, max_new_tokens=room, seed=seed), f"{rid}.{len(toks)}"
+                ids + toks, p, f"{rid}.{len(toks)}" + (f"r{aborts}" if aborts and not toks else "")
             )
+            if gen.finish_reason == "abort" and c is not None and not self.resumes_constraints:
+                toks, lps, vers, unmasked, tops = [], [], [], [], []  # restart: this engine cannot resume
+                aborts += 1
+                continue
             toks += gen.token_ids
             lps += gen.logprobs
             vers += gen.versions
+            unmasked += gen.unmasked_logprobs or []
+            tops += gen.top_logprobs or []
             finish = gen.finish_reason
             if finish != "abort":
                 break
             aborts += 1
-        return Call(tuple(ids), tuple(toks), tuple(lps), tuple(vers), finish, aborts, extended)
+        return Call(
+            tuple(ids),
+            tuple(toks),
+            tuple(lps),
+            tuple(vers),
+            finish,
+            aborts,
+            extended,
+            unmasked_logprobs=tuple(unmasked) if c is not None else None,
+            top_logprobs=tuple(tuple(t) for t in tops) if params.top_logprobs else None,
+        )
 
     async def _generate(self, ids: list[int], params: SamplingParams, rid: str):
         for attempt in range(self.max_retries + 1):
@@ -292,21 +334,18 @@ async def _models(request: web.Request) -> web.Response:
 async def _chat(request: web.Request) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY]
     s = gw.session(request.match_info["sid"])
-    req = await parse(request, ChatReq)
-    warn_unknown(req, "gateway /v1/chat/completions")
     try:
+        req = await parse(request, ChatReq)
+        warn_unknown(req, "gateway /v1/chat/completions")
         body = await gw.complete(s, req)
     except SessionOver as e:
-        from agent_rl.openai.errors import error
-
         return error(409, str(e), code="session_over")
-    except BadRequest:
+    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
+        s.stats.errors.append(str(e))
+        return error(502, str(e))
+    except Exception as e:  # the request's own fault (4xx through the middleware); never an engine failure
+        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
         raise
-    except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(repr(e))
-        from agent_rl.openai.errors import error
-
-        return error(502, f"session {s.id}: engine failed: {e!r}")
     if not req.stream:
         return web.json_response(body)
     # Streaming: the response is sent when complete (continuations across weight updates are hidden),

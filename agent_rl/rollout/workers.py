@@ -96,6 +96,9 @@ class RolloutCounters:
         0  # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
     )
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
+    agent_errors: int = (
+        0  # of `errors`: the agent raised (its own bug or a 4xx it did not handle), not an engine
+    )
 
 
 class Rollouts:
@@ -362,6 +365,7 @@ class Rollouts:
                 "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
                 "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
                 "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
+                "rollout/agent_errors": c.agent_errors,
             }
             if c.agent_calls
             else {}
