@@ -13,9 +13,8 @@ recorded as a `Call` (prompt ids, sampled ids, behaviour log-probs, versions). W
 aborts a request mid-way, the gateway sends the continuation (prompt + tokens so far, remaining
 budget) and the agent sees one ordinary response whose tokens carry the versions that sampled them.
 
-External agents (another process or language) use the same routes: `POST /sessions` opens a session
-and answers its `base_url`; `POST /sessions/{id}/close` closes it and answers the assembled
-trajectories as JSON (token ids, loss mask, log-probs, versions).
+Agents in another process or language open sessions over HTTP, or claim a training run's tasks
+(external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
-from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
 from agent_rl.gateway.record import Call, SessionStats
 from agent_rl.openai import chat, structured
@@ -108,6 +106,12 @@ class Gateway:
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
         self.sessions: dict[str, Session] = {}
+        from agent_rl.gateway.external import Board
+
+        self.board = Board()  # tasks of `type: external` envs, claimed over HTTP (external.py)
+        self.record_path: str | None = (
+            None  # `agent-rl gateway --record`: closed sessions appended as JSON lines
+        )
         self.url: str | None = None
         self.engine_retries = 0
         self._runner: web.AppRunner | None = None
@@ -118,8 +122,9 @@ class Gateway:
         app[GATEWAY] = self
         app.router.add_get("/sessions/{sid}/v1/models", _models)
         app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
-        app.router.add_post("/sessions", _open)
-        app.router.add_post("/sessions/{sid}/close", _close)
+        from agent_rl.gateway.external import add_session_routes
+
+        add_session_routes(app, GATEWAY)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -379,35 +384,3 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
-
-
-async def _open(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    raw = await request.read()
-    data = json.loads(raw) if raw.strip() else {}
-    sid = data.get("session_id") or uuid.uuid4().hex
-    gw.open(sid, seed=int(data.get("seed", 0)))
-    return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})
-
-
-async def _close(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    sid = request.match_info["sid"]
-    gw.session(sid)
-    s = gw.close_session(sid)
-    trajectories, splits = assemble(s.calls, uid=sid, group_id=sid)
-    out = []
-    for t in trajectories:
-        flat = t.flatten()
-        out.append(
-            {
-                "uid": t.uid,
-                "input_ids": flat.input_ids,
-                "loss_mask": flat.loss_mask,
-                "logprobs": flat.behavior_logprobs,
-                "versions": flat.versions,
-            }
-        )
-    return web.json_response(
-        {"session_id": sid, "calls": s.stats.calls, "splits": splits, "trajectories": out}
-    )

@@ -279,15 +279,19 @@ class Rollouts:
         from agent_rl.gateway.server import Gateway
 
         if self._gateway is None:
+            ext = env.spec.external
             gw = Gateway(
                 self.engine,
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
-                tool_parser=env.spec.agent.tool_parser,
+                tool_parser=env.tool_parser,
                 max_retries=self.cfg.max_retries,
+                **({"host": ext.host, "port": ext.port} if ext is not None else {}),
             )
             self._gateway = gw
             await gw.start()
+            if ext is not None:
+                print(f"external agents: claim tasks at POST {gw.url}/tasks/claim", flush=True)
         while self._gateway.url is None:  # another episode is starting it
             await asyncio.sleep(0.01)
         try:
