@@ -117,9 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser(
-        "validate", help="check recipe or environment YAML files (file:line:field errors)"
-    )
+    v = sub.add_parser("validate", help="check recipe or environment YAML files (file:line:field errors)")
     v.add_argument("files", nargs="+", type=Path)
     v.add_argument(
         "--skip-model",
