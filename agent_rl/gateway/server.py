@@ -35,7 +35,7 @@ from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
 from agent_rl.gateway.record import Call, SessionStats
-from agent_rl.openai import chat, structured
+from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, error, errors_to_json, parse
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 from agent_rl.openai.tool_parsers import get_parser
@@ -106,6 +106,7 @@ class Gateway:
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
         self.sessions: dict[str, Session] = {}
+        self.response_stores: dict[str, responses.Store] = {}  # previous_response_id, per session
         from agent_rl.gateway.external import Board
 
         self.board = Board()  # tasks of `type: external` envs, claimed over HTTP (external.py)
@@ -122,6 +123,7 @@ class Gateway:
         app[GATEWAY] = self
         app.router.add_get("/sessions/{sid}/v1/models", _models)
         app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
+        app.router.add_post("/sessions/{sid}/v1/responses", _responses)
         from agent_rl.gateway.external import add_session_routes
 
         add_session_routes(app, GATEWAY)
@@ -161,6 +163,7 @@ class Gateway:
         return s
 
     def close_session(self, sid: str) -> Session:
+        self.response_stores.pop(sid, None)
         s = self.sessions.pop(sid)
         s.closed = True
         return s
@@ -336,21 +339,48 @@ async def _models(request: web.Request) -> web.Response:
     )
 
 
-async def _chat(request: web.Request) -> web.StreamResponse:
-    gw: Gateway = request.app[GATEWAY]
-    s = gw.session(request.match_info["sid"])
+async def _guarded(s: Session, run):
+    """Run a request of session `s`: 409 when the session is over, 502 (counted as an engine failure) when the
+    engines failed; anything else is the request's own fault (a 4xx through the middleware, counted as such)."""
     try:
-        req = await parse(request, ChatReq)
-        warn_unknown(req, "gateway /v1/chat/completions")
-        body = await gw.complete(s, req)
+        return await run()
     except SessionOver as e:
         return error(409, str(e), code="session_over")
     except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
         s.stats.errors.append(str(e))
         return error(502, str(e))
-    except Exception as e:  # the request's own fault (4xx through the middleware); never an engine failure
+    except Exception as e:
         s.stats.client_errors.append(f"{type(e).__name__}: {e}")
         raise
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API within a session (agent_rl/openai/responses.py); recorded like chat calls."""
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+    store = gw.response_stores.setdefault(s.id, responses.Store())
+
+    async def run():
+        req = await parse(request, responses.ResponsesReq)
+        warn_unknown(req, "gateway /v1/responses")
+        return await responses.handle(request, req, store, lambda c: gw.complete(s, c))
+
+    return await _guarded(s, run)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+
+    async def run():
+        req = await parse(request, ChatReq)
+        warn_unknown(req, "gateway /v1/chat/completions")
+        return req, await gw.complete(s, req)
+
+    out = await _guarded(s, run)
+    if isinstance(out, web.StreamResponse):
+        return out
+    req, body = out
     if not req.stream:
         return web.json_response(body)
     # Streaming: the response is sent when complete (continuations across weight updates are hidden),

@@ -34,7 +34,7 @@ from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, trim_stop
-from agent_rl.openai import chat, structured
+from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, parse
 from agent_rl.openai.protocol import ChatReq, CompletionReq, OpenAISampling, warn_unknown
 from agent_rl.openai.tool_parsers import ParsedOutput, get_parser
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 SERVED_NAME = web.AppKey("served_model_name", str)
 TOOL_PARSER = web.AppKey("tool_parser", str)
+RESPONSES = web.AppKey("responses", responses.Store)
 
 
 def model_names(app: web.Application) -> set[str]:
@@ -132,6 +133,19 @@ def _completion_logprobs(tok, out: Output, req: CompletionReq) -> dict:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await parse(request, ChatReq)
     warn_unknown(req, "/v1/chat/completions")
+    return await _chat(request, req)
+
+
+async def responses_route(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API, translated to and from chat (agent_rl/openai/responses.py)."""
+    req = await parse(request, responses.ResponsesReq)
+    warn_unknown(req, "/v1/responses")
+    return await responses.handle(
+        request, req, request.app[RESPONSES], lambda c: _chat(request, c, as_dict=True)
+    )
+
+
+async def _chat(request: web.Request, req: ChatReq, as_dict: bool = False):
     model = check_model(request, req)
     engine = request.app[ENGINE]
     tok = engine.scheduler.tokenizer
@@ -178,7 +192,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "choices": choices,
         "usage": chat.usage(outs[0].prompt_tokens, sum(len(o.generation.token_ids) for o in outs)),
     }
-    return web.json_response(body)
+    return body if as_dict else web.json_response(body)
 
 
 def params(
@@ -395,3 +409,5 @@ def add_openai_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses_route)
+    app[RESPONSES] = responses.Store()
