@@ -44,7 +44,12 @@ async def test_function_call_round_trip_and_previous_response_id(fronts, front, 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_streamed_response_events_end_with_the_completed_response(fronts, front):
     c = client(fronts, front)
-    events = [e async for e in await c.responses.create(model="policy", input=QUESTION, tools=RESPONSE_TOOLS, temperature=0, stream=True)]
+    events = [
+        e
+        async for e in await c.responses.create(
+            model="policy", input=QUESTION, tools=RESPONSE_TOOLS, temperature=0, stream=True
+        )
+    ]
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
     assert "response.function_call_arguments.done" in kinds
