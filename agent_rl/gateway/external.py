@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent_rl.engines.api import SamplingParams
 from agent_rl.gateway.assemble import assemble
+from agent_rl.gateway.record import SessionLimits
 from agent_rl.openai.errors import error, parse
 
 
@@ -156,8 +157,6 @@ def add_session_routes(app: web.Application, key: web.AppKey) -> None:
         gw = request.app[key]
         body = await parse(request, OpenBody)
         sid = body.session_id or uuid.uuid4().hex
-        from agent_rl.gateway.server import SessionLimits
-
         sampling = None if body.sampling is None else SamplingParams(**body.sampling.model_dump())
         gw.open(sid, seed=body.seed, sampling=sampling, limits=SessionLimits(**body.limits.model_dump()))
         return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})

@@ -43,3 +43,12 @@ class SessionStats:
     gen_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)  # engine failures (502): infrastructure
     client_errors: list[str] = field(default_factory=list)  # requests answered 4xx: the agent's mistakes
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Budgets of one episode; None = no limit beyond the engine's context."""
+
+    max_calls: int | None = None  # chat completion requests
+    max_tokens_per_call: int | None = None
+    max_sampled_tokens: int | None = None  # all calls together

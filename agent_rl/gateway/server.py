@@ -34,7 +34,7 @@ from aiohttp import web
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
-from agent_rl.gateway.record import Call, SessionStats
+from agent_rl.gateway.record import Call, SessionLimits, SessionStats
 from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, error, errors_to_json, parse
 from agent_rl.openai.protocol import ChatReq, warn_unknown
@@ -50,15 +50,6 @@ class SessionOver(RuntimeError):
 
 class EngineFailed(RuntimeError):
     """The engines failed a call after retries (answered 502; never the agent's fault)."""
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    """Budgets of one episode; None = no limit beyond the engine's context."""
-
-    max_calls: int | None = None  # chat completion requests
-    max_tokens_per_call: int | None = None
-    max_sampled_tokens: int | None = None  # all calls together
 
 
 @dataclass
