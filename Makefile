@@ -37,7 +37,7 @@ test: install system-deps
 test-latest: system-deps
 	@test -x .venv-latest/bin/python || python3 -m venv .venv-latest
 	.venv-latest/bin/python -m pip install -q --upgrade pip
-	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager $(TORCH) -e '.[dev]'
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager $(TORCH) -e '.[dev,structured,frameworks]'
 	@mkdir -p runs && .venv-latest/bin/python -m pip freeze --exclude-editable > runs/test-latest-freeze.txt
 	@.venv-latest/bin/python scripts/lock_drift.py $(LOCK) runs/test-latest-freeze.txt
 	.venv-latest/bin/ruff check .
