@@ -70,6 +70,7 @@ bench: install system-deps
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/topology.py
 	$(PY) benchmarks/trajectory_log_bench.py
+	$(PY) benchmarks/constrained_is.py
 
 lint: install
 	.venv/bin/ruff check .
