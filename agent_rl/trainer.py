@@ -65,7 +65,9 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             start, lagged = state.step, state.lagged_weights
             checkpoint.truncate_logs(run_dir, start)
         engines = loop.call(
-            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+            placement.start_engines(
+                plan, recipe.engines, recipe.model, seed=recipe.train.seed, lora=recipe.learner.lora
+            )
         )
         sync = WeightSync(
             engines.client,

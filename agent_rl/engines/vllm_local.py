@@ -46,11 +46,13 @@ def launch_vllm(
     dtype: str = "float32",
     seed: int | None = None,
     logprobs_mode: str | None = None,
+    lora_rank: int | None = None,
     timeout_s: float = 420.0,
 ) -> VLLMServerHandle:
     """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, eager; `cores` pins it.
     logprobs_mode "processed_logprobs": log-probs of the distribution sampled from (after temperature,
-    top-p/k), as our engines report them (vLLM's default is the raw model log-softmax)."""
+    top-p/k), as our engines report them (vLLM's default is the raw model log-softmax). `lora_rank`: serve
+    LoRA adapters up to that rank, loaded at run time through /v1/load_lora_adapter (learner.lora)."""
     python = venv / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(
@@ -69,6 +71,9 @@ def launch_vllm(
     if logprobs_mode:
         cmd += ["--logprobs-mode", logprobs_mode]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if lora_rank is not None:
+        cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(lora_rank)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     log = Path(tempfile.mkstemp(prefix="agent_rl_vllm_", suffix=".log")[1])

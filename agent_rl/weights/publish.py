@@ -2,7 +2,8 @@
 
 mode "memory": tensors handed over (in-process, or /dev/shm for local servers); "disk": a
 safetensors directory; "nccl": a torch.distributed broadcast from learner rank 0 (NCCL on GPUs,
-gloo on CPU) into the engines' processes (weight_broadcast.py).
+gloo on CPU) into the engines' processes (weight_broadcast.py). A LoRA learner ships its adapter
+alone (memory: tensors; disk: a PEFT directory), which the engines load (weights/adapters.py).
 
 Requests aborted by the pause return what they sampled so far and are continued by the
 rollout workers after the resume, so a sync throws nothing away. `lag` implements the
@@ -11,6 +12,7 @@ rollout workers after the resume, so a sync throws nothing away. `lag` implement
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import deque
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 from agent_rl.engines.api import EngineClient
 from agent_rl.learners.api import Learner
 from agent_rl.loop_thread import LoopThread
+from agent_rl.weights.adapters import Adapter, loader
 from agent_rl.weights.broadcast import WeightBroadcast
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ class WeightSync:
             scratch,
         )
         self.engine_version: int | None = None
+        self._adapter_dir: Path | None = None  # disk + LoRA: the directory of the adapter the engines hold
         self.history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
 
     def push(self, learner: Learner) -> float:
@@ -72,7 +76,8 @@ class WeightSync:
                 self.loop.call(self.engine.resume())
             self.engine_version = version
             return time.monotonic() - t0
-        tensors = learner.hf_state_dict()
+        lora = learner.adapter()  # LoRA: only the adapter's tensors travel
+        tensors = lora.tensors if lora is not None else learner.hf_state_dict()
         if self.lag:
             if not self.history or self.history[-1][0] != version:  # a resumed run re-pushes its last version
                 self.history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
@@ -80,7 +85,9 @@ class WeightSync:
             version, tensors = next((v, t) for v, t in self.history if v >= target)
         if version == self.engine_version:
             return 0.0
-        self.loop.call(self._update(version, tensors))
+        if lora is not None:
+            lora = Adapter(tensors, lora.rank, lora.alpha, lora.target_modules)
+        self.loop.call(self._update(version, tensors, lora))
         self.engine_version = version
         return time.monotonic() - t0
 
@@ -89,10 +96,19 @@ class WeightSync:
         if self.broadcast is not None:
             self.broadcast.close()
 
-    async def _update(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    async def _update(self, version: int, tensors: dict[str, torch.Tensor], lora: Adapter | None) -> None:
         await self.engine.pause()
         try:
-            if self.mode == "memory":
+            if lora is not None:
+                if self.mode == "memory":
+                    await loader(self.engine).load_adapter(version=version, adapter=lora)
+                else:
+                    path = lora.save(self.scratch / f"v{version:06d}")
+                    await loader(self.engine).load_adapter(version=version, path=str(path))
+                    if self._adapter_dir is not None:  # the engines hold the new one now
+                        shutil.rmtree(self._adapter_dir, ignore_errors=True)
+                    self._adapter_dir = path
+            elif self.mode == "memory":
                 await self.engine.update_weights(version=version, tensors=tensors)
             else:
                 from safetensors.torch import save_file

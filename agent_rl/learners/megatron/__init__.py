@@ -52,4 +52,6 @@ def build_megatron_learner(
         temperature=recipe.rollout.temperature,
         pack=lc.pack_sequences is not False,
     )
-    return MegatronLearner(spec, in_process=in_process, rank_cores=rank_cores)
+    return MegatronLearner(
+        spec, in_process=in_process, rank_cores=rank_cores, mismatch_threshold=lc.mismatch_threshold
+    )
