@@ -128,3 +128,38 @@ def test_embedded_engine_follows_every_adapter_push_exactly(tiny_model_dir: Path
         assert all(torch.equal(p, base_params[k]) for k, p in engine.scheduler.model.named_parameters())
     finally:
         asyncio.run(engine.close())
+
+
+def test_adapter_over_http_sglang_endpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SGLangClient against `agent-rl serve`: /load_lora_adapter by path, /update_weight_version, lora_path on
+    /generate; the served log-probs are the learner's, and a request naming another adapter is refused."""
+    from agent_rl.engines.api import BadRequest
+    from agent_rl.engines.launch import launch_embedded
+
+    learner = _lora_learner(tiny_model_dir)
+    learner.step(make_groups(tiny_model_dir, n_groups=2, n=2))
+    adapter = learner.adapter()
+    assert adapter is not None
+    server = launch_embedded(str(tiny_model_dir), max_batch=2, max_seq_len=128, threads=1)
+    client = server.client()
+    prompt = [5, 17, 42, 7]
+
+    async def run() -> tuple[list[int], list[float], list[int]]:
+        await client.load_adapter(version=1, path=str(adapter.save(tmp_path / "v1")))
+        await client.load_adapter(
+            version=2, adapter=adapter
+        )  # in memory: a PEFT dir in /dev/shm, then unload v1
+        sp = SamplingParams(max_new_tokens=8, seed=3, ignore_eos=True)
+        out = await client.generate(prompt, sp, request_id="a")
+        client.lora_name = "someone-else"
+        with pytest.raises(BadRequest, match="not the loaded adapter"):
+            await client.generate(prompt, sp, request_id="b")
+        await client.close()
+        return out.token_ids, out.logprobs, out.versions
+
+    try:
+        tokens, lps, versions = asyncio.run(run())
+    finally:
+        server.stop()
+    assert versions == [2] * len(tokens)
+    assert lps == pytest.approx(_learner_logprobs(learner, prompt, tokens), abs=2e-5)
