@@ -40,3 +40,13 @@ def test_a_publisher_that_drops_the_adapter_shows_as_mismatch(smoke_recipe, monk
     records = read_metrics(train(smoke_recipe(*LORA)))
     assert records[0]["rollout/logprob_mismatch_max"] < 1e-4  # version 0: base weights on both sides
     assert max(r["rollout/logprob_mismatch_max"] for r in records[1:]) > 1e-3
+
+
+def test_lora_in_the_production_topology_ships_adapters_by_disk(smoke_recipe) -> None:
+    """Engine server and learner in processes of their own: the adapter goes as a PEFT directory through
+    /load_lora_adapter + /update_weight_version, and the served log-probs still equal the learner's."""
+    recipe = smoke_recipe(*LORA, "placement.topology=processes", "engines.weight_sync=disk", "train.steps=3")
+    records = read_metrics(train(recipe))
+    assert len(records) == 3
+    for r in records:
+        assert r["rollout/logprob_mismatch_tokens"] > 0 and r["rollout/logprob_mismatch_max"] < 1e-4, r
