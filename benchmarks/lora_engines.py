@@ -35,7 +35,11 @@ def random_adapter(model_dir: Path, rank: int, seed: int = 0):
     from agent_rl.weights.adapters import PREFIX, Adapter
 
     c = AutoConfig.from_pretrained(model_dir)
-    h, inter, d = c.hidden_size, c.intermediate_size, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    h, inter, d = (
+        c.hidden_size,
+        c.intermediate_size,
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+    )
     shapes = {
         "self_attn.q_proj": (c.num_attention_heads * d, h), "self_attn.k_proj": (c.num_key_value_heads * d, h),
         "self_attn.v_proj": (c.num_key_value_heads * d, h), "self_attn.o_proj": (h, c.num_attention_heads * d),
@@ -78,7 +82,10 @@ async def run(args: argparse.Namespace) -> dict:
         logprobs_mode="processed_logprobs",
     )  # fmt: skip
     vllm = VLLMClient(server.url)
-    res: dict[str, dict[str, list[float]]] = {"embedded": {"tok_s": [], "push_s": []}, "vllm": {"tok_s": [], "push_s": []}}
+    res: dict[str, dict[str, list[float]]] = {
+        "embedded": {"tok_s": [], "push_s": []},
+        "vllm": {"tok_s": [], "push_s": []},
+    }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.repeats + 1):  # round 0 warms both up (untimed)

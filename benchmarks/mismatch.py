@@ -86,7 +86,7 @@ def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int
         t = Trajectory(uid=f"t{i}", group_id=f"g{i % 2}", prompt_ids=prompts[i % 2], reward=float(i % 3 == 0))
         t.append_sampled(o.token_ids, o.logprobs, 0)
         groups[i % 2].append(t)
-    learner = build_learner(recipe)
+    learner = build_learner(recipe.learner_spec)
     try:
         m = learner.step([Group(f"g{k}", v) for k, v in groups.items()])
     finally:

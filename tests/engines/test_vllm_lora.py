@@ -28,7 +28,11 @@ def _vllm_fields(cls: str) -> set[str]:
     src = site / "vllm" / "entrypoints" / "serve" / "lora" / "protocol.py"
     for node in ast.walk(ast.parse(src.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == cls:
-            return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            return {
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
     raise AssertionError(f"{src}: {cls} not found")
 
 
@@ -36,7 +40,13 @@ def _vllm_fields(cls: str) -> set[str]:
 def vllm_lora_url(tiny_model_dir):
     if not (VENV / "bin" / "python").exists():
         pytest.skip(f"{VENV / 'bin' / 'python'} not found: run scripts/setup_vllm_cpu.sh first")
-    server = launch_vllm(tiny_model_dir, venv=VENV, max_model_len=512, lora_rank=LORA["rank"], logprobs_mode="processed_logprobs")
+    server = launch_vllm(
+        tiny_model_dir,
+        venv=VENV,
+        max_model_len=512,
+        lora_rank=LORA["rank"],
+        logprobs_mode="processed_logprobs",
+    )
     try:
         yield server.url
     finally:
@@ -55,7 +65,7 @@ async def test_vllm_follows_every_adapter_push(vllm_lora_url, tiny_model_dir, tm
     from agent_rl.learners.torch_learner import build_learner
     from vcpo.logprobs import logprobs_of
 
-    learner = build_learner(recipe_for(tiny_model_dir, learner={"lora": LORA, "lr": 1e-2}))
+    learner = build_learner(recipe_for(tiny_model_dir, learner={"lora": LORA, "lr": 1e-2}).learner_spec)
     client = VLLMClient(vllm_lora_url)
     prompt, seen = [5, 6, 7, 8, 9], []
     sp = SamplingParams(max_new_tokens=12, seed=1, ignore_eos=True)

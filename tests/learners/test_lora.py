@@ -20,7 +20,9 @@ LORA = {"rank": 4, "alpha": 8.0}
 
 
 def _lora_learner(model_dir: Path, **algorithm) -> TorchLearner:
-    return build_learner(recipe_for(model_dir, learner={"lora": LORA}, algorithm=algorithm or None))  # type: ignore[return-value]
+    return build_learner(
+        recipe_for(model_dir, learner={"lora": LORA}, algorithm=algorithm or None).learner_spec
+    )  # type: ignore[return-value]
 
 
 def _state(learner: TorchLearner) -> dict[str, torch.Tensor]:

@@ -22,7 +22,7 @@ def test_tiny_qwen3_trains_one_step_and_its_export_reloads(
     from transformers import AutoModelForCausalLM
 
     model_dir = random_model("qwen3", tmp_path / "qwen3", tiny_model_dir)
-    learner = build_learner(recipe_for(model_dir, learner={"lora": lora}))
+    learner = build_learner(recipe_for(model_dir, learner={"lora": lora}).learner_spec)
     assert (
         type(learner._local.model.get_base_model() if lora else learner._local.model).__name__
         == "Qwen3ForCausalLM"

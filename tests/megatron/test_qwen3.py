@@ -44,10 +44,12 @@ def test_qwen3_megatron_step_equals_torch_learner(qwen3_dir, layout):
     from agent_rl.learners.torch_learner import build_learner
 
     groups = make_groups(qwen3_dir, 0)
-    ref_learner = build_learner(recipe(qwen3_dir))
+    ref_learner = build_learner(recipe(qwen3_dir).learner_spec)
     ref = dict(ref_learner.step(groups))
     ref_w = ref_learner.hf_state_dict()
-    learner = build_megatron_learner(recipe(qwen3_dir, backend="megatron", **layout), in_process=False)
+    learner = build_megatron_learner(
+        recipe(qwen3_dir, backend="megatron", **layout).learner_spec, in_process=False
+    )
     try:
         got = dict(learner.step(groups))
         got_w = learner.hf_state_dict()
