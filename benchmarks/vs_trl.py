@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -236,7 +237,7 @@ def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, tr
     chosen, seen = {}, {}
     for name, configs in cands.items():
         for c in configs:
-            d = work / "tune" / f"{c.name}_{c.label}".replace(" ", "_").replace(",", "").replace("=", "")
+            d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
             log(f"tune {name}: {c.label}")
             run = train(c, 0, model, d, steps, steps, trl_py)
             times = sorted(r["step_seconds"] for r in step_records(run)[1:])
@@ -292,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     cands = candidates()
     if args.tune_steps:
         tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
-    else:  # the measured choice of the last full run (README), without the tuning pass
-        tuned = {"chosen": {n: c[0] for n, c in cands.items()}, "s_per_step": {}}
+    else:  # without the tuning pass: what it chose on 2026-11-25 (README), not measured again
+        chosen = {
+            "agent-rl k=0": cands["agent-rl k=0"][0],
+            f"agent-rl k={K_ASYNC}": cands[f"agent-rl k={K_ASYNC}"][1],
+        }
+        tuned = {"chosen": chosen | {"trl": cands["trl"][1]}, "s_per_step": {}}
     trl = tuned["chosen"]["trl"]
     cells = [
         tuned["chosen"]["agent-rl k=0"],

@@ -23,3 +23,4 @@ import torch, transformers, trl
 assert "+cu" not in torch.__version__, f"a CUDA torch was installed ({torch.__version__}): reinstall torch==2.13.0"
 print("trl", trl.__version__, "transformers", transformers.__version__, "torch", torch.__version__)
 PY
+touch "$VENV/.installed"
