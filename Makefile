@@ -9,7 +9,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH) -e '.[dev]'
+	$(PY) -m pip install -q $(TORCH) -e '.[dev,structured,frameworks]'
 	@rm -f .venv/.installed-* && touch $@
 
 system-deps:
@@ -17,7 +17,7 @@ system-deps:
 
 ## The main job: the CPU recipe (build a tiny model, SFT warm start, async VCPO RL, eval before/after).
 run: install system-deps
-	$(PY) -m recipes.tiny_tir
+	$(PY) -m examples.tiny_tir
 
 ## The default test suite (what CI runs).
 test: install system-deps

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _validate(args: argparse.Namespace) -> int:
-    """Check each file as what its top-level keys say it is: a recipe, an env, or a study config."""
+    """Check each file as what its top-level keys say it is: a recipe or an env."""
     from agent_rl import errors
     from envs.yamlio import ConfigError
 
@@ -26,55 +26,49 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _check_file(path: Path, *, check_model: bool) -> str:
-    from envs.yamlio import ConfigError, load_model, read_yaml
+    import envs
+    from envs.yamlio import ConfigError, read_yaml
 
     data, _ = read_yaml(path)
     kind = file_kind(data)
+    if kind is None:
+        keys = sorted(data) if isinstance(data, dict) else []
+        raise ConfigError(
+            [
+                f"{path}:1: <root>: neither a recipe nor an env (top-level keys {keys}); a recipe has model:, "
+                "envs:, train:; an env has data:, prompt:, reward: (a staleness-study file is checked by "
+                "`python -m benchmarks.stress.grid --check FILE`)"
+            ]
+        )
     if kind == "recipe":
-        import envs
         from agent_rl.config import load_recipe
 
         recipe = load_recipe(path, check_model=check_model)
         for env_path in (recipe.envs.train, *recipe.envs.eval):
             envs.load(env_path)
-    elif kind == "env":
-        import envs
-
-        envs.load(path)
     else:
-        try:
-            from recipes.stress.study import StudyConfig
-        except ImportError:
-            raise ConfigError(
-                [f"{path}:1: <root>: a staleness-study config; check it from a checkout (recipes/stress)"]
-            ) from None
-        load_model(path, StudyConfig)
+        envs.load(path)
     return kind
 
 
-# Top-level keys that only one kind of file has (both recipes and envs have `name`).
-KIND_KEYS: dict[str, frozenset[str]] = {
-    "recipe": frozenset(
-        {"model", "engines", "envs", "rollout", "buffer", "train", "learner", "algorithm", "logging"}
-        | {"checkpoint", "eval", "placement"}
-    ),
-    "env": frozenset({"data", "prompt", "tool", "turns", "sandbox", "reward", "group_size", "agent"}),
-    "study": frozenset(
-        {"reference_lr", "seeds", "steps", "eval_every", "opob_mode", "workers", "out", "blocks"}
-    ),
-}
-
-
-def file_kind(data: object) -> str:
-    """recipe, env or study: the schema whose own top-level keys the file uses most (ties: recipe, then env).
+def file_kind(data: object) -> str | None:
+    """recipe or env: the schema whose own top-level fields the file uses most (ties: recipe); None when no
+    schema claims at least half of the file's keys.
 
     A recipe missing `train:` is still a recipe (it has `model:`, `envs:`...), so its error is the missing section."""
+    from agent_rl.config import Recipe
+    from envs.spec import EnvSpec
+
     keys = set(data) if isinstance(data, dict) else set()
-    return max(KIND_KEYS, key=lambda k: (len(keys & KIND_KEYS[k]), -list(KIND_KEYS).index(k)))
+    own = {"recipe": set(Recipe.model_fields) - set(EnvSpec.model_fields)}
+    own["env"] = set(EnvSpec.model_fields) - set(Recipe.model_fields)
+    score = {kind: len(keys & fields) for kind, fields in own.items()}
+    best = max(score, key=lambda k: (score[k], k == "recipe"))
+    return best if score[best] and 2 * score[best] >= len(keys) else None
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from agent_rl.plot import plot_run
+    from agent_rl.viewer.plot import plot_run
 
     for run_dir in args.run_dirs:
         print(plot_run(run_dir))
@@ -89,26 +83,31 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "train a recipe: async RL with VCPO (--resume, --set, --dry-run)",
     ),
     "eval": ("agent_rl.evaluate", "main_eval", "evaluate a checkpoint on a recipe's eval split"),
-    "sft": ("agent_rl.sft", "main", "supervised fine-tuning on a jsonl data set"),
+    "sft": ("agent_rl.tools.sft", "main", "supervised fine-tuning on a jsonl data set"),
     "serve": (
-        "agent_rl.engines.server",
+        "agent_rl.engines.embedded.server",
         "main",
         "serve a model with the embedded engine (SGLang + OpenAI APIs)",
     ),
+    "gateway": (
+        "agent_rl.gateway.standalone",
+        "main",
+        "recording OpenAI gateway in front of running engines, for agents in any process",
+    ),
     "sandbox": ("sandboxes.cli", "main", "sandbox service (serve) and Docker image (build-image)"),
     "prepare": (
-        "agent_rl.pretrained",
+        "agent_rl.tools.pretrained",
         "main",
         "write an offline pretrained model as a HF directory (smollm2)",
     ),
-    "tiny-model": ("agent_rl.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
+    "tiny-model": ("agent_rl.tools.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
     "view": (
         "agent_rl.viewer",
         "main",
         "write a run's recorded trajectories as a self-contained HTML viewer",
     ),
     "data": (
-        "agent_rl.data_pull",
+        "agent_rl.tools.data_pull",
         "main",
         "data pull [NAME...]: download the GPU recipes' data sets (checked)",
     ),
@@ -123,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser(
-        "validate", help="check recipe, environment or study YAML files (file:line:field errors)"
-    )
+    v = sub.add_parser("validate", help="check recipe or environment YAML files (file:line:field errors)")
     v.add_argument("files", nargs="+", type=Path)
     v.add_argument(
         "--skip-model",

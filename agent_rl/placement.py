@@ -181,7 +181,7 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
     """One embedded engine runs in this process (weights handed over in memory); several run as
     HTTP server processes behind an EnginePool (least-loaded, sticky, routes around a dead one);
     sglang/vllm are external servers at `eng.urls`. Must run on the rollout event loop."""
-    from agent_rl.engines.embedded import EmbeddedEngine
+    from agent_rl.engines.embedded.engine import EmbeddedEngine
 
     if eng.type == "embedded" and eng.count == 1 and p.cores is None:
         client = EmbeddedEngine(

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
 ENV = ROOT / "envs" / "tiny_chain.yaml"
-# Warm start: as the main job (recipes/tiny_tir.py), on tiny_chain's teacher.
+# Warm start: as the main job (examples/tiny_tir.py), on tiny_chain's teacher.
 SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE = 3000, 3000, 0.3
 SFT = dict(epochs=4, lr=2e-3, batch_size=16, max_len=320, warmup_steps=10)
 MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
@@ -108,10 +108,10 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
     sft_dir = work / "sft"
     if (sft_dir / "config.json").is_file():
         return sft_dir
-    from agent_rl.sft import run_sft
-    from agent_rl.tiny import build_tiny
-    from envs.tiny_arith import sft_row
+    from agent_rl.tools.sft import run_sft
+    from agent_rl.tools.tiny import build_tiny
     from envs.tiny_chain import corpus, teacher_traces
+    from examples.pipeline import sft_row
 
     base = work / "base"
     if not (base / "config.json").is_file():

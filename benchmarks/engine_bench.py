@@ -84,7 +84,7 @@ async def engine_generate(engine, batch: list[tuple[list[int], int]], tag: str) 
 async def run(model_dir: Path, repeats: int, vllm_venv: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from agent_rl.engines.embedded import EmbeddedEngine
+    from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.launch import launch_embedded
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -249,7 +249,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model_dir = args.model_dir
     if model_dir is None:
-        from agent_rl.tiny import build_tiny, sample_corpus
+        from agent_rl.tools.tiny import build_tiny, sample_corpus
 
         model_dir = build_tiny(
             Path(tempfile.mkdtemp(prefix="engine_bench_")), sample_corpus(), vocab_size=512, seed=0

@@ -41,7 +41,7 @@ async def _bounded(n: int, concurrency: int, fn) -> float:
 async def bench_episodes(episodes: int, concurrency: int, rounds: int) -> dict:
     import envs
     import sandboxes
-    from agent_rl.tiny import train_tokenizer
+    from agent_rl.tools.tiny import train_tokenizer
     from envs import tiny_arith
 
     tok = train_tokenizer(tiny_arith.corpus(), vocab_size=512)
@@ -85,7 +85,7 @@ async def bench_episodes(episodes: int, concurrency: int, rounds: int) -> dict:
 def bench_env_cpu(n: int) -> dict:
     """Microseconds per call of the env's own work (no sandbox): make, reset, observation encode, turn parse."""
     import envs
-    from agent_rl.tiny import train_tokenizer
+    from agent_rl.tools.tiny import train_tokenizer
     from envs import tiny_arith
     from envs.tir import parse_turn
 

@@ -28,7 +28,7 @@ import torch
 
 from agent_rl.batch import collate
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
-from agent_rl.tiny import build_tiny, sample_corpus
+from agent_rl.tools.tiny import build_tiny, sample_corpus
 from agent_rl.types import Group, Trajectory
 from vcpo import PolicyBatch, StepConfig
 

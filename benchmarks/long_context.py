@@ -155,7 +155,7 @@ def main() -> None:
     from agent_rl.learners.megatron.model import ParallelConfig
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
-    from agent_rl.tiny import build_model
+    from agent_rl.tools.tiny import build_model
 
     require_megatron()
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +172,7 @@ def main() -> None:
             "learner": {"backend": "megatron", "lr": 1e-5},
             "algorithm": {"loss": "vcpo", "advantage": "grpo"},
         })  # fmt: skip
-        rs = rank_spec(recipe)
+        rs = rank_spec(recipe.learner_spec)
         layouts = {
             "tp1": ParallelConfig(tp=1),
             "tp2": ParallelConfig(tp=2),

@@ -156,7 +156,7 @@ def main() -> None:
     from agent_rl.learners.megatron.model import ParallelConfig
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
-    from agent_rl.tiny import build_model
+    from agent_rl.tools.tiny import build_model
 
     require_megatron()
     load_at_start = os.getloadavg()
@@ -177,7 +177,7 @@ def main() -> None:
             "learner": {"backend": "megatron", "lr": 1e-5, "micro_batch_size": len(lengths)},
             "algorithm": {"loss": "vcpo", "advantage": "grpo"},
         })  # fmt: skip
-        rs = rank_spec(recipe)
+        rs = rank_spec(recipe.learner_spec)
         for name, par in layouts.items():
             results[name] = {}
             for mode in ("padded", "packed"):

@@ -567,7 +567,7 @@ def default_model(work: Path) -> Path:
     with contextlib.suppress(FileNotFoundError):
         shutil.copytree(checkpoint.latest(ROOT / "runs" / "tiny_tir" / "rl") / "hf", dest)
         return dest
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     return build_tiny(dest, sample_corpus(), vocab_size=512, seed=0)
 

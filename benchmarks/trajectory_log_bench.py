@@ -168,7 +168,7 @@ def main() -> int:
     args = p.parse_args()
     if not (WARM / "config.json").is_file():
         print(
-            f"{WARM} not found: run `make run` (or python -m recipes.tiny_tir) first for the warm start",
+            f"{WARM} not found: run `make run` (or python -m examples.tiny_tir) first for the warm start",
             file=sys.stderr,
         )
         return 2

@@ -76,9 +76,6 @@ def expression(task: Task) -> str:
     return task.problem.removeprefix("What is ").removesuffix("?")
 
 
-FENCE = "```"  # the tool branch's first token
-
-
 @dataclass(frozen=True)
 class Segment:
     """A piece of a trace: text the model writes, or raw tool output the environment wraps in its template."""
@@ -100,22 +97,6 @@ class Trace:
         for s in self.segments:
             parts.append(s.text if s.kind == "model" else observation_template.replace("{output}", s.text))
         return "".join(parts)
-
-
-def sft_row(trace: Trace, train_first_token: bool = True) -> dict:
-    """A teacher trace as an `agent-rl sft` row: model pieces trained, tool output as context only.
-
-    train_first_token=False makes the opening fence context too (a drill: the row teaches what follows
-    the decision to use the tool, not the decision)."""
-    pieces: list[dict] = []
-    for s in trace.segments:
-        if s.kind == "observation":
-            pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
-        elif not pieces and not train_first_token and s.text.startswith(FENCE):
-            pieces += [{"text": FENCE, "train": False}, {"text": s.text[len(FENCE) :], "train": True}]
-        else:
-            pieces.append({"text": s.text, "train": True})
-    return {"prompt": trace.prompt, "response": pieces}
 
 
 def guess(value: int, rng: random.Random) -> int:

@@ -12,7 +12,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Qwen2ForCausalLM (hidden 128, untied embeddings) and its BPE tokenizer, saved to disk."""
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     return build_tiny(tmp_path_factory.mktemp("tiny_model"), sample_corpus(), vocab_size=512, seed=0)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import data_pull
 from agent_rl.cli import main
 from agent_rl.errors import EXIT_USER
+from agent_rl.tools import data_pull
 
 
 @pytest.fixture

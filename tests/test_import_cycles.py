@@ -112,3 +112,29 @@ def test_no_import_cycles_in_agent_rl_envs_sandboxes_vcpo():
         "modules that import each other (untie them: a lower module both use, or a parameter):\n"
         + "\n".join(" <-> ".join(c) for c in cycles)
     )
+
+
+def test_the_core_packages_never_import_recipes_benchmarks_or_examples():
+    """Imports point down: the framework is used by studies, benchmarks and examples, never the reverse."""
+    outside = ("recipes", "benchmarks", "examples")
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    modules = {_module_name(p) for p in files} | set(outside)
+    bad = sorted(
+        f"{_module_name(p)} -> {m}"
+        for p in files
+        for m in _imports(p, modules | {f"{o}.x" for o in outside})
+        if m.split(".")[0] in outside
+    )
+    assert not bad, "core modules importing studies/benchmarks/examples:\n" + "\n".join(bad)
+
+
+def test_light_modules_load_neither_torch_nor_aiohttp():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agent_rl.engines.api, vcpo.monitor, agent_rl.config, agent_rl.types; "
+        "print(sorted(m for m in ('torch', 'aiohttp') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"

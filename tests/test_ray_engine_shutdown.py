@@ -13,7 +13,7 @@ import pytest
 from agent_rl import placement
 from agent_rl.config import load_recipe
 from agent_rl.engines.api import SamplingParams
-from agent_rl.rollout import LoopThread
+from agent_rl.loop_thread import LoopThread
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

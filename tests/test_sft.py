@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent_rl.metrics import read_metrics
-from agent_rl.sft import SftDataError, load_examples, main, run_sft, token_loss_sum
+from agent_rl.tools.sft import SftDataError, load_examples, main, run_sft, token_loss_sum
 
 
 def _write(path: Path, rows: list) -> Path:
@@ -39,7 +39,7 @@ def _rows(n: int = 24) -> list[dict]:
 def _mean_loss(model_dir: Path, data: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent_rl.sft import _pad
+    from agent_rl.tools.sft import _pad
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

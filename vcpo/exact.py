@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from vcpo.advantages import STD_EPS
 from vcpo.baseline import opob_baseline
 from vcpo.batch import PolicyBatch
+from vcpo.importance import sequence_log_weights
 from vcpo.losses import kl_k3_sum
-from vcpo.weights import sequence_log_weights
 
 LogprobFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
 GradSqFn = Callable[[list[Tensor]], float]  # ‖g‖² of this rank's gradient pieces (all-reduce over TP shards)

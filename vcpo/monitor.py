@@ -14,9 +14,10 @@ numbers once per step and warns when they have looked unhealthy for most of a re
 
 One step's spike is noise at these batch sizes (tests/vcpo/test_monitor.py: healthy noise stays
 quiet); a run of them is the pattern. Thresholds and window are data, not constants of nature:
-`recipes/stress/monitor_eval.py` chooses them on calibration runs of the staleness study and
+`benchmarks/stress/monitor_eval.py` chooses them on calibration runs of the staleness study and
 reports precision, recall and lead time on separate evaluation runs
-(benchmarks/results/stress/monitor.md). Depends on numpy only (any trainer can feed it floats).
+(benchmarks/results/stress/monitor.md). Depends on the standard library only (any trainer can feed it floats); the batch form over whole
+runs is the study's (benchmarks/stress/signals.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -130,34 +129,3 @@ class CollapseMonitor:
         """Forget the window (after a rollback: the restored weights start clean); keep the reference."""
         self._recent.clear()
         self.first_warning = None
-
-
-def unhealthy_steps(
-    th: MonitorThresholds,
-    ess_ratio: np.ndarray,
-    grad_norm: np.ndarray,
-    is_weight_max: np.ndarray,
-    kl: np.ndarray,
-) -> np.ndarray:
-    """Batch form of the unhealthy-step rule over [..., steps] arrays (the same rule as `CollapseMonitor`)."""
-    signals = np.stack([ess_ratio, grad_norm, is_weight_max, kl])
-    bad = ~np.isfinite(signals).all(axis=0)
-    bad |= ess_ratio < th.ess_floor
-    finite_grads = np.where(np.isfinite(grad_norm), grad_norm, np.nan)
-    ref = np.nanmedian(finite_grads[..., : th.warmup], axis=-1, keepdims=True)
-    after_warmup = np.arange(grad_norm.shape[-1]) >= th.warmup
-    with np.errstate(invalid="ignore"):
-        bad |= after_warmup & (grad_norm > th.grad_spike * ref)
-        bad |= kl > th.kl_ceiling
-        bad |= is_weight_max > th.is_weight_ceiling
-    return bad
-
-
-def first_warning_index(th: MonitorThresholds, unhealthy: np.ndarray) -> np.ndarray:
-    """Per row of a [..., steps] unhealthy mask: index of the first step that warns, or -1."""
-    counts = np.cumsum(unhealthy, axis=-1)
-    shifted = np.concatenate([np.zeros_like(counts[..., : th.window]), counts[..., : -th.window]], axis=-1)[
-        ..., : counts.shape[-1]
-    ]
-    warns = (counts - shifted) >= th.min_unhealthy
-    return np.where(warns.any(axis=-1), warns.argmax(axis=-1), -1)

@@ -24,9 +24,9 @@ from vcpo.baseline import opob_baseline
 from vcpo.batch import PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
 from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
+from vcpo.importance import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.losses import LossInputs, get_loss, kl_k3_sum, loss_kwargs
-from vcpo.weights import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
 ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm

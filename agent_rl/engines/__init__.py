@@ -1,33 +1,8 @@
-"""Inference engines behind one interface (api.EngineClient): the embedded CPU engine, SGLang, vLLM, pools.
+"""Inference engines behind one interface (`api.EngineClient`): token ids in; token ids, log-probs and
+policy versions out. Imports nothing heavy, so `agent_rl.engines.api` costs no torch or aiohttp.
 
-engine = launch_embedded(model_dir).client()        # or SGLangClient(url) / VLLMClient(url)
-gen = await engine.generate(prompt_ids, SamplingParams(temperature=1.0), request_id="traj-1/turn-0")
-gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason
+api.py         EngineClient, SamplingParams, Generation, errors (stdlib only)
+client.py      SGLangClient / VLLMClient (HTTP);  pool.py  EnginePool (least-loaded, sticky, failover)
+protocol.py    SGLang's native request bodies;    launch.py / vllm_local.py  start local servers
+embedded/      our CPU inference engine and its HTTP server (`agent-rl serve`)
 """
-
-from agent_rl.engines.api import (
-    BadRequest,
-    EngineClient,
-    EngineError,
-    EngineUnavailable,
-    Generation,
-    SamplingParams,
-)
-from agent_rl.engines.client import SGLangClient, VLLMClient
-from agent_rl.engines.embedded import EmbeddedEngine
-from agent_rl.engines.launch import launch_embedded
-from agent_rl.engines.pool import EnginePool
-
-__all__ = [
-    "BadRequest",
-    "EmbeddedEngine",
-    "EngineClient",
-    "EngineError",
-    "EnginePool",
-    "EngineUnavailable",
-    "Generation",
-    "SGLangClient",
-    "SamplingParams",
-    "VLLMClient",
-    "launch_embedded",
-]

@@ -61,7 +61,7 @@ def launch_server(
     log_path: str | Path | None = None,
 ) -> EmbeddedServerHandle:
     cmd = [
-        sys.executable, "-m", "agent_rl.engines.server", str(model_dir),
+        sys.executable, "-m", "agent_rl.engines.embedded.server", str(model_dir),
         "--host", host, "--port", str(port), "--max-batch", str(max_batch),
         "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed), "--threads", str(threads),
         "--exit-with-parent",
@@ -114,7 +114,7 @@ def launch_embedded(
     threads: int = 0,
     cores: tuple[int, ...] | None = None,
 ) -> EmbeddedServerHandle:
-    """Start `python -m agent_rl.engines.server MODEL_DIR ...` in a subprocess and wait until /health answers.
+    """Start `python -m agent_rl.engines.embedded.server MODEL_DIR ...` in a subprocess and wait until /health answers.
 
     threads: torch CPU threads of the server process (0 = torch's default); cores: pin it to these cores.
     """

@@ -31,7 +31,7 @@ from agent_rl.engines.api import (
     SamplingParams,
     WeightGroupMember,
 )
-from agent_rl.weight_group import GroupSpec, TensorMeta
+from agent_rl.weights.group import GroupSpec, TensorMeta
 
 log = logging.getLogger(__name__)
 MAX_STICKY = 100_000  # trajectory keys remembered (LRU)

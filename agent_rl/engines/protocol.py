@@ -1,10 +1,9 @@
-"""Request bodies of the HTTP API, as pydantic models that reject unknown fields and wrong types.
+"""Request bodies of SGLang's native HTTP API, as pydantic models that reject unknown fields and wrong types.
 
 Field names follow SGLang (`GenerateReqInput`, its `sampling_params`, `AbortReq`,
 `PauseGenerationReqInput`, `UpdateWeightFromDiskReqInput`, `InitWeightsUpdateGroupReqInput`,
 `UpdateWeightsFromDistributedReqInput`, `Begin/EndWeightUpdateReqInput` in
-sglang/srt/managers/io_struct.py) and OpenAI (+ vLLM's extensions `top_k`, `stop_token_ids`, `ignore_eos`,
-`include_stop_str_in_output`, `return_tokens_as_token_ids`). Options the embedded engine cannot
+sglang/srt/managers/io_struct.py); OpenAI's bodies are in agent_rl/openai/protocol.py. Options the embedded engine cannot
 honour are accepted only at their neutral value, so a request never silently means something else.
 """
 
@@ -14,21 +13,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import Constraint, SamplingParams
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _neutral(model: BaseModel, **neutral) -> None:
+def require_neutral(model: BaseModel, **neutral) -> None:
     for name, value in neutral.items():
         got = getattr(model, name)
         if got != value:
             raise ValueError(f"{name}={got!r} is not supported by the embedded engine (only {value!r})")
 
 
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
     return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
 
 
@@ -53,10 +52,15 @@ class SGLangSampling(Strict):
     no_stop_trim: bool = False
     sampling_seed: int | None = None
     n: int = 1
+    # structured output (at most one), compiled by xgrammar in the engine (embedded/constrained.py)
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @model_validator(mode="after")
     def _supported(self):
-        _neutral(
+        require_neutral(
             self,
             min_p=0.0,
             min_new_tokens=0,
@@ -66,6 +70,11 @@ class SGLangSampling(Strict):
         )
         if self.n < 1:
             raise ValueError(f"n={self.n} must be >= 1")
+        given = [
+            k for k in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(self, k) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex, ebnf, structural_tag; got {given}")
         return self
 
     def to_params(self, index: int = 0) -> SamplingParams:
@@ -75,10 +84,18 @@ class SGLangSampling(Strict):
             top_p=self.top_p,
             top_k=self.top_k,
             max_new_tokens=self.max_new_tokens,
-            stop=_stops(self.stop),
+            stop=stop_tuple(self.stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             seed=None if self.sampling_seed is None else self.sampling_seed + index,
             ignore_eos=self.ignore_eos,
+            constraint=next(
+                (
+                    Constraint(k, getattr(self, k))
+                    for k in ("json_schema", "regex", "ebnf", "structural_tag")
+                    if getattr(self, k) is not None
+                ),
+                None,
+            ),
         )
 
 
@@ -102,7 +119,7 @@ class GenerateReq(Strict):
             raise ValueError("give exactly one of text or input_ids (one prompt, or a list of them)")
         if self.top_logprobs_num < 0 or self.top_logprobs_num > 20:
             raise ValueError(f"top_logprobs_num={self.top_logprobs_num} must be in [0, 20]")
-        _neutral(self, logprob_start_len=-1, stream=False)
+        require_neutral(self, logprob_start_len=-1, stream=False)
         return self
 
     @property
@@ -148,7 +165,7 @@ class UpdateFromDiskReq(Strict):
 
 
 class InitWeightsUpdateGroupReq(Strict):
-    """SGLang's InitWeightsUpdateGroupReqInput: join the trainer's weight group (agent_rl/weight_group.py)."""
+    """SGLang's InitWeightsUpdateGroupReqInput: join the trainer's weight group (agent_rl/weights/group.py)."""
 
     master_address: str
     master_port: int = Field(ge=1, le=65535)
@@ -187,7 +204,7 @@ class UpdateWeightsFromDistributedReq(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from agent_rl.weight_group import parse_dtype
+        from agent_rl.weights.group import parse_dtype
 
         n = len(self.names)
         if len(self.dtypes) != n or len(self.shapes) != n:
@@ -204,7 +221,7 @@ class UpdateWeightsFromDistributedReq(Strict):
         bad = [s for s in self.shapes if any(x < 0 for x in s)]
         if bad:
             raise ValueError(f"shapes: negative sizes in {bad[:3]}")
-        _neutral(self, load_format=None)
+        require_neutral(self, load_format=None)
         return self
 
 
@@ -218,192 +235,3 @@ class BeginWeightUpdateReq(Strict):
 
 class EndWeightUpdateReq(Strict):
     pass
-
-
-# ---- OpenAI-compatible ----
-# OpenAI's bodies are lenient: a field we do not know is ignored with one warning per field name
-# (`unknown_fields`), because agents and frameworks send fields of newer API versions. Known
-# options the engine cannot honour (penalties, logit_bias) are still refused unless neutral.
-
-
-class Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
-    """Dotted names of every field the request carried that our models do not declare (nested too)."""
-    out = [f"{where}{k}" for k in (model.model_extra or {})]
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        items = value if isinstance(value, list) else [value]
-        for j, v in enumerate(items):
-            if isinstance(v, BaseModel):
-                sub = f"{where}{name}[{j}]." if isinstance(value, list) else f"{where}{name}."
-                out += [_generic_index(x) for x in unknown_fields(v, sub)]
-    return sorted(set(out))
-
-
-def _generic_index(name: str) -> str:
-    import re
-
-    return re.sub(r"\[\d+\]", "[]", name)  # messages[3].foo -> messages[].foo: one warning per field
-
-
-class StreamOptions(Lenient):
-    include_usage: bool = False
-
-
-class OpenAISampling(Lenient):
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None  # None: 1.0
-    top_p: float | None = None  # None: 1.0
-    n: int = Field(1, ge=1, le=64)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    user: str | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    # vLLM extensions
-    top_k: int = -1
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    return_tokens_as_token_ids: bool = False
-
-    @model_validator(mode="after")
-    def _supported(self):
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError(
-                "presence_penalty/frequency_penalty are not supported by the embedded engine (only 0)"
-            )
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by the embedded engine (only empty)")
-        return self
-
-    def to_params(self, default_max_tokens: int, index: int = 0) -> SamplingParams:
-        """Sampling for choice `index` (n > 1: seed + index, so the choices differ yet are reproducible)."""
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
-            stop=_stops(self.stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            seed=None if self.seed is None else self.seed + index,
-            ignore_eos=self.ignore_eos,
-        )
-
-
-class CompletionReq(OpenAISampling):
-    prompt: str | list[int]
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
-    suffix: str | None = None
-
-    @model_validator(mode="after")
-    def _echo(self):
-        _neutral(self, echo=False, suffix=None)
-        return self
-
-
-class TextPart(Lenient):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(Lenient):
-    name: str
-    arguments: str = "{}"
-
-
-class ToolCall(Lenient):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    reasoning_content: str | None = None  # vLLM/Qwen: the thinking of an earlier assistant turn
-    # sent back by clients that echo the response message; ignored
-    refusal: str | None = None
-    function_call: dict | None = None
-    audio: dict | None = None
-    annotations: list | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_parts_only(cls, data):
-        content = data.get("content") if isinstance(data, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                if kind != "text":
-                    raise ValueError(f"content part of type {kind!r} is not supported (text parts only)")
-        return data
-
-    @model_validator(mode="after")
-    def _roles(self):
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
-        if self.role != "assistant" and self.tool_calls:
-            raise ValueError(f"only assistant messages carry tool_calls (this one is {self.role!r})")
-        return self
-
-    @property
-    def text(self) -> str:
-        """The content as one string (text parts joined; None -> "")."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-
-class FunctionDef(Lenient):
-    name: str
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
-
-
-class ToolDef(Lenient):
-    type: Literal["function"] = "function"
-    function: FunctionDef
-
-
-class ChatReq(OpenAISampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ToolDef] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict | None = None
-    parallel_tool_calls: bool | None = None
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict | None = None
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict | None = None  # vLLM extension: extra variables for the chat template
-
-    @model_validator(mode="after")
-    def _options(self):
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {'type': 'text'} is supported (no constrained decoding)")
-        if self.max_completion_tokens is not None:
-            self.max_tokens = self.max_completion_tokens
-        return self
-
-    @property
-    def parse_tools(self) -> bool:
-        """Parse tool calls out of the output: tools were given and tool_choice is not "none"."""
-        return bool(self.tools) and self.tool_choice != "none"

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rl.engines import chat
+from agent_rl.openai import chat
 
 _SENTINEL = "GATEWAY-ASSISTANT-SENTINEL-9f3c"
 _BASE = [{"role": "user", "content": "GATEWAY-USER-SENTINEL"}, {"role": "assistant", "content": _SENTINEL}]

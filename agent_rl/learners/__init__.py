@@ -1,72 +1,22 @@
-"""Learners: the torch learner (default) and the Megatron learner, behind one protocol."""
+"""Learners behind `api.Learner`: the torch learner (default) and the Megatron learner; `build` picks one.
+Heavy backends are imported only inside `build`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
-    from agent_rl.config import Recipe
-    from agent_rl.trajectory_log import TrainedRow
-    from agent_rl.types import Group
-    from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
+    from agent_rl.config import LearnerSpec
+    from agent_rl.learners.api import Learner
 
 
-class Learner(Protocol):
-    """What the training loop needs from a learner, whatever runs it (torch DDP, Megatron TP/SP/CP)."""
-
-    version: int
-    """Policy version of the current weights; +1 after every optimizer step."""
-
-    def step(self, groups: Sequence[Group]) -> Mapping[str, float]:
-        """One optimizer update on whole groups (the global batch); returns finite metrics."""
-        ...
-
-    def trained_rows(self) -> dict[str, TrainedRow] | None:
-        """The last step's current log-probs, baseline, advantage and weight per trajectory uid (for the
-        trajectory log); None when this backend does not report them."""
-        ...
-
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (gathered) weights under Hugging Face names, for engine weight sync and saving."""
-        ...
-
-    def weight_endpoint(self, toward_host: str) -> Endpoint:
-        """Address (of the interface routing to `toward_host`), free port and backend (nccl with a GPU, else
-        gloo) at which learner rank 0 can host the engines' weight group."""
-        ...
-
-    def join_weight_group(self, spec: GroupSpec) -> TensorMeta:
-        """Rank 0 joins the weight group as its rank 0; blocks until every engine rank has joined. Returns
-        the names (HF), dtypes (the engines' dtype) and shapes every `broadcast_weights` sends, in order."""
-        ...
-
-    def broadcast_weights(self) -> None:
-        """Broadcast the current weights from rank 0 in `join_weight_group`'s order; returns once sent.
-        The engines receive concurrently (`/update_weights_from_distributed` with the same names)."""
-        ...
-
-    def save(self, path: Path) -> None:
-        """Model, optimizer, lr schedule, RNG, version: everything needed to resume."""
-        ...
-
-    def load(self, path: Path) -> None: ...
-
-    def close(self) -> None:
-        """Stop rank processes / actors this learner started."""
-        ...
-
-
-def build(recipe: Recipe, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
-    """The learner `recipe.learner.backend` names; heavy backends are imported only here. `rank_cores`
-    (placement.topology: processes): every rank runs in a process of its own, pinned to its cores."""
-    if recipe.learner.backend == "megatron":
+def build(spec: LearnerSpec, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
+    """The learner `spec.learner.backend` names (`Recipe.learner_spec`); heavy backends are imported only here.
+    `rank_cores` (placement.topology: processes): every rank runs in a process of its own, pinned to its cores."""
+    if spec.learner.backend == "megatron":
         from agent_rl.learners.megatron import build_megatron_learner
 
-        return build_megatron_learner(recipe, rank_cores=rank_cores)
+        return build_megatron_learner(spec, rank_cores=rank_cores)
     from agent_rl.learners.torch_learner import build_learner
 
-    return build_learner(recipe, rank_cores=rank_cores)
+    return build_learner(spec, rank_cores=rank_cores)

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
-from agent_rl import weight_group
 from agent_rl.learners._schedule import build_scheduler
+from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.step import RowResults, Step, StepConfig
@@ -123,7 +123,7 @@ class TorchRank:
         dtype = DTYPES[self.spec.weights_dtype]
         return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
 
-    # -- weight broadcast to the engines (agent_rl/weight_group.py); rank 0 only ---------------
+    # -- weight broadcast to the engines (agent_rl/weights/group.py); rank 0 only ---------------
     def weight_endpoint(self, toward_host: str) -> weight_group.Endpoint:
         """Where this rank can host the weight group: NCCL when it holds a GPU, else gloo."""
         return weight_group.free_endpoint(toward_host, "nccl" if self.device.type == "cuda" else "gloo")

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-from agent_rl.trajectory_log import (
+from agent_rl.viewer.log import (
     RecordedSegment,
     RecordedTrajectory,
     StepRecord,

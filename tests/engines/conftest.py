@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import asyncio
 import torch
 
 from agent_rl.engines.api import SamplingParams
-from agent_rl.engines.embedded import EmbeddedEngine
-from agent_rl.engines.sampling import filtered_logprobs
+from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.engines.embedded.sampling import filtered_logprobs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27], [40]]
 

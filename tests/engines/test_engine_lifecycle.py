@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agent_rl.engines.api import BadRequest, SamplingParams
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 PROMPT = [7, 8, 9, 10, 11, 12, 13]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)

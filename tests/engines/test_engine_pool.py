@@ -10,9 +10,9 @@ from aiohttp import web
 
 from agent_rl.engines.api import EngineUnavailable, Generation, SamplingParams
 from agent_rl.engines.client import SGLangClient
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.engines.embedded.server import build_app
 from agent_rl.engines.pool import EnginePool
-from agent_rl.engines.server import build_app
 
 SP = SamplingParams(max_new_tokens=4, ignore_eos=True)
 

@@ -229,17 +229,17 @@ async def test_bad_request_names_the_param_in_one_line(client):
 async def test_unknown_fields_are_ignored_with_one_warning_per_field(tool_model, caplog):
     from aiohttp import web
 
-    from agent_rl.engines import openai_api
-    from agent_rl.engines.embedded import EmbeddedEngine
-    from agent_rl.engines.server import build_app
+    from agent_rl.engines.embedded.engine import EmbeddedEngine
+    from agent_rl.engines.embedded.server import build_app
+    from agent_rl.openai import protocol
 
     engine = EmbeddedEngine(tool_model, max_batch=4, max_seq_len=256)
     runner = web.AppRunner(build_app(engine, str(tool_model), served_model_name="tiny"))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
-    openai_api._warned.discard("frobnicate")
-    openai_api._warned.discard("messages[].mood")
+    protocol._warned.discard("frobnicate")
+    protocol._warned.discard("messages[].mood")
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "hi", "mood": "happy"}],
@@ -247,7 +247,7 @@ async def test_unknown_fields_are_ignored_with_one_warning_per_field(tool_model,
         "frobnicate": {"x": 1},
     }
     try:
-        with caplog.at_level(logging.WARNING, logger="agent_rl.engines.openai_api"):
+        with caplog.at_level(logging.WARNING, logger="agent_rl.openai.protocol"):
             async with aiohttp.ClientSession() as s:
                 for _ in range(3):
                     async with s.post(url, json=body) as r:

@@ -22,7 +22,7 @@ import pytest
 from agent_rl.engines import protocol
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.client import SGLangClient
-from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
+from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 BASE_REQ = {"rid", "http_worker_ipc"}  # fields every BaseReq carries
 

@@ -17,7 +17,7 @@ import torch
 
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.client import VLLMClient
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.vllm_local import launch_vllm
 
 pytestmark = pytest.mark.vllm

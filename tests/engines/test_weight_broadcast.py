@@ -1,7 +1,7 @@
 """Distributed weight update over gloo: our embedded server receives what the torch learner's rank broadcasts.
 
 The server joins the learner's weight group through SGLang's /init_weights_update_group and
-receives by /update_weights_from_distributed (agent_rl/weight_group.py); the sender is the real
+receives by /update_weights_from_distributed (agent_rl/weights/group.py); the sender is the real
 `TorchRank` (rank 0 of the learner) in this process. NCCL is the same code with GPU tensors.
 """
 
@@ -20,7 +20,7 @@ from agent_rl.engines.api import BadRequest, EngineError, SamplingParams
 from agent_rl.engines.client import SGLangClient
 from agent_rl.engines.launch import EmbeddedServerHandle
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
-from agent_rl.weight_group import GroupSpec, TensorMeta
+from agent_rl.weights.group import GroupSpec, TensorMeta
 from vcpo.step import StepConfig
 
 PROMPT = [20, 21, 22, 23, 24]
@@ -141,7 +141,7 @@ async def test_tensor_the_model_lacks_is_received_then_refused_and_the_group_sti
 
 
 def _send_one(j: Joined, tensor: torch.Tensor) -> None:
-    from agent_rl import weight_group
+    from agent_rl.weights import group as weight_group
 
     assert j.rank._weight_group is not None
     weight_group.send([tensor], *j.rank._weight_group)
@@ -183,9 +183,9 @@ async def test_update_outside_a_weight_update_session_is_refused(joined):
 
 
 async def test_in_process_engine_is_refused_for_broadcast_sync(tiny_model_dir):
-    from agent_rl.engines.embedded import EmbeddedEngine
-    from agent_rl.rollout import LoopThread
-    from agent_rl.weight_broadcast import WeightBroadcast
+    from agent_rl.engines.embedded.engine import EmbeddedEngine
+    from agent_rl.loop_thread import LoopThread
+    from agent_rl.weights.broadcast import WeightBroadcast
 
     loop = LoopThread()
     try:
@@ -207,10 +207,12 @@ def _learner(kind: str, model_dir):
         pytest.importorskip("megatron.core", reason="megatron-core not installed")
         from agent_rl.learners.megatron import build_megatron_learner
 
-        return build_megatron_learner(_recipe(model_dir, backend="megatron", tp=2), in_process=False)
+        return build_megatron_learner(
+            _recipe(model_dir, backend="megatron", tp=2).learner_spec, in_process=False
+        )
     from agent_rl.learners.torch_learner import build_learner
 
-    return build_learner(_recipe(model_dir, dp=2))
+    return build_learner(_recipe(model_dir, dp=2).learner_spec)
 
 
 def _recipe(model_dir, **learner):
@@ -233,7 +235,7 @@ def test_learner_rank0_broadcast_replaces_a_different_engines_weights(kind, tmp_
     from transformers import AutoModelForCausalLM
 
     from agent_rl.engines.launch import launch_embedded
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     learner_dir = build_tiny(tmp_path / "learner", sample_corpus(), seed=0, **TINY)
     engine_dir = build_tiny(tmp_path / "engine", sample_corpus(), seed=1, **TINY)
@@ -295,7 +297,7 @@ class FakeSGLangGroupMember:
 
 async def test_pool_gives_each_fake_sglang_engine_consecutive_ranks_by_tp_size():
     from agent_rl.engines.pool import EnginePool
-    from agent_rl.weight_group import Endpoint
+    from agent_rl.weights.group import Endpoint
 
     engines = [FakeSGLangGroupMember(2), FakeSGLangGroupMember(4), FakeSGLangGroupMember(1)]
     pool = EnginePool(engines)
@@ -307,7 +309,7 @@ async def test_pool_gives_each_fake_sglang_engine_consecutive_ranks_by_tp_size()
 
 async def test_pool_with_a_dead_fake_sglang_engine_refuses_the_broadcast_and_does_not_revive_it():
     from agent_rl.engines.pool import EnginePool
-    from agent_rl.weight_group import Endpoint
+    from agent_rl.weights.group import Endpoint
 
     engines = [FakeSGLangGroupMember(1), FakeSGLangGroupMember(1, healthy=False)]
     pool = EnginePool(engines)

@@ -15,7 +15,7 @@ ENV_DIR = Path(__file__).resolve().parents[2] / "envs"
 @pytest.fixture(scope="session")
 def tok():
     """Tokenizer trained on tiny_arith traces plus generic SimpleTIR text (digits split, chat template set)."""
-    from agent_rl.tiny import sample_corpus, train_tokenizer
+    from agent_rl.tools.tiny import sample_corpus, train_tokenizer
     from envs import tiny_arith
 
     return train_tokenizer(tiny_arith.corpus(400) + sample_corpus(), vocab_size=400)

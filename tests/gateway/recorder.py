@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 
 class Recorder:

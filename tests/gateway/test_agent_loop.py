@@ -14,8 +14,8 @@ from recorder import Recorder
 import envs
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, RolloutConfig
-from agent_rl.engines.embedded import EmbeddedEngine
-from agent_rl.rollout import PromptSource, Rollouts
+from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.rollout.workers import PromptSource, Rollouts
 
 pytest.importorskip("openai")
 DATA = Path(__file__).parent / "data"

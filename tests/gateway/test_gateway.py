@@ -10,7 +10,7 @@ from recorder import Recorder
 from tool_model import CODE, FINAL, TOOLS, conversation
 
 from agent_rl.engines.api import SamplingParams
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.server import Gateway, SessionLimits
 

@@ -7,12 +7,12 @@ import json
 import pytest
 from tool_model import TOOLS
 
-from agent_rl.engines import chat
-from agent_rl.engines.tool_parsers import parse_hermes
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
 from agent_rl.gateway.record import Call
-from agent_rl.gateway.templates import HERMES_TOOLS
+from agent_rl.openai import chat
+from agent_rl.openai.templates import HERMES_TOOLS
+from agent_rl.openai.tool_parsers import parse_hermes
 
 # Like Qwen3: an earlier assistant turn is re-rendered without its <think>...</think> reasoning.
 STRIPS_REASONING = HERMES_TOOLS.replace(

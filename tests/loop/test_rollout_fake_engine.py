@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, RolloutConfig
 from agent_rl.engines.api import Generation, SamplingParams
-from agent_rl.rollout import PromptSource, Rollouts
+from agent_rl.rollout.workers import PromptSource, Rollouts
 from agent_rl.types import FinishReason
 from envs.types import StepInfo, StepResult, Task
 

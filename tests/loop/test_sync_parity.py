@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 import envs
 from agent_rl import checkpoint
 from agent_rl.engines.api import SamplingParams
-from agent_rl.engines.embedded import EmbeddedEngine
+from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.learners import build as build_learner
-from agent_rl.rollout import _seed
+from agent_rl.rollout.workers import _seed
 from agent_rl.trainer import train
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
 
@@ -85,7 +85,7 @@ def test_sync_k0_update_equals_a_plain_generate_then_train_loop(smoke_recipe, tm
     assert [t.num_sampled for g in groups for t in g.trajectories] == record["sampled_tokens"], (
         "same episodes"
     )
-    learner = build_learner(recipe)
+    learner = build_learner(recipe.learner_spec)
     try:
         learner.step(groups)
         plain = learner.hf_state_dict()

@@ -11,8 +11,8 @@ from loop_paths import DENSE_ENV
 from agent_rl import checkpoint
 from agent_rl.evaluate import evaluate
 from agent_rl.metrics import read_metrics
-from agent_rl.plot import STANDARD_CURVES
 from agent_rl.trainer import train
+from agent_rl.viewer.plot import STANDARD_CURVES
 
 TRAIN_KEYS = (
     "vcpo/ess_ratio",

@@ -23,7 +23,7 @@ requires_megatron = [
 
 def build_tiny_dir(out: Path) -> Path:
     """Qwen2, hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 320 (divisible by tp=2), with a tokenizer."""
-    from agent_rl.tiny import build_tiny, sample_corpus
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     return build_tiny(
         out, sample_corpus(), vocab_size=320, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128

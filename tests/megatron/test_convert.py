@@ -7,7 +7,7 @@ import torch
 
 from agent_rl.learners.megatron.convert import hf_to_megatron, megatron_to_hf
 from agent_rl.learners.megatron.shape import shape_from_hf_config
-from agent_rl.tiny import build_model
+from agent_rl.tools.tiny import build_model
 
 
 def _llama(tie: bool):

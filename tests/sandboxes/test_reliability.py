@@ -19,7 +19,7 @@ import sandboxes
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, RolloutConfig
 from agent_rl.engines.api import Generation, SamplingParams
-from agent_rl.rollout import PromptSource, Rollouts
+from agent_rl.rollout.workers import PromptSource, Rollouts
 from agent_rl.types import FinishReason
 from envs.types import StepInfo, StepResult, Task
 from sandboxes import Limits, SandboxError

@@ -8,13 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from vcpo.monitor import (
-    CollapseMonitor,
-    MonitorThresholds,
-    StepSignals,
-    first_warning_index,
-    unhealthy_steps,
-)
+from benchmarks.stress.signals import first_warning_index, unhealthy_steps
+from vcpo.monitor import CollapseMonitor, MonitorThresholds, StepSignals
 
 TH = MonitorThresholds(
     window=10,

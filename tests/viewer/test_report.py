@@ -7,8 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_rl.trajectory_log import RecordedSegment, RecordedTrajectory, TrainedRow, TrajectoryLog, read_step
+from agent_rl.learners.api import TrainedRow
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
+from agent_rl.viewer.log import RecordedSegment, RecordedTrajectory, TrajectoryLog, read_step
 from agent_rl.viewer.report import _inside_fences, build_report, token_texts, trajectory_json
 
 VOCAB = {

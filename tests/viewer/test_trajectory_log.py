@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.trajectory_log import TrainedRow, TrajectoryLog, read_index, read_meta, read_step
+from agent_rl.learners.api import TrainedRow
 from agent_rl.types import FinishReason, Group, Trajectory, TurnInfo
+from agent_rl.viewer.log import TrajectoryLog, read_index, read_meta, read_step
 
 
 def _traj(uid: str, group: str, *, versions: tuple[int, int] = (3, 3), reward: float = 1.0) -> Trajectory:

@@ -15,8 +15,8 @@ from push_mid_turn import push_mid_turn
 
 from agent_rl.config import load_recipe
 from agent_rl.trainer import train
-from agent_rl.trajectory_log import read_index, read_step
 from agent_rl.viewer import main as view_main
+from agent_rl.viewer.log import read_index, read_step
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "viewer"

@@ -17,10 +17,10 @@ import torch
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._dp import RankPool, _free_port, join_rank_group
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
+from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
-from agent_rl.trajectory_log import TrainedRow, trained_rows
 from agent_rl.types import Group
-from agent_rl.weight_group import Endpoint, GroupSpec, TensorMeta
+from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
 def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) -> MegatronRank:

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent_rl import weight_group
 from agent_rl.learners._schedule import build_scheduler
 from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
@@ -25,6 +24,7 @@ from agent_rl.learners.megatron.logprobs import megatron_logprobs
 from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, freeze_padding_row, uses_te_spec
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
 from agent_rl.learners.megatron.step import sharded_step
+from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
 from vcpo.step import RowResults
 
@@ -155,7 +155,7 @@ class MegatronRank:
         dtype = DTYPES[self.spec.rank.weights_dtype]
         return {k: v.to(dtype=dtype, copy=True) for k, v in state.items()}
 
-    # -- weight broadcast to the engines (agent_rl/weight_group.py) -----------------------------------
+    # -- weight broadcast to the engines (agent_rl/weights/group.py) -----------------------------------
     def weight_endpoint(self, toward_host: str) -> weight_group.Endpoint:
         """Global rank 0 only: where it can host the weight group (NCCL on a GPU, else gloo)."""
         return weight_group.free_endpoint(toward_host, "gloo" if self.cpu else "nccl")

@@ -1,0 +1,319 @@
+"""Continuous batching over a fixed set of cache slots: admit, prefill, decode, finish, abort.
+
+`Scheduler` is synchronous and single-threaded: `embedded.EmbeddedEngine` runs it on one thread and
+applies every command (add, abort, pause, weight update) between two `step()` calls, so weights
+change only between decode steps and no lock is needed around the model.
+
+One `step()`: admit waiting requests into free slots (a slot whose cached tokens share a prefix
+with the new prompt is preferred, and only the unshared suffix is prefilled), prefill them in one
+padded forward, then decode one token for every request that was already running.
+
+A weight update normally comes between pause and resume (everything in flight is aborted first).
+If it comes while requests run, they go on under the new weights with the keys/values the old
+weights computed, and their next tokens carry the new version (PipelineRL-style in-flight update).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from agent_rl.engines.api import BadRequest, FinishReason, Generation, SamplingParams
+from agent_rl.engines.embedded import constrained
+from agent_rl.engines.embedded.cache import KVCache
+from agent_rl.engines.embedded.model import load_model
+from agent_rl.engines.embedded.sampling import RowParams, TopList, sample
+from agent_rl.weights.tensors import copy_weights_, read_safetensors_dir
+
+log = logging.getLogger(__name__)
+# Prefill tokens per step (padded), so one burst of long prompts can't stall running decodes for long.
+MAX_PREFILL_TOKENS = 8192
+
+
+@dataclass
+class Output:
+    """A finished request: the Generation plus what the HTTP layer reports in meta_info."""
+
+    rid: str
+    generation: Generation
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from a previous request's slot
+    matched: int | str | None  # the stop token id or stop string that ended it
+    latency_s: float
+    error: str | None = None  # engine failure: callers raise it rather than treat it as an abort
+    top_logprobs: list[TopList] | None = None  # per output token, when the request asked for top_n > 0
+
+
+@dataclass(eq=False)  # identity semantics: `in` / remove() must not compare token lists
+class Request:
+    rid: str
+    prompt: list[int]
+    sampling: SamplingParams
+    on_finish: Callable[[Output], None]
+    top_n: int = 0  # top alternatives to report per output token (OpenAI top_logprobs)
+    on_token: Callable[[int, float, int, TopList | None], None] | None = None  # streaming, engine thread
+    row: RowParams | None = None  # sampling settings + private RNG, set on admission
+    slot: int = -1
+    cached_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    tops: list[TopList] = field(default_factory=list)
+    unmasked: list[float] = field(default_factory=list)  # constrained requests: log-probs without the mask
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class SlotState:
+    tokens: list[int] = field(default_factory=list)  # tokens whose keys/values are in this slot, in order
+    busy: bool = False
+    last_used: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_batch: int = 64,
+        max_seq_len: int = 2048,
+        dtype: str = "float32",
+        seed: int = 0,
+    ):
+        self.model_dir = str(model_dir)
+        self.model = load_model(model_dir, dtype=dtype, max_seq_len=max_seq_len)
+        cfg = self.model.cfg
+        self.cache = KVCache(
+            layers=cfg.num_layers,
+            slots=max_batch,
+            kv_heads=cfg.num_kv_heads,
+            max_seq_len=max_seq_len,
+            head_dim=cfg.head_dim,
+            dtype=self.model.lm_head.weight.dtype,
+        )
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        cache_bytes = sum(t.numel() * t.element_size() for t in (*self.cache.k, *self.cache.v))
+        log.info("KV cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, cache_bytes / 2**20)
+        self.eos_ids = frozenset(cfg.eos_token_ids)
+        self.tokenizer = _load_tokenizer(model_dir)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.paused = False
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.slots = [SlotState() for _ in range(max_batch)]
+        self._clock = 0
+        self._grammars: constrained.Grammars | None = None  # built at the first constrained request
+
+    # ---- commands (called between steps) ----
+
+    def add(self, req: Request) -> None:
+        n, vocab = len(req.prompt), self.model.cfg.vocab_size
+        if n == 0:
+            raise BadRequest(f"request {req.rid}: input_ids is empty")
+        if n >= self.max_seq_len:
+            raise BadRequest(
+                f"request {req.rid}: prompt of {n} tokens does not fit the context (max_seq_len={self.max_seq_len}; "
+                "at least one token must be generated)"
+            )
+        bad = [t for t in req.prompt if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(
+                f"request {req.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        if req.sampling.stop and self.tokenizer is None:
+            raise BadRequest(f"request {req.rid}: stop strings need tokenizer files in {self.model_dir}")
+        if any(r.rid == req.rid for r in (*self.running, *self.waiting)):
+            raise BadRequest(f"request {req.rid}: a request with this rid is already in flight")
+        sp = req.sampling
+        generator = None if sp.seed is None else torch.Generator().manual_seed(sp.seed)
+        req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator, req.top_n)
+        if sp.constraint is not None:
+            if self._grammars is None:
+                self._grammars = constrained.Grammars(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids)
+            req.row.matcher = self._grammars.matcher(sp.constraint)
+        self.waiting.append(req)
+
+    def abort(self, rid: str | None = None) -> int:
+        """Finish the request `rid` (or every request when None) with finish_reason "abort"; return how many."""
+        hit = [r for r in (*self.running, *self.waiting) if rid is None or r.rid == rid]
+        for r in hit:
+            self._finish(r, "abort", None)
+        return len(hit)
+
+    def pause(self) -> int:
+        """Stop admitting; abort everything in flight (they return their tokens so far). Returns how many."""
+        self.paused = True
+        return self.abort()
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def update_weights(
+        self, version: int, *, path: str | None = None, tensors: Mapping[str, torch.Tensor] | None = None
+    ):
+        """Copy new weights into the model in place and set the version that stamps the next tokens."""
+        if (path is None) == (tensors is None):
+            raise BadRequest("update_weights needs exactly one of path= or tensors=")
+        copy_weights_(self.model, read_safetensors_dir(path) if path is not None else tensors)
+        self.version = int(version)
+        for (
+            s
+        ) in self.slots:  # cached keys were computed by the old weights: never reuse them for a new prompt
+            if not s.busy:
+                s.tokens = []
+
+    def has_work(self) -> bool:
+        return bool(self.running) or (bool(self.waiting) and not self.paused)
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # ---- one scheduling step ----
+
+    def step(self) -> None:
+        new = self._admit()
+        old = [r for r in self.running if r not in new]
+        if new:
+            self._prefill(new)
+        if old:
+            self._decode(old)
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        budget = MAX_PREFILL_TOKENS
+        while self.waiting and not self.paused:
+            free = [i for i, s in enumerate(self.slots) if not s.busy]
+            if not free:
+                break
+            req = self.waiting[0]
+            slot, shared = self._pick_slot(free, req.prompt)
+            # The last prompt token is always fed, even when cached: its logits are needed.
+            start = min(shared, len(req.prompt) - 1)
+            width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
+            if admitted and width * (len(admitted) + 1) > budget:
+                break
+            self.waiting.popleft()
+            req.slot, req.cached_tokens = slot, start
+            self.slots[slot] = SlotState(tokens=req.prompt[:start], busy=True)
+            admitted.append(req)
+            self.running.append(req)
+        return admitted
+
+    def _pick_slot(self, free: list[int], prompt: list[int]) -> tuple[int, int]:
+        """The free slot sharing the longest cached prefix with `prompt`, else the least recently used one."""
+        best, best_len = min(free, key=lambda i: self.slots[i].last_used), 0
+        for i in free:
+            n = _common_prefix(self.slots[i].tokens, prompt)
+            if n > best_len:
+                best, best_len = i, n
+        return best, best_len
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        reqs = sorted(reqs, key=lambda r: r.slot)  # ascending slots: see _forward_and_sample
+        chunks = [r.prompt[r.cached_tokens :] for r in reqs]
+        width = max(len(c) for c in chunks)
+        tokens = torch.zeros(len(reqs), width, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            tokens[i, : len(c)] = torch.tensor(c)
+        starts = torch.tensor([r.cached_tokens for r in reqs])
+        # Padding positions run past each chunk; they write keys nobody reads (clamped into the buffer).
+        positions = (starts[:, None] + torch.arange(width)[None, :]).clamp(max=self.max_seq_len - 1)
+        last = torch.tensor([len(c) - 1 for c in chunks])
+        self._forward_and_sample(reqs, tokens, positions, last)
+
+    def _decode(self, reqs: list[Request]) -> None:
+        reqs = sorted(reqs, key=lambda r: r.slot)
+        tokens = torch.tensor([[r.tokens[-1]] for r in reqs])
+        positions = torch.tensor([[len(r.prompt) + len(r.tokens) - 1] for r in reqs])
+        self._forward_and_sample(reqs, tokens, positions, torch.zeros(len(reqs), dtype=torch.long))
+
+    def _forward_and_sample(self, reqs: list[Request], tokens, positions, last) -> None:
+        slots = [r.slot for r in reqs]
+        # Rows sorted by slot; when they are exactly slots 0..B-1 the cache hands out views instead of copies.
+        dense = slots[-1] == len(slots) - 1
+        logits = self.model(tokens, positions, torch.tensor(slots), self.cache, last, dense=dense)
+        rows = [r.row for r in reqs]
+        masked = None if self._grammars is None else constrained.mask(self._grammars.xgr, logits, rows)
+        ids, lps, tops = sample(logits, rows, self.generator)
+        unmasked = constrained.advance(masked, rows, ids)
+        for r, t, lp, top, ulp in zip(reqs, ids, lps, tops, unmasked, strict=True):
+            r.tokens.append(t)
+            r.logprobs.append(lp)
+            if ulp is not None:
+                r.unmasked.append(ulp)
+            r.versions.append(self.version)
+            if top is not None:
+                r.tops.append(top)
+            if r.on_token is not None:
+                r.on_token(t, lp, self.version, top)
+            self._check_finished(r)
+
+    def _check_finished(self, r: Request) -> None:
+        sp, t = r.sampling, r.tokens[-1]
+        if t in sp.stop_token_ids or (not sp.ignore_eos and t in self.eos_ids):
+            return self._finish(r, "stop", t)
+        if sp.stop:
+            matched = self._match_stop(r)
+            if matched is not None:
+                return self._finish(r, "stop", matched)
+        if len(r.tokens) >= sp.max_new_tokens or len(r.prompt) + len(r.tokens) >= self.max_seq_len:
+            return self._finish(r, "length", None)
+
+    def _match_stop(self, r: Request) -> str | None:
+        # A stop string of b UTF-8 bytes spans at most b + 1 tokens (every token is >= 1 byte, + a split char);
+        # anything earlier would have matched on an earlier step.
+        window = max(len(s.encode()) for s in r.sampling.stop) + 1
+        text = self.tokenizer.decode(r.tokens[-window:])
+        return next((s for s in r.sampling.stop if s in text), None)
+
+    def _finish(
+        self, r: Request, reason: FinishReason, matched: int | str | None, error: str | None = None
+    ) -> None:
+        if r in self.running:
+            self.running.remove(r)
+            self._clock += 1
+            # Keys/values exist for the prompt and every output token but the last (never fed back).
+            self.slots[r.slot] = SlotState(tokens=r.prompt + r.tokens[:-1], busy=False, last_used=self._clock)
+        else:
+            self.waiting.remove(r)
+        unmasked = list(r.unmasked) if r.sampling.constraint is not None else None
+        gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked)
+        tops = list(r.tops) if r.top_n > 0 else None
+        r.on_finish(
+            Output(
+                r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error, tops
+            )
+        )
+
+    def fail_all(self, error: BaseException) -> None:
+        """A step raised: fail every request with the error so no caller hangs, and free all slots."""
+        for r in (*self.running, *self.waiting):
+            self._finish(r, "abort", None, error=f"engine step failed: {type(error).__name__}: {error}")
+        for s in self.slots:
+            s.tokens, s.busy = [], False
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _load_tokenizer(model_dir: str | Path):
+    """The checkpoint's tokenizer (for stop strings and text), or None when the directory has none."""
+    path = Path(model_dir)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,1 @@
+"""Rollout workers: episodes between engines and environments, feeding the buffer (workers.py)."""

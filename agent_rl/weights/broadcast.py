@@ -1,0 +1,101 @@
+"""`engines.weight_sync: nccl`: learner rank 0 broadcasts the weights straight to the engines' processes.
+
+torch.distributed broadcast over a group of learner rank 0 + every engine rank (weight_group.py):
+NCCL when rank 0 holds a GPU, gloo on CPU. Formed once: the engines' `/init_weights_update_group`
+requests run on the rollout loop while rank 0 joins. Each push: the engines get
+`/update_weights_from_distributed` (names, dtypes, shapes, version) on the loop while rank 0
+broadcasts; both must finish. Either side is blocking until the other arrives, so each pairing
+waits on both at once and the first failure is raised (instead of waiting out a process-group
+timeout for a peer that has already given up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent_rl.engines.api import EngineClient, EngineError, WeightGroupMember
+from agent_rl.weights.group import GroupSpec, TensorMeta
+
+if TYPE_CHECKING:
+    from agent_rl.learners.api import Learner
+    from agent_rl.loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WeightBroadcast:
+    """The weight group of one run: `connect` once, then `update` per push (engines already paused)."""
+
+    def __init__(self, engine: EngineClient, loop: LoopThread):
+        if not isinstance(engine, WeightGroupMember):
+            raise EngineError(
+                f"engines.weight_sync: nccl needs engines that join a weight group over HTTP (SGLang servers, "
+                f"or embedded engines with engines.count >= 2); {type(engine).__name__} does not: "
+                "use weight_sync: memory for the in-process engine"
+            )
+        self.engine: WeightGroupMember = engine
+        self.loop = loop
+        self.group_name = f"agent-rl-{uuid.uuid4().hex[:12]}"  # a fresh name per run: servers outlive runs
+        self.meta: TensorMeta | None = None
+
+    def connect(self, learner: Learner) -> None:
+        """Form the group: world = 1 (learner rank 0) + every engine's tp ranks."""
+        engine_ranks = self.loop.call(self.engine.weight_group_size())
+        endpoint = learner.weight_endpoint(self.engine.host())
+        spec = GroupSpec(endpoint, 1 + engine_ranks, self.group_name)
+        log.info(
+            "weight group %s: learner rank 0 at %s:%d (%s), %d engine ranks",
+            spec.group_name, endpoint.address, endpoint.port, endpoint.backend, engine_ranks,
+        )  # fmt: skip
+        self.meta = together(
+            self.loop, self.engine.init_weights_update_group(spec, 1), lambda: learner.join_weight_group(spec)
+        )
+
+    def update(self, learner: Learner, version: int) -> None:
+        """Send the learner's current weights as `version` (after `connect`, with the engines paused)."""
+        if self.meta is None:
+            raise RuntimeError("WeightBroadcast.update before connect")
+        coro = self.engine.update_weights_from_distributed(
+            self.meta, version=version, group_name=self.group_name
+        )
+        together(self.loop, coro, learner.broadcast_weights)
+
+    def close(self) -> None:
+        """Leave the group on the engines (best effort: a stopped engine has nothing to leave)."""
+        if self.meta is None:
+            return
+        self.meta = None
+        with contextlib.suppress(EngineError):
+            self.loop.call(self.engine.destroy_weights_update_group(self.group_name), timeout=60)
+
+
+def together(loop: LoopThread, coro: Coroutine[Any, Any, Any], fn: Callable[[], T]) -> T:
+    """Run `coro` on the loop and `fn` on a daemon thread at once; return fn's result once both finished.
+
+    The first failure is raised at once. Its partner may stay blocked in the collective until the
+    group's timeout; it runs on a daemon thread, so it does not keep the process alive.
+    """
+    remote = asyncio.run_coroutine_threadsafe(coro, loop.loop)
+    local: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            local.set_result(fn())
+        except BaseException as e:
+            local.set_exception(e)
+
+    threading.Thread(target=run, name="weight-broadcast", daemon=True).start()
+    done, _ = concurrent.futures.wait([remote, local], return_when=concurrent.futures.FIRST_EXCEPTION)
+    for f in (remote, local):
+        if f in done and f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+    remote.result()
+    return local.result()

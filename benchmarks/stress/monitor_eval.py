@@ -1,0 +1,387 @@
+"""Calibrate and evaluate the collapse early warning (`vcpo.monitor`) on the staleness study's runs.
+
+    .venv/bin/python -m benchmarks.stress.monitor_eval     # -> benchmarks/results/stress/monitor.{json,md}
+
+Runs: level (a) `runs.jsonl.gz` (the fast grid, 250 steps) and, when it exists, level (b)
+`runs_b.jsonl.gz` (the full stack, written by `level_b_report`). Seeds 0-2 are calibration runs,
+seeds 3-4 evaluation runs; thresholds are chosen on calibration runs only, per level.
+
+What counts as a collapse, and when accuracy "fell" (the onset):
+- level (a): the run failed: its final held-out reward (mean of the last 3 evals) is below half
+  of sync's (plain, k = 0, same lr, mean over seeds). Runs here rarely learn and then fall; the
+  failed ones fall behind sync and stay there, so the onset is the first eval step from which the
+  run stays below half of sync's mean curve at every later eval.
+- level (b): the run ended below the warm start (held-out accuracy 0.25, as level_b.md); onset =
+  the first eval step from which it stays below the warm start.
+
+Scores (per level; a run warns at the first step the monitor raises a warning):
+- recall: collapsed runs warned at least `MIN_LEAD` steps before the onset / collapsed runs;
+- precision: collapsed runs that warned at all / runs that warned (a late warning is late, not false);
+- lead: onset step - warning step, over collapsed runs that warned.
+Calibration picks the thresholds with the best F1 of precision and recall (ties: longer median lead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import math
+import statistics as st
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.stress.level_b_report import final_accuracy, policy_curve
+from benchmarks.stress.signals import first_warning_index, unhealthy_steps
+from vcpo.monitor import MonitorThresholds
+
+OUT = Path("benchmarks/results/stress")
+CALIBRATION_SEEDS = (0, 1, 2)
+EVALUATION_SEEDS = (3, 4)
+MIN_LEAD = 5
+LEVEL_B_WARM_START = 0.25
+FINAL_EVALS = 3
+SIGNALS = ("ess_ratio", "grad_norm", "is_weight_max", "kl")
+OFF = math.inf
+GRID = {
+    "a": {"window": (5, 10, 20, 40), "frac": (0.3, 0.5, 0.7, 0.9)},
+    "b": {"window": (3, 5, 8), "frac": (0.3, 0.5, 0.7, 0.9)},
+}
+ESS_FLOORS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3)  # 0: criterion off
+GRAD_SPIKES = (2.0, 3.0, 5.0, OFF)
+KL_CEILINGS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, OFF)
+ABLATIONS = {
+    "ESS only": ("ess",),
+    "grad norm only": ("grad",),
+    "KL only": ("kl",),
+    "all": ("ess", "grad", "kl"),
+}
+
+
+@dataclass
+class RunSeries:
+    """One run's per-step signals (learner steps that updated) and its outcome."""
+
+    level: str
+    name: str
+    lag: int
+    seed: int
+    steps: list[int]
+    signals: dict[str, list[float]]
+    collapsed: bool
+    onset: int | None  # step from which held-out accuracy stayed down (collapsed runs)
+
+
+@dataclass
+class Score:
+    runs: int
+    collapsed: int
+    warned: int
+    true_warned: int  # collapsed runs that warned at all
+    in_time: int  # ... at least MIN_LEAD steps before the onset
+    false_alarms: int
+    leads: list[int] = field(default_factory=list)
+
+    @property
+    def precision(self) -> float:
+        return self.true_warned / self.warned if self.warned else 0.0
+
+    @property
+    def recall(self) -> float:
+        return self.in_time / self.collapsed if self.collapsed else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    def row(self) -> dict:
+        return asdict(self) | {"precision": self.precision, "recall": self.recall, "f1": self.f1}
+
+
+def _onset(steps: list[int], values: list[float], floor: list[float]) -> int:
+    """First eval step from which every later value is below its floor (the last step if none)."""
+    onset = steps[-1]
+    for i in range(len(steps) - 1, -1, -1):
+        if values[i] >= floor[i]:
+            break
+        onset = steps[i]
+    return onset
+
+
+def _read_jsonl_gz(path: Path) -> list[dict]:
+    return [
+        json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()
+    ]
+
+
+def level_a_runs(path: Path) -> list[RunSeries]:
+    runs = _read_jsonl_gz(path)
+    sync: dict[float, list[list[float]]] = defaultdict(list)
+    for r in runs:
+        c = r["config"]
+        if c["method"] == "plain" and c["lag"] == 0 and not r["error"]:
+            sync[c["lr"]].append(r["heldout_reward"])
+    out = []
+    for r in runs:
+        c = r["config"]
+        curve = [st.fmean(col) for col in zip(*sync[c["lr"]], strict=True)]
+        half = [0.5 * x for x in curve]
+        h = r["heldout_reward"]
+        failed = bool(r["error"]) or st.fmean(h[-FINAL_EVALS:]) < 0.5 * st.fmean(curve[-FINAL_EVALS:])
+        n = len(r["ess_ratio"])
+        out.append(
+            RunSeries(
+                level="a", name=f"{c['method']}[{c['opob_mode']}] k={c['lag']} lr={c['lr']}", lag=c["lag"], seed=c["seed"],
+                steps=list(range(n)), signals={s: r[s] for s in SIGNALS}, collapsed=failed,
+                onset=_onset([v - 1 for v in r["eval_steps"]], h, half) if failed else None,  # eval at version v: after step v-1
+            )
+        )  # fmt: skip
+    return out
+
+
+def level_b_runs(path: Path) -> list[RunSeries]:
+    out = []
+    for r in _read_jsonl_gz(path):
+        evs, acc = policy_curve(r)  # against the learner step evaluated (fixed_lag evals are k steps old)
+        collapsed = final_accuracy(r) < LEVEL_B_WARM_START
+        out.append(
+            RunSeries(
+                level="b", name=f"{r['method']} k={r['lag']}", lag=r["lag"], seed=r["seed"], steps=r["steps"],
+                signals={s: r[s] for s in SIGNALS}, collapsed=collapsed,
+                onset=_onset(evs, acc, [LEVEL_B_WARM_START] * len(acc)) if collapsed else None,
+            )
+        )  # fmt: skip
+    return out
+
+
+class Batch:
+    """Every run of a set padded into [runs, steps] arrays (padding: healthy steps that never warn)."""
+
+    def __init__(self, runs: list[RunSeries]):
+        self.runs = runs
+        n = max(len(r.steps) for r in runs)
+        pad = {"ess_ratio": 1.0, "grad_norm": 0.0, "is_weight_max": 1.0, "kl": 0.0}
+        self.arr = {
+            s: np.array([r.signals[s] + [pad[s]] * (n - len(r.steps)) for r in runs], dtype=float)
+            for s in SIGNALS
+        }
+        self.steps = [r.steps for r in runs]
+
+    def score(self, th: MonitorThresholds) -> Score:
+        first = first_warning_index(th, unhealthy_steps(th, *(self.arr[s] for s in SIGNALS)))
+        sc = Score(len(self.runs), sum(r.collapsed for r in self.runs), 0, 0, 0, 0)
+        for r, steps, i in zip(self.runs, self.steps, first, strict=True):
+            if i < 0 or i >= len(steps):
+                continue
+            sc.warned += 1
+            if not r.collapsed:
+                sc.false_alarms += 1
+                continue
+            assert r.onset is not None
+            lead = r.onset - steps[i]
+            sc.true_warned += 1
+            sc.leads.append(lead)
+            sc.in_time += lead >= MIN_LEAD
+        return sc
+
+    def first_warnings(self, th: MonitorThresholds) -> list[int | None]:
+        first = first_warning_index(th, unhealthy_steps(th, *(self.arr[s] for s in SIGNALS)))
+        return [steps[i] if 0 <= i < len(steps) else None for steps, i in zip(self.steps, first, strict=True)]
+
+
+def candidates(level: str, use: tuple[str, ...]) -> list[MonitorThresholds]:
+    out = []
+    g = GRID[level]
+    for window, frac, ess, spike, kl in itertools.product(
+        g["window"], g["frac"], ESS_FLOORS if "ess" in use else (0.0,),
+        GRAD_SPIKES if "grad" in use else (OFF,), KL_CEILINGS if "kl" in use else (OFF,),
+    ):  # fmt: skip
+        if ess == 0.0 and spike == OFF and kl == OFF:
+            continue
+        out.append(
+            MonitorThresholds(
+                window=window, min_unhealthy=max(1, math.ceil(frac * window)), warmup=min(5, window),
+                ess_floor=ess, grad_spike=spike, kl_ceiling=kl,
+            )
+        )  # fmt: skip
+    return out
+
+
+def calibrate(batch: Batch, level: str, use: tuple[str, ...]) -> tuple[MonitorThresholds, Score]:
+    def key(item: tuple[MonitorThresholds, Score]) -> tuple[float, float]:
+        sc = item[1]
+        return (round(sc.f1, 6), st.median(sc.leads) if sc.leads else -1e9)
+
+    return max(((th, batch.score(th)) for th in candidates(level, use)), key=key)
+
+
+def _lead_text(sc: Score) -> str:
+    if not sc.leads:
+        return "-"
+    return f"median {st.median(sc.leads):g}, min {min(sc.leads)}, max {max(sc.leads)}"
+
+
+def _th_text(th: MonitorThresholds) -> str:
+    parts = [f"window {th.window}", f"min_unhealthy {th.min_unhealthy}", f"warmup {th.warmup}"]
+    if th.ess_floor > 0:
+        parts.append(f"ess_floor {th.ess_floor:g}")
+    if th.grad_spike != OFF:
+        parts.append(f"grad_spike {th.grad_spike:g}")
+    if th.kl_ceiling != OFF:
+        parts.append(f"kl_ceiling {th.kl_ceiling:g}")
+    return ", ".join(parts)
+
+
+def lag_baseline(cal: list[RunSeries], ev: list[RunSeries]) -> dict:
+    """The trivial predictor the signals must beat: "collapses iff k >= K" (K chosen on calibration runs),
+    warning at step 0. The monitor's signals grow with k, so part of what they see is the lag itself."""
+
+    def score(runs: list[RunSeries], k_min: int) -> Score:
+        sc = Score(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
+        for r in runs:
+            if r.lag < k_min:
+                continue
+            sc.warned += 1
+            sc.false_alarms += not r.collapsed
+            if r.collapsed:
+                assert r.onset is not None
+                sc.true_warned += 1
+                sc.in_time += r.onset - r.steps[0] >= MIN_LEAD
+                sc.leads.append(r.onset - r.steps[0])
+        return sc
+
+    best = max(sorted({r.lag for r in cal} - {0}), key=lambda k: score(cal, k).f1)
+    return {"k_min": best, "calibration": score(cal, best).row(), "evaluation": score(ev, best).row()}
+
+
+def split_seeds(runs: list[RunSeries]) -> tuple[list[int], list[int]]:
+    """Calibration and evaluation seeds: 0-2 vs 3-4; with fewer seeds, the last seed is the evaluation one."""
+    seeds = sorted({r.seed for r in runs})
+    ev = [s for s in seeds if s in EVALUATION_SEEDS] or seeds[-1:]
+    return [s for s in seeds if s not in ev], ev
+
+
+def evaluate(levels: dict[str, list[RunSeries]]) -> dict:
+    result: dict = {"min_lead": MIN_LEAD}
+    for level, runs in levels.items():
+        cal_seeds, ev_seeds = split_seeds(runs)
+        cal = Batch([r for r in runs if r.seed in cal_seeds])
+        ev = Batch([r for r in runs if r.seed in ev_seeds])
+        entry: dict = {
+            "runs": len(runs), "collapsed": sum(r.collapsed for r in runs), "calibration_seeds": cal_seeds,
+            "evaluation_seeds": ev_seeds, "ablations": {},
+        }  # fmt: skip
+        for name, use in ABLATIONS.items():
+            th, cal_score = calibrate(cal, level, use)
+            ev_score = ev.score(th)
+            entry["ablations"][name] = {
+                "thresholds": asdict(th), "calibration": cal_score.row(), "evaluation": ev_score.row(),
+            }  # fmt: skip
+            if name == "all":
+                entry["per_run"] = [
+                    {"name": r.name, "seed": r.seed, "collapsed": r.collapsed, "onset": r.onset, "warned": w}
+                    for r, w in zip(ev.runs, ev.first_warnings(th), strict=True)
+                ]
+        entry["lag_only"] = lag_baseline(cal.runs, ev.runs)
+        mixed = sorted({r.lag for r in runs if r.collapsed} & {r.lag for r in runs if not r.collapsed})
+        th = MonitorThresholds(**entry["ablations"]["all"]["thresholds"])
+        entry["within_lag"] = {
+            str(k): Batch([r for r in ev.runs if r.lag == k]).score(th).row()
+            for k in mixed
+            if any(r.lag == k for r in ev.runs)
+        }
+        result[level] = entry
+    if "a" in levels and "b" in levels:  # transfer: level (a)'s thresholds on level (b)'s evaluation runs
+        th = MonitorThresholds(**result["a"]["ablations"]["all"]["thresholds"])
+        ev = Batch([r for r in levels["b"] if r.seed in result["b"]["evaluation_seeds"]])
+        result["a_thresholds_on_b"] = ev.score(th).row()
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Collapse early warning: calibration and evaluation (`python -m benchmarks.stress.monitor_eval`)",
+        "",
+        "Thresholds are chosen on calibration runs (seeds 0-2) and scored on evaluation runs (seeds 3-4). "
+        f"Recall counts a collapsed run only if it warned >= {MIN_LEAD} steps before held-out accuracy fell; "
+        "precision = collapsed runs that warned / runs that warned. Definitions: module docstring of "
+        "benchmarks/stress/monitor_eval.py.",
+        "",
+    ]
+    names = {
+        "a": "level (a): fast grid (GRU, 250 steps)",
+        "b": "level (b): full stack (tiny_arith, 40 steps)",
+    }
+    for level in ("a", "b"):
+        if level not in result:
+            continue
+        e = result[level]
+        lines += [
+            f"## {names[level]}: {e['runs']} runs, {e['collapsed']} collapsed",
+            "",
+            f"Calibration seeds {e['calibration_seeds']}, evaluation seeds {e['evaluation_seeds']}.",
+            "",
+            "| signals | thresholds (chosen on calibration runs) | calib. precision / recall | eval. precision | "
+            "eval. recall | eval. lead (steps) | eval. warned / collapsed / false alarms |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, a in e["ablations"].items():
+            c, v = a["calibration"], a["evaluation"]
+            lines.append(
+                f"| {name} | {_th_text(MonitorThresholds(**a['thresholds']))} | {c['precision']:.2f} / {c['recall']:.2f} "
+                f"| {v['precision']:.2f} | {v['recall']:.2f} ({v['in_time']}/{v['collapsed']}) | "
+                f"{_lead_text(Score(**{k: v[k] for k in Score.__dataclass_fields__}))} | "
+                f"{v['warned']} / {v['collapsed']} / {v['false_alarms']} |"
+            )
+        lag, cal_lag = e["lag_only"]["evaluation"], e["lag_only"]["calibration"]
+        lines.append(
+            f"| lag only: k >= {e['lag_only']['k_min']} (no signals) | - | {cal_lag['precision']:.2f} / "
+            f"{cal_lag['recall']:.2f} | {lag['precision']:.2f} | {lag['recall']:.2f} ({lag['in_time']}/"
+            f"{lag['collapsed']}) | - | {lag['warned']} / {lag['collapsed']} / {lag['false_alarms']} |"
+        )
+        lines += [
+            "",
+            "Within one lag (evaluation runs at each k where some runs collapsed and some did not; the lag "
+            "alone cannot separate these), thresholds of the 'all' row:",
+            "",
+            "| k | runs | collapsed | precision | recall | false alarms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k, w in e["within_lag"].items():
+            lines.append(
+                f"| {k} | {w['runs']} | {w['collapsed']} | {w['precision']:.2f} | {w['recall']:.2f} "
+                f"({w['in_time']}/{w['collapsed']}) | {w['false_alarms']} |"
+            )
+        lines.append("")
+    if "a_thresholds_on_b" in result:
+        t = result["a_thresholds_on_b"]
+        lines += [
+            f"Level (a)'s thresholds on level (b)'s evaluation runs: precision {t['precision']:.2f}, recall "
+            f"{t['recall']:.2f} ({t['in_time']}/{t['collapsed']}), {t['false_alarms']} false alarms.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    levels = {"a": level_a_runs(args.out / "runs.jsonl.gz")}
+    if (args.out / "runs_b.jsonl.gz").exists():
+        levels["b"] = level_b_runs(args.out / "runs_b.jsonl.gz")
+    result = evaluate(levels)
+    (args.out / "monitor.json").write_text(json.dumps(result, indent=1, default=float))
+    text = markdown(result)
+    (args.out / "monitor.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
