@@ -293,12 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     cands = candidates()
     if args.tune_steps:
         tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
-    else:  # without the tuning pass: what it chose on 2026-11-25 (README), not measured again
+    else:  # without the tuning pass: the choices the tuning passes of 2026-11-25 supported (README)
+        k2 = cands[f"agent-rl k={K_ASYNC}"][1]  # processes
         chosen = {
             "agent-rl k=0": cands["agent-rl k=0"][0],
-            f"agent-rl k={K_ASYNC}": cands[f"agent-rl k={K_ASYNC}"][1],
+            f"agent-rl k={K_ASYNC}": k2,
+            "trl": cands["trl"][0],
         }
-        tuned = {"chosen": chosen | {"trl": cands["trl"][1]}, "s_per_step": {}}
+        tuned = {"chosen": chosen, "s_per_step": {}}
     trl = tuned["chosen"]["trl"]
     cells = [
         tuned["chosen"]["agent-rl k=0"],
