@@ -1,37 +1,25 @@
-"""The agent_arith pipeline module (model build, SFT data) wherever main keeps it: examples/agent_arith.py
-(the layout of issue #22) or recipes/agent_arith.py (before it)."""
+"""The agent_arith warm start for benchmarks/vs_trl.py, built by the agent_arith pipeline's own functions
+(examples/agent_arith.py), so the benchmark trains from exactly what `python -m examples.agent_arith` trains."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pipeline() -> ModuleType:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    for name in ("examples.agent_arith", "recipes.agent_arith"):
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name not in (name, name.split(".")[0]):
-                raise
-    raise SystemExit("neither examples/agent_arith.py nor recipes/agent_arith.py is in this checkout")
-
-
 def warm_start(work: Path, scale: float = 1.0) -> Path:
-    """The agent_arith warm start (tokenizer with the Hermes tool template, tiny Qwen2, SFT on teacher traces),
-    built exactly as `python -m examples.agent_arith` builds it, into `work`; reused when present."""
+    """Tokenizer with the Hermes tool template, tiny Qwen2, SFT on teacher traces, into `work`; reused when
+    present. scale < 1: that share of the SFT data and one epoch (--quick)."""
     sft_dir = work / "sft"
     if (sft_dir / "config.json").is_file():
         return sft_dir
-    from agent_rl.sft import run_sft
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from agent_rl.tools.sft import run_sft
+    from examples import agent_arith as p
 
-    p = pipeline()
     base = work / "base"
     if not (base / "config.json").is_file():
         p.build_base(base)

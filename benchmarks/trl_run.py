@@ -51,7 +51,7 @@ LOSSES = {
 def prompts_in_agent_rl_order(spec, tokenizer, seed: int, n: int) -> list:
     """The first `n` training tasks in the order agent-rl's PromptSource(seed) hands them out."""
     import envs
-    from agent_rl.rollout import PromptSource
+    from agent_rl.rollout.workers import PromptSource
 
     source = PromptSource(envs.make(spec, tokenizer).tasks("train"), seed=seed)
     return [source.tasks[source.next_id(deque())] for _ in range(n)]

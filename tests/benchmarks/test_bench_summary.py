@@ -25,7 +25,11 @@ def test_time_to_and_accuracy_at_read_the_curve_in_time_order() -> None:
 def test_median_needs_most_seeds_and_speedup_counts_a_miss_as_zero() -> None:
     assert median_or_none([1.0, None, 3.0]) == 2.0
     assert median_or_none([1.0, None, None]) is None
-    assert speedup_per_seed({0: 10.0, 1: 12.0, 2: None}, {0: 5.0, 1: None, 2: 4.0}) == {0: 2.0, 1: 0.0, 2: None}
+    assert speedup_per_seed({0: 10.0, 1: 12.0, 2: None}, {0: 5.0, 1: None, 2: 4.0}) == {
+        0: 2.0,
+        1: 0.0,
+        2: None,
+    }
     assert spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
 
 
