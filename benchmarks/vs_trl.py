@@ -45,12 +45,15 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _agent_arith import warm_start
-from train_cmd import train_command
-from vs_trl_report import markdown, plot, summarise
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the env's agent (examples/) imports from the root
+from _agent_arith import warm_start  # noqa: E402
+from train_cmd import train_command  # noqa: E402
+from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -110,8 +113,26 @@ class Run:
     dir: Path
     start_time: float = 0.0  # time.time() at process start
     process_wall_s: float = 0.0
-    cpu_s: float = 0.0
-    extra: dict = field(default_factory=dict)
+    cpu_s: float | None = 0.0  # None: not recorded
+
+    def save(self) -> None:
+        """What only this process saw (start, wall and CPU time) beside the run, so scoring can be redone."""
+        info = {"config": asdict(self.config), "seed": self.seed, "start_time": self.start_time}
+        info |= {"process_wall_s": self.process_wall_s, "cpu_s": self.cpu_s}
+        self.dir.with_suffix(".run.json").write_text(json.dumps(info) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Run:
+        info = json.loads(path.read_text())
+        d = path.with_name(path.name.removesuffix(".run.json"))
+        return cls(
+            Config(**info["config"]),
+            info["seed"],
+            d,
+            info["start_time"],
+            info["process_wall_s"],
+            info["cpu_s"],
+        )
 
 
 def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
@@ -158,7 +179,9 @@ def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, eve
             env["OMP_NUM_THREADS"] = str(config.threads)
         cmd = train_command(RECIPE, sets)
     start, wall, cpu = run_process(cmd, env, run_dir.parent / f"{run_dir.name}.log")
-    return Run(config, seed, run_dir, start, wall, cpu)
+    run = Run(config, seed, run_dir, start, wall, cpu)
+    run.save()
+    return run
 
 
 def step_records(run: Run) -> list[dict]:
@@ -192,13 +215,34 @@ def saved_at(ck: Path) -> float:
     return max(p.stat().st_mtime for p in ck.rglob("*") if p.is_file())
 
 
-def evaluate_run(run: Run, model: Path, limit: int, seed: int) -> dict[int, float]:
-    """Held-out accuracy of every checkpoint (step -> accuracy) by agent-rl's evaluator."""
+def score(model: Path, limit: int, checkpoint: Path | None) -> float:
+    """Held-out accuracy of a checkpoint (None: the warm start) by agent-rl's evaluator, one torch thread."""
+    import torch
+
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 
-    recipe = load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={limit}", f"train.seed={seed}"])
-    return {s: evaluate(recipe, checkpoint=ck).accuracy for s, ck in sorted(checkpoints(run).items())}
+    torch.set_num_threads(1)
+    return evaluate(
+        load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={limit}"]), checkpoint=checkpoint
+    ).accuracy
+
+
+def score_all(runs: list[Run], model: Path, limit: int, jobs: int) -> tuple[float, list[dict[int, float]]]:
+    """The warm start and every checkpoint of every run, `jobs` evaluations at a time (after all timed runs)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    work = [(i, s, ck) for i, run in enumerate(runs) for s, ck in sorted(checkpoints(run).items())]
+    with ProcessPoolExecutor(jobs) as pool:
+        start = pool.submit(score, model, limit, None)
+        futures = [(i, s, pool.submit(score, model, limit, ck)) for i, s, ck in work]
+        acc: list[dict[int, float]] = [{} for _ in runs]
+        for n, (i, s, fut) in enumerate(futures):
+            acc[i][s] = fut.result()
+            log(
+                f"scored {n + 1}/{len(futures)}: {runs[i].config.name} seed {runs[i].seed} step {s}: {acc[i][s]:.3f}"
+            )
+        return start.result(), acc
 
 
 def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
@@ -219,7 +263,7 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
         "train_seconds": cum[-1],
         "process_wall_s": run.process_wall_s,
         "cpu_seconds": run.cpu_s,
-        "cores_busy": run.cpu_s / run.process_wall_s,
+        "cores_busy": None if run.cpu_s is None else run.cpu_s / run.process_wall_s,
         "curve": [(0.0, start_acc)] + [(cum[s - 1], a) for s, a in sorted(acc.items())],
         "curve_process": [(0.0, start_acc)]
         + [(saved_at(cks[s]) - run.start_time, a) for s, a in sorted(acc.items())],
@@ -247,48 +291,8 @@ def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, tr
     return {"chosen": chosen, "s_per_step": seen}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="machinery check under 15 min: small warm start, 1 seed, 8 steps, 20 eval tasks -> vs_trl_quick.*",
-    )
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30, help="steps of every run (the recipe's 30)")
-    p.add_argument("--every", type=int, default=5, help="checkpoint (and so scoring) interval in steps")
-    p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
-    p.add_argument(
-        "--tune-steps", type=int, default=5, help="steps per candidate in the tuning pass (0: skip)"
-    )
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=60.0,
-        help="training seconds for 'accuracy at a fixed wall-time budget'",
-    )
-    p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
-    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
-    p.add_argument("--out", type=Path, default=OUT)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
-        args.eval_limit = args.eval_limit or 20
-        if args.work == p.get_default("work"):
-            args.work = ROOT / "runs" / "bench_vs_trl_quick"
-    trl_py = args.trl_venv / "bin" / "python"
-    if not trl_py.is_file():
-        raise SystemExit(f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh` first")
-    if shutil.which("taskset") is None:
-        raise SystemExit("taskset not found: install util-linux (both systems are pinned to the same cores)")
-    from agent_rl.config import load_recipe
-    from agent_rl.evaluate import evaluate
-
-    recipe = load_recipe(RECIPE, [], check_model=False)
-    limit = args.eval_limit or recipe.eval.limit
-    args.work.mkdir(parents=True, exist_ok=True)
-    log("warm start: the agent_arith pipeline's model + SFT (cached)")
-    model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
+def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
+    """The tuning pass and the timed cells, interleaved over seeds; what scoring needs, as a dict."""
     load = os.getloadavg()
     cands = candidates()
     if args.tune_steps:
@@ -318,36 +322,96 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(train(c, seed, model, d, args.steps, args.every, trl_py))
             log(f"  {runs[-1].process_wall_s:.0f} s")
     load_end = os.getloadavg()
-    log(f"scoring every checkpoint on {limit} held-out tasks")
-    start_acc = evaluate(load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={limit}"])).accuracy
-    records = []
-    for run in runs:
-        acc = evaluate_run(run, model, limit, seed=recipe.train.seed)
-        records.append(cell_record(run, acc, start_acc))
-        r = records[-1]
-        log(
-            f"{run.config.name} seed {run.seed}: final {r['final_accuracy']:.3f}, {r['s_per_step']:.2f} s/step"
-        )
-    out = {
-        "command": "benchmarks/vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    return {
+        "command": "benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average "
         f"{load[0]:.2f} at start, {load_end[0]:.2f} after the runs (other users of the machine included)",
-        "recipe": str(RECIPE.relative_to(ROOT)),
-        "k_async_fixed_before_runs": K_ASYNC,
         "steps": args.steps,
         "seeds": args.seeds,
         "checkpoint_every": args.every,
-        "eval_tasks": limit,
         "budget_s": args.budget_s,
-        "warm_start_accuracy": start_acc,
         "tuning": {
             "steps": args.tune_steps,
             "median_s_per_step": tuned["s_per_step"],
             "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
         },
+        "runs": [str(r.dir) for r in runs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="machinery check under 15 min: small warm start, 1 seed, 8 steps, 20 eval tasks -> vs_trl_quick.*",
+    )
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30, help="steps of every run (the recipe's 30)")
+    p.add_argument("--every", type=int, default=5, help="checkpoint (and so scoring) interval in steps")
+    p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
+    p.add_argument(
+        "--tune-steps", type=int, default=5, help="steps per candidate in the tuning pass (0: skip)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=60.0,
+        help="training seconds for 'accuracy at a fixed wall-time budget'",
+    )
+    p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--score-jobs", type=int, default=1, help="evaluations at a time when scoring (after the runs)"
+    )
+    p.add_argument(
+        "--score-only",
+        action="store_true",
+        help="no training: score the runs already in --work (their .run.json) and write the results",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
+        args.eval_limit = args.eval_limit or 20
+        if args.work == p.get_default("work"):
+            args.work = ROOT / "runs" / "bench_vs_trl_quick"
+    trl_py = args.trl_venv / "bin" / "python"
+    if not trl_py.is_file():
+        raise SystemExit(f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh` first")
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset not found: install util-linux (both systems are pinned to the same cores)")
+    from agent_rl.config import load_recipe
+
+    recipe = load_recipe(RECIPE, [], check_model=False)
+    limit = args.eval_limit or recipe.eval.limit
+    args.work.mkdir(parents=True, exist_ok=True)
+    log("warm start: the agent_arith pipeline's model + SFT (cached)")
+    model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
+    session_file = args.work / "session.json"
+    if not args.score_only:
+        session = run_cells(args, model, trl_py)
+        session_file.write_text(json.dumps(session, indent=2) + "\n")
+    elif not session_file.is_file():
+        raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
+    session = json.loads(session_file.read_text())
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in session["runs"]]
+    log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
+    start_acc, accs = score_all(runs, model, limit, args.score_jobs)
+    records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]
+    out = {
+        "command": session["command"]
+        + (" (scored by: " + " ".join(sys.argv[1:]) + ")" if args.score_only else ""),
+        "date": session["date"],
+        "machine": session["machine"],
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "k_async_fixed_before_runs": K_ASYNC,
+        **{k: session[k] for k in ("steps", "seeds", "checkpoint_every", "budget_s", "tuning")},
+        "eval_tasks": limit,
+        "warm_start_accuracy": start_acc,
         "cells": records,
-        "summary": summarise(records, K_ASYNC, args.budget_s),
+        "summary": summarise(records, K_ASYNC, session["budget_s"]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "vs_trl_quick" if args.quick else "vs_trl"

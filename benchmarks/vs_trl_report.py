@@ -155,12 +155,14 @@ def markdown(out: dict) -> str:
     for r in out["cells"]:
         lines.append(
             f"| {cell_name(r)} | {r['seed']} | {r['s_per_step']:.2f} | {r['final_accuracy']:.3f} | "
-            f"{f(r['time_to_target_s'], '{:.0f}')} | {r['cores_busy']:.2f} |"
+            f"{f(r['time_to_target_s'], '{:.0f}')} | {f(r['cores_busy'])} |"
         )
     t = out["tuning"]
     lines += [
         "",
-        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step after the first step):",
+        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step after the first step)"
+        + (f"; {t['note']}" if t.get("note") else "")
+        + ":",
         "",
     ]
     lines += [f"- {n}: {v:.2f}" for n, v in t["median_s_per_step"].items()]
