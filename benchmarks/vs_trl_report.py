@@ -102,7 +102,9 @@ def markdown(out: dict) -> str:
         return "-" if x is None else fmt.format(x)
 
     def sp(d, fmt="{:.2f}"):
-        return f"{f(d['median'], fmt)} ({f(d['min'], fmt)}-{f(d['max'], fmt)})"
+        return (
+            "-" if d["median"] is None else f"{f(d['median'], fmt)} ({f(d['min'], fmt)}-{f(d['max'], fmt)})"
+        )
 
     s = out["summary"]
     k = out["k_async_fixed_before_runs"]
