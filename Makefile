@@ -3,7 +3,7 @@ PY     := .venv/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install system-deps run run-real test test-slow test-docker test-vllm test-megatron bench lint clean
+.PHONY: install system-deps run run-real test test-slow test-docker test-vllm test-megatron bench bench-trl trl-venv lint clean
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -55,6 +55,15 @@ bench: install system-deps
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/reliability.py
+	$(MAKE) bench-trl
+
+## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min).
+trl-venv: .venv-trl/.installed
+.venv-trl/.installed: scripts/setup_trl.sh
+	bash scripts/setup_trl.sh
+
+bench-trl: install system-deps trl-venv
+	$(PY) benchmarks/vs_trl.py
 
 lint: install
 	.venv/bin/ruff check .
