@@ -36,8 +36,6 @@ async def run_agent_episode(
     seed: int,
 ) -> bool:
     """Run the agent; True when the episode finished (reward set on every trajectory), False if abandoned."""
-    import openai
-
     traj.prompt_ids, traj.segments, traj.turns, traj.reward, traj.finish_reason = [], [], [], None, None
     buffer.drop_forks(traj)  # a restart after resume: the earlier attempt's forks are void
     forks: list[Trajectory] = []
@@ -67,9 +65,7 @@ async def run_agent_episode(
         on_call=on_call,
         should_stop=lambda: buffer.doomed(traj.group_id),
     )
-    client = openai.AsyncOpenAI(
-        base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0, timeout=None
-    )
+    client = gateway.client(sid)  # the official client, served in this process (gateway/inprocess.py)
     finish, reward = FinishReason.ANSWER, 0.0
     try:
         outcome = await env.run(client)

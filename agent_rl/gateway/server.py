@@ -15,7 +15,9 @@ budget) and the agent sees one ordinary response whose tokens carry the versions
 
 External agents (another process or language) use the same routes: `POST /sessions` opens a session
 and answers its `base_url`; `POST /sessions/{id}/close` closes it and answers the assembled
-trajectories as JSON (token ids, loss mask, log-probs, versions).
+trajectories as JSON (token ids, loss mask, log-probs, versions). An agent in this process gets
+`gw.client(sid)`: the official client over an in-process transport (inprocess.py) that hands the same
+request body to the same handler (`chat_reply`) without a socket; no `start()` needed for it.
 """
 
 from __future__ import annotations
@@ -34,15 +36,30 @@ from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.gateway.assemble import assemble
-from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
+from agent_rl.gateway.prompt import Answered, PromptBuilder
 from agent_rl.gateway.record import Call, SessionStats
 from agent_rl.openai import chat
-from agent_rl.openai.errors import NotFound, errors_to_json, parse
+from agent_rl.openai.errors import NotFound, as_error, error_body, errors_to_json
+from agent_rl.openai.errors import parse_body as parse_request
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 from agent_rl.openai.tool_parsers import get_parser
+from envs.codec import codec
 
 log = logging.getLogger(__name__)
 GATEWAY = web.AppKey("gateway", object)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer of the gateway, whichever face (aiohttp routes, in-process transport) sends it."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, status: int, data: dict) -> Reply:
+        return cls(status, json.dumps(data).encode())
 
 
 class SessionOver(RuntimeError):
@@ -100,7 +117,9 @@ class Gateway:
         self.parser = get_parser(tool_parser)
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
         self.builder = PromptBuilder(tokenizer)
+        self.codec = codec(tokenizer)
         self.sessions: dict[str, Session] = {}
+        self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
         self.url: str | None = None
         self.engine_retries = 0
         self._runner: web.AppRunner | None = None
@@ -129,6 +148,14 @@ class Gateway:
         if self.url is None:
             raise RuntimeError("Gateway.start() first")
         return f"{self.url}/sessions/{sid}/v1"
+
+    def client(self, sid: str) -> Any:
+        """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); the caller closes it."""
+        from agent_rl.gateway.inprocess import InProcessTransport, session_client
+
+        if self._transport is None:
+            self._transport = InProcessTransport(self)
+        return session_client(self._transport, sid)
 
     def open(
         self,
@@ -171,7 +198,8 @@ class Gateway:
             raise SessionOver(f"session {s.id}: {s.over}")
         messages = chat.template_messages(req.messages)
         tools = chat.template_tools(req.tools)
-        ids, extended = self.builder.build(messages, tools, req.chat_template_kwargs, s.answered)
+        built = self.builder.prepare(messages, tools, req.chat_template_kwargs, s.answered)
+        ids, extended = built.ids, built.extended
         budget = [self.max_seq_len - len(ids)]
         if req.max_tokens is not None:
             budget.append(req.max_tokens)
@@ -197,17 +225,15 @@ class Gateway:
         )
         parser = self.parser if req.parse_tools else None
         stops = chat_stops(req)
-        keys = tuple(message_key(m) for m in messages)
-        ctx = context_key(tools, req.chat_template_kwargs)
         choices = []
         for i, c in enumerate(calls):
             c = replace(c, seconds=time.monotonic() - t0)
-            text = self.tok.decode(list(c.token_ids), skip_special_tokens=req.skip_special_tokens)
+            text = self.codec.decode(c.token_ids, skip_special_tokens=req.skip_special_tokens)
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
             lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
             ch = chat.choice(i, text, c.finish_reason, parser, lps)
-            s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
+            s.answered.append(Answered(built.keys, built.context, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
             s.stats.sampled_tokens += len(c.token_ids)
             s.stats.aborts += c.aborts
@@ -265,6 +291,41 @@ class Gateway:
             await asyncio.sleep(0.2 * 2**attempt)
         raise AssertionError("unreachable")
 
+    # -- the HTTP face ------------------------------------------------------------------------
+    async def chat_reply(self, sid: str, raw: bytes, where: str) -> Reply:
+        """POST /sessions/{sid}/v1/chat/completions: the request body in, the answer out; request errors as
+        OpenAI error bodies (an engine that failed after retries: 502, a spent budget: 409)."""
+        try:
+            s = self.session(sid)
+            req = parse_request(raw, ChatReq)
+            warn_unknown(req, "gateway /v1/chat/completions")
+            try:
+                body = await self.complete(s, req)
+            except SessionOver as e:
+                return Reply.json(409, error_body(409, str(e), code="session_over"))
+            except BadRequest:
+                raise
+            except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
+                s.stats.errors.append(repr(e))
+                return Reply.json(502, error_body(502, f"session {s.id}: engine failed: {e!r}"))
+        except Exception as e:
+            reply = as_error(e, where)
+            if reply is None:
+                raise
+            return Reply.json(*reply)
+        if not req.stream:
+            return Reply.json(200, body)
+        return Reply(200, _events(body, req), "text/event-stream")
+
+    def models_reply(self, sid: str, where: str) -> Reply:
+        """GET /sessions/{sid}/v1/models."""
+        try:
+            self.session(sid)
+        except NotFound as e:
+            return Reply.json(*as_error(e, where))  # type: ignore[misc]
+        data = [{"id": self.model_name, "object": "model", "owned_by": "agent-rl"}]
+        return Reply.json(200, {"object": "list", "data": data})
+
 
 def chat_stops(req: ChatReq) -> list[str]:
     return [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -280,66 +341,42 @@ def _seed(base: int, rid: str, offset: int) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-# -- routes -------------------------------------------------------------------------------
-async def _models(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    gw.session(request.match_info["sid"])
-    return web.json_response(
-        {"object": "list", "data": [{"id": gw.model_name, "object": "model", "owned_by": "agent-rl"}]}
-    )
-
-
-async def _chat(request: web.Request) -> web.StreamResponse:
-    gw: Gateway = request.app[GATEWAY]
-    s = gw.session(request.match_info["sid"])
-    req = await parse(request, ChatReq)
-    warn_unknown(req, "gateway /v1/chat/completions")
-    try:
-        body = await gw.complete(s, req)
-    except SessionOver as e:
-        from agent_rl.openai.errors import error
-
-        return error(409, str(e), code="session_over")
-    except BadRequest:
-        raise
-    except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(repr(e))
-        from agent_rl.openai.errors import error
-
-        return error(502, f"session {s.id}: engine failed: {e!r}")
-    if not req.stream:
-        return web.json_response(body)
-    # Streaming: the response is sent when complete (continuations across weight updates are hidden),
-    # as one chunk per choice with the whole delta, then usage and [DONE].
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    head = {
-        "id": body["id"],
-        "object": "chat.completion.chunk",
-        "created": body["created"],
-        "model": body["model"],
-    }
+def _events(body: dict, req: ChatReq) -> bytes:
+    """A completed answer as server-sent events: one chunk per choice with the whole delta, then usage and
+    [DONE] (the response is sent when complete: continuations across weight updates are hidden)."""
+    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    out = []
     for ch in body["choices"]:
         delta = dict(ch["message"])
         if "tool_calls" in delta:
             delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
-        chunk = {
-            **head,
-            "choices": [
-                {
-                    "index": ch["index"],
-                    "delta": delta,
-                    "logprobs": ch["logprobs"],
-                    "finish_reason": ch["finish_reason"],
-                }
-            ],
+        choice = {
+            "index": ch["index"],
+            "delta": delta,
+            "logprobs": ch["logprobs"],
+            "finish_reason": ch["finish_reason"],
         }
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        out.append({**head, "choices": [choice]})
     if req.stream_options is not None and req.stream_options.include_usage:
-        await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': body['usage']})}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
+        out.append({**head, "choices": [], "usage": body["usage"]})
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in out) + b"data: [DONE]\n\n"
+
+
+# -- routes -------------------------------------------------------------------------------
+def _send(r: Reply) -> web.Response:
+    headers = {"Cache-Control": "no-cache"} if r.content_type == "text/event-stream" else None
+    return web.Response(status=r.status, body=r.body, content_type=r.content_type, headers=headers)
+
+
+async def _models(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    return _send(gw.models_reply(request.match_info["sid"], f"{request.method} {request.path}"))
+
+
+async def _chat(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    raw = await request.read()
+    return _send(await gw.chat_reply(request.match_info["sid"], raw, f"{request.method} {request.path}"))
 
 
 async def _open(request: web.Request) -> web.Response:

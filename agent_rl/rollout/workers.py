@@ -275,18 +275,14 @@ class Rollouts:
         from agent_rl.gateway.episode import AgentEpisodeError, run_agent_episode
         from agent_rl.gateway.server import Gateway
 
-        if self._gateway is None:
-            gw = Gateway(
+        if self._gateway is None:  # agents run in this process: their clients need no HTTP server
+            self._gateway = Gateway(
                 self.engine,
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
                 tool_parser=env.spec.agent.tool_parser,
                 max_retries=self.cfg.max_retries,
             )
-            self._gateway = gw
-            await gw.start()
-        while self._gateway.url is None:  # another episode is starting it
-            await asyncio.sleep(0.01)
         try:
             return await run_agent_episode(
                 self._gateway, env, traj, self.buffer, self.cfg, self.counters, seed=self.seed
