@@ -124,7 +124,7 @@ async def _cell(path: str, workers: int, steps: int, warm: int, tok_dir: Path, p
         from agent_rl.rollout.sharded import ShardedRollouts, WorkerEnv
 
         cfg = cfg.model_copy(update={"workers": workers})
-        rollouts = ShardedRollouts(cfg, buffer, prompts, WorkerEnv(spec, str(tok_dir)), engine, **kw)
+        rollouts = ShardedRollouts(cfg, buffer, prompts, WorkerEnv(spec, tok), engine, **kw)
     rollouts.start()
     prof = CpuSampler() if profile else None
     try:
