@@ -13,18 +13,16 @@ recorded as a `Call` (prompt ids, sampled ids, behaviour log-probs, versions). W
 aborts a request mid-way, the gateway sends the continuation (prompt + tokens so far, remaining
 budget) and the agent sees one ordinary response whose tokens carry the versions that sampled them.
 
-External agents (another process or language) use the same routes: `POST /sessions` opens a session
-and answers its `base_url`; `POST /sessions/{id}/close` closes it and answers the assembled
-trajectories as JSON (token ids, loss mask, log-probs, versions). An agent in this process gets
-`gw.client(sid)`: the official client over an in-process transport (inprocess.py) that hands the same
-request body to the same handler (`chat_reply`) without a socket; no `start()` needed for it.
+Agents in another process or language open sessions over HTTP, or claim a training run's tasks
+(external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`). An agent in this
+process gets `gw.client(sid)`: the official client over an in-process transport (inprocess.py) that
+hands chat requests to the same handler (routes.py `chat_reply`) without a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -35,13 +33,12 @@ from typing import Any
 from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
-from agent_rl.gateway.assemble import assemble
+from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.prompt import Answered, PromptBuilder
-from agent_rl.gateway.record import Call, SessionStats
-from agent_rl.openai import chat
-from agent_rl.openai.errors import NotFound, as_error, error_body, errors_to_json
-from agent_rl.openai.errors import parse_body as parse_request
-from agent_rl.openai.protocol import ChatReq, warn_unknown
+from agent_rl.gateway.record import Call, SessionLimits, SessionStats
+from agent_rl.openai import chat, responses, structured
+from agent_rl.openai.errors import NotFound, errors_to_json
+from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
 
@@ -49,30 +46,12 @@ log = logging.getLogger(__name__)
 GATEWAY = web.AppKey("gateway", object)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP answer of the gateway, whichever face (aiohttp routes, in-process transport) sends it."""
-
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-
-    @classmethod
-    def json(cls, status: int, data: dict) -> Reply:
-        return cls(status, json.dumps(data).encode())
-
-
 class SessionOver(RuntimeError):
     """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
 
 
-@dataclass(frozen=True)
-class SessionLimits:
-    """Budgets of one episode; None = no limit beyond the engine's context."""
-
-    max_calls: int | None = None  # chat completion requests
-    max_tokens_per_call: int | None = None
-    max_sampled_tokens: int | None = None  # all calls together
+class EngineFailed(RuntimeError):
+    """The engines failed a call after retries (answered 502; never the agent's fault)."""
 
 
 @dataclass
@@ -114,24 +93,35 @@ class Gateway:
         max_retries: int = 3,
     ):
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
-        self.parser = get_parser(tool_parser)
+        self.parser, self.parser_name = get_parser(tool_parser), tool_parser
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
+        # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
+        self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
         self.codec = codec(tokenizer)
         self.sessions: dict[str, Session] = {}
-        self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
+        self.response_stores: dict[str, responses.Store] = {}  # previous_response_id, per session
+        from agent_rl.gateway.external import Board
+
+        self.board = Board()  # tasks of `type: external` envs, claimed over HTTP (external.py)
+        self.record_path: str | None = (
+            None  # `agent-rl gateway --record`: closed sessions appended as JSON lines
+        )
         self.url: str | None = None
         self.engine_retries = 0
         self._runner: web.AppRunner | None = None
+        self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
+        self._starting: asyncio.Lock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
         app[GATEWAY] = self
-        app.router.add_get("/sessions/{sid}/v1/models", _models)
-        app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
-        app.router.add_post("/sessions", _open)
-        app.router.add_post("/sessions/{sid}/close", _close)
+        from agent_rl.gateway.external import add_session_routes
+        from agent_rl.gateway.routes import add_routes
+
+        add_routes(app)
+        add_session_routes(app, GATEWAY)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -140,22 +130,31 @@ class Gateway:
         return self.url
 
     async def close(self) -> None:
+        if self._transport is not None:
+            await self._transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
 
-    def base_url(self, sid: str) -> str:
-        if self.url is None:
-            raise RuntimeError("Gateway.start() first")
-        return f"{self.url}/sessions/{sid}/v1"
+    async def ensure_started(self) -> str:
+        """The HTTP server's URL, started now if it is not yet (once, however many callers ask at once)."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            return self.url or await self.start()
 
     def client(self, sid: str) -> Any:
-        """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); the caller closes it."""
+        """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
         from agent_rl.gateway.inprocess import InProcessTransport, session_client
 
         if self._transport is None:
             self._transport = InProcessTransport(self)
         return session_client(self._transport, sid)
+
+    def base_url(self, sid: str) -> str:
+        if self.url is None:
+            raise RuntimeError("Gateway.start() first")
+        return f"{self.url}/sessions/{sid}/v1"
 
     def open(
         self,
@@ -176,6 +175,7 @@ class Gateway:
         return s
 
     def close_session(self, sid: str) -> Session:
+        self.response_stores.pop(sid, None)
         s = self.sessions.pop(sid)
         s.closed = True
         return s
@@ -189,10 +189,7 @@ class Gateway:
     # -- one chat completion --------------------------------------------------------------
     async def complete(self, s: Session, req: ChatReq) -> dict:
         s.check()
-        if req.top_logprobs:
-            raise ValueError(
-                "top_logprobs is not available through the gateway (it records the sampled tokens')"
-            )
+        structure = structured.for_chat(req, self.parser_name)
         if s.limits.max_calls is not None and s.stats.calls >= s.limits.max_calls:
             s.over = f"call budget spent ({s.limits.max_calls} chat completions per episode)"
             raise SessionOver(f"session {s.id}: {s.over}")
@@ -200,6 +197,9 @@ class Gateway:
         tools = chat.template_tools(req.tools)
         built = self.builder.prepare(messages, tools, req.chat_template_kwargs, s.answered)
         ids, extended = built.ids, built.extended
+        if len(ids) >= self.max_seq_len:
+            s.over = f"context full (prompt {len(ids)} tokens, context {self.max_seq_len})"
+            chat.check_context(len(ids), self.max_seq_len)
         budget = [self.max_seq_len - len(ids)]
         if req.max_tokens is not None:
             budget.append(req.max_tokens)
@@ -214,15 +214,25 @@ class Gateway:
         s.stats.calls += 1
         s.stats.extended += int(extended)
         s.stats.rerendered += int(not extended)
-        base = req.to_params(min(budget))
+        base = replace(
+            req.to_params(min(budget)),
+            constraint=structure.constraint,
+            stop=stop_tuple(req.stop) + structure.stop,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
         if s.sampling is not None:
             base = replace(
                 base, temperature=s.sampling.temperature, top_p=s.sampling.top_p, top_k=s.sampling.top_k
             )
         t0 = time.monotonic()
-        calls = await asyncio.gather(
-            *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
-        )
+        try:
+            calls = await asyncio.gather(
+                *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
+            )
+        except (SessionOver, BadRequest):
+            raise
+        except Exception as e:  # engines down after retries
+            raise EngineFailed(f"session {s.id}: engine failed: {e!r}") from e
         parser = self.parser if req.parse_tools else None
         stops = chat_stops(req)
         choices = []
@@ -231,7 +241,11 @@ class Gateway:
             text = self.codec.decode(c.token_ids, skip_special_tokens=req.skip_special_tokens)
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
-            lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
+            lps = (
+                chat.logprob_content(self.tok, c.token_ids, c.logprobs, c.top_logprobs)
+                if req.logprobs
+                else None
+            )
             ch = chat.choice(i, text, c.finish_reason, parser, lps)
             s.answered.append(Answered(built.keys, built.context, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
@@ -257,25 +271,46 @@ class Gateway:
         toks: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
+        unmasked: list[float] = []
+        tops: list = []
         aborts, finish = 0, "length"
+        c = params.constraint
         while True:
             s.check()
             room = min(params.max_new_tokens - len(toks), self.max_seq_len - len(ids) - len(toks))
             if room < 1:
                 finish = "length"
                 break
-            seed = _seed(s.seed, rid, len(toks))
+            p = replace(params, max_new_tokens=room, seed=_seed(s.seed, rid, len(toks)))
+            if c is not None and toks:  # the grammar resumes after the tokens already sampled
+                p = replace(p, constraint=replace(c, resume_ids=tuple(toks)))
             gen = await self._generate(
-                ids + toks, replace(params, max_new_tokens=room, seed=seed), f"{rid}.{len(toks)}"
+                ids + toks, p, f"{rid}.{len(toks)}" + (f"r{aborts}" if aborts and not toks else "")
             )
+            if gen.finish_reason == "abort" and c is not None and not self.resumes_constraints:
+                toks, lps, vers, unmasked, tops = [], [], [], [], []  # restart: this engine cannot resume
+                aborts += 1
+                continue
             toks += gen.token_ids
             lps += gen.logprobs
             vers += gen.versions
+            unmasked += gen.unmasked_logprobs or []
+            tops += gen.top_logprobs or []
             finish = gen.finish_reason
             if finish != "abort":
                 break
             aborts += 1
-        return Call(tuple(ids), tuple(toks), tuple(lps), tuple(vers), finish, aborts, extended)
+        return Call(
+            tuple(ids),
+            tuple(toks),
+            tuple(lps),
+            tuple(vers),
+            finish,
+            aborts,
+            extended,
+            unmasked_logprobs=tuple(unmasked) if c is not None else None,
+            top_logprobs=tuple(tuple(t) for t in tops) if params.top_logprobs else None,
+        )
 
     async def _generate(self, ids: list[int], params: SamplingParams, rid: str):
         for attempt in range(self.max_retries + 1):
@@ -291,41 +326,6 @@ class Gateway:
             await asyncio.sleep(0.2 * 2**attempt)
         raise AssertionError("unreachable")
 
-    # -- the HTTP face ------------------------------------------------------------------------
-    async def chat_reply(self, sid: str, raw: bytes, where: str) -> Reply:
-        """POST /sessions/{sid}/v1/chat/completions: the request body in, the answer out; request errors as
-        OpenAI error bodies (an engine that failed after retries: 502, a spent budget: 409)."""
-        try:
-            s = self.session(sid)
-            req = parse_request(raw, ChatReq)
-            warn_unknown(req, "gateway /v1/chat/completions")
-            try:
-                body = await self.complete(s, req)
-            except SessionOver as e:
-                return Reply.json(409, error_body(409, str(e), code="session_over"))
-            except BadRequest:
-                raise
-            except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
-                s.stats.errors.append(repr(e))
-                return Reply.json(502, error_body(502, f"session {s.id}: engine failed: {e!r}"))
-        except Exception as e:
-            reply = as_error(e, where)
-            if reply is None:
-                raise
-            return Reply.json(*reply)
-        if not req.stream:
-            return Reply.json(200, body)
-        return Reply(200, _events(body, req), "text/event-stream")
-
-    def models_reply(self, sid: str, where: str) -> Reply:
-        """GET /sessions/{sid}/v1/models."""
-        try:
-            self.session(sid)
-        except NotFound as e:
-            return Reply.json(*as_error(e, where))  # type: ignore[misc]
-        data = [{"id": self.model_name, "object": "model", "owned_by": "agent-rl"}]
-        return Reply.json(200, {"object": "list", "data": data})
-
 
 def chat_stops(req: ChatReq) -> list[str]:
     return [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -339,73 +339,3 @@ def _cut_stop(text: str, stops: list[str]) -> str:
 def _seed(base: int, rid: str, offset: int) -> int:
     digest = hashlib.blake2b(f"{base}:{rid}:{offset}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def _events(body: dict, req: ChatReq) -> bytes:
-    """A completed answer as server-sent events: one chunk per choice with the whole delta, then usage and
-    [DONE] (the response is sent when complete: continuations across weight updates are hidden)."""
-    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    out = []
-    for ch in body["choices"]:
-        delta = dict(ch["message"])
-        if "tool_calls" in delta:
-            delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
-        choice = {
-            "index": ch["index"],
-            "delta": delta,
-            "logprobs": ch["logprobs"],
-            "finish_reason": ch["finish_reason"],
-        }
-        out.append({**head, "choices": [choice]})
-    if req.stream_options is not None and req.stream_options.include_usage:
-        out.append({**head, "choices": [], "usage": body["usage"]})
-    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in out) + b"data: [DONE]\n\n"
-
-
-# -- routes -------------------------------------------------------------------------------
-def _send(r: Reply) -> web.Response:
-    headers = {"Cache-Control": "no-cache"} if r.content_type == "text/event-stream" else None
-    return web.Response(status=r.status, body=r.body, content_type=r.content_type, headers=headers)
-
-
-async def _models(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    return _send(gw.models_reply(request.match_info["sid"], f"{request.method} {request.path}"))
-
-
-async def _chat(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    raw = await request.read()
-    return _send(await gw.chat_reply(request.match_info["sid"], raw, f"{request.method} {request.path}"))
-
-
-async def _open(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    raw = await request.read()
-    data = json.loads(raw) if raw.strip() else {}
-    sid = data.get("session_id") or uuid.uuid4().hex
-    gw.open(sid, seed=int(data.get("seed", 0)))
-    return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})
-
-
-async def _close(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    sid = request.match_info["sid"]
-    gw.session(sid)
-    s = gw.close_session(sid)
-    trajectories, splits = assemble(s.calls, uid=sid, group_id=sid)
-    out = []
-    for t in trajectories:
-        flat = t.flatten()
-        out.append(
-            {
-                "uid": t.uid,
-                "input_ids": flat.input_ids,
-                "loss_mask": flat.loss_mask,
-                "logprobs": flat.behavior_logprobs,
-                "versions": flat.versions,
-            }
-        )
-    return web.json_response(
-        {"session_id": sid, "calls": s.stats.calls, "splits": splits, "trajectories": out}
-    )

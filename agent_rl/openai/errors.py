@@ -13,6 +13,15 @@ from agent_rl.engines.api import EngineError
 M = TypeVar("M", bound=BaseModel)
 
 
+class Invalid(ValueError):
+    """A client mistake answered with 400 and OpenAI's `param`/`code` (a template that refuses the messages,
+    a prompt longer than the context, an option with a value we cannot honour)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
 class NotFound(LookupError):
     """Answered with 404 (e.g. an unknown model); `param` names the field."""
 
@@ -26,9 +35,7 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 404:
         kind = "not_found_error"
-    return {
-        "error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}
-    }
+    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
 
 
 def error(
@@ -46,9 +53,14 @@ def as_error(e: Exception, where: str) -> tuple[int, dict] | None:
     if isinstance(e, ValidationError):
         errs = e.errors()
         param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
+        if isinstance(cause, Invalid):  # raised by a model validator: it names the field itself
+            return 400, error_body(400, f"{where}: {cause}", param=cause.param, code=cause.code)
         return 400, error_body(400, f"{where}: {one_line(e)}", param=param)
+    if isinstance(e, Invalid):
+        return 400, error_body(400, f"{where}: {e}", param=e.param, code=e.code)
     if isinstance(e, (ValueError, KeyError, TypeError)):  # BadRequest is a ValueError
-        return 400, error_body(400, f"{where}: {e}")
+        return 400, error_body(400, f"{where}: {e}", code=getattr(e, "code", None))
     if isinstance(e, EngineError):
         return 500, error_body(500, f"{where}: {e}")
     return None

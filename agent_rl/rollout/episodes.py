@@ -9,6 +9,7 @@ the driver (workers.Rollouts, the buffer itself behind `EpisodeBuffer`) or in a 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -75,6 +76,7 @@ class RolloutCounters:
     # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
     agent_splits: int = 0
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
+    agent_errors: int = 0  # of `errors`: the agent raised (its own bug or a 4xx it did not handle), not an engine
 
     def __add__(self, other: RolloutCounters) -> RolloutCounters:
         return RolloutCounters(
@@ -238,14 +240,21 @@ class EpisodeRunner:
         from agent_rl.gateway.episode import AgentEpisodeError, run_agent_episode
         from agent_rl.gateway.server import Gateway
 
-        if self._gateway is None:  # agents run in this process: their clients need no HTTP server
-            self._gateway = Gateway(
+        if self._gateway is None:
+            ext = env.spec.external
+            gw = self._gateway = Gateway(
                 self.engine,
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
-                tool_parser=env.spec.agent.tool_parser,
+                tool_parser=env.tool_parser,
                 max_retries=self.cfg.max_retries,
+                **({"host": ext.host, "port": ext.port} if ext is not None else {}),
             )
+            if ext is not None:  # agents in other processes reach it over HTTP; ours use gw.client (no socket)
+                await gw.start()
+                print(f"external agents: claim tasks at POST {gw.url}/tasks/claim", flush=True)
+        while env.spec.external is not None and self._gateway.url is None:  # another episode is starting it
+            await asyncio.sleep(0.01)
         try:
             return await run_agent_episode(
                 self._gateway, env, traj, self.buffer, self.cfg, self.counters, seed=self.seed
@@ -265,8 +274,6 @@ class EpisodeRunner:
 
     async def _generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
         """engine.generate with bounded, counted retries on infrastructure errors."""
-        import asyncio
-
         for attempt in range(self.cfg.max_retries + 1):
             self.busy.enter()
             try:

@@ -164,6 +164,7 @@ class Rates:
                 "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
                 "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
                 "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
+                "rollout/agent_errors": c.agent_errors,
             }
             if c.agent_calls
             else {}
