@@ -111,7 +111,7 @@ async def _cell(path: str, workers: int, steps: int, warm: int, tok_dir: Path, p
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     texts = TIR_TURNS if path == "tir" else AGENT_TURNS
     turns = [tok.encode(t, add_special_tokens=False) for t in texts]
-    marker = tok.encode("```output" if path == "tir" else "<tool_response>", add_special_tokens=False)[0]
+    marker = tok.convert_tokens_to_ids("output" if path == "tir" else "response")  # only in a tool result
     engine = InstantEngine(turns, marker)
     sandbox = envs.make_sandbox(spec)
     buffer = RolloutBuffer(BufferConfig(max_staleness=K), batch_prompts=BATCH, group_size=spec.group_size)
