@@ -82,5 +82,9 @@ def session_client(transport: InProcessTransport, sid: str) -> Any:
 
     http = transport.http.AsyncClient(transport=transport, timeout=None)
     return openai.AsyncOpenAI(
-        base_url=f"{BASE}/sessions/{sid}/v1", api_key="agent-rl", max_retries=0, timeout=None, http_client=http
+        base_url=f"{BASE}/sessions/{sid}/v1",
+        api_key="agent-rl",
+        max_retries=0,
+        timeout=None,
+        http_client=http,
     )

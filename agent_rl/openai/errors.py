@@ -35,7 +35,9 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 404:
         kind = "not_found_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
+    return {
+        "error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}
+    }
 
 
 def error(

@@ -76,7 +76,7 @@ class RolloutCounters:
     # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
     agent_splits: int = 0
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
-    agent_errors: int = 0  # of `errors`: the agent raised (its own bug or a 4xx it did not handle), not an engine
+    agent_errors: int = 0  # of `errors`: the agent raised (its bug, or a 4xx it did not handle), no engine
 
     def __add__(self, other: RolloutCounters) -> RolloutCounters:
         return RolloutCounters(
@@ -250,7 +250,7 @@ class EpisodeRunner:
                 max_retries=self.cfg.max_retries,
                 **({"host": ext.host, "port": ext.port} if ext is not None else {}),
             )
-            if ext is not None:  # agents in other processes reach it over HTTP; ours use gw.client (no socket)
+            if ext is not None:  # agents in other processes reach it over HTTP (ours: gw.client, no socket)
                 await gw.start()
                 print(f"external agents: claim tasks at POST {gw.url}/tasks/claim", flush=True)
         while env.spec.external is not None and self._gateway.url is None:  # another episode is starting it

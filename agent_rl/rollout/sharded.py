@@ -85,8 +85,8 @@ class ShardedRollouts:
         return next((w.last_error for w in self.workers if w.last_error), None)
 
     def stats(self) -> dict[str, float]:
-        active = sum(1 for w in self.workers if w.counters.episodes)
-        return self.rates.stats(self.counters, self.busy.total()) | {"rollout/processes_with_episodes": active}
+        active = {"rollout/processes_with_episodes": sum(1 for w in self.workers if w.counters.episodes)}
+        return self.rates.stats(self.counters, self.busy.total()) | active
 
     # -- lifecycle (call on the loop) ---------------------------------------------------------
     def start(self) -> None:
