@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -79,7 +80,8 @@ class InstantEngine:
 
 # -- one cell (runs in its own process, against whichever tree is on sys.path) ------------
 def _tree_cpu(root: int) -> float:
-    """CPU seconds (user + system, plus reaped children) of every live process under `root`, root excluded."""
+    """CPU seconds of the processes under `root` (this process), root's own excluded: those it reaped
+    (RUSAGE_CHILDREN, their reaped children included) and the live ones (user + system + their reaped)."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     stats: dict[int, list[str]] = {}
@@ -88,7 +90,8 @@ def _tree_cpu(root: int) -> float:
             with contextlib.suppress(OSError):
                 f = (d / "stat").read_text().rsplit(")", 1)[1].split()
                 parents[int(d.name)], stats[int(d.name)] = int(f[1]), f
-    tree, total = [root], 0.0
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tree, total = [root], reaped.ru_utime + reaped.ru_stime
     for pid in tree:
         kids = [c for c, p in parents.items() if p == pid]
         tree += kids
@@ -254,7 +257,10 @@ def _baseline_tree(ref: str) -> tuple[Path, str]:
 
 
 def _run_cell(tree: Path, path: str, workers: int, args, tok: Path, profile: bool) -> dict:
-    spec = dict(path=path, workers=workers, steps=args.steps, warm=args.warm, tok=str(tok), profile=profile)
+    steps = (args.steps if path == "tir" else args.agent_steps) * (
+        3 if profile else 1
+    )  # profiles: more samples
+    spec = dict(path=path, workers=workers, steps=steps, warm=args.warm, tok=str(tok), profile=profile)
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--cell", json.dumps(spec)],
@@ -272,7 +278,8 @@ def _run_cell(tree: Path, path: str, workers: int, args, tok: Path, profile: boo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every cell")
-    p.add_argument("--steps", type=int, default=16, help="measured consumer steps (8 groups x 8 each)")
+    p.add_argument("--steps", type=int, default=16, help="measured consumer steps (8 groups x 8), tir path")
+    p.add_argument("--agent-steps", type=int, default=4, help="measured consumer steps, agent path")
     p.add_argument("--warm", type=int, default=2, help="consumer steps before measuring")
     p.add_argument("--baseline", default="merge-base", help="git ref of the baseline tree ('none': skip)")
     p.add_argument("--workers", default="1,2", help="rollout process counts of the current tree")
@@ -285,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     WORK.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
     toks = _build_tokenizers()
     trees = {"current": (ROOT, _head(ROOT))}
     if args.baseline != "none":
@@ -312,20 +320,33 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     profiles = {}
-    for tree in trees:
-        for path in paths:
-            print(f"profile {tree} {path}", flush=True)
-            res = _run_cell(trees[tree][0], path, 1, args, toks[path], profile=True)
-            profiles[f"{tree}/{path}"] = res["profile"]
+    for tree, path, n in plan:
+        print(f"profile {tree} {path} workers={n}", flush=True)
+        res = _run_cell(trees[tree][0], path, n, args, toks[path], profile=True)
+        profiles[f"{tree}/{path}/workers={n}"] = {k: v for k, v in res.items() if k != "profile"} | {
+            "table": res["profile"]
+        }
     summary = _summary(cells, trees, paths, ns)
     result = {
         "benchmark": "orchestration",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg(),
+        },
         "trees": {k: v[1] for k, v in trees.items()},
-        "settings": {"rounds": args.rounds, "steps": args.steps, "warm": args.warm, "batch": BATCH, "k": K},
+        "settings": {
+            "rounds": args.rounds,
+            "steps": {"tir": args.steps, "agent": args.agent_steps},
+            "warm": args.warm,
+            "batch": BATCH,
+            "k": K,
+        },
         "cells": cells,
         "summary": summary,
+        "goals": _goals(summary),
         "profiles": profiles,
     }
     OUT.mkdir(parents=True, exist_ok=True)
@@ -369,39 +390,78 @@ def _summary(cells: list[dict], trees: dict, paths: list[str], ns: list[int]) ->
     return out
 
 
+GOALS_MS = {"tir": 1.0, "agent": 3.0}  # issue #23: driver CPU per SimpleTIR turn / per gateway chat call
+
+
+def _goals(summary: dict) -> dict:
+    out = {}
+    for path, row in summary.items():
+        ms = row["current_driver_ms_per_call"]
+        out[f"{path}_driver_ms_per_call"] = {
+            "goal": GOALS_MS[path],
+            "measured": ms,
+            "met": ms <= GOALS_MS[path],
+        }
+        for n, x in row["scaling"].items():
+            if n != "1" and x is not None:
+                out[f"{path}_calls_per_s_x{n}"] = {
+                    "goal": 0.8 * int(n),
+                    "measured": x,
+                    "met": x >= 0.8 * int(n),
+                }
+    return out
+
+
 def _markdown(r: dict) -> str:
-    s = r["summary"]
+    s, m = r["summary"], r["machine"]
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     lines = [
         "# Orchestration: driver CPU per model call (instant engine)",
         "",
-        f"{r['date']}, {r['machine']['cpus']} cores, load average at the end {r['machine']['load_avg']}; "
-        f"trees: {r['trees']}; {r['settings']['rounds']} interleaved rounds of "
-        f"{r['settings']['steps']} steps x {r['settings']['batch']} groups x 8 episodes; medians [min, max].",
+        f"{r['date']}; {m['cpus']} cores; load average {m['load_avg_start'][0]:.1f} at the start, "
+        f"{m['load_avg_end'][0]:.1f} at the end (the machine is shared); trees: {r['trees']}; "
+        f"{r['settings']['rounds']} interleaved rounds; steps {r['settings']['steps']} x {r['settings']['batch']} "
+        "groups x 8 episodes, 2 model calls per episode; medians [min, max] over rounds. Driver CPU: the "
+        "driver process's CPU time (all threads) over the measured steps per model call; whole tree: plus its "
+        "rollout processes and sandboxes.",
         "",
         "| path | baseline driver ms/call | current driver ms/call | current, whole tree ms/call |",
         "|---|---|---|---|",
     ]
     for path, row in s.items():
-        b = row.get("baseline_driver_ms_per_call")
-        br = row.get("baseline_driver_ms_per_call_range", [])
-        cr = row["current_driver_ms_per_call_range"]
-        btxt = f"{b:.2f} [{br[0]:.2f}, {br[1]:.2f}]" if b is not None else "-"
-        lines.append(
-            f"| {path} | {btxt} | {row['current_driver_ms_per_call']:.2f} [{cr[0]:.2f}, {cr[1]:.2f}] "
-            f"| {row['current_total_ms_per_call']:.2f} |"
+        br, cr = (
+            row.get("baseline_driver_ms_per_call_range") or [None, None],
+            row["current_driver_ms_per_call_range"],
         )
-    lines += ["", "| path | rollout processes | calls/s [min, max] | episodes/s | x of 1 process | driver ms/call |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {path} | {f(row.get('baseline_driver_ms_per_call'))} [{f(br[0])}, {f(br[1])}] "
+            f"| {f(row['current_driver_ms_per_call'])} [{f(cr[0])}, {f(cr[1])}] | {f(row['current_total_ms_per_call'])} |"
+        )
+    lines += [
+        "",
+        "| path | rollout processes | calls/s [min, max] | episodes/s | x of 1 process | driver ms/call |",
+        "|---|---|---|---|---|---|",
+    ]
     for path, row in s.items():
         for n, v in row["calls_per_s"].items():
             rng = row["calls_per_s_range"][n]
             d = row["sharded_driver_ms_per_call"].get(n, row["current_driver_ms_per_call"])
             lines.append(
                 f"| {path} | {n} | {v:.0f} [{rng[0]:.0f}, {rng[1]:.0f}] | {row['episodes_per_s'][n]:.0f} "
-                f"| {row['scaling'][n]:.2f} | {d:.2f} |"
+                f"| {f(row['scaling'][n])} | {f(d)} |"
             )
-    for name, text in r["profiles"].items():
-        lines += ["", f"## Profile: {name} (driver CPU, in-process, sampled)", "", "```", text, "```"]
+    lines += ["", "| goal | target | measured | met |", "|---|---|---|---|"]
+    for name, g in r["goals"].items():
+        lines.append(f"| {name} | {g['goal']:g} | {g['measured']:.2f} | {'yes' if g['met'] else 'no'} |")
+    for name, prof in r["profiles"].items():
+        lines += [
+            "",
+            f"## Profile: {name} (driver CPU, sampled; {prof['driver_ms_per_call']:.2f} ms/call in this run)",
+            "",
+            "```",
+            prof["table"],
+            "```",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -115,19 +115,27 @@ class Failed:  # worker -> driver: a bug or too many errors; the run stops with 
 
 
 class Link:
-    """Length-prefixed pickles over an asyncio stream."""
+    """Length-prefixed pickles over an asyncio stream; the messages sent in one turn of the event loop go
+    as one pickled list (one write, one read and one wake-up on the other side for all of them)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
+        self._out: list[Any] = []
 
     def send(self, msg: Any) -> None:
-        data = pickle.dumps(msg, protocol=5)
-        self.writer.write(len(data).to_bytes(4, "little") + data)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(msg)
 
-    async def recv(self) -> Any:
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if not self.writer.is_closing():
+            data = pickle.dumps(out, protocol=5)
+            self.writer.write(len(data).to_bytes(4, "little") + data)
+
+    async def recv(self) -> list[Any]:
         n = int.from_bytes(await self.reader.readexactly(4), "little")
-        m = pickle.loads(await self.reader.readexactly(n))
-        return m
+        return pickle.loads(await self.reader.readexactly(n))
 
 
 # -- the stand-ins --------------------------------------------------------------------------
@@ -266,7 +274,7 @@ async def serve(path: str) -> None:
 
     reader, writer = await asyncio.open_unix_connection(path)
     link = Link(reader, writer)
-    setup: Setup = await link.recv()
+    (setup,) = await link.recv()
     spec, tokenizer = setup.env.spec, setup.env.tokenizer
     sandbox = envs.make_sandbox(spec)
     engine, buffer = EngineProxy(link), RemoteBuffer(link)
@@ -288,20 +296,21 @@ async def serve(path: str) -> None:
     try:
         while True:
             try:
-                msg = await link.recv()
+                msgs = await link.recv()
             except (asyncio.IncompleteReadError, ConnectionError):
                 return  # the driver is gone (stopped or killed)
-            if isinstance(msg, Answer):
-                engine.answer(msg)
-            elif isinstance(msg, RunEpisode):
-                buffer.task_ids[msg.group_id] = msg.task.id
-                task = asyncio.create_task(episode(msg))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            elif isinstance(msg, Doom):
-                buffer.doomed_groups.add(msg.group_id)
-            elif msg is None:  # stop
-                return
+            for msg in msgs:
+                if isinstance(msg, Answer):
+                    engine.answer(msg)
+                elif isinstance(msg, RunEpisode):
+                    buffer.task_ids[msg.group_id] = msg.task.id
+                    task = asyncio.create_task(episode(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                elif isinstance(msg, Doom):
+                    buffer.doomed_groups.add(msg.group_id)
+                elif msg is None:  # stop
+                    return
     finally:
         for t in tasks:
             t.cancel()

@@ -157,7 +157,7 @@ class ShardedRollouts:
                     continue
                 link.send(setup)
                 try:
-                    worker = by_pid[await link.recv()]
+                    worker = by_pid[(await link.recv())[0]]
                 except (asyncio.IncompleteReadError, ConnectionError):
                     raise RuntimeError(
                         f"a rollout process failed during its setup (rollout.workers={self.cfg.workers}); "
@@ -203,7 +203,7 @@ class ShardedRollouts:
         assert w.link is not None
         while True:
             try:
-                msg = await w.link.recv()
+                msgs = await w.link.recv()
             except (asyncio.IncompleteReadError, ConnectionError):
                 if self._stopping:
                     return
@@ -211,22 +211,26 @@ class ShardedRollouts:
                 raise RuntimeError(
                     f"rollout process {w.proc.pid} exited with code {code} mid-run; its error is above on stderr"
                 ) from None
-            if isinstance(msg, EngineCall):
-                self._spawn(self._serve(w, msg))
-            elif isinstance(msg, Update):
-                self._apply(msg)
-            elif isinstance(msg, Done):
-                self._done(w, msg)
-            elif isinstance(msg, shard.Fork):
-                fork = self.buffer.fork(self._trajs[msg.member_uid], msg.n)
-                self._trajs[fork.uid] = fork
-            elif isinstance(msg, shard.DropForks):
-                if msg.member_uid in self._trajs:  # else not started here yet: it has no forks
-                    self.buffer.drop_forks(self._trajs[msg.member_uid])
-                for uid in [u for u in self._trajs if u.startswith(msg.member_uid + ".")]:
-                    del self._trajs[uid]
-            elif isinstance(msg, shard.Failed) and not self._stopping:
-                raise RuntimeError(msg.message)
+            for msg in msgs:
+                self._handle(w, msg)
+
+    def _handle(self, w: _Worker, msg: Any) -> None:
+        if isinstance(msg, EngineCall):
+            self._spawn(self._serve(w, msg))
+        elif isinstance(msg, Update):
+            self._apply(msg)
+        elif isinstance(msg, Done):
+            self._done(w, msg)
+        elif isinstance(msg, shard.Fork):
+            fork = self.buffer.fork(self._trajs[msg.member_uid], msg.n)
+            self._trajs[fork.uid] = fork
+        elif isinstance(msg, shard.DropForks):
+            if msg.member_uid in self._trajs:  # else not started here yet: it has no forks
+                self.buffer.drop_forks(self._trajs[msg.member_uid])
+            for uid in [u for u in self._trajs if u.startswith(msg.member_uid + ".")]:
+                del self._trajs[uid]
+        elif isinstance(msg, shard.Failed) and not self._stopping:
+            raise RuntimeError(msg.message)
 
     def _apply(self, u: Update) -> None:
         traj = self._trajs.get(u.uid)
@@ -235,17 +239,15 @@ class ShardedRollouts:
             traj = self._trajs[u.uid] = self.buffer.start(group_id, int(index), u.prompt_ids or [])
         if u.prompt_ids is not None:
             traj.prompt_ids = list(u.prompt_ids)
+        first = not any(seg.sampled for seg in traj.segments[: u.from_segment])
         del traj.segments[u.from_segment :]
         traj.segments.extend(u.segments)
         del traj.turns[u.from_turn :]
         traj.turns.extend(u.turns)
-        traj.extras, traj.reward, traj.finish_reason, traj.masked = (
-            u.extras,
-            u.reward,
-            u.finish_reason,
-            u.masked,
-        )
-        self._check_doom(traj.group_id)
+        traj.extras, traj.reward, traj.masked = u.extras, u.reward, u.masked
+        traj.finish_reason = u.finish_reason
+        if first and any(seg.sampled for seg in u.segments):  # its oldest version: the group may now be over
+            self._check_doom(traj.group_id)
 
     def _done(self, w: _Worker, d: Done) -> None:
         traj = self._trajs.pop(d.uid)
@@ -259,7 +261,8 @@ class ShardedRollouts:
             self.buffer.fail(
                 RuntimeError(f"{self.counters.errors} episodes failed; last error: {self.last_error}")
             )
-        self._check_doom(traj.group_id)
+        if not d.finished:  # abandoned: its group is doomed, the other members stop too
+            self._check_doom(traj.group_id)
         self._dispatch()
 
     async def _serve(self, w: _Worker, call: EngineCall) -> None:
