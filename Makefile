@@ -48,6 +48,7 @@ bench: install system-deps
 	$(PY) benchmarks/packing.py
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
+	$(PY) benchmarks/orchestration.py
 	$(PY) benchmarks/reliability.py
 
 lint: install

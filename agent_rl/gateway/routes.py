@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from agent_rl.gateway.server import GATEWAY, EngineFailed, Gateway, Session, SessionOver
+from agent_rl.gateway.record import EngineFailed, SessionOver
 from agent_rl.openai import responses
 from agent_rl.openai.errors import NotFound, as_error, error, error_body, parse, parse_body
 from agent_rl.openai.protocol import ChatReq, warn_unknown
+
+if TYPE_CHECKING:
+    from agent_rl.gateway.server import Gateway, Session
+
+GATEWAY = web.AppKey("gateway", object)  # the Gateway an aiohttp app serves
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
+from agent_rl.gateway.inprocess import InProcessTransport, session_client
 from agent_rl.gateway.prompt import Answered, PromptBuilder
-from agent_rl.gateway.record import Call, SessionLimits, SessionStats
+from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
+from agent_rl.gateway.routes import GATEWAY, add_routes
 from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
@@ -43,15 +45,6 @@ from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
 
 log = logging.getLogger(__name__)
-GATEWAY = web.AppKey("gateway", object)
-
-
-class SessionOver(RuntimeError):
-    """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
-
-
-class EngineFailed(RuntimeError):
-    """The engines failed a call after retries (answered 502; never the agent's fault)."""
 
 
 @dataclass
@@ -118,7 +111,6 @@ class Gateway:
         app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
         app[GATEWAY] = self
         from agent_rl.gateway.external import add_session_routes
-        from agent_rl.gateway.routes import add_routes
 
         add_routes(app)
         add_session_routes(app, GATEWAY)
@@ -145,8 +137,6 @@ class Gateway:
 
     def client(self, sid: str) -> Any:
         """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
-        from agent_rl.gateway.inprocess import InProcessTransport, session_client
-
         if self._transport is None:
             self._transport = InProcessTransport(self)
         return session_client(self._transport, sid)
