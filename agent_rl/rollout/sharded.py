@@ -98,11 +98,11 @@ class ShardedRollouts:
             if w.link is not None:
                 with contextlib.suppress(Exception):
                     w.link.send(None)  # stop: the process cancels its episodes, closes its sandbox, exits
-        await asyncio.to_thread(_reap, [w.proc for w in self.workers])
-        tasks = list(self._tasks)
+        tasks = list(self._tasks)  # the producer (or a start still connecting: its server closes), readers
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(_reap, [w.proc for w in self.workers])
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
