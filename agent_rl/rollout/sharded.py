@@ -110,9 +110,9 @@ class ShardedRollouts:
         await self._connect()
         for g in self.buffer.open_groups():  # a restored checkpoint's in-flight work goes first
             for i, member in enumerate(g.members):
-                if member is not None:
-                    self._trajs[member.uid] = member
                 if i not in g.reported:
+                    if member is not None:
+                        self._trajs[member.uid] = member
                     restored = None if member is None else member.to_bytes()
                     self._queue.append(RunEpisode(g.group_id, self.prompts.tasks[g.task_id], i, restored))
             for f in g.forks:
