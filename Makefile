@@ -73,6 +73,7 @@ bench: install system-deps
 	$(PY) benchmarks/packing.py
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
+	$(PY) benchmarks/orchestration.py
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/topology.py
 	$(PY) benchmarks/trajectory_log_bench.py

@@ -153,6 +153,10 @@ class RolloutBuffer:
         g = self._open[member.group_id]
         g.forks = [f for f in g.forks if not f.uid.startswith(member.uid + ".")]
 
+    def update(self, traj: Trajectory) -> None:
+        """A worker changed `traj` (nothing to do here: the buffer holds the object itself; a rollout process
+        reports its copy's changes to the driver at this point, rollout/shard.py)."""
+
     def open_task(self, group_id: str) -> str:
         return self._open[group_id].task_id
 
@@ -376,6 +380,10 @@ class RolloutBuffer:
         self._wake = asyncio.Event()
 
     async def _wait(self) -> None:
+        await self._wake.wait()
+
+    async def changed(self) -> None:
+        """Return at the buffer's next change (a report, a batch taken, a new version or bound)."""
         await self._wake.wait()
 
 

@@ -83,6 +83,20 @@ class RolloutConfig(Strict):
     unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
     the mask is part of the environment); masked: that of the masked distribution sampled from (the weights
     then carry each token's mask log-normaliser). README, "Constrained decoding"."""
+    workers: int = Field(1, ge=1, le=256)
+    """Rollout processes. 1: episodes run on the driver's event loop (in-process). N > 1: they are sharded over
+    N local processes (agent_rl/rollout/sharded.py), each with its own envs, sandbox and gateway, talking to the
+    engines through the driver; the buffer, the staleness bound and the data-set cursor stay in the driver."""
+
+    @model_validator(mode="after")
+    def _workers_have_episodes(self) -> RolloutConfig:
+        if self.workers > self.max_concurrent_episodes:
+            raise ValueError(
+                f"rollout.workers={self.workers} exceeds rollout.max_concurrent_episodes="
+                f"{self.max_concurrent_episodes}: some processes would never get an episode; "
+                "lower workers or raise max_concurrent_episodes"
+            )
+        return self
 
 
 class BufferConfig(Strict):

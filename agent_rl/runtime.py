@@ -21,6 +21,7 @@ from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import ModelConfig, Recipe
 from agent_rl.learners.api import Learner
 from agent_rl.loop_thread import LoopThread
+from agent_rl.rollout import build_rollouts
 from agent_rl.rollout.workers import PromptSource, Rollouts
 from agent_rl.types import Group
 from agent_rl.weights import make_publisher
@@ -47,7 +48,7 @@ class Runtime:
         self.spec = envs.load(recipe.envs.train)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model.tokenizer or self.model.path)
         self.buffer: RolloutBuffer | None = None
-        self.rollouts: Rollouts | None = None
+        self.rollouts: Rollouts | Any = None  # or rollout.sharded.ShardedRollouts
         self.publisher: Publisher | None = None
         self.learner: Learner | None = None
         try:
@@ -103,9 +104,9 @@ class Runtime:
             self.prompts.load_state(state.prompts)
             self.publisher.load_state(state.publisher)
         self.publish(learner)  # before step 1: a broken weight path fails now, not after an optimizer step
-        self.rollouts = Rollouts(
-            recipe.rollout, self.buffer, self.prompts, self._env, self.engines.client,
-            max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
+        self.rollouts = build_rollouts(  # in this process, or sharded over rollout.workers processes
+            recipe.rollout, self.buffer, self.prompts, self._env, self.engines.client, spec=self.spec,
+            tokenizer=self.tokenizer, max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
         )  # fmt: skip
         self.loop.call(_run(self.rollouts.start))
         return 0 if state is None else state.step

@@ -9,7 +9,9 @@
         ids += sampled.ids + res.observation_ids
 
 The model's tokens are decoded only to parse them (code, \\boxed{}); the observation and
-its template glue are tokenized on their own and returned as `observation_ids`.
+its template glue are tokenized on their own and returned as `observation_ids`. Per call work is kept
+small (benchmarks/orchestration.py): text goes through `envs.codec`, and a prompt's ids are built once
+per task and tokenizer, not once per episode (a group's n episodes share them).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import asyncio
 import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envs import rewards
+from envs.codec import Codec, codec
 from envs.datasets import DatasetReport, load_split
 from envs.spec import EnvSpec, load_callable
 from envs.tir import ObservationFormatter, parse_turn, tool_output
@@ -35,12 +38,15 @@ class _Shared:
 
     spec: EnvSpec
     tokenizer: Any
+    codec: Codec
     formatter: ObservationFormatter
     limits: Any  # sandboxes.Limits
     reward_fn: Any  # the callable reward, when reward.type == "callable"
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # task id -> prompt ids (bounded)
 
 
-_SHARED: dict[tuple[EnvSpec, int], _Shared] = {}
+_SHARED: dict[tuple[int, int], _Shared] = {}  # (id(spec), id(tokenizer)); the entry holds both alive
+_PROMPTS_KEPT = 4096
 
 
 def make_limits(spec: EnvSpec) -> Any:
@@ -88,13 +94,14 @@ def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
         from envs.agent import make_agent_env
 
         return make_agent_env(spec, tokenizer, sandbox, make_limits(spec), lambda: shared_sandbox(spec))
-    key = (spec, id(tokenizer))
+    key = (id(spec), id(tokenizer))
     shared = _SHARED.get(key)
-    if shared is None:
+    if shared is None or shared.spec is not spec or shared.tokenizer is not tokenizer:
         obs = spec.tool.observation
         shared = _Shared(
             spec=spec,
             tokenizer=tokenizer,
+            codec=codec(tokenizer),
             formatter=ObservationFormatter(tokenizer, obs.template, obs.max_tokens),
             limits=make_limits(spec),
             reward_fn=load_callable(spec.reward.import_path, near=spec.source_path)
@@ -162,20 +169,28 @@ class Env:
                 "reset() during an episode with an open session; await env.close() or make a new env"
             )
         self._task, self._texts, self._turns, self._used, self._done = task, [], 0, 0, False
+        prompts = self._s.prompts
+        ids = prompts.get(task.id)
+        if ids is None:
+            if len(prompts) >= _PROMPTS_KEPT:
+                del prompts[next(iter(prompts))]  # the oldest
+            ids = prompts[task.id] = self._prompt_ids(task)
+        return list(ids)
+
+    def _prompt_ids(self, task: Task) -> list[int]:
         p = self.spec.prompt
         content = (
             p.template.replace("{problem}", task.problem)
             .replace("{numbers}", str(list(task.numbers)))
             .replace("{target}", task.answer)
         )
-        tok = self._s.tokenizer
         if not p.chat_template:
-            return tok.encode(content, add_special_tokens=False)
+            return self._s.codec.encode(content)
         messages = ([{"role": "system", "content": p.system}] if p.system else []) + [
             {"role": "user", "content": content}
         ]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok.encode(text, add_special_tokens=False)
+        text = self._s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._s.codec.encode(text)
 
     def encode_observation(self, output: str) -> list[int]:
         """Env tokens for a tool output as this env shows it (template glue, middle truncation)."""
@@ -189,7 +204,7 @@ class Env:
             raise EnvError("step() after the episode ended; make a new env per episode")
         self._turns += 1
         self._used += len(sampled_ids)
-        text = self._s.tokenizer.decode(sampled_ids, skip_special_tokens=True)
+        text = self._s.codec.decode(sampled_ids, skip_special_tokens=True)
         self._texts.append(text)
         turn = parse_turn(text)
         t = self.spec.turns

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from envs.codec import codec
 from envs.rewards import last_boxed
 
 # Opening fence at the start of a line (or of the turn), body, closing fence on its own line or after code.
@@ -64,17 +65,15 @@ class ObservationFormatter:
 
     def __init__(self, tokenizer, template: str, max_tokens: int):
         prefix, _, suffix = template.partition("{output}")
-        self.tokenizer = tokenizer
-        self.prefix_ids = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
-        self.suffix_ids = tokenizer.encode(suffix, add_special_tokens=False) if suffix else []
+        self.codec = codec(tokenizer)
+        self.prefix_ids = self.codec.encode(prefix) if prefix else []
+        self.suffix_ids = self.codec.encode(suffix) if suffix else []
         self.max_tokens = max_tokens
 
     def encode(self, output: str) -> list[int]:
-        ids = self.tokenizer.encode(output, add_special_tokens=False) if output else []
+        ids = self.codec.encode(output) if output else []
         if len(ids) > self.max_tokens:
-            marker = self.tokenizer.encode(
-                f"\n... ({len(ids)} tokens, middle cut) ...\n", add_special_tokens=False
-            )
+            marker = self.codec.encode(f"\n... ({len(ids)} tokens, middle cut) ...\n")
             keep = max(self.max_tokens - len(marker), 2)
             ids = ids[: keep // 2] + marker + ids[len(ids) - (keep - keep // 2) :]
         return self.prefix_ids + ids + self.suffix_ids

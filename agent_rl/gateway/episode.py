@@ -1,4 +1,4 @@
-"""One agent episode inside the async training loop (called by `rollout.Rollouts` for `type: agent` envs).
+"""One agent episode inside the async training loop (called by `rollout.episodes.EpisodeRunner` for agent envs).
 
 The buffer's member trajectory is grown live from the gateway's recorded calls (assemble.py), so
 the staleness bound sees its versions while the agent runs; a split starts a fork that the buffer
@@ -29,15 +29,13 @@ async def run_agent_episode(
     gateway: Gateway,
     env: Any,  # envs.agent.AgentEnv
     traj: Trajectory,
-    buffer: Any,  # agent_rl.buffer.RolloutBuffer (doomed, fork, drop_forks)
+    buffer: Any,  # rollout.episodes.EpisodeBuffer (doomed, update, fork, drop_forks)
     cfg: Any,  # agent_rl.config.RolloutConfig (temperature, top_p, top_k)
-    counters: Any,  # agent_rl.rollout.workers.RolloutCounters
+    counters: Any,  # agent_rl.rollout.episodes.RolloutCounters
     *,
     seed: int,
 ) -> bool:
     """Run the agent; True when the episode finished (reward set on every trajectory), False if abandoned."""
-    import openai
-
     traj.prompt_ids, traj.segments, traj.turns, traj.reward, traj.finish_reason = [], [], [], None, None
     buffer.drop_forks(traj)  # a restart after resume: the earlier attempt's forks are void
     forks: list[Trajectory] = []
@@ -51,7 +49,7 @@ async def run_agent_episode(
 
     def on_call(call: Call) -> None:
         runs_at_call.append(len(env.sandbox.runs) if env.sandbox is not None else 0)
-        asm.add(call)
+        buffer.update(asm.add(call))
 
     turns = env.spec.turns
     sid = traj.uid.replace("/", "-")
@@ -75,9 +73,7 @@ async def run_agent_episode(
             stop = lambda: buffer.doomed(traj.group_id)  # noqa: E731
             outcome = await gateway.board.run(env, sid, env.spec.external.timeout_s, stop)
         else:
-            client = openai.AsyncOpenAI(
-                base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0, timeout=None
-            )
+            client = gateway.client(sid)  # the official client, served in this process (gateway/inprocess.py)
             outcome = await env.run(client)
         reward = outcome.reward
     except Exception as e:

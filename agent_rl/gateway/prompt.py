@@ -14,20 +14,36 @@ that the sampled ids did not already contain (e.g. "\\n" after a sampled "<|im_e
 are never decoded and re-encoded. Anything else (the agent edited history, dropped or reordered
 messages, changed tools) is rendered in full, and trajectory assembly then decides whether it still
 extends an earlier call or starts a new trajectory.
+
+Work done once, not per call: the stand-in conversation's rendering per tools/template variables, and
+full renders of the same messages (the n episodes of a group open with the same request) come from
+small caches keyed by the canonical JSON of what the template sees.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent_rl.openai import chat
+from envs.codec import codec
 
 _SENTINEL = "GATEWAY-ASSISTANT-SENTINEL-9f3c"
 _BASE = [{"role": "user", "content": "GATEWAY-USER-SENTINEL"}, {"role": "assistant", "content": _SENTINEL}]
+
+
+@dataclass(frozen=True)
+class Built:
+    """The prompt ids of a request, whether they extend an answered choice, and the request's cache keys."""
+
+    ids: list[int]
+    extended: bool
+    keys: tuple[str, ...]  # message_key of each message
+    context: str  # context_key of tools and template variables
 
 
 @dataclass(frozen=True)
@@ -72,12 +88,15 @@ def same_assistant(sent: dict, returned: dict) -> bool:
 class PromptBuilder:
     """Renders requests for one tokenizer and template; `build` applies the prefix-extension rule."""
 
-    def __init__(self, tokenizer: Any):
-        self.tok = tokenizer
+    def __init__(self, tokenizer: Any, cache_size: int = 256):
+        self.tok, self.codec = tokenizer, codec(tokenizer)
         self._eos_texts = {
             tokenizer.convert_ids_to_tokens(t)
             for t in ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         }
+        self._heads: dict[str, str] = {}  # context key -> the stand-in conversation rendered
+        self._full: OrderedDict[tuple[str, tuple[str, ...]], tuple[int, ...]] = OrderedDict()  # LRU
+        self._cache_size = cache_size
 
     def build(
         self,
@@ -87,20 +106,41 @@ class PromptBuilder:
         answered: Sequence[Answered],
     ) -> tuple[list[int], bool]:
         """(prompt ids, True if built by extension of an answered choice)."""
+        b = self.prepare(messages, tools, template_kwargs, answered)
+        return b.ids, b.extended
+
+    def prepare(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict | None,
+        answered: Sequence[Answered],
+    ) -> Built:
+        """`build` with the request's cache keys (what the gateway records in `Answered`)."""
         keys = tuple(message_key(m) for m in messages)
-        tools_key = context_key(tools, template_kwargs)
+        ctx = context_key(tools, template_kwargs)
         for a in reversed(answered):  # the latest matching choice wins
             n = len(a.messages_key)
             if (
-                a.tools_key == tools_key
+                a.tools_key == ctx
                 and len(keys) > n + 1
                 and keys[:n] == a.messages_key
                 and same_assistant(messages[n], a.message)
             ):
-                suffix = self.suffix_ids(a.token_ids, messages[n + 1 :], tools, template_kwargs)
+                suffix = self.suffix_ids(a.token_ids, messages[n + 1 :], tools, template_kwargs, ctx)
                 if suffix is not None:
-                    return list(a.prompt_ids) + list(a.token_ids) + suffix, True
-        return chat.render(self.tok, messages, tools, template_kwargs=template_kwargs), False
+                    return Built([*a.prompt_ids, *a.token_ids, *suffix], True, keys, ctx)
+        ids = self._full.get((ctx, keys))
+        if ids is None:
+            text = chat.render_text(
+                self.tok, messages, tools, add_generation_prompt=True, template_kwargs=template_kwargs
+            )
+            ids = self._full[(ctx, keys)] = tuple(self.codec.encode(text))
+            if len(self._full) > self._cache_size:
+                self._full.popitem(last=False)
+        else:
+            self._full.move_to_end((ctx, keys))
+        return Built(list(ids), False, keys, ctx)
 
     def suffix_ids(
         self,
@@ -108,11 +148,18 @@ class PromptBuilder:
         appended: list[dict],
         tools: list[dict] | None,
         template_kwargs: dict | None,
+        ctx: str | None = None,
     ) -> list[int] | None:
         """Ids of the glue after a sampled assistant turn plus the appended messages and generation prompt;
-        None when the template does not render the stand-in conversation as a prefix (then render in full)."""
+        None when the template does not render the stand-in conversation as a prefix (then render in full).
+        `ctx`: context_key(tools, template_kwargs), when the caller has it."""
         kw = dict(tools=tools, template_kwargs=template_kwargs)
-        head = chat.render_text(self.tok, _BASE, add_generation_prompt=False, **kw)
+        ctx = context_key(tools, template_kwargs) if ctx is None else ctx
+        head = self._heads.get(ctx)
+        if head is None:
+            head = self._heads[ctx] = chat.render_text(self.tok, _BASE, add_generation_prompt=False, **kw)
+            if len(self._heads) > self._cache_size:
+                del self._heads[next(iter(self._heads))]
         full = chat.render_text(self.tok, _BASE + appended, add_generation_prompt=True, **kw)
         at = head.rfind(_SENTINEL)
         if at < 0 or not full.startswith(head):
@@ -121,4 +168,4 @@ class PromptBuilder:
         last = self.tok.convert_ids_to_tokens(completion[-1]) if completion else None
         if last in self._eos_texts and closer.startswith(last):
             closer = closer[len(last) :]  # the model sampled the end-of-turn token itself
-        return chat.encode(self.tok, closer + full[len(head) :])
+        return self.codec.encode(closer + full[len(head) :])

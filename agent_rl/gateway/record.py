@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class SessionOver(RuntimeError):
+    """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engines failed a call after retries (answered 502; never the agent's fault)."""
+
+
 @dataclass(frozen=True)
 class Call:
     """One choice of one chat completion: the prompt ids the gateway built, and what the engines sampled.

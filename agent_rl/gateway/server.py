@@ -14,14 +14,15 @@ aborts a request mid-way, the gateway sends the continuation (prompt + tokens so
 budget) and the agent sees one ordinary response whose tokens carry the versions that sampled them.
 
 Agents in another process or language open sessions over HTTP, or claim a training run's tasks
-(external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`).
+(external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`). An agent in this
+process gets `gw.client(sid)`: the official client over an in-process transport (inprocess.py) that
+hands chat requests to the same handler (routes.py `chat_reply`) without a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -33,23 +34,17 @@ from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
-from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
-from agent_rl.gateway.record import Call, SessionLimits, SessionStats
+from agent_rl.gateway.inprocess import InProcessTransport, session_client
+from agent_rl.gateway.prompt import Answered, PromptBuilder
+from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
+from agent_rl.gateway.routes import GATEWAY, add_routes
 from agent_rl.openai import chat, responses, structured
-from agent_rl.openai.errors import NotFound, error, errors_to_json, parse
-from agent_rl.openai.protocol import ChatReq, warn_unknown
+from agent_rl.openai.errors import NotFound, errors_to_json
+from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.tool_parsers import get_parser
+from envs.codec import codec
 
 log = logging.getLogger(__name__)
-GATEWAY = web.AppKey("gateway", object)
-
-
-class SessionOver(RuntimeError):
-    """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
-
-
-class EngineFailed(RuntimeError):
-    """The engines failed a call after retries (answered 502; never the agent's fault)."""
 
 
 @dataclass
@@ -96,6 +91,7 @@ class Gateway:
         # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
+        self.codec = codec(tokenizer)
         self.sessions: dict[str, Session] = {}
         self.response_stores: dict[str, responses.Store] = {}  # previous_response_id, per session
         from agent_rl.gateway.external import Board
@@ -107,16 +103,16 @@ class Gateway:
         self.url: str | None = None
         self.engine_retries = 0
         self._runner: web.AppRunner | None = None
+        self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
+        self._starting: asyncio.Lock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
         app[GATEWAY] = self
-        app.router.add_get("/sessions/{sid}/v1/models", _models)
-        app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
-        app.router.add_post("/sessions/{sid}/v1/responses", _responses)
         from agent_rl.gateway.external import add_session_routes
 
+        add_routes(app)
         add_session_routes(app, GATEWAY)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -126,9 +122,24 @@ class Gateway:
         return self.url
 
     async def close(self) -> None:
+        if self._transport is not None:
+            await self._transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def ensure_started(self) -> str:
+        """The HTTP server's URL, started now if it is not yet (once, however many callers ask at once)."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            return self.url or await self.start()
+
+    def client(self, sid: str) -> Any:
+        """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
+        if self._transport is None:
+            self._transport = InProcessTransport(self)
+        return session_client(self._transport, sid)
 
     def base_url(self, sid: str) -> str:
         if self.url is None:
@@ -174,7 +185,8 @@ class Gateway:
             raise SessionOver(f"session {s.id}: {s.over}")
         messages = chat.template_messages(req.messages)
         tools = chat.template_tools(req.tools)
-        ids, extended = self.builder.build(messages, tools, req.chat_template_kwargs, s.answered)
+        built = self.builder.prepare(messages, tools, req.chat_template_kwargs, s.answered)
+        ids, extended = built.ids, built.extended
         if len(ids) >= self.max_seq_len:
             s.over = f"context full (prompt {len(ids)} tokens, context {self.max_seq_len})"
             chat.check_context(len(ids), self.max_seq_len)
@@ -213,12 +225,10 @@ class Gateway:
             raise EngineFailed(f"session {s.id}: engine failed: {e!r}") from e
         parser = self.parser if req.parse_tools else None
         stops = chat_stops(req)
-        keys = tuple(message_key(m) for m in messages)
-        ctx = context_key(tools, req.chat_template_kwargs)
         choices = []
         for i, c in enumerate(calls):
             c = replace(c, seconds=time.monotonic() - t0)
-            text = self.tok.decode(list(c.token_ids), skip_special_tokens=req.skip_special_tokens)
+            text = self.codec.decode(c.token_ids, skip_special_tokens=req.skip_special_tokens)
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
             lps = (
@@ -227,7 +237,7 @@ class Gateway:
                 else None
             )
             ch = chat.choice(i, text, c.finish_reason, parser, lps)
-            s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
+            s.answered.append(Answered(built.keys, built.context, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
             s.stats.sampled_tokens += len(c.token_ids)
             s.stats.aborts += c.aborts
@@ -319,89 +329,3 @@ def _cut_stop(text: str, stops: list[str]) -> str:
 def _seed(base: int, rid: str, offset: int) -> int:
     digest = hashlib.blake2b(f"{base}:{rid}:{offset}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-# -- routes -------------------------------------------------------------------------------
-async def _models(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    gw.session(request.match_info["sid"])
-    return web.json_response(
-        {"object": "list", "data": [{"id": gw.model_name, "object": "model", "owned_by": "agent-rl"}]}
-    )
-
-
-async def _guarded(s: Session, run):
-    """Run a request of session `s`: 409 when the session is over, 502 (counted as an engine failure) when the
-    engines failed; anything else is the request's own fault (a 4xx through the middleware, counted as such)."""
-    try:
-        return await run()
-    except SessionOver as e:
-        return error(409, str(e), code="session_over")
-    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(str(e))
-        return error(502, str(e))
-    except Exception as e:
-        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
-        raise
-
-
-async def _responses(request: web.Request) -> web.StreamResponse:
-    """OpenAI's Responses API within a session (agent_rl/openai/responses.py); recorded like chat calls."""
-    gw: Gateway = request.app[GATEWAY]
-    s = gw.session(request.match_info["sid"])
-    store = gw.response_stores.setdefault(s.id, responses.Store())
-
-    async def run():
-        req = await parse(request, responses.ResponsesReq)
-        warn_unknown(req, "gateway /v1/responses")
-        return await responses.handle(request, req, store, lambda c: gw.complete(s, c))
-
-    return await _guarded(s, run)
-
-
-async def _chat(request: web.Request) -> web.StreamResponse:
-    gw: Gateway = request.app[GATEWAY]
-    s = gw.session(request.match_info["sid"])
-
-    async def run():
-        req = await parse(request, ChatReq)
-        warn_unknown(req, "gateway /v1/chat/completions")
-        return req, await gw.complete(s, req)
-
-    out = await _guarded(s, run)
-    if isinstance(out, web.StreamResponse):
-        return out
-    req, body = out
-    if not req.stream:
-        return web.json_response(body)
-    # Streaming: the response is sent when complete (continuations across weight updates are hidden),
-    # as one chunk per choice with the whole delta, then usage and [DONE].
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    head = {
-        "id": body["id"],
-        "object": "chat.completion.chunk",
-        "created": body["created"],
-        "model": body["model"],
-    }
-    for ch in body["choices"]:
-        delta = dict(ch["message"])
-        if "tool_calls" in delta:
-            delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
-        chunk = {
-            **head,
-            "choices": [
-                {
-                    "index": ch["index"],
-                    "delta": delta,
-                    "logprobs": ch["logprobs"],
-                    "finish_reason": ch["finish_reason"],
-                }
-            ],
-        }
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    if req.stream_options is not None and req.stream_options.include_usage:
-        await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': body['usage']})}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp

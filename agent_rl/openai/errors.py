@@ -30,15 +30,42 @@ class NotFound(LookupError):
         self.param, self.code = param, code
 
 
-def error(
-    status: int, message: str, *, param: str | None = None, code: str | int | None = None
-) -> web.Response:
+def error_body(status: int, message: str, *, param: str | None = None, code: str | int | None = None) -> dict:
     """OpenAI's error body: {"error": {"message", "type", "param", "code"}} (SGLang clients read message)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 404:
         kind = "not_found_error"
-    body = {"message": message, "type": kind, "param": param, "code": status if code is None else code}
-    return web.json_response({"error": body}, status=status)
+    return {
+        "error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}
+    }
+
+
+def error(
+    status: int, message: str, *, param: str | None = None, code: str | int | None = None
+) -> web.Response:
+    return web.json_response(error_body(status, message, param=param, code=code), status=status)
+
+
+def as_error(e: Exception, where: str) -> tuple[int, dict] | None:
+    """(status, OpenAI error body) for a request that raised `e`; None when `e` is no request error (a bug)."""
+    if isinstance(e, json.JSONDecodeError):
+        return 400, error_body(400, f"{where}: malformed JSON body: {e}")
+    if isinstance(e, NotFound):
+        return 404, error_body(404, f"{where}: {e}", param=e.param, code=e.code)
+    if isinstance(e, ValidationError):
+        errs = e.errors()
+        param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
+        if isinstance(cause, Invalid):  # raised by a model validator: it names the field itself
+            return 400, error_body(400, f"{where}: {cause}", param=cause.param, code=cause.code)
+        return 400, error_body(400, f"{where}: {one_line(e)}", param=param)
+    if isinstance(e, Invalid):
+        return 400, error_body(400, f"{where}: {e}", param=e.param, code=e.code)
+    if isinstance(e, (ValueError, KeyError, TypeError)):  # BadRequest is a ValueError
+        return 400, error_body(400, f"{where}: {e}", code=getattr(e, "code", None))
+    if isinstance(e, EngineError):
+        return 500, error_body(500, f"{where}: {e}")
+    return None
 
 
 @web.middleware
@@ -47,23 +74,11 @@ async def errors_to_json(request: web.Request, handler):
         return await handler(request)
     except web.HTTPException:
         raise
-    except json.JSONDecodeError as e:
-        return error(400, f"{request.method} {request.path}: malformed JSON body: {e}")
-    except NotFound as e:
-        return error(404, f"{request.method} {request.path}: {e}", param=e.param, code=e.code)
-    except ValidationError as e:
-        errs = e.errors()
-        param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
-        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
-        if isinstance(cause, Invalid):  # raised by a model validator: it names the field itself
-            return error(400, f"{request.method} {request.path}: {cause}", param=cause.param, code=cause.code)
-        return error(400, f"{request.method} {request.path}: {one_line(e)}", param=param)
-    except Invalid as e:
-        return error(400, f"{request.method} {request.path}: {e}", param=e.param, code=e.code)
-    except (ValueError, KeyError, TypeError) as e:  # BadRequest is a ValueError
-        return error(400, f"{request.method} {request.path}: {e}", code=getattr(e, "code", None))
-    except EngineError as e:
-        return error(500, f"{request.method} {request.path}: {e}")
+    except Exception as e:
+        reply = as_error(e, f"{request.method} {request.path}")
+        if reply is None:
+            raise
+        return web.json_response(reply[1], status=reply[0])
 
 
 def one_line(e: ValidationError) -> str:
@@ -78,7 +93,10 @@ def one_line(e: ValidationError) -> str:
 
 
 async def parse(request: web.Request, model: type[M]) -> M:
-    raw = await request.read()
+    return parse_body(await request.read(), model)
+
+
+def parse_body(raw: bytes, model: type[M]) -> M:
     data = json.loads(raw) if raw.strip() else {}
     if not isinstance(data, dict):
         raise ValueError(f"request body must be a JSON object, got {type(data).__name__}")

@@ -1,7 +1,8 @@
 """SIGKILL a real training run (its whole process tree) mid-training, resume it, and compare with
 an uninterrupted run: every prompt used exactly as often, no trajectory lost or duplicated, and every
 trajectory trained the same by content (token ids, versions, behaviour log-probs, reward; from the
-trajectory log, which records all of them here)."""
+trajectory log, which records all of them here); with the episodes in the driver (rollout.workers 1) and
+sharded over two rollout processes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from agent_rl.viewer.log import read_step
 STEPS = 6
 
 
-def _cmd(tiny_model_dir: Path, run_dir: Path, resume: bool) -> list[str]:
+def _cmd(tiny_model_dir: Path, run_dir: Path, resume: bool, workers: int) -> list[str]:
     args = [
         str(ROOT / "recipes" / "tiny_tir_smoke.yaml"),
         "--set", f"model.path={tiny_model_dir}",
@@ -33,6 +34,7 @@ def _cmd(tiny_model_dir: Path, run_dir: Path, resume: bool) -> list[str]:
         "--set", f"train.steps={STEPS}",
         "--set", "checkpoint.every=2",
         "--set", "logging.trajectories=all",  # every trained trajectory's tokens, to compare by content
+        "--set", f"rollout.workers={workers}",
     ] + (["--resume", str(run_dir)] if resume else [])  # fmt: skip
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); from agent_rl.trainer import main_train; main_train({args!r})"
     return [sys.executable, "-c", code]
@@ -71,14 +73,15 @@ def _batches(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
 def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, workers: int
 ) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    _run(_cmd(tiny_model_dir, whole, resume=False))
+    _run(_cmd(tiny_model_dir, whole, resume=False, workers=workers))
 
     proc = subprocess.Popen(
-        _cmd(tiny_model_dir, killed, resume=False),
+        _cmd(tiny_model_dir, killed, resume=False, workers=workers),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -101,7 +104,7 @@ def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
     state = pickle.loads((killed / "checkpoints" / resumed_from / "loop.pkl").read_bytes())
     assert state.buffer["open"], "the checkpoint holds no in-flight groups: nothing to restore"
 
-    _run(_cmd(tiny_model_dir, killed, resume=True))
+    _run(_cmd(tiny_model_dir, killed, resume=True, workers=workers))
 
     a, b = _batches(whole), _batches(killed)
     assert [r["step"] for r in b] == list(range(STEPS))

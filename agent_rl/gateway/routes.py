@@ -1,0 +1,150 @@
+"""The gateway's HTTP face: one handler per route, served by aiohttp (`Gateway.start`) to agents in other
+processes, and, for chat completions and models, called directly by the in-process transport (inprocess.py)
+for agents in this one: the same request body in and the same answer out either way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from agent_rl.gateway.record import EngineFailed, SessionOver
+from agent_rl.openai import responses
+from agent_rl.openai.errors import NotFound, as_error, error, error_body, parse, parse_body
+from agent_rl.openai.protocol import ChatReq, warn_unknown
+
+if TYPE_CHECKING:
+    from agent_rl.gateway.server import Gateway, Session
+
+GATEWAY = web.AppKey("gateway", object)  # the Gateway an aiohttp app serves
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer of the gateway, whichever face sends it (aiohttp routes, the in-process transport)."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, status: int, data: dict) -> Reply:
+        return cls(status, json.dumps(data).encode())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/sessions/{sid}/v1/models", _models)
+    app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
+    app.router.add_post("/sessions/{sid}/v1/responses", _responses)
+
+
+async def chat_reply(gw: Gateway, sid: str, raw: bytes, where: str) -> Reply:
+    """POST /sessions/{sid}/v1/chat/completions, body in, answer out (the aiohttp route and the in-process
+    transport both call it): 409 when the session is over, 502 when the engines failed after retries
+    (recorded as such), a request's own mistakes as OpenAI 4xx bodies (recorded as client errors)."""
+    try:
+        s = gw.session(sid)
+    except NotFound as e:
+        return Reply.json(*as_error(e, where))  # type: ignore[misc]
+    try:
+        req = parse_body(raw, ChatReq)
+        warn_unknown(req, "gateway /v1/chat/completions")
+        body = await gw.complete(s, req)
+    except SessionOver as e:
+        return Reply.json(409, error_body(409, str(e), code="session_over"))
+    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
+        s.stats.errors.append(str(e))
+        return Reply.json(502, error_body(502, str(e)))
+    except Exception as e:
+        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
+        reply = as_error(e, where)
+        if reply is None:
+            raise
+        return Reply.json(*reply)
+    if not req.stream:
+        return Reply.json(200, body)
+    return Reply(200, _events(body, req), "text/event-stream")
+
+
+def models_reply(gw: Gateway, sid: str, where: str) -> Reply:
+    """GET /sessions/{sid}/v1/models."""
+    try:
+        gw.session(sid)
+    except NotFound as e:
+        return Reply.json(*as_error(e, where))  # type: ignore[misc]
+    data = [{"id": gw.model_name, "object": "model", "owned_by": "agent-rl"}]
+    return Reply.json(200, {"object": "list", "data": data})
+
+
+def _events(body: dict, req: ChatReq) -> bytes:
+    """A completed answer as server-sent events: one chunk per choice with the whole delta, then usage and
+    [DONE] (the response is sent when complete: continuations across weight updates are hidden)."""
+    head = {
+        "id": body["id"],
+        "object": "chat.completion.chunk",
+        "created": body["created"],
+        "model": body["model"],
+    }
+    out = []
+    for ch in body["choices"]:
+        delta = dict(ch["message"])
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
+        choice = {
+            "index": ch["index"],
+            "delta": delta,
+            "logprobs": ch["logprobs"],
+            "finish_reason": ch["finish_reason"],
+        }
+        out.append({**head, "choices": [choice]})
+    if req.stream_options is not None and req.stream_options.include_usage:
+        out.append({**head, "choices": [], "usage": body["usage"]})
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in out) + b"data: [DONE]\n\n"
+
+
+def _send(r: Reply) -> web.Response:
+    headers = {"Cache-Control": "no-cache"} if r.content_type == "text/event-stream" else None
+    return web.Response(status=r.status, body=r.body, content_type=r.content_type, headers=headers)
+
+
+async def _models(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    return _send(models_reply(gw, request.match_info["sid"], f"{request.method} {request.path}"))
+
+
+async def _guarded(s: Session, run):
+    """Run a request of session `s`: 409 when the session is over, 502 (counted as an engine failure) when the
+    engines failed; anything else is the request's own fault (a 4xx through the middleware, counted as such)."""
+    try:
+        return await run()
+    except SessionOver as e:
+        return error(409, str(e), code="session_over")
+    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
+        s.stats.errors.append(str(e))
+        return error(502, str(e))
+    except Exception as e:
+        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
+        raise
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API within a session (agent_rl/openai/responses.py); recorded like chat calls."""
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+    store = gw.response_stores.setdefault(s.id, responses.Store())
+
+    async def run():
+        req = await parse(request, responses.ResponsesReq)
+        warn_unknown(req, "gateway /v1/responses")
+        return await responses.handle(request, req, store, lambda c: gw.complete(s, c))
+
+    return await _guarded(s, run)
+
+
+async def _chat(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY]
+    raw = await request.read()
+    return _send(await chat_reply(gw, request.match_info["sid"], raw, f"{request.method} {request.path}"))
