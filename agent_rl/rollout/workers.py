@@ -281,6 +281,7 @@ class Rollouts:
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
                 tool_parser=env.spec.agent.tool_parser,
+                reasoning_parser=env.spec.agent.reasoning_parser,
                 max_retries=self.cfg.max_retries,
             )
             self._gateway = gw

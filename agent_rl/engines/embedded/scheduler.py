@@ -15,6 +15,7 @@ weights computed, and their next tokens carry the new version (PipelineRL-style 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -99,7 +100,6 @@ class Scheduler:
         cache_bytes = sum(t.numel() * t.element_size() for t in (*self.cache.k, *self.cache.v))
         log.info("KV cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, cache_bytes / 2**20)
         self.eos_ids = frozenset(cfg.eos_token_ids)
-        self.tokenizer = _load_tokenizer(model_dir)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         self.paused = False
@@ -107,6 +107,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.slots = [SlotState() for _ in range(max_batch)]
         self._clock = 0
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (stop strings, text), loaded at first use: a 150k-token vocabulary
+        takes seconds to read, and an engine fed token ids never needs it."""
+        return _load_tokenizer(self.model_dir)
 
     # ---- commands (called between steps) ----
 
