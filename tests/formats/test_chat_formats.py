@@ -167,7 +167,7 @@ async def test_round_trip_through_the_gateway_keeps_the_sampled_tokens(family, t
     client = openai.AsyncOpenAI(base_url=gw.base_url("ep"), api_key="unused", max_retries=0)
     try:
         r1 = (await client.chat.completions.create(model="p", messages=[USER], tools=TOOLS)).choices[0]
-        assert r1.finish_reason == "tool_calls"
+        assert r1.finish_reason == "tool_calls", r1
         (call,) = r1.message.tool_calls
         assert call.function.name == "python" and json.loads(call.function.arguments) == {"code": CODE}
         echoed = r1.message.model_dump(exclude_none=True)
