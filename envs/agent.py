@@ -96,6 +96,7 @@ class AgentEnv:
         self.spec, self.tokenizer, self._entry, self._reward_fn = spec, tokenizer, entrypoint, reward_fn
         self.external = spec.external is not None  # run by an agent in another process (gateway/external.py)
         self.tool_parser = (spec.agent or spec.external).tool_parser
+        self.reasoning_parser = (spec.agent or spec.external).reasoning_parser
         self._sandbox_backend, self._limits, self._shared_sandbox = sandbox, limits, shared_sandbox
         self._task: Task | None = None
         self.sandbox: AgentSandbox | None = None

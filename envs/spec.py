@@ -223,8 +223,12 @@ class AgentConfig(Strict):
     `await fn(task, client, sandbox, **kwargs)` with an `openai.AsyncOpenAI` bound to the episode's gateway
     session; it returns the reward (a number) or its final answer (a string, scored by `reward`)."""
     kwargs: dict[str, Any] = {}
-    tool_parser: Literal["hermes", "none"] = "hermes"
-    """How the gateway finds tool calls in the model's output (agent_rl/openai/tool_parsers.py)."""
+    tool_parser: Literal["hermes", "qwen", "llama3_json", "none"] = "hermes"
+    """How the gateway finds tool calls in the model's output (agent_rl/openai/tool_parsers.py):
+    hermes/qwen for `<tool_call>{json}</tool_call>` (Qwen2.5, Qwen3), llama3_json for Llama 3.x."""
+    reasoning_parser: Literal["qwen3", "none"] = "none"
+    """How the gateway splits reasoning off into `reasoning_content` (agent_rl/openai/reasoning.py):
+    qwen3 for `<think>...</think>`. The trajectory keeps the sampled reasoning tokens either way."""
 
     @field_validator("import_path")
     @classmethod
@@ -249,7 +253,10 @@ class ExternalConfig(Strict):
     """0: a free port (printed when the run starts)."""
     timeout_s: float = Field(600.0, gt=0)
     """An episode whose task is not claimed and closed within this long ends as an error (re-sampled)."""
-    tool_parser: Literal["hermes", "none"] = "hermes"
+    tool_parser: Literal["hermes", "qwen", "llama3_json", "none"] = "hermes"
+    """As `agent.tool_parser`."""
+    reasoning_parser: Literal["qwen3", "none"] = "none"
+    """As `agent.reasoning_parser`."""
 
 
 def project_of(path: str | Path) -> Path | None:

@@ -8,8 +8,8 @@ the assistant message the gateway returned for it, then appended messages, the p
 
     earlier prompt ids + sampled completion ids + ids of (closing glue + rendered suffix)
 
-where the suffix is rendered against a fixed stand-in conversation (`_BASE`) and cut off at where
-that conversation ends, and the closing glue is what the template puts after an assistant message
+where the suffix is rendered after a fixed stand-in conversation (`_BASE`) and cut off after its
+stand-in assistant message, and the closing glue is what the template puts after an assistant message
 that the sampled ids did not already contain (e.g. "\\n" after a sampled "<|im_end|>"). Sampled ids
 are never decoded and re-encoded. Anything else (the agent edited history, dropped or reordered
 messages, changed tools) is rendered in full, and trajectory assembly then decides whether it still
@@ -94,7 +94,6 @@ class PromptBuilder:
             tokenizer.convert_ids_to_tokens(t)
             for t in ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         }
-        self._heads: dict[str, str] = {}  # context key -> the stand-in conversation rendered
         self._full: OrderedDict[tuple[str, tuple[str, ...]], tuple[int, ...]] = OrderedDict()  # LRU
         self._cache_size = cache_size
 
@@ -127,7 +126,7 @@ class PromptBuilder:
                 and keys[:n] == a.messages_key
                 and same_assistant(messages[n], a.message)
             ):
-                suffix = self.suffix_ids(a.token_ids, messages[n + 1 :], tools, template_kwargs, ctx)
+                suffix = self.suffix_ids(a.token_ids, messages[n + 1 :], tools, template_kwargs)
                 if suffix is not None:
                     return Built([*a.prompt_ids, *a.token_ids, *suffix], True, keys, ctx)
         ids = self._full.get((ctx, keys))
@@ -148,24 +147,21 @@ class PromptBuilder:
         appended: list[dict],
         tools: list[dict] | None,
         template_kwargs: dict | None,
-        ctx: str | None = None,
     ) -> list[int] | None:
         """Ids of the glue after a sampled assistant turn plus the appended messages and generation prompt;
-        None when the template does not render the stand-in conversation as a prefix (then render in full).
-        `ctx`: context_key(tools, template_kwargs), when the caller has it."""
-        kw = dict(tools=tools, template_kwargs=template_kwargs)
-        ctx = context_key(tools, template_kwargs) if ctx is None else ctx
-        head = self._heads.get(ctx)
-        if head is None:
-            head = self._heads[ctx] = chat.render_text(self.tok, _BASE, add_generation_prompt=False, **kw)
-            if len(self._heads) > self._cache_size:
-                del self._heads[next(iter(self._heads))]
-        full = chat.render_text(self.tok, _BASE + appended, add_generation_prompt=True, **kw)
-        at = head.rfind(_SENTINEL)
-        if at < 0 or not full.startswith(head):
+        None when the template does not render the stand-in assistant message exactly once (then render in full).
+
+        The text after the stand-in message in the rendering of (stand-in conversation + appended messages) is
+        that glue + suffix. It is cut from that one rendering, not from the difference of two: a template may
+        render an assistant turn differently when it is the last message (Qwen3 adds an empty <think> block)."""
+        full = chat.render_text(
+            self.tok, _BASE + appended, tools, add_generation_prompt=True, template_kwargs=template_kwargs
+        )
+        at = full.find(_SENTINEL)
+        if at < 0 or full.count(_SENTINEL) != 1:
             return None
-        closer = head[at + len(_SENTINEL) :]  # e.g. "<|im_end|>\n"
+        rest = full[at + len(_SENTINEL) :]  # e.g. "<|im_end|>\n<|im_start|>user\n<tool_response>..."
         last = self.tok.convert_ids_to_tokens(completion[-1]) if completion else None
-        if last in self._eos_texts and closer.startswith(last):
-            closer = closer[len(last) :]  # the model sampled the end-of-turn token itself
-        return self.codec.encode(closer + full[len(head) :])
+        if last in self._eos_texts and rest.startswith(last):
+            rest = rest[len(last) :]  # the model sampled the end-of-turn token itself
+        return self.codec.encode(rest)

@@ -41,6 +41,7 @@ from agent_rl.gateway.routes import GATEWAY, add_routes
 from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
+from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
 
@@ -80,6 +81,7 @@ class Gateway:
         *,
         max_seq_len: int,
         tool_parser: str = "hermes",
+        reasoning_parser: str | None = None,
         model_name: str = "agent-rl-policy",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -87,6 +89,7 @@ class Gateway:
     ):
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
         self.parser, self.parser_name = get_parser(tool_parser), tool_parser
+        self.reasoning = get_reasoning_parser(reasoning_parser)  # the message gets reasoning_content
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
         # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
@@ -236,7 +239,7 @@ class Gateway:
                 if req.logprobs
                 else None
             )
-            ch = chat.choice(i, text, c.finish_reason, parser, lps)
+            ch = chat.choice(i, text, c.finish_reason, parser, lps, reasoning=self.reasoning)
             s.answered.append(Answered(built.keys, built.context, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
             s.stats.sampled_tokens += len(c.token_ids)

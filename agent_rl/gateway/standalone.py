@@ -32,7 +32,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8900, help="0 picks a free port (printed on start)")
     p.add_argument("--max-seq-len", type=int, default=4096, help="the engines' context length")
-    p.add_argument("--tool-parser", choices=["hermes", "none"], default="hermes")
+    p.add_argument("--tool-parser", choices=["hermes", "qwen", "llama3_json", "none"], default="hermes")
+    p.add_argument(
+        "--reasoning-parser",
+        choices=["qwen3", "none"],
+        default="none",
+        help="split <think> into reasoning_content",
+    )
     p.add_argument(
         "--record", default=None, metavar="FILE", help="append every closed session as a JSON line"
     )
@@ -57,6 +63,7 @@ async def serve(args: argparse.Namespace) -> None:
         AutoTokenizer.from_pretrained(args.tokenizer),
         max_seq_len=args.max_seq_len,
         tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
         host=args.host,
         port=args.port,
     )

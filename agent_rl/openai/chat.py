@@ -16,6 +16,7 @@ from typing import Any
 
 from agent_rl.openai.errors import Invalid
 from agent_rl.openai.protocol import ChatMessage, ToolDef
+from agent_rl.openai.reasoning import ReasoningParser
 from agent_rl.openai.tool_parsers import ParsedOutput
 
 TopList = Sequence[tuple[int, float]]
@@ -141,10 +142,19 @@ def logprob_content(
     return content
 
 
-def message(text: str, parser: Callable[[str], ParsedOutput] | None) -> tuple[dict, bool]:
-    """The assistant message for a completion text; True when it carries tool calls."""
+def message(
+    text: str, parser: Callable[[str], ParsedOutput] | None, reasoning: ReasoningParser | None = None
+) -> tuple[dict, bool]:
+    """The assistant message for a completion text (reasoning split off first, then tool calls parsed from
+    the rest); True when it carries tool calls."""
+    thought = None
+    if reasoning is not None:
+        thought, rest = reasoning(text)
+        text = rest or ""
     parsed = parser(text) if parser is not None else ParsedOutput(text)
     msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if thought is not None:
+        msg["reasoning_content"] = thought
     if parsed.tool_calls:
         msg["tool_calls"] = [
             {
@@ -166,8 +176,9 @@ def choice(
     parser: Callable[[str], ParsedOutput] | None,
     logprobs: list[dict] | None,
     stop_reason: int | str | None = None,
+    reasoning: ReasoningParser | None = None,
 ) -> dict:
-    msg, has_calls = message(text, parser)
+    msg, has_calls = message(text, parser, reasoning)
     return {
         "index": index,
         "message": msg,

@@ -1,12 +1,16 @@
 """Tool-call parsers: turn a model's completion text into OpenAI `tool_calls`, one parser per model family.
 
-    parsed = PARSERS["hermes"](text)      # ParsedOutput(content, tool_calls)
+    parsed = get_parser("hermes")(text)      # ParsedOutput(content, tool_calls)
 
-`hermes` reads the Hermes / Qwen2.5 / Qwen3 format, one call per block:
-`<tool_call>\n{"name": "python", "arguments": {"code": "..."}}\n</tool_call>`. Text before the
-first block is the message content. Output that does not parse (bad JSON, no name, an unclosed
-block) stays plain text with no tool calls, so the agent sees what the model wrote. `none` never
-parses tool calls.
+- `hermes` (alias `qwen`) reads the Hermes / Qwen2.5 / Qwen3 format, one call per block:
+  `<tool_call>\n{"name": "python", "arguments": {"code": "..."}}\n</tool_call>`. Text before the
+  first block is the message content.
+- `llama3_json` reads Llama 3.x's JSON calls, as vLLM's parser of that name: the whole output is
+  one or more `{"name": ..., "parameters": {...}}` objects (`arguments` is accepted too) separated
+  by `;`, optionally after `<|python_tag|>`; there is no content beside them.
+- `none` never parses tool calls.
+Output that does not parse (bad JSON, no name, an unclosed block, text after the calls) stays plain
+text with no tool calls, so the agent sees what the model wrote.
 """
 
 from __future__ import annotations
@@ -42,17 +46,10 @@ def parse_hermes(text: str) -> ParsedOutput:
             obj = json.loads(body)
         except json.JSONDecodeError:
             return ParsedOutput(text)
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        call = _call(obj)  # arguments may come as a JSON string already (some models write them so)
+        if call is None:
             return ParsedOutput(text)
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string already
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return ParsedOutput(text)
-        if not isinstance(args, dict):
-            return ParsedOutput(text)
-        calls.append(ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False)))
+        calls.append(call)
     # every opened block must be closed: an unclosed one means the model was cut off mid-call
     if not calls or text.count("<tool_call>") != len(calls):
         return ParsedOutput(text)
@@ -60,11 +57,50 @@ def parse_hermes(text: str) -> ParsedOutput:
     return ParsedOutput(content or None, tuple(calls))
 
 
+def _call(obj: object) -> ParsedCall | None:
+    """A {"name": str, "arguments" | "parameters": object} dict as a call, else None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
+
+
+def parse_llama3_json(text: str) -> ParsedOutput:
+    body = text.strip()
+    body = body.removeprefix("<|python_tag|>").lstrip()
+    if not body.startswith("{"):
+        return ParsedOutput(text)
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return ParsedOutput(text)
+        call = _call(obj)
+        if call is None:
+            return ParsedOutput(text)
+        calls.append(call)
+        at = end
+        while at < len(body) and body[at] in " \t\n;":
+            at += 1
+    return ParsedOutput(None, tuple(calls))
+
+
 def parse_none(text: str) -> ParsedOutput:
     return ParsedOutput(text)
 
 
-PARSERS: dict[str, Callable[[str], ParsedOutput]] = {"hermes": parse_hermes, "none": parse_none}
+PARSERS: dict[str, Callable[[str], ParsedOutput]] = {
+    "hermes": parse_hermes,
+    "qwen": parse_hermes,
+    "llama3_json": parse_llama3_json,
+    "none": parse_none,
+}
 
 
 def get_parser(name: str) -> Callable[[str], ParsedOutput]:

@@ -247,6 +247,7 @@ class EpisodeRunner:
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
                 tool_parser=env.tool_parser,
+                reasoning_parser=env.reasoning_parser,
                 max_retries=self.cfg.max_retries,
                 **({"host": ext.host, "port": ext.port} if ext is not None else {}),
             )

@@ -3,11 +3,18 @@
 A slot belongs to one request while it runs. Allocated once (like gpt-fast's `setup_caches`), so
 a decode step never allocates cache memory, and a finished request's slot keeps its keys until it
 is reused: a continuation that re-sends the same prefix picks that slot and skips the prefill.
+The scheduler keeps the running requests in slots 0..n-1 (`swap` moves a slot's contents), so a
+forward's rows are a contiguous range of slots and attention reads keys and values in place.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from agent_rl.engines.embedded.model import Step
 
 
 class KVCache:
@@ -15,27 +22,23 @@ class KVCache:
         shape = (slots, kv_heads, max_seq_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.slots, self.max_seq_len = slots, max_seq_len
+        self.slots, self.max_seq_len, self.head_dim = slots, max_seq_len, head_dim
 
     def update(
-        self,
-        layer: int,
-        slots: torch.Tensor,
-        dense: bool,
-        positions: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        key_len: int,
+        self, layer: int, step: Step, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([B, S, kv, d]) at (slot, position) and return this batch's keys/values [B, kv, key_len, d].
+        """Write k, v ([B, S, kv, d]) at each row's positions; return the rows' keys/values [B, kv, key_len, d] (views)."""
+        kc, vc, d = self.k[layer], self.v[layer], self.head_dim
+        kc.view(-1, d).index_copy_(0, step.write, k.reshape(-1, d))
+        vc.view(-1, d).index_copy_(0, step.write, v.reshape(-1, d))
+        rows = slice(step.start, step.start + step.batch)
+        return kc[rows, :, : step.key_len], vc[rows, :, : step.key_len]
 
-        dense: slots are exactly 0..B-1 in order, so the keys/values are returned as views, without a copy.
-        """
-        kc, vc = self.k[layer], self.v[layer]
-        rows = slots[:, None]  # [B, 1] broadcasts against positions [B, S]
-        kc[rows, :, positions] = k  # advanced indices first: the target is [B, S, kv, d]
-        vc[rows, :, positions] = v
-        if dense:
-            n = slots.shape[0]
-            return kc[:n, :, :key_len], vc[:n, :, :key_len]
-        return kc[slots, :, :key_len], vc[slots, :, :key_len]
+    def swap(self, a: int, b: int, length: int) -> None:
+        """Exchange the first `length` positions of slots a and b in every layer."""
+        if a == b or length <= 0:
+            return
+        for buf in (*self.k, *self.v):
+            tmp = buf[a, :, :length].clone()
+            buf[a, :, :length] = buf[b, :, :length]
+            buf[b, :, :length] = tmp

@@ -1,9 +1,19 @@
-"""A plain-torch decoder for Hugging Face Qwen2 / Llama checkpoints, read straight from safetensors.
+"""A plain-torch decoder for Hugging Face Qwen2 / Qwen3 / Llama / Mistral checkpoints, read from safetensors.
 
 Parameter names are the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint or a learner's `state_dict()` copies in without a name map. One `forward` serves
-prefill and decode: every row brings its own positions and cache slot, so requests of different
-lengths share one batch (continuous batching).
+prefill and decode: every row brings its own positions, and the rows are a contiguous range of
+cache slots (the scheduler keeps running requests packed), so requests of different lengths share
+one batch (continuous batching) and attention reads the cache in place.
+
+Why hand-written and how it is fast on CPU (measured on SmolLM2-135M, benchmarks/engine_bench.py):
+- the weights of each layer are fused (q|k|v, gate|up) and stored transposed, `[in, out]`
+  contiguous: `x @ W` runs MKL's GEMM without the transposed-operand path of `F.linear`, which
+  costs ~1.5-2x at 16-64 rows. Each Hugging Face parameter is a (transposed) view into the fused
+  matrix, so an in-place weight push (`copy_weights_`) writes straight into what the matmul reads;
+- residual adds ride in the GEMM (`addmm`), RoPE is one flip and two multiply-adds, the cache
+  write is one `index_copy_` per layer with indices computed once per step, and logits are computed
+  only at each row's last position.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from torch import nn
 
 from agent_rl.engines.embedded.cache import KVCache
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -33,7 +43,8 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    attention_bias: bool  # Qwen2 has q/k/v biases, Llama does not
+    attention_bias: bool  # Qwen2 has q/k/v biases; Llama, Mistral and Qwen3 (by default) do not
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on every query and key head, before RoPE
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
@@ -56,8 +67,10 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ValueError(f"{path}: rope type {rope_type!r} is not supported (only 'default' RoPE)")
-        if c.get("use_sliding_window"):
+        if c.get("use_sliding_window") or (arch == "MistralForCausalLM" and c.get("sliding_window")):
             raise ValueError(f"{path}: sliding-window attention is not supported")
+        if c.get("mlp_bias") or c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{path}: only SwiGLU MLPs without bias are supported (mlp_bias, hidden_act)")
         heads = c["num_attention_heads"]
         eos: list[int] = []
         for src in (c, _read_json(Path(model_dir) / "generation_config.json")):
@@ -74,6 +87,7 @@ class ModelConfig:
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
             attention_bias=c.get("attention_bias", arch == "Qwen2ForCausalLM"),
+            qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             max_position_embeddings=c.get("max_position_embeddings", 2048),
             eos_token_ids=tuple(dict.fromkeys(eos)),
@@ -91,26 +105,66 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As HF: normalise in fp32, cast back, then scale, so fp32 logits agree to ~1e-6.
+        if x.dtype == torch.float32:  # one fused kernel; same math as HF's in fp32
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # As HF: normalise in fp32, cast back, then scale (in the low precision), so bf16 rounds as HF does.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
-def fuse_(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the linears' weights (and biases) into one matrix and make each HF-named parameter a view of it.
+class Fused:
+    """Linears sharing one input as one `[in, sum(out)]` matrix; each HF parameter becomes a view of it."""
 
-    One matmul instead of several per step, while `named_parameters()` still yields the Hugging Face
-    names and shapes: copying new weights into a parameter in place writes into the fused matrix.
+    def __init__(self, modules: list[nn.Linear]):
+        self.weight = torch.cat([m.weight.detach() for m in modules]).t().contiguous()  # [in, out]
+        biases = [m.bias for m in modules]
+        self.bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
+        at = 0
+        for m in modules:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(self.weight[:, at : at + n].t(), requires_grad=False)
+            if self.bias is not None:
+                m.bias = nn.Parameter(self.bias[at : at + n], requires_grad=False)
+            at += n
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W (+ bias) (+ residual), for x: [N, in]."""
+        if residual is not None:
+            assert self.bias is None, "a fused residual and a bias: not needed by any supported architecture"
+            return torch.addmm(residual, x, self.weight)
+        if self.bias is not None:
+            return torch.addmm(self.bias, x, self.weight)
+        return x @ self.weight
+
+
+class PackedHead(Fused):
+    """The LM head: above `MIN_ROWS` rows it runs oneDNN's matmul on a prepacked copy of the weight.
+
+    MKL's GEMM is slow for a [rows, H] x [H, 49k+] product: oneDNN on a prepacked weight took 15 ms
+    instead of 24 ms at 16 rows and 31 instead of 41 ms at 64 rows (SmolLM2, 1 thread, runs/); at
+    1-4 rows plain `x @ W` is faster. The copy is refreshed whenever the weight was written in place
+    (torch bumps the version counter of a tensor and all its views on every in-place write).
     """
-    weight = torch.cat([m.weight.detach() for m in modules])
-    bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
-    at = 0
-    for m in modules:
-        n = m.weight.shape[0]
-        m.weight = nn.Parameter(weight[at : at + n], requires_grad=False)
-        if bias is not None:
-            m.bias = nn.Parameter(bias[at : at + n], requires_grad=False)
-        at += n
-    return weight, bias
+
+    MIN_ROWS = 8
+
+    def __init__(self, modules: list[nn.Linear]):
+        super().__init__(modules)
+        self.packed: torch.Tensor | None = None
+        self.packed_version = -1
+        self.enabled = (
+            self.weight.dtype == torch.float32
+            and self.weight.numel() >= 2**22
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        )
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.enabled or x.shape[0] < self.MIN_ROWS:
+            return super().__call__(x, residual)
+        if self.packed_version != self.weight._version:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), None)
+            self.packed_version = self.weight._version
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 class Attention(nn.Module):
@@ -122,27 +176,35 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def fuse(self) -> None:
-        self.qkv = fuse_([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv, self.o = Fused([self.q_proj, self.k_proj, self.v_proj]), Fused([self.o_proj])
 
-    def forward(self, x, cos, sin, positions, slots, cache: KVCache, key_len: int, bias) -> torch.Tensor:
-        b, s, _ = x.shape  # x: [B, S, H]; positions: [B, S]; slots: ([B], dense); bias: [B * nkv, g * S, T]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        """x: normalised input [N, H] (N = B*S); returns residual + attention output [N, H]."""
+        b, s, t = step.batch, step.seq, step.key_len
         nh, nkv, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
         g = nh // nkv
-        qkv = F.linear(x, *self.qkv).view(b, s, nh + 2 * nkv, d)
-        qk = qkv[:, :, : nh + nkv]  # rotate q and k together: [B, S, nh + nkv, d], cos/sin: [B, S, 1, d]
-        qk = qk * cos + torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), dim=-1) * sin
-        keys, values = cache.update(
-            self.layer, *slots, positions, qk[:, :, nh:], qkv[:, :, nh + nkv :], key_len
-        )
-        # Grouped-query attention as two batched matmuls: the g query heads of a kv head (times S positions)
-        # form the rows of one [g*S, T] score matrix. On CPU this beats SDPA's GQA path for decode shapes.
-        q = qk[:, :, :nh].reshape(b, s, nkv, g, d).permute(0, 2, 3, 1, 4).reshape(b * nkv, g * s, d)
-        scores = torch.baddbmm(bias, q, keys.reshape(b * nkv, key_len, d).transpose(1, 2), alpha=d**-0.5)
-        out = torch.bmm(scores.softmax(-1), values.reshape(b * nkv, key_len, d))  # [B * nkv, g * S, d]
-        return self.o_proj(out.view(b, nkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, nh * d))
+        qkv = self.qkv(x).view(b, s, nh + 2 * nkv, d)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(qkv[:, :, :nh]), self.k_norm(qkv[:, :, nh : nh + nkv])
+            qk = torch.cat((q, k), dim=2)
+        else:
+            qk = qkv[:, :, : nh + nkv]
+        # RoPE on q and k together: x*cos + rotate_half(x)*sin, rotate_half as a flip of the halves and a signed sin.
+        rot = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
+        qk = torch.addcmul(qk * step.cos, rot, step.sin)
+        keys, values = cache.update(self.layer, step, qk[:, :, nh:], qkv[:, :, nh + nkv :])  # [B, nkv, T, d]
+        # Grouped-query attention: the g query heads of a kv head (times S positions) are the rows of one
+        # [g*S, T] score matrix per (row, kv head); keys/values are read in place from the cache.
+        q = qk[:, :, :nh].reshape(b, s, nkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, nkv, g * s, d)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(d**-0.5).view(b, nkv, g, s, t)
+        probs = scores.add_(step.bias).softmax(-1).view(b, nkv, g * s, t)
+        out = torch.matmul(probs, values).view(b, nkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, nh * d)
+        return self.o(out, residual)
 
 
 class MLP(nn.Module):
@@ -151,14 +213,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up: torch.Tensor | None = None
 
     def fuse(self) -> None:
-        self.gate_up, _ = fuse_([self.gate_proj, self.up_proj])
+        self.gate_up, self.down = Fused([self.gate_proj, self.up_proj]), Fused([self.down_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate).mul_(up), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -169,9 +230,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, slots, cache, key_len, bias):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, cache, key_len, bias)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        x = self.self_attn(self.input_layernorm(x), x, step, cache)
+        return self.mlp(self.post_attention_layernorm(x), x)
 
 
 class Backbone(nn.Module):
@@ -180,6 +241,20 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class Step:
+    """What every layer of one forward shares: shapes, rotary tables, attention mask, cache indices."""
+
+    batch: int
+    seq: int
+    key_len: int
+    start: int  # the rows are cache slots start..start+batch-1
+    cos: torch.Tensor  # [B, S, 1, d]
+    sin: torch.Tensor  # [B, S, 1, d], sign of rotate_half folded in
+    bias: torch.Tensor  # additive mask [B, 1, 1, S, T]
+    write: torch.Tensor  # flat cache row of each (row, position, kv head), [B*S*nkv]
 
 
 class CausalLM(nn.Module):
@@ -195,6 +270,15 @@ class CausalLM(nn.Module):
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
 
+    def fuse(self) -> None:
+        """Store every matrix transposed and fused (see the module docstring); parameters become views."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        self.head = PackedHead([self.lm_head])  # [H, V]; tied: the embedding is a view of it
+        if self.cfg.tie_word_embeddings:
+            self.model.embed_tokens.weight = self.lm_head.weight
+
     def setup_rope(self, max_seq_len: int) -> None:
         """Precompute cos/sin tables (fp32, like HF) for positions 0..max_seq_len-1."""
         d = self.cfg.head_dim
@@ -202,38 +286,41 @@ class CausalLM(nn.Module):
         freqs = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.rope_cos, self.rope_sin = emb.cos(), emb.sin()
+        self.rope_sin[:, : d // 2] *= -1  # rotate_half(x) = cat(-x2, x1) = flip(x) * (-1 | +1)
 
     @torch.inference_mode()
     def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        cache: KVCache,
-        last: torch.Tensor,
-        *,
-        dense: bool = False,
+        self, tokens: torch.Tensor, positions: torch.Tensor, start: int, key_len: int, cache: KVCache, last
     ) -> torch.Tensor:
-        """Logits at `last[b]` of each row. tokens/positions: [B, S]; slots, last: [B]. Returns [B, V] fp32.
-
-        dense: the rows are exactly cache slots 0..B-1 in order (the cache then returns views, not copies).
-        """
+        """Logits at `last[b]` of each row. tokens/positions: [B, S] (rows = cache slots start..start+B-1);
+        key_len: max(positions) + 1; last: [B]. Returns [B, V] fp32."""
         assert self.rope_cos is not None, "call setup_rope() first"
-        dtype = self.model.embed_tokens.weight.dtype
-        cos = self.rope_cos[positions].unsqueeze(2).to(dtype)  # [B, S, 1, d]
-        sin = self.rope_sin[positions].unsqueeze(2).to(dtype)
-        key_len = int(positions.max()) + 1
-        # A query at position p sees keys 0..p of its own slot; padded queries see garbage nobody reads.
+        dtype = self.head.weight.dtype
         b, s = tokens.shape
-        nkv, g = self.cfg.num_kv_heads, self.cfg.num_heads // self.cfg.num_kv_heads
-        visible = torch.arange(key_len)[None, None, None, None, :] <= positions[:, None, None, :, None]
-        bias = torch.zeros(b, nkv, g, s, key_len, dtype=dtype).masked_fill_(~visible, float("-inf"))
-        bias = bias.view(b * nkv, g * s, key_len)  # additive mask, one [g*S, T] block per (row, kv head)
-        x = self.model.embed_tokens(tokens)
+        nkv = self.cfg.num_kv_heads
+        # A query at position p sees keys 0..p of its own slot; padded queries see garbage nobody reads.
+        hidden = torch.arange(key_len)[None, None, :] > positions[:, :, None]
+        slot_rows = (
+            torch.arange(start, start + b)[:, None, None] * nkv + torch.arange(nkv)
+        ) * cache.max_seq_len
+        # slot_rows: [B, 1, nkv] first cache row of each (slot, kv head); + positions [B, S, 1]
+        step = Step(
+            batch=b,
+            seq=s,
+            key_len=key_len,
+            start=start,
+            cos=self.rope_cos[positions].unsqueeze(2).to(dtype),
+            sin=self.rope_sin[positions].unsqueeze(2).to(dtype),
+            bias=torch.zeros(b, 1, 1, s, key_len, dtype=dtype).masked_fill_(
+                hidden[:, None, None], float("-inf")
+            ),
+            write=(slot_rows + positions[:, :, None]).reshape(-1),
+        )
+        x = self.model.embed_tokens.weight[tokens.reshape(-1)].to(dtype)  # [B*S, H]
         for layer in self.model.layers:
-            x = layer(x, cos, sin, positions, (slots, dense), cache, key_len, bias)
-        x = x[torch.arange(x.shape[0]), last]  # only the rows' last real positions need logits
-        return self.lm_head(self.model.norm(x)).float()
+            x = layer(x, step, cache)
+        x = x.view(b, s, -1)[torch.arange(b), last]  # only the rows' last real positions need logits
+        return self.head(self.model.norm(x)).float()
 
 
 def load_model(model_dir: str | Path, *, dtype: str = "float32", max_seq_len: int = 2048) -> CausalLM:
@@ -251,6 +338,7 @@ def load_model(model_dir: str | Path, *, dtype: str = "float32", max_seq_len: in
     state = read_safetensors_dir(model_dir)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    state = {n: t for n, t in state.items() if not n.endswith("rotary_emb.inv_freq")}
     expected = {n for n, _ in model.named_parameters()}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
@@ -262,8 +350,6 @@ def load_model(model_dir: str | Path, *, dtype: str = "float32", max_seq_len: in
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
-    for layer in model.model.layers:
-        layer.self_attn.fuse()
-        layer.mlp.fuse()
+    model.fuse()
     model.setup_rope(max_seq_len)
     return model.eval()

@@ -2,7 +2,8 @@
 
 What the official `openai` client and agents written against it use:
 - chat: `tools` / `tool_choice` with `tool_calls` parsed from the output by the server's tool-call
-  parser (`--tool-parser`, tool_parsers.py; unparseable output stays plain text), `tool` messages
+  parser (`--tool-parser`, tool_parsers.py; unparseable output stays plain text), `reasoning_content`
+  split off by the reasoning parser (`--reasoning-parser`, reasoning.py), `tool` messages
   with `tool_call_id`, `null` content with tool calls, text content-part arrays, `developer` (as
   system) and `name`; `n > 1`; SSE streaming (`stream=True`, `stream_options.include_usage`);
   `logprobs` with `top_logprobs` (chat) or `logprobs=N` (completions): the top-N of the
@@ -37,6 +38,7 @@ from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, trim_stop
 from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, parse
 from agent_rl.openai.protocol import ChatReq, CompletionReq, OpenAISampling, warn_unknown
+from agent_rl.openai.reasoning import ReasoningParser, get_reasoning_parser
 from agent_rl.openai.tool_parsers import ParsedOutput, get_parser
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 SERVED_NAME = web.AppKey("served_model_name", str)
 TOOL_PARSER = web.AppKey("tool_parser", str)
 RESPONSES = web.AppKey("responses", responses.Store)
+REASONING_PARSER = web.AppKey("reasoning_parser", str)
 
 
 def model_names(app: web.Application) -> set[str]:
@@ -162,11 +165,22 @@ async def _chat(request: web.Request, req: ChatReq, as_dict: bool = False):
     parser_name = request.app.get(TOOL_PARSER) or "hermes"
     structure = structured.for_chat(req, parser_name)
     parser = get_parser(parser_name) if req.parse_tools else None
+    reasoning = get_reasoning_parser(request.app.get(REASONING_PARSER))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     max_tokens = engine.scheduler.max_seq_len
     if req.stream:
         return await _stream(
-            request, req, engine, ids, rid, model, "chat.completion.chunk", parser, max_tokens, structure
+            request,
+            req,
+            engine,
+            ids,
+            rid,
+            model,
+            "chat.completion.chunk",
+            parser,
+            max_tokens,
+            structure,
+            reasoning,
         )
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
     outs = await _generate_n(engine, ids, req, rid, max_tokens, top_n, structure)
@@ -183,7 +197,7 @@ async def _chat(request: web.Request, req: ChatReq, as_dict: bool = False):
             lps = chat.logprob_content(
                 tok, g.token_ids, g.logprobs, out.top_logprobs, as_ids=req.return_tokens_as_token_ids
             )
-        choices.append(chat.choice(i, text, g.finish_reason, parser, lps, out.matched))
+        choices.append(chat.choice(i, text, g.finish_reason, parser, lps, out.matched, reasoning))
     body = {
         "id": rid,
         "object": "chat.completion",
@@ -269,11 +283,13 @@ async def _stream(
     parser: Callable[[str], ParsedOutput] | None,
     max_tokens: int,
     structure: structured.Structure | None = None,
+    reasoning: ReasoningParser | None = None,
 ) -> web.StreamResponse:
     """Server-sent events: a chunk per sampled token and choice, then each choice's finish, usage, [DONE].
 
-    With tool parsing on, a choice's text is held back and sent whole with its parsed tool calls at the
-    end (the parse needs the complete output)."""
+    With tool or reasoning parsing on, a choice's text is held back and sent whole with its parsed tool
+    calls and reasoning at the end (the parse needs the complete output)."""
+    whole = parser is not None or reasoning is not None
     is_chat = isinstance(req, ChatReq)
     tok = engine.scheduler.tokenizer
     top_n = 0
@@ -284,7 +300,7 @@ async def _stream(
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     created = int(time.time())
     queue: asyncio.Queue = asyncio.Queue()
-    deltas = [_Delta(tok, req, hold_all=parser is not None) for _ in range(req.n)]
+    deltas = [_Delta(tok, req, hold_all=whole) for _ in range(req.n)]
 
     async def send(choices: list[dict], usage: dict | None = None) -> None:
         body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
@@ -343,7 +359,7 @@ async def _stream(
             if item[0] == "token":
                 _, i, t, lp, top = item
                 text = deltas[i].push(t)
-                if parser is not None and not (req.logprobs and is_chat):
+                if whole and not (req.logprobs and is_chat):
                     continue
                 lps = _stream_logprobs(tok, req, is_chat, t, lp, top)
                 if is_chat:
@@ -366,9 +382,9 @@ async def _stream(
             finish = out.generation.finish_reason
             if is_chat:
                 delta: dict = {}
-                if parser is not None:
-                    msg, has_calls = chat.message(rest, parser)
-                    delta = {"content": msg["content"]}
+                if whole:
+                    msg, has_calls = chat.message(rest, parser, reasoning)
+                    delta = {k: msg[k] for k in ("reasoning_content", "content") if k in msg}
                     if has_calls:
                         delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(msg["tool_calls"])]
                         finish = "tool_calls" if finish == "stop" else finish

@@ -15,6 +15,7 @@ weights computed, and their next tokens carry the new version (PipelineRL-style 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -101,7 +102,6 @@ class Scheduler:
         cache_bytes = sum(t.numel() * t.element_size() for t in (*self.cache.k, *self.cache.v))
         log.info("KV cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, cache_bytes / 2**20)
         self.eos_ids = frozenset(cfg.eos_token_ids)
-        self.tokenizer = _load_tokenizer(model_dir)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         self.paused = False
@@ -110,6 +110,12 @@ class Scheduler:
         self.slots = [SlotState() for _ in range(max_batch)]
         self._clock = 0
         self._grammars: constrained.Grammars | None = None  # built at the first constrained request
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (stop strings, text), loaded at first use: a 150k-token vocabulary
+        takes seconds to read, and an engine fed token ids never needs it."""
+        return _load_tokenizer(self.model_dir)
 
     # ---- commands (called between steps) ----
 
@@ -194,24 +200,25 @@ class Scheduler:
         admitted: list[Request] = []
         budget = MAX_PREFILL_TOKENS
         while self.waiting and not self.paused:
-            free = [i for i, s in enumerate(self.slots) if not s.busy]
-            if not free:
+            dense = len(self.running)  # running requests hold slots 0..dense-1
+            if dense == self.max_batch:
                 break
             req = self.waiting[0]
-            slot, shared = self._pick_slot(free, req.prompt)
+            slot, shared = self._pick_slot(range(dense, self.max_batch), req.prompt)
             # The last prompt token is always fed, even when cached: its logits are needed.
             start = min(shared, len(req.prompt) - 1)
             width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
             if admitted and width * (len(admitted) + 1) > budget:
                 break
             self.waiting.popleft()
-            req.slot, req.cached_tokens = slot, start
-            self.slots[slot] = SlotState(tokens=req.prompt[:start], busy=True)
+            self._swap(slot, dense)
+            req.slot, req.cached_tokens = dense, start
+            self.slots[dense] = SlotState(tokens=req.prompt[:start], busy=True)
             admitted.append(req)
             self.running.append(req)
         return admitted
 
-    def _pick_slot(self, free: list[int], prompt: list[int]) -> tuple[int, int]:
+    def _pick_slot(self, free: range, prompt: list[int]) -> tuple[int, int]:
         """The free slot sharing the longest cached prefix with `prompt`, else the least recently used one."""
         best, best_len = min(free, key=lambda i: self.slots[i].last_used), 0
         for i in free:
@@ -220,8 +227,23 @@ class Scheduler:
                 best, best_len = i, n
         return best, best_len
 
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange two slots (cached keys/values and their state), keeping running requests packed at the front."""
+        if a == b:
+            return
+        held = {r.slot: r for r in self.running if r.slot in (a, b)}
+        # Positions holding keys: a running request's prompt and tokens, a free slot's cached tokens.
+        length = max(
+            len(held[i].prompt) + len(held[i].tokens) if i in held else len(self.slots[i].tokens)
+            for i in (a, b)
+        )
+        self.cache.swap(a, b, min(self.max_seq_len, length))
+        self.slots[a], self.slots[b] = self.slots[b], self.slots[a]
+        for i, r in held.items():
+            r.slot = b if i == a else a
+
     def _prefill(self, reqs: list[Request]) -> None:
-        reqs = sorted(reqs, key=lambda r: r.slot)  # ascending slots: see _forward_and_sample
+        reqs = sorted(reqs, key=lambda r: r.slot)
         chunks = [r.prompt[r.cached_tokens :] for r in reqs]
         width = max(len(c) for c in chunks)
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
@@ -231,19 +253,22 @@ class Scheduler:
         # Padding positions run past each chunk; they write keys nobody reads (clamped into the buffer).
         positions = (starts[:, None] + torch.arange(width)[None, :]).clamp(max=self.max_seq_len - 1)
         last = torch.tensor([len(c) - 1 for c in chunks])
-        self._forward_and_sample(reqs, tokens, positions, last)
+        key_len = min(self.max_seq_len, max(r.cached_tokens for r in reqs) + width)
+        self._forward_and_sample(reqs, tokens, positions, key_len, last)
 
     def _decode(self, reqs: list[Request]) -> None:
         reqs = sorted(reqs, key=lambda r: r.slot)
         tokens = torch.tensor([[r.tokens[-1]] for r in reqs])
-        positions = torch.tensor([[len(r.prompt) + len(r.tokens) - 1] for r in reqs])
-        self._forward_and_sample(reqs, tokens, positions, torch.zeros(len(reqs), dtype=torch.long))
+        at = [len(r.prompt) + len(r.tokens) - 1 for r in reqs]
+        positions = torch.tensor(at)[:, None]
+        self._forward_and_sample(
+            reqs, tokens, positions, max(at) + 1, torch.zeros(len(reqs), dtype=torch.long)
+        )
 
-    def _forward_and_sample(self, reqs: list[Request], tokens, positions, last) -> None:
-        slots = [r.slot for r in reqs]
-        # Rows sorted by slot; when they are exactly slots 0..B-1 the cache hands out views instead of copies.
-        dense = slots[-1] == len(slots) - 1
-        logits = self.model(tokens, positions, torch.tensor(slots), self.cache, last, dense=dense)
+    def _forward_and_sample(self, reqs: list[Request], tokens, positions, key_len: int, last) -> None:
+        start = reqs[0].slot
+        assert [r.slot for r in reqs] == list(range(start, start + len(reqs))), "rows must be packed slots"
+        logits = self.model(tokens, positions, start, key_len, self.cache, last)
         rows = [r.row for r in reqs]
         masked = None if self._grammars is None else constrained.mask(self._grammars.xgr, logits, rows)
         ids, lps, tops = sample(logits, rows, self.generator)
@@ -282,10 +307,11 @@ class Scheduler:
         self, r: Request, reason: FinishReason, matched: int | str | None, error: str | None = None
     ) -> None:
         if r in self.running:
-            self.running.remove(r)
             self._clock += 1
             # Keys/values exist for the prompt and every output token but the last (never fed back).
             self.slots[r.slot] = SlotState(tokens=r.prompt + r.tokens[:-1], busy=False, last_used=self._clock)
+            self.running.remove(r)
+            self._swap(r.slot, len(self.running))  # the last running request takes the freed slot
         else:
             self.waiting.remove(r)
         unmasked = list(r.unmasked) if r.sampling.constraint is not None else None

@@ -177,17 +177,28 @@ def build_app(
     *,
     served_model_name: str | None = None,
     tool_parser: str = "hermes",
+    reasoning_parser: str | None = None,
 ) -> web.Application:
-    """served_model_name: the OpenAI model id (default: model_path); tool_parser: tool_parsers.PARSERS key."""
+    """served_model_name: the OpenAI model id (default: model_path); tool_parser: tool_parsers.PARSERS key;
+    reasoning_parser: reasoning.REASONING_PARSERS key (None: no reasoning_content)."""
     from agent_rl.engines.embedded.lora_routes import add_lora_routes
-    from agent_rl.engines.embedded.openai_routes import SERVED_NAME, TOOL_PARSER, add_openai_routes
+    from agent_rl.engines.embedded.openai_routes import (
+        REASONING_PARSER,
+        SERVED_NAME,
+        TOOL_PARSER,
+        add_openai_routes,
+    )
     from agent_rl.engines.embedded.weight_routes import add_weight_group_routes
+    from agent_rl.openai.reasoning import get_reasoning_parser
     from agent_rl.openai.tool_parsers import get_parser
 
     get_parser(tool_parser)  # an unknown name fails at start, not at the first request
+    get_reasoning_parser(reasoning_parser)
     app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
     app[ENGINE], app[MODEL_PATH] = engine, model_path
     app[SERVED_NAME], app[TOOL_PARSER] = served_model_name or model_path, tool_parser
+    if reasoning_parser is not None:
+        app[REASONING_PARSER] = reasoning_parser
     app.router.add_post("/generate", generate)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/pause_generation", pause_generation)
@@ -212,7 +223,11 @@ async def serve(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     app = build_app(
-        engine, str(args.model_dir), served_model_name=args.served_model_name, tool_parser=args.tool_parser
+        engine,
+        str(args.model_dir),
+        served_model_name=args.served_model_name,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -245,6 +260,9 @@ async def _exit_when_orphaned(stop: asyncio.Event, interval_s: float = 1.0) -> N
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from agent_rl.openai.reasoning import REASONING_PARSERS
+    from agent_rl.openai.tool_parsers import PARSERS
+
     p = argparse.ArgumentParser(
         prog="agent-rl serve", description="Serve a HF causal LM with the embedded CPU engine."
     )
@@ -260,8 +278,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--tool-parser",
         default="hermes",
-        choices=["hermes", "none"],
-        help="how chat completions with `tools` find tool calls in the output (hermes: <tool_call>{json}</tool_call>)",
+        choices=sorted(PARSERS),
+        help="how chat completions with `tools` find tool calls in the output (hermes/qwen: "
+        '<tool_call>{json}</tool_call>; llama3_json: {"name": ..., "parameters": ...})',
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="split the output's reasoning into `reasoning_content` (qwen3: <think>...</think>); default: none",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the sampling stream for requests without a seed"
