@@ -71,8 +71,9 @@ class Recorder:
             sid, _, rest = rid.partition("/")
             if sid != session:
                 continue
-            call, choice, offset = (int(x) for x in rest.split("."))
-            parts.setdefault((call, choice), []).append((offset, gen))
+            call, choice, at = rest.split(".")
+            offset, _, retry = at.partition("r")  # "12r1": a call aborted before its first token, sent again
+            parts.setdefault((int(call), int(choice)), []).append(((int(offset), int(retry or 0)), gen))
         out = []
         for key in sorted(parts):
             gens = [g for _, g in sorted(parts[key], key=lambda x: x[0])]
