@@ -52,6 +52,8 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
     with ExitStack() as cleanup:  # whatever was started is stopped, in reverse order, however we leave
         loop = LoopThread()  # buffer, engines, sandbox and episodes all live on this event loop
         cleanup.callback(loop.close)
+        spec, service = loop.call(placement.place_sandbox(plan, spec))  # placement.sandbox: a service on its node
+        cleanup.callback(lambda: service and loop.call(placement.stop_server(service)))
         sandbox = envs.make_sandbox(spec)
         cleanup.callback(lambda: loop.call(sandbox.close()))
         prompts = PromptSource(envs.make(spec, tokenizer, sandbox).tasks("train"), seed=recipe.train.seed)
@@ -65,7 +67,7 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             start, lagged = state.step, state.lagged_weights
             checkpoint.truncate_logs(run_dir, start)
         engines = loop.call(
-            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed, run_dir=run_dir)
         )
         sync = WeightSync(
             engines.client,

@@ -1,7 +1,7 @@
 """The default learner: a Hugging Face causal LM trained with torch and the vcpo step.
 
 dp=1 runs the rank in this process. dp>1 runs every rank in its own process: Ray actors
-when Ray is up (placement started it, so the cluster decides where ranks go), local
+placed as placement.learner says when Ray is up (placement started or joined it), local
 worker processes otherwise; gloo on CPU, NCCL on GPU. This facade splits the global batch
 into whole groups per rank, the ranks step in lockstep (gradients summed once per step
 inside vcpo), and rank 0 answers with metrics and weights.
@@ -21,6 +21,7 @@ from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.types import Group
+from agent_rl.weights.group import WeightGroupError
 from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.learners.api import Learner
+    from agent_rl.placement import Role
     from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
@@ -40,10 +42,12 @@ class TorchLearner:
         spec: RankSpec,
         *,
         dp: int = 1,
-        gpus: float = 0.0,
+        role: Role | None = None,
         rank_cores: tuple[tuple[int, ...], ...] | None = None,
+        timeout_s: float = 600.0,
     ):
-        """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes.
+        """Ranks are Ray actors placed as `role` (placement.learner) when Ray is up and the ranks need it (dp>1, or
+        the role asks for GPUs or a node kind), else local worker processes (dp>1), else this process.
         `rank_cores` (placement.topology: processes): every rank, dp=1 too, in a worker process pinned to its cores."""
         self.spec = spec
         self.dp = dp
@@ -55,12 +59,12 @@ class TorchLearner:
             from agent_rl.learners._dp import RankPool
 
             self._pool = RankPool(spec, dp, cores=rank_cores)
-        elif dp == 1:
-            self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
-        elif _ray_up():
+        elif role is not None and ray_ranks(role):
             from agent_rl.learners._ray_ranks import RayRankPool
 
-            self._pool = RayRankPool(spec, dp, gpus=gpus / dp)
+            self._pool = RayRankPool(spec, dp, role=role, timeout_s=timeout_s)
+        elif dp == 1:
+            self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
         else:
             from agent_rl.learners._dp import RankPool
 
@@ -119,7 +123,8 @@ class TorchLearner:
         return self._rank0("join_weight_group", spec)
 
     def broadcast_weights(self) -> None:
-        self._rank0("broadcast_weights")
+        if error := self._rank0("broadcast_weights"):
+            raise WeightGroupError(f"learner rank 0: {error}")
 
     def _rank0(self, method: str, *args: object) -> Any:
         """Rank 0 alone (ranks hold identical replicas; no collective of the DP group inside)."""
@@ -143,13 +148,12 @@ class TorchLearner:
             self._pool = None
 
 
-def _ray_up() -> bool:
-    """Ray was started (by placement) before the learner: let the cluster place the ranks."""
-    try:
-        import ray
-    except ImportError:
-        return False
-    return ray.is_initialized()
+def ray_ranks(role: Role) -> bool:
+    """Ranks go to Ray when Ray is up (placement started or joined it) and there is more than one rank, or the
+    ranks ask for GPUs or a node kind; a single CPU rank stays in the driver."""
+    from agent_rl.placement import ray_up
+
+    return ray_up() and (role.count > 1 or bool(role.gpus) or role.node is not None)
 
 
 def rank_spec(recipe: Recipe) -> RankSpec:
@@ -194,6 +198,9 @@ def build_learner(recipe: Recipe, rank_cores: tuple[tuple[int, ...], ...] | None
             f"learner.dp={recipe.learner.dp} but train.batch_prompts={recipe.train.batch_prompts}: "
             "every data-parallel rank needs at least one whole prompt group per step"
         )
+    from agent_rl.placement import learner_role
+
+    role = learner_role(recipe.learner, recipe.placement)
     return TorchLearner(
-        rank_spec(recipe), dp=recipe.learner.dp, gpus=recipe.placement.learner_gpus, rank_cores=rank_cores
+        rank_spec(recipe), dp=recipe.learner.dp, role=role, rank_cores=rank_cores, timeout_s=recipe.placement.timeout_s
     )

@@ -7,7 +7,7 @@ what to install.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_rl.config import Recipe
@@ -40,16 +40,27 @@ def build_megatron_learner(
         )
     require_megatron()
     from agent_rl.learners.megatron.learner import MegatronLearner
-    from agent_rl.learners.megatron.model import ParallelConfig
+    from agent_rl.placement import learner_role
+
+    role = learner_role(recipe.learner, recipe.placement)
+    return MegatronLearner(
+        megatron_spec(recipe), in_process=in_process, rank_cores=rank_cores, role=role,
+        timeout_s=recipe.placement.timeout_s,
+    )  # fmt: skip
+
+
+def megatron_spec(recipe: Recipe) -> Any:
+    """What every Megatron rank is built from: the torch learner's rank spec, the layout, activation recompute."""
+    from agent_rl.learners.megatron.model import ParallelConfig, Recompute
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
 
     lc = recipe.learner
-    spec = MegatronSpec(
+    return MegatronSpec(
         rank=rank_spec(recipe),
         par=ParallelConfig(tp=lc.tp, sp=lc.sp, cp=lc.cp),
         dp=lc.dp,
         temperature=recipe.rollout.temperature,
         pack=lc.pack_sequences is not False,
+        recompute=Recompute.of(lc),
     )
-    return MegatronLearner(spec, in_process=in_process, rank_cores=rank_cores)
