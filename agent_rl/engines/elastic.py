@@ -107,6 +107,8 @@ class Engines:
             new = list(await asyncio.gather(*(self.starter.start(self._next()) for _ in range(count))))
         for r in new:
             await self._join(pool, r)
+        if self.max_count:  # by hand: the ceiling the cluster grows to moves with it
+            self.max_count += len(new)
         return [r.url for r in new]
 
     async def remove(self, name: str, drain_s: float = 60.0) -> str:
@@ -118,6 +120,8 @@ class Engines:
         if member is None:
             raise EngineError(f"no engine {name!r} in this job (members: {[m.name for m in pool.members]})")
         aborted = await pool.remove(member, drain_s)
+        if self.max_count:
+            self.max_count = max(1, self.max_count - 1)
         replica = next((r for r in self.replicas if r.url == member.name), None)
         if replica is not None:
             self.replicas.remove(replica)
@@ -128,12 +132,13 @@ class Engines:
     def members(self) -> list[dict[str, Any]]:
         pool = self.pool
         if pool is None:
-            return [{"name": "in-process engine", "state": "live", "node": "driver", "in_flight": 0}]
+            return [{"name": "in-process engine", "state": "live", "node": "driver", "in_flight": 0, "served": 0}]
         nodes = {r.url: r.node for r in self.replicas}
         return [
-            {"name": m.name, "state": m.state, "node": nodes.get(m.name, "external"), "in_flight": m.in_flight}
+            {"name": m.name, "state": m.state, "node": nodes.get(m.name, "external"), "in_flight": m.in_flight,
+             "served": m.served}
             for m in pool.members
-        ]
+        ]  # fmt: skip
 
     async def _join(self, pool: EnginePool, r: Replica) -> None:
         self.replicas.append(r)
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if not state.exists():
             raise FileNotFoundError(f"{state} not found: is {args.run_dir} a running job's run dir?")
         for i, m in enumerate(json.loads(state.read_text())["members"]):
-            print(f"{i}  {m['name']}  {m['state']}  node {m['node']}  in flight {m['in_flight']}")
+            print(f"{i}  {m['name']}  {m['state']}  node {m['node']}  in flight {m['in_flight']}  served {m['served']}")
         return 0
     req = (
         {"op": "add", "count": args.count, "url": args.url}

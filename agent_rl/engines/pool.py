@@ -48,6 +48,7 @@ class Member:
     name: str
     state: State = "live"
     in_flight: int = 0
+    served: int = 0  # requests answered
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while nothing is in flight
 
 
@@ -110,7 +111,9 @@ class EnginePool:
             m.in_flight += 1
             m.idle.clear()
             try:
-                return await m.engine.generate(input_ids, sampling, request_id=request_id)
+                gen = await m.engine.generate(input_ids, sampling, request_id=request_id)
+                m.served += 1
+                return gen
             except EngineUnavailable as e:
                 self._mark_dead(m, e)
                 if attempt == self.max_retries or not any(x.state == "live" for x in self.members):
