@@ -368,20 +368,32 @@ class RayStarter:
         import ray
 
         if self._pending is None:
-            self._pending = reserve(self.role, 1, wait=False)
-        if not ray.wait([self._pending.ready()], timeout=0)[0]:
+            pg = reserve(self.role, 1, wait=False)
+            self._pending = (pg, pg.ready())
+        if not ray.wait([self._pending[1]], timeout=0)[0]:
             return None
-        pg, self._pending = self._pending, None
+        pg, self._pending = self._pending[0], None
         return await host_server(self.role, self.kind, self.model, self.kw, self.seed + i, self.timeout_s, pg)
 
     async def stop(self, r: Replica) -> None:
         await stop_server(r)
 
+    async def lost(self, r: Replica) -> bool:
+        import ray
+
+        try:
+            await asyncio.wait_for(_ray(r.handle.node.remote()), 10.0)
+        except ray.exceptions.RayActorError:
+            return True
+        except (TimeoutError, ray.exceptions.RayError):
+            return False  # slow or unsure: ask again next round
+        return False
+
     async def release(self) -> None:
         if self._pending is not None:
             from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self._pending)
+            remove_placement_group(self._pending[0])
             self._pending = None
 
     def client(self, url: str) -> Any:
@@ -417,6 +429,9 @@ class LocalStarter:
 
     async def stop(self, r: Replica) -> None:
         await asyncio.to_thread(r.handle.stop)
+
+    async def lost(self, r: Replica) -> bool:
+        return False  # a local server that dies is restarted on its port (Engines.supervise)
 
     async def release(self) -> None:
         return None

@@ -60,6 +60,10 @@ class Starter(Protocol):
 
     async def stop(self, r: Replica) -> None: ...
 
+    async def lost(self, r: Replica) -> bool:
+        """Whether the replica's process is gone for good (its node lost); its resources are then released."""
+        ...
+
     async def release(self) -> None:
         """Drop a pending reservation."""
         ...
@@ -82,6 +86,7 @@ class Engines:
     max_count: int | None = None
     placed: Callable[[], list[dict[str, str]]] = list  # every process placed on Ray, for placement.json
     _tasks: list[asyncio.Task] = field(default_factory=list)
+    _growing: asyncio.Task | None = None
     _started: int = 0  # replicas ever started (the next one's seed offset)
 
     @property
@@ -187,12 +192,17 @@ class Engines:
     async def _watch(self, run_dir: Path | None) -> None:
         box = Mailbox(run_dir) if run_dir is not None else None
         while True:
-            if box is not None:
-                for req in box.new_requests():
-                    box.answer(req["id"], *await self._apply(req))
-                box.write_members(self.members(), self.placed())
-            if self.max_count and self.starter is not None:
-                await self._grow()
+            try:
+                if box is not None:
+                    for req in box.new_requests():
+                        box.answer(req["id"], *await self._apply(req))
+                    box.write_members(self.members(), self.placed())
+                if self.starter is not None:
+                    await self._reap()
+                if self.max_count and self.starter is not None:
+                    await self._grow()
+            except Exception:  # the job goes on with the engines it has; the next round tries again
+                log.exception("engine membership: a round failed")
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def _apply(self, req: dict[str, Any]) -> tuple[bool, str]:
@@ -205,20 +215,42 @@ class Engines:
         except (EngineError, RuntimeError, TimeoutError, OSError, ValueError) as e:
             return False, str(e).splitlines()[0]
 
+    async def _reap(self) -> None:
+        """Drop replicas whose process is gone for good (a lost node): the pool routes around them already; their
+        reservation is released, so the room a new node brings goes to a new replica (engines.max_count)."""
+        pool, starter = self._need_pool(), self.starter
+        assert starter is not None
+        dead = {m.name: m for m in pool.members if m.state == "dead"}
+        for r in [r for r in self.replicas if r.url in dead and r.handle is not None]:
+            if await starter.lost(r):
+                log.warning("engine %s is lost with its node; dropping it", r.url)
+                self.replicas.remove(r)
+                await pool.remove(dead[r.url], drain_s=0.0)
+                await starter.stop(r)
+
     async def _grow(self) -> None:
+        """Below max_count, keep a reservation pending; once granted, start a replica there. In a task of its own:
+        the mailbox keeps answering while a server loads."""
         pool = self._need_pool()
         serving = sum(m.state in ("live", "joining") for m in pool.members)
-        if serving < (self.max_count or 0):
-            assert self.starter is not None
+        if serving < (self.max_count or 0) and (self._growing is None or self._growing.done()):
+            self._growing = asyncio.create_task(self._grow_one(pool))
+
+    async def _grow_one(self, pool: EnginePool) -> None:
+        assert self.starter is not None
+        try:
             r = await self.starter.try_start(self._started)
             if r is not None:
                 self._started += 1
                 await self._join(pool, r)
+        except Exception:
+            log.exception("engine membership: starting a replica failed; trying again")
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = self._tasks + ([self._growing] if self._growing is not None else [])
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.client.close()  # first: no request is in flight when the servers go away
         for r in self.replicas:
             if hasattr(r.handle, "process"):  # a local server process

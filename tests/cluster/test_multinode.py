@@ -10,6 +10,7 @@ never for a fixed time.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -71,10 +72,9 @@ def members(run_dir: Path) -> list[dict]:
     return json.loads(path.read_text())["members"] if path.exists() else []
 
 
-def assert_every_token_is_its_steps_version(run_dir: Path, steps: int) -> None:
+def assert_every_token_is_its_steps_version(bs: list[dict]) -> None:
     """k=0: every token trained at step s was sampled by policy version s (weights reached the engines)."""
-    bs = batches(run_dir)
-    assert [b["step"] for b in bs] == list(range(steps))
+    assert [b["step"] for b in bs] == list(range(len(bs)))
     for b in bs:
         for runs in b["versions"]:
             assert {v for v, _ in runs} == {b["step"]}, (b["step"], runs)
@@ -100,7 +100,8 @@ def test_torch_ranks_on_the_trainer_node_broadcast_to_engines_on_two_engine_node
     where = placed(run)
     assert sorted(where["engine"]) == sorted([cluster.node_id("a1"), cluster.node_id("a2")])
     assert where["learner"] == [cluster.node_id("b")] * 2
-    assert_every_token_is_its_steps_version(run, 3)
+    assert_every_token_is_its_steps_version(batches(run))
+    assert len(batches(run)) == 3
 
 
 @pytest.mark.slow
@@ -115,7 +116,8 @@ def test_megatron_tp2_ranks_share_the_trainer_node_and_train_over_gloo(cluster, 
     finish(proc)
     assert placed(run)["learner"] == [cluster.node_id("b")] * 2  # the TP group on one node
     assert placed(run)["engine"][0] in (cluster.node_id("a1"), cluster.node_id("a2"))
-    assert_every_token_is_its_steps_version(run, 3)
+    assert_every_token_is_its_steps_version(batches(run))
+    assert len(batches(run)) == 3
 
 
 @pytest.mark.slow
@@ -124,41 +126,48 @@ def test_engines_lost_grown_into_a_new_node_drained_and_added_by_hand_while_trai
 ):
     """An engine node is lost (routed around, dropped from the weight group); a node joins and the job grows into
     it (engines.max_count); `agent-rl engines remove` drains a replica, `agent-rl engines add` starts one in the
-    room it left; every trained token is still its step's version and no trajectory is lost or trained twice."""
+    room it left; every trained token is still its step's version and no trajectory is lost or trained twice.
+    The run has more steps than the test needs and is stopped (Ctrl-C) once the last change has served."""
     run = tmp_path / "run"
-    steps = 10
     proc = train(
         cluster, tiny_model_dir, run, NODES, *ENGINES_ON_A, "engines.count=2", "engines.max_count=2",
-        "placement.learner={node: trainer, cpus: 2}", f"train.steps={steps}", "checkpoint.every=0",
+        "placement.learner={node: trainer, cpus: 2}", "train.steps=1000", "checkpoint.every=0",
     )  # fmt: skip
     wait_for("step 1", lambda: len(batches(run)) >= 2, proc)
     urls = {m["node"]: m["name"] for m in members(run)}
     cluster.kill("a2")  # the engine node is lost mid-run
-    wait_for("two more steps", lambda: len(batches(run)) >= 4, proc)
-    assert any(m["state"] == "dead" for m in members(run))
+    lost = urls[cluster.node_id("a2")]
+    wait_for("the lost replica dead or dropped", lambda: all(m["name"] != lost or m["state"] == "dead" for m in members(run)), proc)
+    lost_at = len(batches(run))
+    wait_for("two steps without it", lambda: len(batches(run)) >= lost_at + 2, proc)
     cluster.add("a3", "engines", 1)  # the cluster grows (an autoscaler would do this): the job fills it
     a3 = cluster.node_id("a3")
     grown = wait_for("a replica on the new node", lambda: [m for m in members(run) if m["node"] == a3], proc)
     wait_for("the new replica serving", lambda: any(m["node"] == a3 and m["served"] for m in members(run)), proc)
-    gone = subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "engines", "remove", str(run), urls[cluster.node_id("a1")],
-         "--drain-s", "5"], capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    gone = engines_cli("remove", str(run), urls[cluster.node_id("a1")], "--drain-s", "5")
     assert gone.returncode == 0 and gone.stdout.startswith("removed "), gone.stdout + gone.stderr
     assert urls[cluster.node_id("a1")] not in [m["name"] for m in members(run)]
-    added = subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "engines", "add", str(run)], capture_output=True, text=True, timeout=600
-    )
+    added = engines_cli("add", str(run))
     assert added.returncode == 0 and added.stdout.startswith("added http://127.0.0.1:"), added.stdout + added.stderr
     new_url = added.stdout.split()[1]
-    finish(proc)
+    wait_for("the added replica serving", lambda: any(m["name"] == new_url and m["served"] for m in members(run)), proc)
+    steps = len(batches(run))
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=600)
     by_name = {m["name"]: m for m in members(run)}
     assert by_name[grown[0]["name"]]["state"] == "live" and by_name[new_url]["node"] == cluster.node_id("a1")
-    assert_every_token_is_its_steps_version(run, steps)
-    uids = [u for b in batches(run) for u in b["uids"]]
+    bs = batches(run)[:steps]
+    assert_every_token_is_its_steps_version(bs)
+    uids = [u for b in bs for u in b["uids"]]
     assert len(uids) == len(set(uids)) == steps * 2 * 8  # 2 groups of 8 per step, none twice
-    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[steps - 1])
     assert last["buffer/dropped_stale"] == 0  # no replica ever sampled with old weights under k=0
+
+
+def engines_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_rl.cli", "engines", *args], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.mark.slow
