@@ -24,6 +24,7 @@ class LocalCluster:
     head_cpus: int = 1
     _cluster: Any = None
     _handles: dict[str, Any] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)  # node name -> Ray node id (kept after the node is lost)
 
     def __post_init__(self) -> None:
         os.environ["RAY_AUTH_MODE"] = "disabled"  # a private test cluster
@@ -47,9 +48,10 @@ class LocalCluster:
         """A node of `kind` joins (a replacement, or the cluster growing)."""
         self._handles[name] = self._cluster.add_node(num_cpus=cpus, resources={kind: 1.0})
         self.nodes[name] = (kind, cpus)
+        self.ids[name] = self._handles[name].node_id
 
     def node_id(self, name: str) -> str:
-        return self._handles[name].node_id
+        return self.ids[name]
 
     def kill(self, name: str) -> None:
         """The node is lost: its raylet and every worker and server Ray started there die at once."""
