@@ -172,14 +172,16 @@ class LearnerConfig(Strict):
     @model_validator(mode="after")
     def _no_setting_the_backend_ignores(self) -> LearnerConfig:
         """Every field is used by both backends except these; setting one the chosen backend ignores is an error."""
-        defaults, set_ = LearnerConfig.model_fields, self.model_fields_set
+        defaults = LearnerConfig.model_fields  # compared with values, not with what was set: a resolved
+        # config (resolved_config.json) spells out every default
         if self.backend == "torch":
             if self.gradient_checkpointing == "selective":
                 raise ValueError(
                     "learner.gradient_checkpointing: selective is megatron's (per-submodule recompute); the torch "
                     "learner checkpoints whole layers: set it to true"
                 )
-            ignored = [f for f in ("recompute_method", "recompute_num_layers", "recompute_modules") if f in set_]
+            recompute = ("recompute_method", "recompute_num_layers", "recompute_modules")
+            ignored = [f for f in recompute if getattr(self, f) != defaults[f].default]
             if ignored:
                 raise ValueError(
                     f"learner.{ignored[0]} configures megatron's activation recompute; the torch learner ignores "
@@ -192,7 +194,7 @@ class LearnerConfig(Strict):
             ("recompute_num_layers", full),
             ("recompute_modules", self.gradient_checkpointing == "selective"),
         ):
-            if name in set_ and not used and getattr(self, name) != defaults[name].default:
+            if not used and getattr(self, name) != defaults[name].default:
                 need = "full" if name != "recompute_modules" else "selective"
                 raise ValueError(
                     f"learner.{name} is used only with gradient_checkpointing: {need} "
