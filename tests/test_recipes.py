@@ -55,10 +55,18 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
     assert env.tasks("train"), f"{path}: train split of {recipe.envs.train} is empty"
     for eval_env in recipe.envs.eval:
         assert envs.make(envs.load(eval_env), tiny_tokenizer).tasks(recipe.eval.split)
+    if plan.layout:  # GPU recipes: every engine and learner rank lands on the node kind its role names
+        for node, procs in plan.layout:
+            kind = node.rsplit("-", 1)[0]
+            for role, res in recipe.placement.roles().items():
+                label = {"engine": "engine replica", "learner": "learner ranks", "rollout": "driver"}.get(role, role)
+                if any(p.startswith(label) for p in procs):
+                    assert res.node == kind, f"{path}: {role} on {node}"
     if recipe.engines.type != "embedded":
         cls = SGLangClient if recipe.engines.type == "sglang" else VLLMClient
-        pool = EnginePool([cls(u) for u in recipe.engines.urls])
-        assert pool.stats().alive == [True] * len(recipe.engines.urls)
+        urls = recipe.engines.urls or [f"http://127.0.0.1:{30000 + i}" for i in range(recipe.engines.count)]
+        pool = EnginePool([cls(u) for u in urls])  # as Ray's started servers would be (nothing is sent)
+        assert pool.stats().alive == [True] * len(urls)
         loop = LoopThread()
         try:  # the weight path is built as train() builds it: a wrong mode/engine pairing fails here
             WeightSync(
