@@ -19,7 +19,7 @@ import os
 import pickle
 import random
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ class LoopState:
     buffer: dict[str, Any]
     python_rng: Any = None
     torch_rng: Any = None
-    lagged_weights: list = field(default_factory=list)  # rollout.fixed_lag only: the engines' weight history
+    publisher: Any = None  # the weight publisher's own state (rollout.fixed_lag: the engines' weight history)
 
 
 def save(

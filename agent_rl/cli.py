@@ -89,6 +89,11 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "main",
         "serve a model with the embedded engine (SGLang + OpenAI APIs)",
     ),
+    "gateway": (
+        "agent_rl.gateway.standalone",
+        "main",
+        "recording OpenAI gateway in front of running engines, for agents in any process",
+    ),
     "sandbox": ("sandboxes.cli", "main", "sandbox service (serve) and Docker image (build-image)"),
     "prepare": (
         "agent_rl.tools.pretrained",
@@ -122,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser(
-        "validate", help="check recipe or environment YAML files (file:line:field errors)"
-    )
+    v = sub.add_parser("validate", help="check recipe or environment YAML files (file:line:field errors)")
     v.add_argument("files", nargs="+", type=Path)
     v.add_argument(
         "--skip-model",

@@ -6,6 +6,8 @@ Defaults live here and nowhere else. Functions take the sub-config they need
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from envs.yamlio import ConfigError
 
-__all__ = ["ConfigError", "Recipe", "load_recipe"]
+__all__ = ["ConfigError", "LearnerSpec", "Recipe", "load_recipe"]
 
 
 class Strict(BaseModel):
@@ -88,6 +90,11 @@ class RolloutConfig(Strict):
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
     max_errors: int = Field(20, ge=0)
     """Episodes ending in an infrastructure error tolerated per run before training stops with the last error."""
+    constrained_logprobs: Literal["unmasked", "masked"] = "unmasked"
+    """Agent calls under a constraint (response_format, tool_choice): the behaviour log-prob the learner gets.
+    unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
+    the mask is part of the environment); masked: that of the masked distribution sampled from (the weights
+    then carry each token's mask log-normaliser). README, "Constrained decoding"."""
 
 
 class BufferConfig(Strict):
@@ -391,6 +398,25 @@ class PlacementConfig(Strict):
         return out | ({"sandbox": self.sandbox} if self.sandbox is not None else {})
 
 
+@dataclass(frozen=True)
+class LearnerSpec:
+    """What a learner is built from, derived once from the recipe (`Recipe.learner_spec`): the sections it
+    reads and the few values it takes from others. Picklable: it crosses to rank processes."""
+
+    model: ModelConfig
+    learner: LearnerConfig
+    algorithm: AlgorithmConfig
+    total_steps: int  # train.steps: the lr schedule's length
+    seed: int
+    temperature: float  # rollout.temperature: the Megatron learner scores at it
+    place: RoleResources  # placement.learner: each rank's CPUs, GPUs and node kind
+    timeout_s: float  # placement.timeout_s: how long to wait for room for the ranks
+
+    @property
+    def world(self) -> int:
+        return self.learner.dp * self.learner.tp * self.learner.cp
+
+
 class Recipe(Strict):
     name: str
     model: ModelConfig
@@ -429,6 +455,25 @@ class Recipe(Strict):
             raise ValueError(
                 f"rollout.fixed_lag={self.rollout.fixed_lag} sets the engines' version itself; "
                 f"engines.sync_every must be 1 (got {self.engines.sync_every})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_lag_keeps_weight_copies(self) -> Recipe:
+        if self.rollout.fixed_lag is not None and self.engines.weight_sync == "nccl":
+            raise ValueError(
+                f"rollout.fixed_lag={self.rollout.fixed_lag} cannot run with engines.weight_sync: nccl: the lagged "
+                "weights are copies held by the driver, while a broadcast sends learner rank 0's current weights; "
+                "use weight_sync: memory or disk for fixed-lag runs"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _every_rank_gets_a_group(self) -> Recipe:
+        if self.train.batch_prompts < self.learner.dp:
+            raise ValueError(
+                f"learner.dp={self.learner.dp} but train.batch_prompts={self.train.batch_prompts}: "
+                "every data-parallel rank needs at least one whole prompt group per step"
             )
         return self
 
@@ -505,6 +550,19 @@ class Recipe(Strict):
     @property
     def run_dir(self) -> Path:
         return Path(self.logging.run_dir or f"runs/{self.name}")
+
+    @cached_property
+    def learner_spec(self) -> LearnerSpec:
+        return LearnerSpec(
+            self.model, self.learner, self.algorithm, self.train.steps, self.train.seed,
+            self.rollout.temperature, self.placement.learner, self.placement.timeout_s,
+        )  # fmt: skip
+
+    @cached_property
+    def buffer_in_force(self) -> BufferConfig:
+        """The buffer section, with `rollout.fixed_lag` (when set) as its staleness bound."""
+        lag = self.rollout.fixed_lag
+        return self.buffer if lag is None else self.buffer.model_copy(update={"max_staleness": lag})
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None, *, check_model: bool = False) -> Recipe:

@@ -9,14 +9,16 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, EnvRef, EvalConfig, Recipe, RolloutConfig
 from agent_rl.engines.api import EngineClient
-from agent_rl.loop_thread import LoopThread
 from agent_rl.rollout.workers import PromptSource, Rollouts
 from envs.spec import EnvSpec
+
+if TYPE_CHECKING:
+    from agent_rl.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -106,25 +108,21 @@ async def evaluate_policy(
     )
 
 
-async def evaluate_envs(
-    specs: list[EnvSpec],
-    cfg: EvalConfig,
-    rollout: RolloutConfig,
-    engine: EngineClient,
-    tokenizer: Any,
-    sandbox: Any,
-    *,
-    max_seq_len: int,
-    seed: int,
-) -> dict[str, float]:
-    """Periodic eval during training: every eval env in turn, as metrics (`eval_metrics`)."""
-    reports = [
-        await evaluate_policy(
-            spec, cfg, rollout, engine, tokenizer, sandbox, max_seq_len=max_seq_len, seed=seed
+def periodic(rt: Runtime) -> dict[str, float]:
+    """Periodic eval during training: the policy the engines hold now, on every env of `envs.eval`."""
+    reports = [_report(rt, spec) for spec in eval_specs(rt.recipe.envs)]
+    # the engines' version: under rollout.fixed_lag it is k behind the learner's (learner/version)
+    return eval_metrics(reports) | {"eval/policy_version": float(rt.publisher.engine_version or 0)}
+
+
+def _report(rt: Runtime, spec: EnvSpec, progress: bool = False) -> EvalReport:
+    r = rt.recipe
+    return rt.loop.call(
+        evaluate_policy(
+            spec, r.eval, r.rollout, rt.engines.client, rt.tokenizer, rt.sandbox,
+            max_seq_len=r.engines.max_seq_len, seed=r.train.seed, progress=progress,
         )
-        for spec in specs
-    ]
-    return eval_metrics(reports)
+    )  # fmt: skip
 
 
 async def _progress(rollouts: Rollouts, name: str, total: int) -> None:
@@ -163,14 +161,10 @@ def evaluate_all(
 ) -> list[EvalReport]:
     """Evaluate a training checkpoint (its hf/ export; a run dir means its latest checkpoint) or the recipe's
     model on every env of `envs.eval` (default: the train env), one report each."""
-    from transformers import AutoTokenizer
-
-    import envs
     from agent_rl import checkpoint as ckpt
-    from agent_rl import placement
+    from agent_rl.runtime import Runtime
 
-    model_dir = Path(recipe.model.path)
-    tokenizer_dir = recipe.model.tokenizer or recipe.model.path
+    model = recipe.model
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         if (checkpoint / "checkpoints").is_dir():
@@ -180,41 +174,14 @@ def evaluate_all(
             raise FileNotFoundError(
                 f"--checkpoint {checkpoint}: no Hugging Face model (config.json) in {model_dir}"
             )
-        if (model_dir / "tokenizer_config.json").is_file():
-            tokenizer_dir = str(model_dir)  # the export carries the tokenizer the run used
-    model = recipe.model.model_copy(update={"path": str(model_dir)})
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = str(model_dir) if (model_dir / "tokenizer_config.json").is_file() else None
+        # the export carries the tokenizer the run used
+        model = model.model_copy(
+            update={"path": str(model_dir), "tokenizer": tokenizer or model.tokenizer or model.path}
+        )
     specs = eval_specs(recipe.envs)[:1] if first_only else eval_specs(recipe.envs)
-    loop = LoopThread()
-    sandbox = envs.make_sandbox(specs[0])
-    plan = placement.plan(recipe.engines, recipe.learner, recipe.placement)
-    placement.apply(plan)
-    engines = loop.call(placement.start_engines(plan, recipe.engines, model, seed=recipe.train.seed))
-    try:
-        return [
-            loop.call(
-                evaluate_policy(
-                    spec,
-                    recipe.eval,
-                    recipe.rollout,
-                    engines.client,
-                    tokenizer,
-                    sandbox,
-                    max_seq_len=recipe.engines.max_seq_len,
-                    seed=recipe.train.seed,
-                    progress=progress,
-                )
-            )
-            for spec in specs
-        ]
-    finally:
-        loop.call(_close(engines, sandbox))
-        loop.close()
-
-
-async def _close(engines: Any, sandbox: Any) -> None:
-    await engines.close()
-    await sandbox.close()
+    with Runtime(recipe, model=model) as rt:
+        return [_report(rt, spec, progress) for spec in specs]
 
 
 def main_eval(argv: list[str] | None = None) -> int:

@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from agent_rl.types import Group
+
 BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
 
 
@@ -197,3 +199,45 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
     return records
+
+
+def log_batch(run_dir: Path, step: int, batch) -> None:
+    """batches.jsonl: which prompts and trajectories each step trained on (audit trail for resume tests)."""
+    record = {
+        "step": step,
+        "tasks": [g.trajectories[0].task_id for g in batch],
+        "uids": [t.uid for g in batch for t in g.trajectories],
+        "sampled_tokens": [t.num_sampled for g in batch for t in g.trajectories],  # length-bias audits
+        "turns": [len(t.turns) for g in batch for t in g.trajectories],
+        "versions": [
+            _runs(t) for g in batch for t in g.trajectories
+        ],  # [version, tokens] runs per trajectory
+    }
+    with open(run_dir / "batches.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _runs(traj) -> list[list[int]]:
+    """The policy versions of a trajectory's sampled tokens, run-length encoded: [[version, count], ...]."""
+    out: list[list[int]] = []
+    for v in (v for s in traj.segments for v in (s.versions or ())):
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
+
+
+def mean_reward(batch: Sequence[Group]) -> float:
+    rewards = [r for g in batch for r in g.rewards]
+    return sum(rewards) / len(rewards)
+
+
+def progress_fields(metrics: Mapping[str, float]) -> dict[str, str]:
+    """What the training progress bar shows after each step."""
+    return {
+        "reward": f"{metrics['rollout/reward_mean']:.3f}",
+        "ess": f"{metrics.get('vcpo/ess_ratio', 1.0):.2f}",
+        "stale": f"{metrics.get('buffer/staleness_mean', 0.0):.1f}",
+        "tok_s": f"{metrics.get('perf/rollout_tokens_per_s', 0.0):.0f}",
+    }

@@ -30,7 +30,7 @@ from vcpo.monitor import CollapseMonitor, CollapseWarning, MonitorThresholds, St
 
 if TYPE_CHECKING:
     from agent_rl.learners.torch_learner import TorchLearner
-    from agent_rl.weights.publish import WeightSync
+    from agent_rl.weights.publish import Publisher
 
 SIGNAL_KEYS = {  # StepSignals field -> the learner's metric
     "ess_ratio": "vcpo/ess_ratio",
@@ -132,7 +132,7 @@ class LoopMonitor:
         return self.bound
 
     def rollback(
-        self, run_dir: Path, learner: TorchLearner, sync: WeightSync, warning: CollapseWarning
+        self, run_dir: Path, learner: TorchLearner, publisher: Publisher, warning: CollapseWarning
     ) -> Path:
         """Restore the newest checkpoint taken before the unhealthy window began, lr x rollback_lr_factor.
         Returns the checkpoint used. The caller pushes the weights and tells the buffer the new version."""
@@ -148,9 +148,9 @@ class LoopMonitor:
         learner.version = version + 1  # the restored weights are published as a new version
         self.lr_scale *= self.cfg.rollback_lr_factor
         learner.set_lr_scale(self.lr_scale)
-        if sync.lag:  # fixed_lag: the engines go on from the checkpoint's lagged weights, relabelled
-            sync.history.clear()
-            sync.history.extend((v + shift, w) for v, w in state.lagged_weights)
+        publisher.load_state(
+            state.publisher, shift=shift
+        )  # fixed_lag: the checkpoint's lagged weights, relabelled
         self.detector.reset()
         self.rollbacks += 1
         print(

@@ -104,13 +104,13 @@ def plan(
     $RAY_ADDRESS) overrides placement.address; `cpus`: the cores to place on (default: those this process may use)."""
     address = address or pc.address
     n_eng = eng.started_here
-    world = learner_role(lrn, pc).count
+    world = learner_role(lrn, pc.learner).count
 
     def role(name: str, count: int, res: RoleResources, group: int = 1) -> Role:
         return Role(name, count, res.cpus, res.gpus, res.node, group)
 
     roles = (
-        learner_role(lrn, pc),
+        learner_role(lrn, pc.learner),
         role("engine", n_eng, pc.engine),
         role("rollout", 1, pc.rollout),  # the driver: asyncio workers, many episodes in flight, the buffer
         *((role("sandbox", 1, pc.sandbox),) if pc.sandbox is not None else ()),
@@ -138,10 +138,10 @@ def plan(
     )  # fmt: skip
 
 
-def learner_role(lrn: LearnerConfig, pc: PlacementConfig) -> Role:
-    """The learner's ranks: dp x tp x cp, the tp*cp ranks of one Megatron replica on one node."""
+def learner_role(lrn: LearnerConfig, res: RoleResources) -> Role:
+    """The learner's ranks (each as `res`, placement.learner): dp x tp x cp, the tp*cp ranks of one Megatron
+    replica on one node."""
     mp = lrn.tp * lrn.cp if lrn.backend == "megatron" else 1
-    res = pc.learner
     return Role("learner", lrn.dp * mp, res.cpus, res.gpus, res.node, mp)
 
 
@@ -478,7 +478,8 @@ async def start_engines(
             engines.relaunch = lambda url, port: starter.relaunch(port, index.get(url, 0))
             engines.supervise()
     engines.placed = lambda: list(PLACED)
-    engines.watch(run_dir)
+    if run_dir is not None:
+        engines.watch(run_dir)
     return engines
 
 

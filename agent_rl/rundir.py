@@ -115,3 +115,12 @@ def announce(run_dir: Path, recipe: Recipe, resuming: bool) -> None:
     if "mlflow" in sinks:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
         print(f"  mlflow: mlflow ui --backend-store-uri {uri}", file=sys.stderr)
+
+
+def write_resolved(recipe: Recipe, run_dir: Path, *, dry_run: bool = False) -> Path:
+    """The recipe with every default filled in, as JSON (`resolved_config.json`; a dry run writes
+    `resolved_config.dry_run.json`, leaving a run's own record alone). Returns the file."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / (SAVED_CONFIG.replace(".json", ".dry_run.json") if dry_run else SAVED_CONFIG)
+    path.write_text(json.dumps(recipe.model_dump(mode="json"), indent=2))
+    return path

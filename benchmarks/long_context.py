@@ -172,7 +172,7 @@ def main() -> None:
             "learner": {"backend": "megatron", "lr": 1e-5},
             "algorithm": {"loss": "vcpo", "advantage": "grpo"},
         })  # fmt: skip
-        rs = rank_spec(recipe)
+        rs = rank_spec(recipe.learner_spec)
         layouts = {
             "tp1": ParallelConfig(tp=1),
             "tp2": ParallelConfig(tp=2),

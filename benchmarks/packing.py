@@ -177,7 +177,7 @@ def main() -> None:
             "learner": {"backend": "megatron", "lr": 1e-5, "micro_batch_size": len(lengths)},
             "algorithm": {"loss": "vcpo", "advantage": "grpo"},
         })  # fmt: skip
-        rs = rank_spec(recipe)
+        rs = rank_spec(recipe.learner_spec)
         for name, par in layouts.items():
             results[name] = {}
             for mode in ("padded", "packed"):

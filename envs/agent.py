@@ -93,13 +93,20 @@ class AgentEnv:
         limits: Any,
         shared_sandbox: Callable[[], Any],
     ):
-        assert spec.agent is not None
         self.spec, self.tokenizer, self._entry, self._reward_fn = spec, tokenizer, entrypoint, reward_fn
+        self.external = spec.external is not None  # run by an agent in another process (gateway/external.py)
+        self.tool_parser = (spec.agent or spec.external).tool_parser
         self._sandbox_backend, self._limits, self._shared_sandbox = sandbox, limits, shared_sandbox
         self._task: Task | None = None
         self.sandbox: AgentSandbox | None = None
 
     # -- what rollout workers read ----------------------------------------------------
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            raise EnvError("reset() first")
+        return self._task
+
     @property
     def group_size(self) -> int:
         return self.spec.group_size
@@ -178,8 +185,7 @@ class AgentEnv:
 def make_agent_env(
     spec: EnvSpec, tokenizer: Any, sandbox: Any, limits: Any, shared_sandbox: Callable[[], Any]
 ) -> AgentEnv:
-    """Called by envs.make for `type: agent` (sandbox None: `shared_sandbox()` at the first run)."""
-    assert spec.agent is not None
-    entry = load_callable(spec.agent.import_path)
+    """Called by envs.make for `type: agent` and `external` (sandbox None: `shared_sandbox()` at the first run)."""
+    entry = load_callable(spec.agent.import_path) if spec.agent is not None else None
     reward_fn = load_callable(spec.reward.import_path) if spec.reward.import_path else None
     return AgentEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)

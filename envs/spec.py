@@ -237,6 +237,20 @@ class AgentConfig(Strict):
         return v
 
 
+class ExternalConfig(Strict):
+    """`type: external`: agents in other processes or machines claim this env's tasks from the training run
+    over HTTP (`POST /tasks/claim` on the run's gateway), sample through its session URL, and close the session
+    with a reward or a final answer (scored by `reward`). agent_rl/gateway/external.py; README, "External agents"."""
+
+    host: str = "127.0.0.1"
+    """Where the run's gateway listens (0.0.0.0 to take agents from other machines)."""
+    port: int = Field(0, ge=0, le=65535)
+    """0: a free port (printed when the run starts)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """An episode whose task is not claimed and closed within this long ends as an error (re-sampled)."""
+    tool_parser: Literal["hermes", "none"] = "hermes"
+
+
 def load_callable(import_path: str) -> Any:
     """Import `package.module:function`; errors name the path."""
     module, _, name = import_path.partition(":")
@@ -251,7 +265,7 @@ def load_callable(import_path: str) -> Any:
 
 class EnvSpec(Strict):
     name: str
-    type: Literal["simple-tir", "agent"] = "simple-tir"
+    type: Literal["simple-tir", "agent", "external"] = "simple-tir"
     """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
     runs the episode through the recording gateway; turns: then budgets its chat completions."""
     data: DataConfig
@@ -263,6 +277,8 @@ class EnvSpec(Strict):
     group_size: int = Field(8, ge=1)
     """n samples per prompt."""
     agent: AgentConfig | None = None
+    external: ExternalConfig | None = None
+    """type: external only; turns: budgets each episode's chat completions as for agents."""
     """type: agent only. turns.max_turns caps chat completions per episode, max_tokens_per_turn each one's
     max_tokens, max_response_tokens the episode's sampled tokens."""
     source_path: str | None = None
@@ -280,6 +296,10 @@ class EnvSpec(Strict):
         if (self.type == "agent") != (self.agent is not None):
             raise ValueError(
                 "type: agent needs an agent: section (import_path: 'package.module:run'), and only it has one"
+            )
+        if (self.type == "external") != (self.external is not None):
+            raise ValueError(
+                "type: external needs an external: section (e.g. {port: 8900}), and only it has one"
             )
         return self
 

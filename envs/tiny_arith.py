@@ -76,8 +76,6 @@ def expression(task: Task) -> str:
     return task.problem.removeprefix("What is ").removesuffix("?")
 
 
-
-
 @dataclass(frozen=True)
 class Segment:
     """A piece of a trace: text the model writes, or raw tool output the environment wraps in its template."""

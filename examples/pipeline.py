@@ -82,7 +82,9 @@ def run(
     after = evaluate(recipe, checkpoint=run_dir)
     curves = plot_run(run_dir)
     text = report(title, before, after, run_dir, curves, time.time() - t0, rl_seconds, turns_label)
-    (root / "report.json").write_text(json.dumps({"before": before.to_dict(), "after": after.to_dict()}, indent=2))
+    (root / "report.json").write_text(
+        json.dumps({"before": before.to_dict(), "after": after.to_dict()}, indent=2)
+    )
     (root / "report.txt").write_text(text + "\n")
     print("\n" + text)
     return 0

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-import agent_rl.trainer
+import agent_rl.runtime
+import agent_rl.weights.publish
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Scheduler
-from agent_rl.weights.publish import WeightSync
+from agent_rl.weights.publish import Publisher
 
 
 def push_mid_turn(mp: pytest.MonkeyPatch) -> None:
@@ -44,12 +45,12 @@ def push_mid_turn(mp: pytest.MonkeyPatch) -> None:
                     set_free(False)
             return batch
 
-    class Sync(WeightSync):
+    class Sync(Publisher):
         def __init__(self, engine, *args, **kwargs):  # type: ignore[no-untyped-def]
             assert isinstance(engine, EmbeddedEngine), "push_mid_turn needs the in-process embedded engine"
             state["engine"] = engine
             super().__init__(engine, *args, **kwargs)
 
     mp.setattr(Scheduler, "has_work", parked_has_work)
-    mp.setattr(agent_rl.trainer, "RolloutBuffer", Buffer)
-    mp.setattr(agent_rl.trainer, "WeightSync", Sync)
+    mp.setattr(agent_rl.runtime, "RolloutBuffer", Buffer)
+    mp.setattr(agent_rl.weights.publish, "Publisher", Sync)

@@ -44,7 +44,7 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
             "train": {"steps": 1, "batch_prompts": 1},
         }
     )
-    learner = build(recipe)
+    learner = build(recipe.learner_spec)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     try:
         # How big one checkpoint is, measured by writing one on the ordinary disk.

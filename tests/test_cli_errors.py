@@ -120,7 +120,9 @@ def test_validate_decides_the_kind_by_schema_and_reports_the_real_missing_sectio
     assert code == 0 and out.splitlines() == [f"{env}: ok (env)"]
     study = ROOT / "benchmarks" / "stress" / "grid.yaml"  # the study checks its own files
     code, _, err = _run(capsys, "validate", str(study))
-    assert code == EXIT_USER and "neither a recipe nor an env" in err and "benchmarks.stress.grid --check" in err
+    assert (
+        code == EXIT_USER and "neither a recipe nor an env" in err and "benchmarks.stress.grid --check" in err
+    )
 
 
 def test_env_paths_resolve_against_the_recipe_then_the_packaged_envs_from_any_cwd(tmp_path, tiny_model_dir):
@@ -160,7 +162,8 @@ def test_a_second_run_into_the_same_run_dir_is_refused_with_the_way_out(capsys, 
     run = tmp_path / "run"
     base = ["train", str(SMOKE), "--set", f"model.path={tiny_model_dir}", "--set", f"logging.run_dir={run}"]
     assert _run(capsys, *base, "--dry-run")[0] == 0  # an empty (absent) run dir is fine
-    run.mkdir()
+    resolved = json.loads((run / "resolved_config.dry_run.json").read_text())  # the dry run writes what it resolved
+    assert resolved["logging"]["run_dir"] == str(run) and resolved["buffer"]["max_staleness"] == 2
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     code, _, err = _run(capsys, *base, "--dry-run")
     line = _one_line(err)

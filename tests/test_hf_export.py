@@ -35,7 +35,7 @@ def learner_and_tokenizer(tiny_model_dir, tmp_path_factory):
             "train": {"steps": 1, "batch_prompts": 1},
         }
     )
-    learner = build(recipe)
+    learner = build(recipe.learner_spec)
     yield learner, AutoTokenizer.from_pretrained(tok_dir)
     learner.close()
 

@@ -19,7 +19,7 @@ from agent_rl.engines.client import SGLangClient, VLLMClient
 from agent_rl.engines.pool import EnginePool
 from agent_rl.learners.torch_learner import rank_spec
 from agent_rl.loop_thread import LoopThread
-from agent_rl.weights.publish import WeightSync
+from agent_rl.weights import make_publisher
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
@@ -69,16 +69,10 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
         assert pool.stats().alive == [True] * len(urls)
         loop = LoopThread()
         try:  # the weight path is built as train() builds it: a wrong mode/engine pairing fails here
-            WeightSync(
-                pool,
-                loop,
-                mode=recipe.engines.weight_sync,
-                lag=recipe.rollout.fixed_lag or 0,
-                scratch=tmp_path,
-            )
+            make_publisher(recipe.engines, recipe.rollout.fixed_lag, pool, loop, scratch=tmp_path)
         finally:
             loop.close()
-    spec = rank_spec(recipe)  # checks the loss/advantage pairing the learner would run
+    spec = rank_spec(recipe.learner_spec)  # checks the loss/advantage pairing the learner would run
     assert spec.step.loss == recipe.algorithm.loss and spec.lr == recipe.learner.lr
     if recipe.learner.backend == "megatron":
         assert recipe.learner.tp > 1 and recipe.learner.sp  # the GPU recipes shard over TP with SP

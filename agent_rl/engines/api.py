@@ -32,6 +32,19 @@ class BadRequest(EngineError, ValueError):
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What the sampled text must match, named as SGLang's sampling_params name it: `json_schema` (a JSON
+    schema as a string), `ebnf` (a grammar in xgrammar's EBNF) or `structural_tag` (free text in which a
+    trigger opens a tag whose body must match a schema; SGLang's JSON form). Built from OpenAI requests by
+    agent_rl/openai/structured.py. `resume_ids`: tokens already sampled under it (a continuation after a
+    weight-update abort), which the matcher accepts before sampling goes on (the embedded engine only)."""
+
+    kind: Literal["json_schema", "ebnf", "structural_tag"]
+    value: str
+    resume_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to sample one continuation. temperature 0 = greedy; top_k -1 = off; seed None = engine's stream."""
 
@@ -43,6 +56,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # keep going past the model's EOS (benchmarks, fixed-length probes)
+    top_logprobs: int = 0  # also return this many alternatives per sampled token (Generation.top_logprobs)
+    constraint: Constraint | None = None  # grammar-constrained sampling
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -55,6 +70,10 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs!r}")
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with a constraint (the grammar ends at EOS)")
 
 
 @dataclass
@@ -64,12 +83,17 @@ class Generation:
     finish_reason "stop": EOS, a stop token or a stop string matched (the output INCLUDES the stop
     tokens: the SimpleTIR env needs the closing fence); "length": max_new_tokens or the context is
     full; "abort": paused or aborted, the tokens so far are returned and a continuation may follow.
+    Under a constraint, `logprobs` are of the masked distribution sampled from and `unmasked_logprobs`
+    of the same token under the same settings without the mask (None when unconstrained); their
+    difference is minus the log of the probability mass the mask kept.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason
+    unmasked_logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # when SamplingParams.top_logprobs > 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -77,6 +101,8 @@ class Generation:
             raise EngineError(
                 f"{n} token ids but {len(self.logprobs)} logprobs and {len(self.versions)} versions"
             )
+        if self.unmasked_logprobs is not None and len(self.unmasked_logprobs) != n:
+            raise EngineError(f"{n} token ids but {len(self.unmasked_logprobs)} unmasked logprobs")
 
 
 @runtime_checkable

@@ -89,12 +89,17 @@ class SGLangClient(HTTPEngine):
         }
         if sampling.seed is not None:  # SGLang versions before sampling_seed reject unknown keys
             sp["sampling_seed"] = sampling.seed
-        return {
+        if sampling.constraint is not None:  # json_schema | ebnf | regex | structural_tag, SGLang's names
+            sp[sampling.constraint.kind] = sampling.constraint.value
+        body = {
             "input_ids": list(input_ids),
             "sampling_params": sp,
             "rid": request_id,
             "return_logprob": True,
         }
+        if sampling.top_logprobs:
+            body["top_logprobs_num"] = sampling.top_logprobs
+        return body
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
@@ -107,7 +112,15 @@ class SGLangClient(HTTPEngine):
         versions = meta.get("output_token_versions")
         if versions is None:  # real SGLang: one weight_version per response; pause-abort splits at updates
             versions = [_int_version(meta.get("weight_version"), self.version)] * len(ids)
-        return Generation(ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]])
+        tops = None
+        if sampling.top_logprobs:
+            tops = [
+                [(int(t), float(lp)) for lp, t, *_ in top] for top in meta.get("output_top_logprobs") or []
+            ]
+        # SGLang reports the log-probs of the (masked) distribution it sampled from; not the unmasked ones
+        return Generation(
+            ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]], top_logprobs=tops
+        )
 
     PAUSE_BODY = {"mode": "abort"}  # PauseGenerationReqInput
 
@@ -235,6 +248,19 @@ class VLLMClient(HTTPEngine):
         super().__init__(url, **kw)
         self.model = model
 
+    # our Constraint kinds -> vLLM's StructuredOutputsParams fields (vllm/sampling_params.py)
+    STRUCTURED = {
+        "json_schema": "json",
+        "ebnf": "grammar",
+        "regex": "regex",
+        "structural_tag": "structural_tag",
+    }
+
+    @classmethod
+    def structured_outputs(cls, sampling: SamplingParams) -> dict[str, Any] | None:
+        c = sampling.constraint
+        return None if c is None else {cls.STRUCTURED[c.kind]: c.value}
+
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
     ) -> Generation:
@@ -252,7 +278,8 @@ class VLLMClient(HTTPEngine):
             "stop_token_ids": list(sampling.stop_token_ids),
             "ignore_eos": sampling.ignore_eos,
             "seed": sampling.seed,
-            "logprobs": 0,
+            "logprobs": sampling.top_logprobs,
+            "structured_outputs": self.structured_outputs(sampling),
             "return_tokens_as_token_ids": True,
             "include_stop_str_in_output": True,
             "skip_special_tokens": False,
@@ -260,6 +287,7 @@ class VLLMClient(HTTPEngine):
         }
         ids: list[int] = []
         logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
         finish = None
         headers = {"X-Request-Id": request_id}
         try:
@@ -277,12 +305,22 @@ class VLLMClient(HTTPEngine):
                     lp = choice.get("logprobs") or {}
                     ids += [int(t.removeprefix("token_id:")) for t in lp.get("tokens", [])]
                     logprobs += [float(x) for x in lp.get("token_logprobs", [])]
+                    for top in lp.get("top_logprobs") or [] if sampling.top_logprobs else []:
+                        tops.append(
+                            [(int(t.removeprefix("token_id:")), float(v)) for t, v in (top or {}).items()]
+                        )
                     finish = choice.get("finish_reason") or finish
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
             if not ids:
                 raise EngineUnavailable(f"POST {self.url}/v1/completions ({request_id}): {e}") from e
         # A stream cut short (pause with mode=abort, server going away mid-request) is an abort.
-        return Generation(ids, logprobs, [version] * len(ids), FINISH.get(finish or "abort", "abort"))
+        return Generation(
+            ids,
+            logprobs,
+            [version] * len(ids),
+            FINISH.get(finish or "abort", "abort"),
+            top_logprobs=tops if sampling.top_logprobs else None,
+        )
 
     async def pause(self) -> None:
         await self.request("POST", "/pause", params={"mode": "abort"})

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import Constraint, SamplingParams
 
 
 class Strict(BaseModel):
@@ -52,6 +52,11 @@ class SGLangSampling(Strict):
     no_stop_trim: bool = False
     sampling_seed: int | None = None
     n: int = 1
+    # structured output (at most one), compiled by xgrammar in the engine (embedded/constrained.py)
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @model_validator(mode="after")
     def _supported(self):
@@ -65,6 +70,11 @@ class SGLangSampling(Strict):
         )
         if self.n < 1:
             raise ValueError(f"n={self.n} must be >= 1")
+        given = [
+            k for k in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(self, k) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex, ebnf, structural_tag; got {given}")
         return self
 
     def to_params(self, index: int = 0) -> SamplingParams:
@@ -78,6 +88,14 @@ class SGLangSampling(Strict):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             seed=None if self.sampling_seed is None else self.sampling_seed + index,
             ignore_eos=self.ignore_eos,
+            constraint=next(
+                (
+                    Constraint(k, getattr(self, k))
+                    for k in ("json_schema", "regex", "ebnf", "structural_tag")
+                    if getattr(self, k) is not None
+                ),
+                None,
+            ),
         )
 
 

@@ -21,8 +21,8 @@ from agent_rl.types import Trajectory
 class Assembler:
     """Grows `first` (the buffer's member trajectory) and, on a split, new ones made by `fork()`."""
 
-    def __init__(self, first: Trajectory, fork: Callable[[], Trajectory]):
-        self.first, self._fork = first, fork
+    def __init__(self, first: Trajectory, fork: Callable[[], Trajectory], constrained: str = "unmasked"):
+        self.first, self._fork, self.constrained = first, fork, constrained
         self.trajectories: list[Trajectory] = []
         self._ids: list[list[int]] = []  # full token ids of each trajectory so far
         self.splits = 0
@@ -32,7 +32,9 @@ class Assembler:
         for traj, ids in zip(reversed(self.trajectories), reversed(self._ids), strict=True):
             if len(prompt) >= len(ids) and prompt[: len(ids)] == ids:
                 traj.append_env(prompt[len(ids) :])
-                traj.append_sampled(list(call.token_ids), list(call.logprobs), list(call.versions))
+                traj.append_sampled(
+                    list(call.token_ids), list(call.behaviour(self.constrained)), list(call.versions)
+                )
                 ids[:] = prompt + list(call.token_ids)
                 return traj
         if self.trajectories:
@@ -41,7 +43,7 @@ class Assembler:
         else:
             traj = self.first
         traj.prompt_ids = prompt
-        traj.append_sampled(list(call.token_ids), list(call.logprobs), list(call.versions))
+        traj.append_sampled(list(call.token_ids), list(call.behaviour(self.constrained)), list(call.versions))
         self.trajectories.append(traj)
         self._ids.append(prompt + list(call.token_ids))
         return traj

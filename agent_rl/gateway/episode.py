@@ -46,7 +46,7 @@ async def run_agent_episode(
         forks.append(buffer.fork(traj, len(forks) + 1))
         return forks[-1]
 
-    asm = Assembler(traj, fork)
+    asm = Assembler(traj, fork, cfg.constrained_logprobs)
     runs_at_call: list[int] = []
 
     def on_call(call: Call) -> None:
@@ -67,12 +67,18 @@ async def run_agent_episode(
         on_call=on_call,
         should_stop=lambda: buffer.doomed(traj.group_id),
     )
-    client = openai.AsyncOpenAI(
-        base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0, timeout=None
-    )
+    client = None
+    who = env.spec.agent.import_path if env.spec.agent is not None else "the external agent"
     finish, reward = FinishReason.ANSWER, 0.0
     try:
-        outcome = await env.run(client)
+        if env.external:  # an agent in another process claims the task over HTTP (external.py)
+            stop = lambda: buffer.doomed(traj.group_id)  # noqa: E731
+            outcome = await gateway.board.run(env, sid, env.spec.external.timeout_s, stop)
+        else:
+            client = openai.AsyncOpenAI(
+                base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0, timeout=None
+            )
+            outcome = await env.run(client)
         reward = outcome.reward
     except Exception as e:
         if buffer.doomed(traj.group_id):
@@ -80,19 +86,20 @@ async def run_agent_episode(
         if session.stats.errors:
             raise AgentEpisodeError(f"episode {traj.uid}: engine failed: {session.stats.errors[-1]}") from e
         if session.over is None:
+            counters.agent_errors += 1
+            why = f" after a 4xx ({session.stats.client_errors[-1]})" if session.stats.client_errors else ""
             raise AgentEpisodeError(
-                f"episode {traj.uid}: agent {env.spec.agent.import_path} raised {e!r}; fix the agent"
+                f"episode {traj.uid}: agent {who} raised {e!r}{why}; fix the agent"
             ) from e
         finish = FinishReason.LENGTH  # the budget ran out and the agent did not handle the 409
     finally:
         gateway.close_session(sid)
-        await client.close()
+        if client is not None:
+            await client.close()
     if buffer.doomed(traj.group_id):
         return False
     if not asm.trajectories:
-        raise AgentEpisodeError(
-            f"episode {traj.uid}: agent {env.spec.agent.import_path} made no chat completion"
-        )
+        raise AgentEpisodeError(f"episode {traj.uid}: agent {who} made no chat completion")
     runs = len(env.sandbox.runs) if env.sandbox is not None else 0
     after = runs_at_call[1:] + [runs]
     traj.turns = [

@@ -21,6 +21,16 @@ class Call:
     aborts: int = 0
     extended: bool = False
     seconds: float = 0.0
+    unmasked_logprobs: tuple[float, ...] | None = None  # constrained calls: the same tokens without the mask
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # when the agent asked for them
+
+    def behaviour(self, constrained: str = "unmasked") -> tuple[float, ...]:
+        """The log-probs the learner takes as log mu: under a constraint, `unmasked` (the default) gives the
+        full-vocabulary policy's log-prob of each token (the mask counts as part of the environment), `masked`
+        the log-prob of the masked distribution sampled from (README, "Constrained decoding")."""
+        if constrained == "masked" or self.unmasked_logprobs is None:
+            return self.logprobs
+        return self.unmasked_logprobs
 
 
 @dataclass
@@ -31,4 +41,14 @@ class SessionStats:
     extended: int = 0  # prompts built by the prefix-extension rule
     rerendered: int = 0  # prompts rendered in full (first call, or the agent did not only append)
     gen_seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # engine failures (502): infrastructure
+    client_errors: list[str] = field(default_factory=list)  # requests answered 4xx: the agent's mistakes
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Budgets of one episode; None = no limit beyond the engine's context."""
+
+    max_calls: int | None = None  # chat completion requests
+    max_tokens_per_call: int | None = None
+    max_sampled_tokens: int | None = None  # all calls together

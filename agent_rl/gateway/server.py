@@ -13,9 +13,8 @@ recorded as a `Call` (prompt ids, sampled ids, behaviour log-probs, versions). W
 aborts a request mid-way, the gateway sends the continuation (prompt + tokens so far, remaining
 budget) and the agent sees one ordinary response whose tokens carry the versions that sampled them.
 
-External agents (another process or language) use the same routes: `POST /sessions` opens a session
-and answers its `base_url`; `POST /sessions/{id}/close` closes it and answers the assembled
-trajectories as JSON (token ids, loss mask, log-probs, versions).
+Agents in another process or language open sessions over HTTP, or claim a training run's tasks
+(external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`).
 """
 
 from __future__ import annotations
@@ -33,11 +32,11 @@ from typing import Any
 from aiohttp import web
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
-from agent_rl.gateway.assemble import assemble
+from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.prompt import Answered, PromptBuilder, context_key, message_key
-from agent_rl.gateway.record import Call, SessionStats
-from agent_rl.openai import chat
-from agent_rl.openai.errors import NotFound, errors_to_json, parse
+from agent_rl.gateway.record import Call, SessionLimits, SessionStats
+from agent_rl.openai import chat, responses, structured
+from agent_rl.openai.errors import NotFound, error, errors_to_json, parse
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 from agent_rl.openai.tool_parsers import get_parser
 
@@ -49,13 +48,8 @@ class SessionOver(RuntimeError):
     """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
 
 
-@dataclass(frozen=True)
-class SessionLimits:
-    """Budgets of one episode; None = no limit beyond the engine's context."""
-
-    max_calls: int | None = None  # chat completion requests
-    max_tokens_per_call: int | None = None
-    max_sampled_tokens: int | None = None  # all calls together
+class EngineFailed(RuntimeError):
+    """The engines failed a call after retries (answered 502; never the agent's fault)."""
 
 
 @dataclass
@@ -97,10 +91,19 @@ class Gateway:
         max_retries: int = 3,
     ):
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
-        self.parser = get_parser(tool_parser)
+        self.parser, self.parser_name = get_parser(tool_parser), tool_parser
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
+        # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
+        self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
         self.sessions: dict[str, Session] = {}
+        self.response_stores: dict[str, responses.Store] = {}  # previous_response_id, per session
+        from agent_rl.gateway.external import Board
+
+        self.board = Board()  # tasks of `type: external` envs, claimed over HTTP (external.py)
+        self.record_path: str | None = (
+            None  # `agent-rl gateway --record`: closed sessions appended as JSON lines
+        )
         self.url: str | None = None
         self.engine_retries = 0
         self._runner: web.AppRunner | None = None
@@ -111,8 +114,10 @@ class Gateway:
         app[GATEWAY] = self
         app.router.add_get("/sessions/{sid}/v1/models", _models)
         app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
-        app.router.add_post("/sessions", _open)
-        app.router.add_post("/sessions/{sid}/close", _close)
+        app.router.add_post("/sessions/{sid}/v1/responses", _responses)
+        from agent_rl.gateway.external import add_session_routes
+
+        add_session_routes(app, GATEWAY)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -149,6 +154,7 @@ class Gateway:
         return s
 
     def close_session(self, sid: str) -> Session:
+        self.response_stores.pop(sid, None)
         s = self.sessions.pop(sid)
         s.closed = True
         return s
@@ -162,16 +168,16 @@ class Gateway:
     # -- one chat completion --------------------------------------------------------------
     async def complete(self, s: Session, req: ChatReq) -> dict:
         s.check()
-        if req.top_logprobs:
-            raise ValueError(
-                "top_logprobs is not available through the gateway (it records the sampled tokens')"
-            )
+        structure = structured.for_chat(req, self.parser_name)
         if s.limits.max_calls is not None and s.stats.calls >= s.limits.max_calls:
             s.over = f"call budget spent ({s.limits.max_calls} chat completions per episode)"
             raise SessionOver(f"session {s.id}: {s.over}")
         messages = chat.template_messages(req.messages)
         tools = chat.template_tools(req.tools)
         ids, extended = self.builder.build(messages, tools, req.chat_template_kwargs, s.answered)
+        if len(ids) >= self.max_seq_len:
+            s.over = f"context full (prompt {len(ids)} tokens, context {self.max_seq_len})"
+            chat.check_context(len(ids), self.max_seq_len)
         budget = [self.max_seq_len - len(ids)]
         if req.max_tokens is not None:
             budget.append(req.max_tokens)
@@ -186,15 +192,25 @@ class Gateway:
         s.stats.calls += 1
         s.stats.extended += int(extended)
         s.stats.rerendered += int(not extended)
-        base = req.to_params(min(budget))
+        base = replace(
+            req.to_params(min(budget)),
+            constraint=structure.constraint,
+            stop=stop_tuple(req.stop) + structure.stop,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
         if s.sampling is not None:
             base = replace(
                 base, temperature=s.sampling.temperature, top_p=s.sampling.top_p, top_k=s.sampling.top_k
             )
         t0 = time.monotonic()
-        calls = await asyncio.gather(
-            *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
-        )
+        try:
+            calls = await asyncio.gather(
+                *(self._sample(s, ids, base, f"{s.id}/{call_no}.{i}", extended) for i in range(req.n))
+            )
+        except (SessionOver, BadRequest):
+            raise
+        except Exception as e:  # engines down after retries
+            raise EngineFailed(f"session {s.id}: engine failed: {e!r}") from e
         parser = self.parser if req.parse_tools else None
         stops = chat_stops(req)
         keys = tuple(message_key(m) for m in messages)
@@ -205,7 +221,11 @@ class Gateway:
             text = self.tok.decode(list(c.token_ids), skip_special_tokens=req.skip_special_tokens)
             if not req.include_stop_str_in_output:
                 text = _cut_stop(text, stops)
-            lps = chat.logprob_content(self.tok, c.token_ids, c.logprobs, None) if req.logprobs else None
+            lps = (
+                chat.logprob_content(self.tok, c.token_ids, c.logprobs, c.top_logprobs)
+                if req.logprobs
+                else None
+            )
             ch = chat.choice(i, text, c.finish_reason, parser, lps)
             s.answered.append(Answered(keys, ctx, c.prompt_ids, c.token_ids, ch["message"]))
             s.calls.append(c)
@@ -231,25 +251,46 @@ class Gateway:
         toks: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
+        unmasked: list[float] = []
+        tops: list = []
         aborts, finish = 0, "length"
+        c = params.constraint
         while True:
             s.check()
             room = min(params.max_new_tokens - len(toks), self.max_seq_len - len(ids) - len(toks))
             if room < 1:
                 finish = "length"
                 break
-            seed = _seed(s.seed, rid, len(toks))
+            p = replace(params, max_new_tokens=room, seed=_seed(s.seed, rid, len(toks)))
+            if c is not None and toks:  # the grammar resumes after the tokens already sampled
+                p = replace(p, constraint=replace(c, resume_ids=tuple(toks)))
             gen = await self._generate(
-                ids + toks, replace(params, max_new_tokens=room, seed=seed), f"{rid}.{len(toks)}"
+                ids + toks, p, f"{rid}.{len(toks)}" + (f"r{aborts}" if aborts and not toks else "")
             )
+            if gen.finish_reason == "abort" and c is not None and not self.resumes_constraints:
+                toks, lps, vers, unmasked, tops = [], [], [], [], []  # restart: this engine cannot resume
+                aborts += 1
+                continue
             toks += gen.token_ids
             lps += gen.logprobs
             vers += gen.versions
+            unmasked += gen.unmasked_logprobs or []
+            tops += gen.top_logprobs or []
             finish = gen.finish_reason
             if finish != "abort":
                 break
             aborts += 1
-        return Call(tuple(ids), tuple(toks), tuple(lps), tuple(vers), finish, aborts, extended)
+        return Call(
+            tuple(ids),
+            tuple(toks),
+            tuple(lps),
+            tuple(vers),
+            finish,
+            aborts,
+            extended,
+            unmasked_logprobs=tuple(unmasked) if c is not None else None,
+            top_logprobs=tuple(tuple(t) for t in tops) if params.top_logprobs else None,
+        )
 
     async def _generate(self, ids: list[int], params: SamplingParams, rid: str):
         for attempt in range(self.max_retries + 1):
@@ -289,24 +330,48 @@ async def _models(request: web.Request) -> web.Response:
     )
 
 
+async def _guarded(s: Session, run):
+    """Run a request of session `s`: 409 when the session is over, 502 (counted as an engine failure) when the
+    engines failed; anything else is the request's own fault (a 4xx through the middleware, counted as such)."""
+    try:
+        return await run()
+    except SessionOver as e:
+        return error(409, str(e), code="session_over")
+    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
+        s.stats.errors.append(str(e))
+        return error(502, str(e))
+    except Exception as e:
+        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
+        raise
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API within a session (agent_rl/openai/responses.py); recorded like chat calls."""
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+    store = gw.response_stores.setdefault(s.id, responses.Store())
+
+    async def run():
+        req = await parse(request, responses.ResponsesReq)
+        warn_unknown(req, "gateway /v1/responses")
+        return await responses.handle(request, req, store, lambda c: gw.complete(s, c))
+
+    return await _guarded(s, run)
+
+
 async def _chat(request: web.Request) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY]
     s = gw.session(request.match_info["sid"])
-    req = await parse(request, ChatReq)
-    warn_unknown(req, "gateway /v1/chat/completions")
-    try:
-        body = await gw.complete(s, req)
-    except SessionOver as e:
-        from agent_rl.openai.errors import error
 
-        return error(409, str(e), code="session_over")
-    except BadRequest:
-        raise
-    except Exception as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(repr(e))
-        from agent_rl.openai.errors import error
+    async def run():
+        req = await parse(request, ChatReq)
+        warn_unknown(req, "gateway /v1/chat/completions")
+        return req, await gw.complete(s, req)
 
-        return error(502, f"session {s.id}: engine failed: {e!r}")
+    out = await _guarded(s, run)
+    if isinstance(out, web.StreamResponse):
+        return out
+    req, body = out
     if not req.stream:
         return web.json_response(body)
     # Streaming: the response is sent when complete (continuations across weight updates are hidden),
@@ -340,35 +405,3 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
-
-
-async def _open(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    raw = await request.read()
-    data = json.loads(raw) if raw.strip() else {}
-    sid = data.get("session_id") or uuid.uuid4().hex
-    gw.open(sid, seed=int(data.get("seed", 0)))
-    return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})
-
-
-async def _close(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
-    sid = request.match_info["sid"]
-    gw.session(sid)
-    s = gw.close_session(sid)
-    trajectories, splits = assemble(s.calls, uid=sid, group_id=sid)
-    out = []
-    for t in trajectories:
-        flat = t.flatten()
-        out.append(
-            {
-                "uid": t.uid,
-                "input_ids": flat.input_ids,
-                "loss_mask": flat.loss_mask,
-                "logprobs": flat.behavior_logprobs,
-                "versions": flat.versions,
-            }
-        )
-    return web.json_response(
-        {"session_id": sid, "calls": s.stats.calls, "splits": splits, "trajectories": out}
-    )

@@ -25,7 +25,7 @@ from agent_rl.weights.group import WeightGroupError
 from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
-    from agent_rl.config import Recipe
+    from agent_rl.config import LearnerSpec
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.learners.api import Learner
@@ -156,9 +156,9 @@ def ray_ranks(role: Role) -> bool:
     return ray_up() and (role.count > 1 or bool(role.gpus) or role.node is not None)
 
 
-def rank_spec(recipe: Recipe) -> RankSpec:
-    """The recipe's model, learner and algorithm sections as a rank's build spec."""
-    lc, ac = recipe.learner, recipe.algorithm
+def rank_spec(spec: LearnerSpec) -> RankSpec:
+    """A rank's build spec: the learner spec with its vcpo step config (the loss/advantage pairing checked)."""
+    lc, ac = spec.learner, spec.algorithm
     step = StepConfig(
         loss=ac.loss,
         advantage=ac.advantage,
@@ -174,33 +174,28 @@ def rank_spec(recipe: Recipe) -> RankSpec:
     )
     step.check()  # a bad loss/advantage pairing fails at build time, not at step 1
     return RankSpec(
-        model_path=recipe.model.path,
-        weights_dtype=recipe.model.dtype,
+        model_path=spec.model.path,
+        weights_dtype=spec.model.dtype,
         compute_dtype=lc.dtype,
         lr=lc.lr,
         betas=lc.betas,
         weight_decay=lc.weight_decay,
         lr_schedule=lc.lr_schedule,
         warmup_steps=lc.warmup_steps,
-        total_steps=recipe.train.steps,
+        total_steps=spec.total_steps,
         gradient_checkpointing=lc.gradient_checkpointing,
         step=step,
-        seed=recipe.train.seed,
+        seed=spec.seed,
     )
 
 
-def build_learner(recipe: Recipe, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
-    """The torch learner for `recipe` (learner.backend must be 'torch'); `rank_cores`: see TorchLearner."""
-    if recipe.learner.backend != "torch":
-        raise ValueError(f"build_learner: learner.backend is {recipe.learner.backend!r}; this builds 'torch'")
-    if recipe.train.batch_prompts < recipe.learner.dp:
-        raise ValueError(
-            f"learner.dp={recipe.learner.dp} but train.batch_prompts={recipe.train.batch_prompts}: "
-            "every data-parallel rank needs at least one whole prompt group per step"
-        )
+def build_learner(spec: LearnerSpec, rank_cores: tuple[tuple[int, ...], ...] | None = None) -> Learner:
+    """The torch learner (learner.backend must be 'torch'); `rank_cores`: see TorchLearner."""
+    if spec.learner.backend != "torch":
+        raise ValueError(f"build_learner: learner.backend is {spec.learner.backend!r}; this builds 'torch'")
     from agent_rl.placement import learner_role
 
-    role = learner_role(recipe.learner, recipe.placement)
+    role = learner_role(spec.learner, spec.place)
     return TorchLearner(
-        rank_spec(recipe), dp=recipe.learner.dp, role=role, rank_cores=rank_cores, timeout_s=recipe.placement.timeout_s
+        rank_spec(spec), dp=spec.learner.dp, role=role, rank_cores=rank_cores, timeout_s=spec.timeout_s
     )

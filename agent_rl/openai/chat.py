@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agent_rl.openai.errors import Invalid
 from agent_rl.openai.protocol import ChatMessage, ToolDef
 from agent_rl.openai.tool_parsers import ParsedOutput
 
@@ -67,13 +68,20 @@ def render_text(
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template; use /v1/completions with a text prompt")
-    return tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **(template_kwargs or {}),
-    )
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}),
+        )
+    except jinja2.TemplateSyntaxError:
+        raise  # the template itself is broken: the server's fault (500)
+    except jinja2.TemplateError as e:  # raise_exception(...) or an undefined field: the messages' fault
+        raise Invalid(f"the chat template refused the messages: {e}", param="messages") from None
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -96,6 +104,17 @@ def render(
         template_kwargs=template_kwargs,
     )
     return encode(tokenizer, text)
+
+
+def check_context(prompt_tokens: int, max_seq_len: int, param: str = "messages") -> None:
+    """A prompt that leaves no room to sample is a 400 `context_length_exceeded`, as OpenAI answers it."""
+    if prompt_tokens >= max_seq_len:
+        raise Invalid(
+            f"the prompt is {prompt_tokens} tokens and the context is {max_seq_len} (at least one token must "
+            "be sampled): shorten the messages",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def token_piece(tokenizer: Any, token: int, as_ids: bool) -> str:

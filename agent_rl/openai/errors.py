@@ -13,6 +13,15 @@ from agent_rl.engines.api import EngineError
 M = TypeVar("M", bound=BaseModel)
 
 
+class Invalid(ValueError):
+    """A client mistake answered with 400 and OpenAI's `param`/`code` (a template that refuses the messages,
+    a prompt longer than the context, an option with a value we cannot honour)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
 class NotFound(LookupError):
     """Answered with 404 (e.g. an unknown model); `param` names the field."""
 
@@ -45,9 +54,14 @@ async def errors_to_json(request: web.Request, handler):
     except ValidationError as e:
         errs = e.errors()
         param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
+        if isinstance(cause, Invalid):  # raised by a model validator: it names the field itself
+            return error(400, f"{request.method} {request.path}: {cause}", param=cause.param, code=cause.code)
         return error(400, f"{request.method} {request.path}: {one_line(e)}", param=param)
+    except Invalid as e:
+        return error(400, f"{request.method} {request.path}: {e}", param=e.param, code=e.code)
     except (ValueError, KeyError, TypeError) as e:  # BadRequest is a ValueError
-        return error(400, f"{request.method} {request.path}: {e}")
+        return error(400, f"{request.method} {request.path}: {e}", code=getattr(e, "code", None))
     except EngineError as e:
         return error(500, f"{request.method} {request.path}: {e}")
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.protocol import require_neutral, stop_tuple
+from agent_rl.openai.errors import Invalid
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -72,12 +73,11 @@ class OpenAISampling(Lenient):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError(
-                "presence_penalty/frequency_penalty are not supported by the embedded engine (only 0)"
-            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise Invalid(f"{name}={getattr(self, name)!r} is not supported (only 0)", param=name)
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported by the embedded engine (only empty)")
+            raise Invalid(f"logit_bias={self.logit_bias!r} is not supported (only empty)", param="logit_bias")
         return self
 
     def to_params(self, default_max_tokens: int, index: int = 0) -> SamplingParams:
@@ -191,9 +191,7 @@ class ChatReq(OpenAISampling):
     @model_validator(mode="after")
     def _options(self):
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {'type': 'text'} is supported (no constrained decoding)")
+            raise Invalid(f"top_logprobs={self.top_logprobs} needs logprobs=true", param="top_logprobs")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return self

@@ -96,6 +96,9 @@ class RolloutCounters:
         0  # extra trajectories because a prompt did not extend an earlier call (gateway/assemble.py)
     )
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
+    agent_errors: int = (
+        0  # of `errors`: the agent raised (its own bug or a 4xx it did not handle), not an engine
+    )
 
 
 class Rollouts:
@@ -276,15 +279,19 @@ class Rollouts:
         from agent_rl.gateway.server import Gateway
 
         if self._gateway is None:
+            ext = env.spec.external
             gw = Gateway(
                 self.engine,
                 env.tokenizer,
                 max_seq_len=self.max_seq_len,
-                tool_parser=env.spec.agent.tool_parser,
+                tool_parser=env.tool_parser,
                 max_retries=self.cfg.max_retries,
+                **({"host": ext.host, "port": ext.port} if ext is not None else {}),
             )
             self._gateway = gw
             await gw.start()
+            if ext is not None:
+                print(f"external agents: claim tasks at POST {gw.url}/tasks/claim", flush=True)
         while self._gateway.url is None:  # another episode is starting it
             await asyncio.sleep(0.01)
         try:
@@ -362,6 +369,7 @@ class Rollouts:
                 "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
                 "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
                 "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
+                "rollout/agent_errors": c.agent_errors,
             }
             if c.agent_calls
             else {}

@@ -35,7 +35,6 @@ from agent_rl.learners.api import TrainedRow
 from agent_rl.types import Group, Trajectory, TurnInfo
 
 if TYPE_CHECKING:
-
     from agent_rl.learners.api import Learner
 
 FORMAT_VERSION = 1

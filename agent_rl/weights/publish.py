@@ -1,88 +1,72 @@
 """Publishing the learner's weights to the engines: pause, abort in flight, load, resume.
 
-mode "memory": tensors handed over (in-process, or /dev/shm for local servers); "disk": a
-safetensors directory; "nccl": a torch.distributed broadcast from learner rank 0 (NCCL on GPUs,
-gloo on CPU) into the engines' processes (weight_broadcast.py).
+`engines.weight_sync` picks how, once per run (`make`): "memory" hands tensors over (in-process, or
+/dev/shm for local servers); "disk" writes a safetensors directory; "nccl" broadcasts from learner
+rank 0 (NCCL on GPUs, gloo on CPU) into the engines' processes (broadcast.py). `rollout.fixed_lag`
+swaps in the lag-injecting publisher (lagged.py), whose weight history the checkpoint stores opaquely.
 
 Requests aborted by the pause return what they sampled so far and are continued by the
-rollout workers after the resume, so a sync throws nothing away. `lag` implements the
-`rollout.fixed_lag` research switch: the engines get the weights of `lag` versions ago.
+rollout workers after the resume, so a sync throws nothing away.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from agent_rl.engines.api import EngineClient
-from agent_rl.learners.api import Learner
-from agent_rl.loop_thread import LoopThread
 from agent_rl.weights.broadcast import WeightBroadcast
 
 if TYPE_CHECKING:
     import torch
 
+    from agent_rl.engines.api import EngineClient
+    from agent_rl.learners.api import Learner
+    from agent_rl.loop_thread import LoopThread
 
-class WeightSync:
-    def __init__(
-        self,
-        engine: EngineClient,
-        loop: LoopThread,
-        *,
-        mode: str,
-        lag: int = 0,
-        every: int = 1,
-        scratch: Path,
-    ):
-        if mode == "nccl" and lag:
-            raise ValueError(
-                f"rollout.fixed_lag={lag} cannot run with engines.weight_sync: nccl: the lagged weights are "
-                "copies held by the driver, while a broadcast sends learner rank 0's current weights; "
-                "use weight_sync: memory or disk for fixed-lag runs"
-            )
+
+class Publisher:
+    """Sends the learner's current weights every `every` versions; `push` returns the seconds spent."""
+
+    def __init__(self, engine: EngineClient, loop: LoopThread, *, mode: str, every: int = 1, scratch: Path):
         self.broadcast = WeightBroadcast(engine, loop) if mode == "nccl" else None
-        self.engine, self.loop, self.mode, self.lag, self.every, self.scratch = (
-            engine,
-            loop,
-            mode,
-            lag,
-            every,
-            scratch,
-        )
+        self.engine, self.loop, self.mode, self.every, self.scratch = engine, loop, mode, every, scratch
         self.engine_version: int | None = None
-        self.history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
 
     def push(self, learner: Learner) -> float:
-        """Send the weights the engines should sample with now; returns seconds spent (0 if unchanged)."""
+        """Send the weights the engines should sample with now; 0.0 if nothing changed."""
         t0 = time.monotonic()
-        version = learner.version
-        if self.engine_version is not None and version % self.every:
+        if self.engine_version is not None and learner.version % self.every:
             return 0.0  # engines.sync_every: not this step
         if self.broadcast is not None:
-            if version == self.engine_version:
+            if learner.version == self.engine_version:
                 return 0.0
             if self.broadcast.meta is None:
                 self.broadcast.connect(learner)  # first push: form the group (engines keep serving meanwhile)
             self.loop.call(self.engine.pause())
             try:
-                self.broadcast.update(learner, version)
+                self.broadcast.update(learner, learner.version)
             finally:
                 self.loop.call(self.engine.resume())
-            self.engine_version = version
+            self.engine_version = learner.version
             return time.monotonic() - t0
-        tensors = learner.hf_state_dict()
-        if self.lag:
-            if not self.history or self.history[-1][0] != version:  # a resumed run re-pushes its last version
-                self.history.append((version, {k: v.detach().clone() for k, v in tensors.items()}))
-            target = max(0, version - self.lag)
-            version, tensors = next((v, t) for v, t in self.history if v >= target)
+        version, tensors = self.choose(learner.version, learner.hf_state_dict())
         if version == self.engine_version:
             return 0.0
         self.loop.call(self._update(version, tensors))
         self.engine_version = version
         return time.monotonic() - t0
+
+    def choose(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
+        """The (version, weights) to publish given the learner's; the lagged publisher picks an older one."""
+        return version, tensors
+
+    def state(self) -> Any:
+        """What a checkpoint keeps of this publisher (opaque to the checkpoint)."""
+        return None
+
+    def load_state(self, state: Any, *, shift: int = 0) -> None:
+        """Restore `state()`; `shift`: add to every stored version (a rollback republishes as new versions)."""
 
     def close(self) -> None:
         """Leave the engines' weight group (nccl mode); nothing to do otherwise."""

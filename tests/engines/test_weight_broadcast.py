@@ -207,10 +207,12 @@ def _learner(kind: str, model_dir):
         pytest.importorskip("megatron.core", reason="megatron-core not installed")
         from agent_rl.learners.megatron import build_megatron_learner
 
-        return build_megatron_learner(_recipe(model_dir, backend="megatron", tp=2), in_process=False)
+        return build_megatron_learner(
+            _recipe(model_dir, backend="megatron", tp=2).learner_spec, in_process=False
+        )
     from agent_rl.learners.torch_learner import build_learner
 
-    return build_learner(_recipe(model_dir, dp=2))
+    return build_learner(_recipe(model_dir, dp=2).learner_spec)
 
 
 def _recipe(model_dir, **learner):

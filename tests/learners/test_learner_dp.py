@@ -20,7 +20,7 @@ from agent_rl.learners.torch_learner import TorchLearner, build_learner
 
 @pytest.fixture(scope="module")
 def dp2(tiny_model_dir: Path) -> Iterator[TorchLearner]:
-    learner = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}))
+    learner = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}).learner_spec)
     assert isinstance(learner, TorchLearner)
     yield learner
     learner.close()
@@ -28,7 +28,7 @@ def dp2(tiny_model_dir: Path) -> Iterator[TorchLearner]:
 
 def test_dp2_equals_dp1_on_the_same_global_batch(tiny_model_dir: Path, dp2: TorchLearner) -> None:
     groups = make_groups(tiny_model_dir, n_groups=3, n=2, noise=0.02)  # 2 + 1 groups: unequal shards
-    one = build_learner(recipe_for(tiny_model_dir))
+    one = build_learner(recipe_for(tiny_model_dir).learner_spec)
     m1 = one.step(groups)
     m2 = dp2.step(groups)
     s1, s2 = one.hf_state_dict(), dp2.hf_state_dict()

@@ -33,10 +33,10 @@ def built_from(backend: str, sets: dict[str, object]) -> object:
     if backend == "torch":
         from agent_rl.learners.torch_learner import rank_spec
 
-        return rank_spec(recipe), recipe.learner.dp
+        return rank_spec(recipe.learner_spec), recipe.learner.dp
     from agent_rl.learners.megatron import megatron_spec
 
-    return megatron_spec(recipe)
+    return megatron_spec(recipe.learner_spec)
 
 
 def test_every_field_has_a_value_here():

@@ -30,7 +30,9 @@ def _seq_logprob(learner: TorchLearner, group: Group) -> list[float]:
 @pytest.mark.parametrize("loss", ["vcpo", "tis_token", "ppo_clip"])
 def test_step_raises_logprob_of_rewarded_and_lowers_unrewarded(tiny_model_dir: Path, loss: str) -> None:
     advantage = "opob" if loss == "vcpo" else "grpo"
-    learner = build_learner(recipe_for(tiny_model_dir, algorithm={"loss": loss, "advantage": advantage}))
+    learner = build_learner(
+        recipe_for(tiny_model_dir, algorithm={"loss": loss, "advantage": advantage}).learner_spec
+    )
     groups = make_groups(tiny_model_dir, n_groups=2, n=2)
     before = _seq_logprob(learner, groups[0])
     metrics = learner.step(groups)
@@ -43,7 +45,7 @@ def test_step_raises_logprob_of_rewarded_and_lowers_unrewarded(tiny_model_dir: P
 
 
 def test_on_policy_batch_has_unit_is_weights_and_full_ess(tiny_model_dir: Path) -> None:
-    learner = build_learner(recipe_for(tiny_model_dir))
+    learner = build_learner(recipe_for(tiny_model_dir).learner_spec)
     m = learner.step(make_groups(tiny_model_dir, n_groups=2, n=3, version=0))
     assert m["vcpo/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert m["vcpo/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
@@ -62,7 +64,7 @@ def test_on_policy_batch_has_unit_is_weights_and_full_ess(tiny_model_dir: Path) 
 
 
 def test_stale_batch_lowers_ess_and_lr(tiny_model_dir: Path) -> None:
-    learner = build_learner(recipe_for(tiny_model_dir, algorithm={"ess_base_ratio": 1.0}))
+    learner = build_learner(recipe_for(tiny_model_dir, algorithm={"ess_base_ratio": 1.0}).learner_spec)
     learner.version = 3
     m = learner.step(make_groups(tiny_model_dir, n_groups=2, n=4, noise=0.05, version=1))
     assert m["vcpo/ess_ratio"] < 0.99
@@ -76,11 +78,11 @@ def test_save_load_continues_bit_for_bit(tiny_model_dir: Path, tmp_path: Path) -
         tiny_model_dir, learner={"lr_schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}
     )
     b1, b2 = make_groups(tiny_model_dir, seed=1), make_groups(tiny_model_dir, seed=2)
-    a = build_learner(recipe)
+    a = build_learner(recipe.learner_spec)
     a.step(b1)
     a.save(tmp_path / "ckpt")
     m_a = a.step(b2)
-    b = build_learner(recipe)
+    b = build_learner(recipe.learner_spec)
     b.load(tmp_path / "ckpt")
     assert b.version == 1
     m_b = b.step(b2)
@@ -104,7 +106,7 @@ def test_other_settings_step_with_finite_metrics(
     tiny_model_dir: Path, learner: dict, algorithm: dict, model_dtype: str
 ) -> None:
     lrn = build_learner(
-        recipe_for(tiny_model_dir, learner=learner, algorithm=algorithm, model_dtype=model_dtype)
+        recipe_for(tiny_model_dir, learner=learner, algorithm=algorithm, model_dtype=model_dtype).learner_spec
     )
     m = lrn.step(make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.02))
     assert all(math.isfinite(v) for v in m.values())
@@ -116,9 +118,11 @@ def test_other_settings_step_with_finite_metrics(
 
 def test_bad_settings_fail_at_build(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="advantage='opob' needs a loss with one weight per trajectory"):
-        build_learner(recipe_for(tiny_model_dir, algorithm={"loss": "ppo_clip", "advantage": "opob"}))
+        build_learner(
+            recipe_for(tiny_model_dir, algorithm={"loss": "ppo_clip", "advantage": "opob"}).learner_spec
+        )
     with pytest.raises(ValueError, match="learner.dp=4 but train.batch_prompts=2"):
-        build_learner(recipe_for(tiny_model_dir, learner={"dp": 4}))
+        build_learner(recipe_for(tiny_model_dir, learner={"dp": 4}).learner_spec)
 
 
 @pytest.mark.slow
@@ -129,11 +133,11 @@ def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path) -> None:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     groups = make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.02)
-    one = build_learner(recipe_for(tiny_model_dir))
+    one = build_learner(recipe_for(tiny_model_dir).learner_spec)
     m1 = one.step(groups)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        two = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}))
+        two = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}).learner_spec)
         m2 = two.step(groups)
         s1, s2 = one.hf_state_dict(), two.hf_state_dict()
         two.close()  # type: ignore[attr-defined]
@@ -145,7 +149,7 @@ def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path) -> None:
 
 
 def test_all_masked_batch_is_skipped_without_touching_weights(tiny_model_dir: Path) -> None:
-    learner = build_learner(recipe_for(tiny_model_dir))
+    learner = build_learner(recipe_for(tiny_model_dir).learner_spec)
     groups = make_groups(tiny_model_dir, n_groups=2, n=2)
     for g in groups:
         for t in g.trajectories:

@@ -158,18 +158,18 @@ def test_rollback_restores_weights_and_optimizer_state_lowers_the_lr_and_moves_v
     smoke_recipe: Callable[..., Recipe], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from agent_rl.learners import build
-    from agent_rl.weights.publish import WeightSync
+    from agent_rl.weights.lagged import LaggedPublisher
     from vcpo.monitor import CollapseWarning
 
     recipe = smoke_recipe("monitor.on_warning=rollback", "monitor.window=2", "monitor.min_unhealthy=1")
-    learner = build(recipe)
+    learner = build(recipe.learner_spec)
     rank = learner._local  # dp=1: the rank lives in this process
     run_dir = tmp_path / "run"
-    sync = WeightSync(None, None, mode="memory", lag=2, scratch=tmp_path / "w")  # type: ignore[arg-type]
+    sync = LaggedPublisher(None, None, mode="memory", lag=2, scratch=tmp_path / "w")  # type: ignore[arg-type]
     for step in range(2):
         learner.step(_groups(step, learner.version))
         sync.history.append((learner.version, {"w": torch.full((1,), float(learner.version))}))
-    state = checkpoint.LoopState(2, {}, {}, lagged_weights=list(sync.history))
+    state = checkpoint.LoopState(2, {}, {}, publisher=sync.state())
     checkpoint.save(run_dir, learner, state, model_dir=tiny_model_dir, keep=5)
     saved_weights = {k: v.clone() for k, v in rank.model.state_dict().items()}
     saved_opt = {

@@ -85,7 +85,7 @@ def test_sync_k0_update_equals_a_plain_generate_then_train_loop(smoke_recipe, tm
     assert [t.num_sampled for g in groups for t in g.trajectories] == record["sampled_tokens"], (
         "same episodes"
     )
-    learner = build_learner(recipe)
+    learner = build_learner(recipe.learner_spec)
     try:
         learner.step(groups)
         plain = learner.hf_state_dict()

@@ -12,11 +12,12 @@ import torch
 from agent_rl.engines.api import BadRequest
 from agent_rl.loop_thread import LoopThread
 from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
-from agent_rl.weights.publish import WeightSync
+from agent_rl.weights.lagged import LaggedPublisher
+from agent_rl.weights.publish import Publisher
 
 
 class FakeLearnerWeights:
-    """The two Learner members WeightSync reads; weight value = version, so the pushed version is visible."""
+    """The two Learner members a Publisher reads; weight value = version, so the pushed version is visible."""
 
     def __init__(self) -> None:
         self.version = 0
@@ -41,7 +42,8 @@ class FakeEngineRecorder:
 
 def _pushes(tmp_path: Path, steps: int, **kw) -> list[tuple[int, float]]:
     loop, engine, learner = LoopThread(), FakeEngineRecorder(), FakeLearnerWeights()
-    sync = WeightSync(engine, loop, mode="memory", scratch=tmp_path, **kw)
+    cls = LaggedPublisher if "lag" in kw else Publisher
+    sync = cls(engine, loop, mode="memory", scratch=tmp_path, **kw)
     try:
         for _ in range(steps + 1):
             sync.push(learner)
@@ -69,13 +71,21 @@ def test_fixed_lag_pushes_the_weights_of_lag_versions_ago(tmp_path: Path) -> Non
 # ---- engines.weight_sync: nccl (a torch.distributed broadcast from learner rank 0; gloo on CPU) ----
 
 
-def test_fixed_lag_with_broadcast_sync_is_refused_at_construction(tmp_path: Path) -> None:
-    loop = LoopThread()
-    try:
-        with pytest.raises(ValueError, match="fixed_lag=2 cannot run with engines.weight_sync: nccl"):
-            WeightSync(FakeEngineRecorder(), loop, mode="nccl", lag=2, scratch=tmp_path)
-    finally:
-        loop.close()
+def test_fixed_lag_with_broadcast_sync_is_refused_when_the_recipe_loads(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from agent_rl.config import Recipe
+
+    recipe = {
+        "name": "r",
+        "model": {"path": str(tmp_path)},
+        "envs": {"train": "envs/tiny_arith.yaml"},
+        "train": {"steps": 1, "batch_prompts": 1},
+        "engines": {"type": "sglang", "urls": ["http://127.0.0.1:1"], "weight_sync": "nccl"},
+        "rollout": {"fixed_lag": 2},
+    }
+    with pytest.raises(ValidationError, match="fixed_lag=2 cannot run with engines.weight_sync: nccl"):
+        Recipe.model_validate(recipe)
 
 
 class FakeSGLangMemberRefusingUpdates(FakeEngineRecorder):
@@ -117,7 +127,7 @@ class LearnerStuckInBroadcast(FakeLearnerWeights):
 def test_engine_refusing_a_broadcast_update_fails_the_push_at_once_and_resumes(tmp_path: Path) -> None:
     loop, engine, learner = LoopThread(), FakeSGLangMemberRefusingUpdates(), LearnerStuckInBroadcast()
     try:
-        sync = WeightSync(engine, loop, mode="nccl", scratch=tmp_path)
+        sync = Publisher(engine, loop, mode="nccl", scratch=tmp_path)
         with pytest.raises(BadRequest, match="unknown parameter 'w'"):
             sync.push(learner)  # does not wait for the learner's blocked broadcast
         sync.close()

@@ -66,7 +66,7 @@ def case(request):
 def torch_run(model_dir, batches, case):
     from agent_rl.learners.torch_learner import build_learner
 
-    learner = build_learner(recipe(model_dir, case[1]))
+    learner = build_learner(recipe(model_dir, case[1]).learner_spec)
     metrics = [dict(learner.step(b)) for b in batches]
     return metrics, learner.hf_state_dict()
 
@@ -78,7 +78,7 @@ def megatron_run(case, model_dir, batches, tmp_path_factory):
 
     layout, algorithm = case
     learner = build_megatron_learner(
-        recipe(model_dir, algorithm, backend="megatron", **layout), in_process=False
+        recipe(model_dir, algorithm, backend="megatron", **layout).learner_spec, in_process=False
     )
     try:
         metrics = [dict(learner.step(b)) for b in batches]
@@ -169,7 +169,7 @@ def test_all_masked_batch_is_skipped_like_the_torch_learner(model_dir, batches):
     for g in groups:
         for t in g.trajectories:
             t.masked = True
-    learner = build_megatron_learner(recipe(model_dir, backend="megatron"), in_process=False)
+    learner = build_megatron_learner(recipe(model_dir, backend="megatron").learner_spec, in_process=False)
     try:
         before = learner.hf_state_dict()
         m = learner.step(groups)

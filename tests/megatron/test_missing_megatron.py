@@ -24,4 +24,4 @@ def test_megatron_backend_without_megatron_core_names_the_extra(monkeypatch, tmp
         }
     )
     with pytest.raises(MegatronNotInstalled, match=r"pip install 'agent-rl\[gpu\]'.*megatron-core"):
-        build_megatron_learner(recipe)
+        build_megatron_learner(recipe.learner_spec)

@@ -18,7 +18,7 @@ pytestmark = requires_megatron
 def spec_recompute(model_dir, **learner):
     from agent_rl.learners.megatron import megatron_spec
 
-    return megatron_spec(recipe(model_dir, backend="megatron", **learner)).recompute
+    return megatron_spec(recipe(model_dir, backend="megatron", **learner).learner_spec).recompute
 
 
 @pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2-sp"])

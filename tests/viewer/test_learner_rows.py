@@ -66,7 +66,7 @@ def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
 ) -> None:
     groups = _groups(tiny_model_dir)
     before = _model(tiny_model_dir)  # the weights the step computes its log-probs with
-    learner = build_learner(_recipe(tiny_model_dir, opob_mode))
+    learner = build_learner(_recipe(tiny_model_dir, opob_mode).learner_spec)
     metrics = learner.step(groups)
     rows = learner.trained_rows()
     assert set(rows) == {t.uid for g in groups for t in g.trajectories}
@@ -93,14 +93,14 @@ def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
 @pytest.mark.slow
 def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Path) -> None:
     groups = _groups(tiny_model_dir)
-    one = build_learner(_recipe(tiny_model_dir, "proxy"))
+    one = build_learner(_recipe(tiny_model_dir, "proxy").learner_spec)
     one.step(groups)
     expected = one.trained_rows()
     one.close()
     two = build_learner(
-        _recipe(tiny_model_dir, "proxy").model_copy(
-            update={"learner": _recipe(tiny_model_dir, "proxy").learner.model_copy(update={"dp": 2})}
-        )
+        _recipe(tiny_model_dir, "proxy")
+        .model_copy(update={"learner": _recipe(tiny_model_dir, "proxy").learner.model_copy(update={"dp": 2})})
+        .learner_spec
     )
     try:
         two.step(groups)
@@ -136,14 +136,14 @@ def test_megatron_tp2_sp_rows_equal_the_torch_learners(tmp_path: Path) -> None:
     )
     groups = _groups(model_dir)
     base = _recipe(model_dir, "exact")
-    torch_learner = build_learner(base)
+    torch_learner = build_learner(base.learner_spec)
     torch_learner.step(groups)
     expected = torch_learner.trained_rows()
     torch_learner.close()
     learner = build_megatron_learner(
         base.model_copy(
             update={"learner": base.learner.model_copy(update={"backend": "megatron", "tp": 2, "sp": True})}
-        ),
+        ).learner_spec,
         in_process=False,
     )
     try:

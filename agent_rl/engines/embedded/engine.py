@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 class EmbeddedEngine:
     """Implements `EngineClient` in-process. `generate_full` also returns the meta data the server reports."""
 
+    resumes_constraints = True  # a constrained request continued after an abort resumes its grammar
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -52,7 +54,12 @@ class EmbeddedEngine:
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
     ) -> Generation:
-        return (await self.generate_full(input_ids, sampling, request_id=request_id)).generation
+        out = await self.generate_full(
+            input_ids, sampling, request_id=request_id, top_logprobs=sampling.top_logprobs
+        )
+        if out.top_logprobs is not None:
+            out.generation.top_logprobs = out.top_logprobs
+        return out.generation
 
     async def pause(self) -> None:
         await self.call(self.scheduler.pause)

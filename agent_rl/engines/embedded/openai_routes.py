@@ -11,8 +11,10 @@ What the official `openai` client and agents written against it use:
   (`error.message/type/param/code`); an unknown `model` is a 404.
 - vLLM's `return_tokens_as_token_ids` makes tokens read "token_id:N" (how `VLLMClient` gets ids back
   without re-tokenizing). The text drops a matched stop string unless `include_stop_str_in_output`.
-Not supported: constrained decoding (`tool_choice: required` or a named function is a hint, not
-enforced; `response_format` other than text), non-text content parts, penalties, logit_bias.
+- structured outputs (`response_format` json_schema / json_object, `tool_choice` "required" or a named
+  function, `parallel_tool_calls`, `strict` tools) are enforced by grammar-constrained sampling
+  (agent_rl/openai/structured.py -> embedded/constrained.py).
+Not supported: non-text content parts, penalties, logit_bias.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
 
+from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, trim_stop
-from agent_rl.openai import chat
+from agent_rl.openai import chat, responses, structured
 from agent_rl.openai.errors import NotFound, parse
 from agent_rl.openai.protocol import ChatReq, CompletionReq, OpenAISampling, warn_unknown
 from agent_rl.openai.tool_parsers import ParsedOutput, get_parser
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 SERVED_NAME = web.AppKey("served_model_name", str)
 TOOL_PARSER = web.AppKey("tool_parser", str)
+RESPONSES = web.AppKey("responses", responses.Store)
 
 
 def model_names(app: web.Application) -> set[str]:
@@ -77,6 +82,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ValueError(f"{request.app[MODEL_PATH]} has no tokenizer files: send token ids, not text")
     else:
         ids = tok(req.prompt)["input_ids"]
+    chat.check_context(len(ids), engine.scheduler.max_seq_len, param="prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
     top_n = req.logprobs or 0
     if req.stream:
@@ -127,6 +133,19 @@ def _completion_logprobs(tok, out: Output, req: CompletionReq) -> dict:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await parse(request, ChatReq)
     warn_unknown(req, "/v1/chat/completions")
+    return await _chat(request, req)
+
+
+async def responses_route(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API, translated to and from chat (agent_rl/openai/responses.py)."""
+    req = await parse(request, responses.ResponsesReq)
+    warn_unknown(req, "/v1/responses")
+    return await responses.handle(
+        request, req, request.app[RESPONSES], lambda c: _chat(request, c, as_dict=True)
+    )
+
+
+async def _chat(request: web.Request, req: ChatReq, as_dict: bool = False):
     model = check_model(request, req)
     engine = request.app[ENGINE]
     tok = engine.scheduler.tokenizer
@@ -139,22 +158,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         add_generation_prompt=req.add_generation_prompt,
         template_kwargs=req.chat_template_kwargs,
     )
-    parser = get_parser(request.app.get(TOOL_PARSER) or "hermes") if req.parse_tools else None
+    chat.check_context(len(ids), engine.scheduler.max_seq_len)
+    parser_name = request.app.get(TOOL_PARSER) or "hermes"
+    structure = structured.for_chat(req, parser_name)
+    parser = get_parser(parser_name) if req.parse_tools else None
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     max_tokens = engine.scheduler.max_seq_len
     if req.stream:
         return await _stream(
-            request, req, engine, ids, rid, model, "chat.completion.chunk", parser, max_tokens
+            request, req, engine, ids, rid, model, "chat.completion.chunk", parser, max_tokens, structure
         )
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
-    outs = await _generate_n(engine, ids, req, rid, max_tokens, top_n)
+    outs = await _generate_n(engine, ids, req, rid, max_tokens, top_n, structure)
     choices = []
     for i, out in enumerate(outs):
         g = out.generation
         text = trim_stop(
             tok.decode(g.token_ids, skip_special_tokens=req.skip_special_tokens),
             out,
-            req.include_stop_str_in_output,
+            req.include_stop_str_in_output or out.matched in structure.stop,
         )
         lps = None
         if req.logprobs:
@@ -170,18 +192,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "choices": choices,
         "usage": chat.usage(outs[0].prompt_tokens, sum(len(o.generation.token_ids) for o in outs)),
     }
-    return web.json_response(body)
+    return body if as_dict else web.json_response(body)
+
+
+def params(
+    req: OpenAISampling, max_tokens: int, i: int, structure: structured.Structure | None
+) -> SamplingParams:
+    """Choice i's sampling, with the constraint and extra stop strings of the request's structured output."""
+    p = req.to_params(max_tokens, i)
+    if structure is None:
+        return p
+    return replace(p, constraint=structure.constraint, stop=p.stop + structure.stop)
 
 
 async def _generate_n(
-    engine: EmbeddedEngine, ids: list[int], req: OpenAISampling, rid: str, max_tokens: int, top_n: int
+    engine: EmbeddedEngine,
+    ids: list[int],
+    req: OpenAISampling,
+    rid: str,
+    max_tokens: int,
+    top_n: int,
+    structure: structured.Structure | None = None,
 ) -> list[Output]:
     """The n choices run concurrently as separate requests (seed + i each when a seed is given)."""
     return await asyncio.gather(
         *(
             engine.generate_full(
                 ids,
-                req.to_params(max_tokens, i),
+                params(req, max_tokens, i, structure),
                 request_id=f"{rid}-{i}" if req.n > 1 else rid,
                 top_logprobs=top_n,
             )
@@ -210,9 +248,9 @@ class _Delta:
         delta, self.sent = text[len(self.sent) : upto], text[:upto]
         return delta
 
-    def finish(self, out: Output) -> str:
+    def finish(self, out: Output, keep: tuple[str, ...] = ()) -> str:
         text = self.tok.decode(out.generation.token_ids, skip_special_tokens=self.req.skip_special_tokens)
-        text = trim_stop(text, out, self.req.include_stop_str_in_output)
+        text = trim_stop(text, out, self.req.include_stop_str_in_output or out.matched in keep)
         return text[len(self.sent) :] if text.startswith(self.sent) else ""
 
 
@@ -230,6 +268,7 @@ async def _stream(
     obj: str,
     parser: Callable[[str], ParsedOutput] | None,
     max_tokens: int,
+    structure: structured.Structure | None = None,
 ) -> web.StreamResponse:
     """Server-sent events: a chunk per sampled token and choice, then each choice's finish, usage, [DONE].
 
@@ -243,7 +282,6 @@ async def _stream(
     elif not is_chat and req.logprobs:
         top_n = req.logprobs
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
     created = int(time.time())
     queue: asyncio.Queue = asyncio.Queue()
     deltas = [_Delta(tok, req, hold_all=parser is not None) for _ in range(req.n)]
@@ -262,7 +300,7 @@ async def _stream(
             try:
                 out = await engine.generate_full(
                     ids,
-                    req.to_params(max_tokens, i),
+                    params(req, max_tokens, i, structure),
                     request_id=f"{rid}-{i}" if req.n > 1 else rid,
                     top_logprobs=top_n,
                     on_token=on_token,
@@ -273,6 +311,16 @@ async def _stream(
 
         return asyncio.create_task(go())
 
+    tasks = [run(i) for i in range(req.n)]
+    outs: list[Output | None] = [None] * req.n
+    # The status line goes out only once the engine took the request (or sampled): a request it refuses
+    # (a prompt longer than the context, bad ids) is a 400 with OpenAI's body, as unstreamed.
+    first = await queue.get()
+    if first[0] == "error":
+        for t in tasks:
+            t.cancel()
+        raise first[2]
+    await resp.prepare(request)
     if is_chat:
         await send(
             [
@@ -280,11 +328,9 @@ async def _stream(
                 for i in range(req.n)
             ]
         )
-    tasks = [run(i) for i in range(req.n)]
-    outs: list[Output | None] = [None] * req.n
     try:
         while any(o is None for o in outs):
-            item = await queue.get()
+            item, first = (first, None) if first is not None else (await queue.get(), None)
             if item[0] == "error":
                 err = {
                     "message": f"{request.path}: {item[2]}",
@@ -316,7 +362,8 @@ async def _stream(
                 continue
             _, i, out = item
             outs[i] = out
-            rest, finish = deltas[i].finish(out), out.generation.finish_reason
+            rest = deltas[i].finish(out, structure.stop if structure is not None else ())
+            finish = out.generation.finish_reason
             if is_chat:
                 delta: dict = {}
                 if parser is not None:
@@ -362,3 +409,5 @@ def add_openai_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses_route)
+    app[RESPONSES] = responses.Store()

@@ -17,6 +17,7 @@ are never listed, so a row may get fewer than n.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ class RowParams:
     top_k: int
     generator: torch.Generator | None
     top_n: int = 0  # also report this many top alternatives per token
+    matcher: Any = None  # xgrammar GrammarMatcher of a constrained request (constrained.py)
 
 
 def filtered_logprobs(

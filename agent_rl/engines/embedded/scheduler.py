@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from agent_rl.engines.api import BadRequest, FinishReason, Generation, SamplingParams
+from agent_rl.engines.embedded import constrained
 from agent_rl.engines.embedded.cache import KVCache
 from agent_rl.engines.embedded.model import load_model
 from agent_rl.engines.embedded.sampling import RowParams, TopList, sample
@@ -64,6 +65,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     tops: list[TopList] = field(default_factory=list)
+    unmasked: list[float] = field(default_factory=list)  # constrained requests: log-probs without the mask
     created: float = field(default_factory=time.monotonic)
 
 
@@ -107,6 +109,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.slots = [SlotState() for _ in range(max_batch)]
         self._clock = 0
+        self._grammars: constrained.Grammars | None = None  # built at the first constrained request
 
     # ---- commands (called between steps) ----
 
@@ -131,6 +134,10 @@ class Scheduler:
         sp = req.sampling
         generator = None if sp.seed is None else torch.Generator().manual_seed(sp.seed)
         req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator, req.top_n)
+        if sp.constraint is not None:
+            if self._grammars is None:
+                self._grammars = constrained.Grammars(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids)
+            req.row.matcher = self._grammars.matcher(sp.constraint)
         self.waiting.append(req)
 
     def abort(self, rid: str | None = None) -> int:
@@ -233,10 +240,15 @@ class Scheduler:
         # Rows sorted by slot; when they are exactly slots 0..B-1 the cache hands out views instead of copies.
         dense = slots[-1] == len(slots) - 1
         logits = self.model(tokens, positions, torch.tensor(slots), self.cache, last, dense=dense)
-        ids, lps, tops = sample(logits, [r.row for r in reqs], self.generator)
-        for r, t, lp, top in zip(reqs, ids, lps, tops, strict=True):
+        rows = [r.row for r in reqs]
+        masked = None if self._grammars is None else constrained.mask(self._grammars.xgr, logits, rows)
+        ids, lps, tops = sample(logits, rows, self.generator)
+        unmasked = constrained.advance(masked, rows, ids)
+        for r, t, lp, top, ulp in zip(reqs, ids, lps, tops, unmasked, strict=True):
             r.tokens.append(t)
             r.logprobs.append(lp)
+            if ulp is not None:
+                r.unmasked.append(ulp)
             r.versions.append(self.version)
             if top is not None:
                 r.tops.append(top)
@@ -272,7 +284,8 @@ class Scheduler:
             self.slots[r.slot] = SlotState(tokens=r.prompt + r.tokens[:-1], busy=False, last_used=self._clock)
         else:
             self.waiting.remove(r)
-        gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason)
+        unmasked = list(r.unmasked) if r.sampling.constraint is not None else None
+        gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked)
         tops = list(r.tops) if r.top_n > 0 else None
         r.on_finish(
             Output(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent_rl.config import Recipe
+    from agent_rl.config import LearnerSpec
     from agent_rl.learners.api import Learner
 
 INSTALL_HINT = "pip install 'agent-rl[gpu]' (or: pip install megatron-core)"
@@ -31,36 +31,38 @@ def require_megatron() -> None:
 
 
 def build_megatron_learner(
-    recipe: Recipe, *, in_process: bool | None = None, rank_cores: tuple[tuple[int, ...], ...] | None = None
+    spec: LearnerSpec,
+    *,
+    in_process: bool | None = None,
+    rank_cores: tuple[tuple[int, ...], ...] | None = None,
 ) -> Learner:
-    """The Megatron learner for `recipe` (learner.backend must be 'megatron'); see MegatronLearner for in_process."""
-    if recipe.learner.backend != "megatron":
+    """The Megatron learner (learner.backend must be 'megatron'); see MegatronLearner for in_process."""
+    if spec.learner.backend != "megatron":
         raise ValueError(
-            f"build_megatron_learner: learner.backend is {recipe.learner.backend!r}; this builds 'megatron'"
+            f"build_megatron_learner: learner.backend is {spec.learner.backend!r}; this builds 'megatron'"
         )
     require_megatron()
     from agent_rl.learners.megatron.learner import MegatronLearner
     from agent_rl.placement import learner_role
 
-    role = learner_role(recipe.learner, recipe.placement)
+    role = learner_role(spec.learner, spec.place)
     return MegatronLearner(
-        megatron_spec(recipe), in_process=in_process, rank_cores=rank_cores, role=role,
-        timeout_s=recipe.placement.timeout_s,
-    )  # fmt: skip
+        megatron_spec(spec), in_process=in_process, rank_cores=rank_cores, role=role, timeout_s=spec.timeout_s
+    )
 
 
-def megatron_spec(recipe: Recipe) -> Any:
+def megatron_spec(spec: LearnerSpec) -> Any:
     """What every Megatron rank is built from: the torch learner's rank spec, the layout, activation recompute."""
     from agent_rl.learners.megatron.model import ParallelConfig, Recompute
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
 
-    lc = recipe.learner
+    lc = spec.learner
     return MegatronSpec(
-        rank=rank_spec(recipe),
+        rank=rank_spec(spec),
         par=ParallelConfig(tp=lc.tp, sp=lc.sp, cp=lc.cp),
         dp=lc.dp,
-        temperature=recipe.rollout.temperature,
+        temperature=spec.temperature,
         pack=lc.pack_sequences is not False,
         recompute=Recompute.of(lc),
     )

@@ -1,0 +1,109 @@
+"""An agent that lives in its own process and trains through a run it is not part of.
+
+    python -m examples.external_agent.agent http://127.0.0.1:8900 [--log calls.jsonl]
+
+It claims a task from the training run's gateway (`POST /tasks/claim`), answers it with an ordinary
+OpenAI function-calling loop against the session's `base_url` (a `python` tool it runs itself, in a
+subprocess with a time limit), and closes the session with its final answer, which the run scores and
+trains on. It only needs `openai` and the standard library: the same loop works from any language.
+It stops when the gateway goes away (the run ended).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python code and return what it prints.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string"}},
+                "required": ["code"],
+            },
+        },
+    }
+]
+
+
+def post(url: str, body: dict) -> dict | None:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read()) if r.status == 200 else None
+
+
+def run_python(code: str) -> str:
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return "timed out"
+    return r.stdout.strip() or (r.stderr.strip().splitlines() or [""])[-1]
+
+
+def solve(client, problem: str, max_turns: int, log: list) -> str | None:
+    import openai
+
+    messages: list[dict] = [{"role": "user", "content": problem}]
+    for _ in range(max_turns):
+        try:
+            r = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, logprobs=True)
+        except openai.ConflictError:  # the session's budget is spent, or the run stopped it: give up
+            return None
+        choice = r.choices[0]
+        log.append([x.logprob for x in choice.logprobs.content])
+        messages.append(choice.message.model_dump(exclude_none=True))
+        if not choice.message.tool_calls:
+            return choice.message.content
+        for call in choice.message.tool_calls:
+            try:
+                out = run_python(json.loads(call.function.arguments)["code"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                out = "error: arguments must be a JSON object with a 'code' string"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": out})
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import openai
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("gateway", help="the training run's gateway URL")
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--log", default=None, help="append each episode's received log-probs as a JSON line")
+    args = p.parse_args(argv)
+    while True:
+        try:
+            claim = post(args.gateway + "/tasks/claim", {"wait_s": 5})
+        except (urllib.error.URLError, ConnectionError):
+            return 0  # the run is over
+        if claim is None:
+            continue
+        log: list = []
+        close: dict = {}
+        with openai.OpenAI(base_url=claim["base_url"], api_key="x", max_retries=0) as client:
+            try:
+                close["answer"] = solve(client, claim["task"]["problem"], args.max_turns, log)
+            except openai.APIError as e:  # engines failing, or the run shutting down: say so, never a 0
+                close["error"] = repr(e)
+        try:
+            post(f"{args.gateway}/sessions/{claim['session_id']}/close", close)
+        except (
+            urllib.error.URLError,
+            ConnectionError,
+        ):  # abandoned by the run (staleness bound), or it ended
+            continue
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(json.dumps({"session_id": claim["session_id"], "logprobs": log}) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

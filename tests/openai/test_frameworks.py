@@ -1,0 +1,68 @@
+"""Agent frameworks' structured outputs, each through its real package, against `serve` and the gateway: the
+output parses into the framework's type, and on the gateway the recorded tokens and log-probs are the ones the
+engine returned (behaviour log-probs: unmasked, checked against the engine's own report)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("xgrammar")
+FRONTS = ["serve", "gateway"]
+
+
+class Verdict(BaseModel):
+    answer: Literal[12, 13]
+    sure: bool
+
+
+def check_recorded(fronts, front) -> None:
+    if front != "gateway":
+        return
+    calls = fronts.session().calls
+    assert calls and all(c.unmasked_logprobs is not None for c in calls)  # every call was constrained
+    for c in calls:
+        assert len(c.logprobs) == len(c.token_ids) == len(c.versions) and set(c.versions) == {0}
+        assert all(u <= m + 1e-6 for m, u in zip(c.logprobs, c.unmasked_logprobs, strict=True))
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_agents_sdk_output_type_with_chat_and_responses_models(fronts, front):
+    agents = pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
+
+    agents.set_tracing_disabled(True)
+    for kind in (OpenAIResponsesModel, OpenAIChatCompletionsModel):
+        c = openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
+        agent = Agent(name="judge", output_type=Verdict, model=kind(model="policy", openai_client=c))
+        result = await Runner.run(agent, "Is 3 * 4 twelve?")
+        assert isinstance(result.final_output, Verdict)
+        check_recorded(fronts, front)
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_langchain_with_structured_output(fronts, front):
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="policy", base_url=fronts.base_url(front), api_key="x", max_retries=0)
+    for method in ("json_schema", "function_calling"):
+        out = await llm.with_structured_output(Verdict, method=method).ainvoke("Is 3 * 4 twelve?")
+        assert isinstance(out, Verdict)
+    check_recorded(fronts, front)
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_pydantic_ai_structured_output(fronts, front):
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("policy", provider=OpenAIProvider(base_url=fronts.base_url(front), api_key="x"))
+    result = await Agent(model, output_type=Verdict).run("Is 3 * 4 twelve?")
+    assert isinstance(result.output, Verdict)
+    check_recorded(fronts, front)
