@@ -57,6 +57,12 @@ class LocalCluster:
         """The node is lost: its raylet and every worker and server Ray started there die at once."""
         self._cluster.remove_node(self._handles.pop(name), allow_graceful=False)
 
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def shutdown(self) -> None:
         if self._cluster is not None:
             self._cluster.shutdown()
