@@ -512,12 +512,20 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _roles_fit_their_nodes(self) -> Recipe:
         pc, eng, lc = self.placement, self.engines, self.learner
-        if eng.type == "sglang" and not eng.urls and not (pc.engine.gpus >= 1 and pc.engine.gpus.is_integer()):
+        if (
+            eng.type == "sglang"
+            and not eng.urls
+            and not (pc.engine.gpus >= 1 and pc.engine.gpus.is_integer())
+        ):
             raise ValueError(
                 "engines.type: sglang with no engines.urls starts SGLang servers through Ray: give each one "
                 f"whole GPUs with placement.engine.gpus (got {pc.engine.gpus:g}), or list running servers in urls"
             )
-        if eng.weight_sync == "memory" and None not in (pc.engine.node, pc.learner.node) and pc.engine.node != pc.learner.node:
+        if (
+            eng.weight_sync == "memory"
+            and None not in (pc.engine.node, pc.learner.node)
+            and pc.engine.node != pc.learner.node
+        ):
             raise ValueError(
                 "engines.weight_sync: memory hands tensors over on one machine, but placement puts engines on "
                 f"{pc.engine.node!r} and the learner on {pc.learner.node!r}: use nccl (or disk on a shared filesystem)"

@@ -24,11 +24,18 @@ class LocalCluster:
     head_cpus: int = 1
     _cluster: Any = None
     _handles: dict[str, Any] = field(default_factory=dict)
-    ids: dict[str, str] = field(default_factory=dict)  # node name -> Ray node id (kept after the node is lost)
+    ids: dict[str, str] = field(
+        default_factory=dict
+    )  # node name -> Ray node id (kept after the node is lost)
 
     def __post_init__(self) -> None:
         os.environ["RAY_AUTH_MODE"] = "disabled"  # a private test cluster
-        os.environ["AGENT_RL_NODE_IP"] = "127.0.0.1"  # servers, rendezvous: loopback only (raylets inherit it)
+        os.environ["AGENT_RL_NODE_IP"] = (
+            "127.0.0.1"  # servers, rendezvous: loopback only (raylets inherit it)
+        )
+        # Ray's memory monitor kills workers when the machine is near full; on a shared machine that is mostly
+        # other people's memory, and a killed worker would read as one of the faults under test.
+        os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # noqa: SIM112 (Ray reads this exact name)
         from ray.cluster_utils import Cluster
 
         t0 = time.monotonic()

@@ -84,7 +84,9 @@ def reference(work: Path, model: Path) -> list[dict]:
         run = start(_cmd(model, run_dir, cluster), work / "cluster_reference.log")
         watch(run, run_dir, timeout_s=1800)
     if run.proc.returncode != 0 or len(batches(run_dir)) != STEPS:
-        raise RuntimeError(f"the uninterrupted cluster run did not complete: {last_error_line(work / 'cluster_reference.log')}")
+        raise RuntimeError(
+            f"the uninterrupted cluster run did not complete: {last_error_line(work / 'cluster_reference.log')}"
+        )
     return batches(run_dir)
 
 
@@ -140,7 +142,10 @@ def learner_node_lost(
     cluster.add("b2", "trainer", 2)  # the replacement node
     resumed = start(_cmd(model, run_dir, cluster, resume=True), log)
     resumed.step_times = {s: 0.0 for s in run.step_times}  # steps redone after the resume do not count
-    return f"trainer node b killed: the run stopped in {stopped:.1f} s (exit {run.proc.returncode}); node b2 joined; --resume", resumed
+    return (
+        f"trainer node b killed: the run stopped in {stopped:.1f} s (exit {run.proc.returncode}); node b2 joined; --resume",
+        resumed,
+    )
 
 
 def replica_added(cluster: LocalCluster, run: Run, run_dir: Path, *_: object) -> tuple[str, Run]:
@@ -153,13 +158,19 @@ def replica_added(cluster: LocalCluster, run: Run, run_dir: Path, *_: object) ->
     while run.proc.poll() is None and not any(m["name"] == url and m["served"] for m in _members(run_dir)):
         time.sleep(0.2)
     served = time.monotonic() - t0
-    return f"node a3 joined; `engines add` answered in {took:.1f} s; the replica served after {served:.1f} s more", run
+    return (
+        f"node a3 joined; `engines add` answered in {took:.1f} s; the replica served after {served:.1f} s more",
+        run,
+    )
 
 
 def replica_removed(cluster: LocalCluster, run: Run, run_dir: Path, *_: object) -> tuple[str, Run]:
     url = _members(run_dir)[0]["name"]
     out, took = _engines("remove", str(run_dir), url, "--drain-s", "2")
-    return f"`engines remove --drain-s 2` answered in {took:.1f} s: {(out.stdout or out.stderr).strip()[-160:]}", run
+    return (
+        f"`engines remove --drain-s 2` answered in {took:.1f} s: {(out.stdout or out.stderr).strip()[-160:]}",
+        run,
+    )
 
 
 FAULTS: dict[str, Fault] = {
@@ -173,7 +184,12 @@ NAMES = {"node_engine": "engine node lost", "node_learner": "learner node lost +
 
 
 def cluster_faults(
-    add: Callable[[FaultResult], None], work: Path, model: Path, rng: random.Random, repeats: int, wanted: set[str]
+    add: Callable[[FaultResult], None],
+    work: Path,
+    model: Path,
+    rng: random.Random,
+    repeats: int,
+    wanted: set[str],
 ) -> None:
     """The cells in `wanted`, `repeats` times each, after one uninterrupted reference run."""
     cells = [c for c in CELLS if c in wanted]

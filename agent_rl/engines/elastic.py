@@ -137,7 +137,9 @@ class Engines:
     def members(self) -> list[dict[str, Any]]:
         pool = self.pool
         if pool is None:
-            return [{"name": "in-process engine", "state": "live", "node": "driver", "in_flight": 0, "served": 0}]
+            return [
+                {"name": "in-process engine", "state": "live", "node": "driver", "in_flight": 0, "served": 0}
+            ]
         nodes = {r.url: r.node for r in self.replicas}
         return [
             {"name": m.name, "state": m.state, "node": nodes.get(m.name, "external"), "in_flight": m.in_flight,
@@ -318,13 +320,15 @@ def request(run_dir: Path, req: dict[str, Any], *, timeout_s: float) -> tuple[bo
     rid = uuid.uuid4().hex
     with open(box / "requests.jsonl", "a") as f:
         f.write(json.dumps({"id": rid, **req}) + "\n")
-    deadline = time.monotonic() + timeout_s
+    deadline, pid = time.monotonic() + timeout_s, json.loads(state.read_text())["pid"]
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
             for line in (box / "answers.jsonl").read_text().splitlines():
                 a = json.loads(line)
                 if a["id"] == rid:
                     return bool(a["ok"]), str(a["message"])
+        if not _alive(pid):
+            raise RuntimeError(f"{run_dir}: the job (process {pid}) ended before it answered {req}")
         time.sleep(0.2)
     raise TimeoutError(f"{run_dir}: no answer to {req} within {timeout_s:.0f} s (is the job stuck?)")
 
@@ -351,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("run_dir", type=Path)
     add.add_argument("--count", type=int, default=1)
     add.add_argument("--url", help="join a server someone else started (same model) instead")
-    rm = sub.add_parser("remove", help="drain a replica (its turns continue elsewhere after --drain-s) and stop it")
+    rm = sub.add_parser(
+        "remove", help="drain a replica (its turns continue elsewhere after --drain-s) and stop it"
+    )
     rm.add_argument("run_dir", type=Path)
     rm.add_argument("name", help="the replica's URL or its index in `agent-rl engines list`")
     rm.add_argument("--drain-s", type=float, default=60.0)
@@ -365,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         if not state.exists():
             raise FileNotFoundError(f"{state} not found: is {args.run_dir} a running job's run dir?")
         for i, m in enumerate(json.loads(state.read_text())["members"]):
-            print(f"{i}  {m['name']}  {m['state']}  node {m['node']}  in flight {m['in_flight']}  served {m['served']}")
+            print(
+                f"{i}  {m['name']}  {m['state']}  node {m['node']}  in flight {m['in_flight']}  served {m['served']}"
+            )
         return 0
     req = (
         {"op": "add", "count": args.count, "url": args.url}

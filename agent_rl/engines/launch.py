@@ -70,7 +70,9 @@ def launch_server(
     ]  # fmt: skip
     if cores:
         cmd += ["--cores", ",".join(map(str, cores))]
-    return start_server(cmd, lambda text: (m.group(1) if (m := READY.search(text)) else None), timeout_s, log_path)
+    return start_server(
+        cmd, lambda text: m.group(1) if (m := READY.search(text)) else None, timeout_s, log_path
+    )
 
 
 def start_server(
@@ -80,7 +82,10 @@ def start_server(
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_server_", suffix=".log")[1])
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     deadline = time.monotonic() + timeout_s
     url = None
@@ -102,7 +107,14 @@ def start_server(
 
 
 def launch_sglang(
-    model_dir: str, *, host: str, tp: int, max_seq_len: int, dtype: str, seed: int, extra: tuple[str, ...] = ()
+    model_dir: str,
+    *,
+    host: str,
+    tp: int,
+    max_seq_len: int,
+    dtype: str,
+    seed: int,
+    extra: tuple[str, ...] = (),
 ) -> EmbeddedServerHandle:
     """`python -m sglang.launch_server` on this node's GPUs (CUDA_VISIBLE_DEVICES as Ray set it), on a free port."""
     port = free_port(host)

@@ -215,7 +215,9 @@ class EnginePool:
         members = self._group
         results = await asyncio.gather(
             *(
-                _member(m.engine).update_weights_from_distributed(meta, version=version, group_name=group_name)
+                _member(m.engine).update_weights_from_distributed(
+                    meta, version=version, group_name=group_name
+                )
                 for m in members
             ),
             return_exceptions=True,

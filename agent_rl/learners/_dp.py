@@ -31,7 +31,9 @@ class RankLost(RankError, UserError):
     """A learner rank's process (or its node) died: not a bug of the run, one line for the user."""
 
 
-LOST_HINT = "; continue from the last checkpoint with --resume RUN_DIR once there is room for the learner again"
+LOST_HINT = (
+    "; continue from the last checkpoint with --resume RUN_DIR once there is room for the learner again"
+)
 
 
 def _free_port() -> int:
@@ -60,7 +62,9 @@ def join_rank_group(rank: int, world: int, init_method: str, device: str | None 
     return device
 
 
-def build_torch_rank(spec: RankSpec, rank: int, world: int, init_method: str, device: str | None = None) -> Any:
+def build_torch_rank(
+    spec: RankSpec, rank: int, world: int, init_method: str, device: str | None = None
+) -> Any:
     """Join the process group and build this rank's TorchRank."""
     import torch.distributed as dist
 
@@ -158,7 +162,9 @@ class RankPool:
         try:
             status, value = self._conns[0].recv()
         except EOFError:
-            self._fail(f"learner rank 0: process exited with code {self._procs[0].exitcode}{LOST_HINT}", RankLost)
+            self._fail(
+                f"learner rank 0: process exited with code {self._procs[0].exitcode}{LOST_HINT}", RankLost
+            )
         if status != "ok":
             self._fail(f"learner rank 0: {value}")
         return value

@@ -4,17 +4,20 @@ Same interface as `RankPool`, for both learners (`build`: the torch or the Megat
 sits in a placement-group bundle of the `learner` role (its CPUs, GPUs and node kind): a torch learner's
 ranks in one PACK group; a Megatron learner's in one STRICT_PACK group per model-parallel group, so the
 tp*cp ranks of a replica share a node (tensor-parallel traffic stays on the node's links) and replicas
-may sit on different nodes. The process group meets at rank 0's node address (`placement.node_ip`),
+may sit on different nodes. The process group meets at rank 0's node address (`hosts.node_ip`),
 never at 127.0.0.1; NCCL where the actor got a GPU, gloo otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agent_rl.hosts import record
 from agent_rl.learners._dp import LOST_HINT, RankBuilder, RankError, RankLost, build_torch_rank
-from agent_rl.placement import Role, record
+
+if TYPE_CHECKING:
+    from agent_rl.placement import Role
 
 
 class _RayRank:
@@ -29,7 +32,7 @@ class _RayRank:
         """tcp://this node's address:a free port, for the process group's rendezvous (rank 0 hosts it)."""
         import socket
 
-        from agent_rl.placement import node_ip
+        from agent_rl.hosts import node_ip
 
         host = node_ip()
         with socket.socket() as s:
@@ -65,20 +68,27 @@ class RayRankPool:
     ):
         import ray
 
-        from agent_rl.placement import actor_options, reserve
+        from agent_rl.hosts import actor_options, reserve
 
         self._actors: list[Any] = []
         if group > 1:  # one node per model-parallel group
-            self._pgs = [reserve(role, group, strategy="STRICT_PACK", timeout_s=timeout_s) for _ in range(world // group)]
+            self._pgs = [
+                reserve(role, group, strategy="STRICT_PACK", timeout_s=timeout_s)
+                for _ in range(world // group)
+            ]
             slots = [(self._pgs[r // group], r % group) for r in range(world)]
         else:
             self._pgs = [reserve(role, world, strategy="PACK", timeout_s=timeout_s)]
             slots = [(self._pgs[0], r) for r in range(world)]
         actor = ray.remote(_RayRank)
         threads = max(1, int(role.cpus))
-        self._actors = [actor.options(**actor_options(role, pg, i)).remote(build, spec, threads) for pg, i in slots]
+        self._actors = [
+            actor.options(**actor_options(role, pg, i)).remote(build, spec, threads) for pg, i in slots
+        ]
         init_method = self._get([self._actors[0].address.remote()])[0]
-        self.nodes: list[str] = self._get([a.setup.remote(init_method, r, world) for r, a in enumerate(self._actors)])
+        self.nodes: list[str] = self._get(
+            [a.setup.remote(init_method, r, world) for r, a in enumerate(self._actors)]
+        )
         for rank, node in enumerate(self.nodes):
             record("learner", rank, node)
 
@@ -118,5 +128,7 @@ def _error(rank: int, e: Exception) -> RankError:
     import ray
 
     if isinstance(e, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
-        return RankLost(f"learner rank {rank} is gone (its node or process died: {type(e).__name__}){LOST_HINT}")
+        return RankLost(
+            f"learner rank {rank} is gone (its node or process died: {type(e).__name__}){LOST_HINT}"
+        )
     return RankError(f"learner rank {rank}: {e}")

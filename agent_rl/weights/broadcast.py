@@ -119,7 +119,9 @@ def together(
     if len(done) < 2 and settle_s:
         done, _ = concurrent.futures.wait([remote, local], timeout=settle_s)
         if local not in done:  # the learner is still in the collective: it cannot be called again safely
-            raise EngineError(f"the weight broadcast failed and the learner did not return within {settle_s:.0f} s")
+            raise EngineError(
+                f"the weight broadcast failed and the learner did not return within {settle_s:.0f} s"
+            )
     for f in (remote, local):
         if f in done and f.exception() is not None:
             raise f.exception()  # type: ignore[misc]

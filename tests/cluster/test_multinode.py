@@ -23,15 +23,35 @@ ray = pytest.importorskip("ray")
 from benchmarks.cluster import LocalCluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINES_ON_A = ("placement.engine={node: engines, cpus: 1}", "engines.weight_sync=nccl", "engines.max_batch=8")
+ENGINES_ON_A = (
+    "placement.engine={node: engines, cpus: 1}",
+    "engines.weight_sync=nccl",
+    "engines.max_batch=8",
+)
 
 
-def train(cluster: LocalCluster, model: Path, run_dir: Path, *sets: str, resume: bool = False) -> subprocess.Popen:
-    base = [f"model.path={model}", f"logging.run_dir={run_dir}", "buffer.max_staleness=0", "placement.timeout_s=300"]
+def train(
+    cluster: LocalCluster, model: Path, run_dir: Path, *sets: str, resume: bool = False
+) -> subprocess.Popen:
+    base = [
+        f"model.path={model}",
+        f"logging.run_dir={run_dir}",
+        "buffer.max_staleness=0",
+        "placement.timeout_s=300",
+    ]
     cmd = [sys.executable, "-m", "agent_rl.cli", "train", str(ROOT / "recipes" / "tiny_tir_smoke.yaml")]
     cmd += [a for s in (*base, *sets) for a in ("--set", s)] + ["--address", cluster.address]
     if resume:
-        cmd = [sys.executable, "-m", "agent_rl.cli", "train", "--resume", str(run_dir), "--address", cluster.address]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent_rl.cli",
+            "train",
+            "--resume",
+            str(run_dir),
+            "--address",
+            cluster.address,
+        ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -82,26 +102,50 @@ def assert_every_token_is_its_steps_version(bs: list[dict]) -> None:
 
 @pytest.fixture
 def cluster():
-    c = LocalCluster({"a1": ("engines", 1), "a2": ("engines", 1), "b": ("trainer", 2)})
-    yield c
-    c.shutdown()
+    """A cluster of its own, for a test that kills or adds nodes."""
+    with LocalCluster({"a1": ("engines", 1), "a2": ("engines", 1), "b": ("trainer", 2)}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def stable_cluster():
+    """Shared by the tests that leave every node up; the trainer node also hosts the sandbox service."""
+    with LocalCluster({"a1": ("engines", 1), "a2": ("engines", 1), "b": ("trainer", 3)}) as c:
+        yield c
 
 
 NODES = "placement.nodes={engines: {count: 2, cpus: 1}, trainer: {cpus: 2}}"
 
 
-def test_torch_ranks_on_the_trainer_node_broadcast_to_engines_on_two_engine_nodes(cluster, tiny_model_dir, tmp_path):
-    run = tmp_path / "run"
+def test_torch_ranks_on_the_trainer_node_broadcast_to_engines_on_two_engine_nodes(
+    stable_cluster, tiny_model_dir, tmp_path
+):
+    c, run = stable_cluster, tmp_path / "run"
     proc = train(
-        cluster, tiny_model_dir, run, NODES, *ENGINES_ON_A, "engines.count=2", "learner.dp=2",
-        "placement.learner={node: trainer, cpus: 1}", "train.steps=3", "checkpoint.every=0",
+        c, tiny_model_dir, run, "placement.nodes={engines: {count: 2, cpus: 1}, trainer: {cpus: 3}}", *ENGINES_ON_A,
+        "engines.count=2", "learner.dp=2", "placement.learner={node: trainer, cpus: 1}",
+        "placement.sandbox={node: trainer, cpus: 1}", "train.steps=3", "checkpoint.every=0",
     )  # fmt: skip
     finish(proc)
     where = placed(run)
-    assert sorted(where["engine"]) == sorted([cluster.node_id("a1"), cluster.node_id("a2")])
-    assert where["learner"] == [cluster.node_id("b")] * 2
+    assert sorted(where["engine"]) == sorted([c.node_id("a1"), c.node_id("a2")])
+    assert where["learner"] == [c.node_id("b")] * 2 and where["sandbox"] == [c.node_id("b")]
     assert_every_token_is_its_steps_version(batches(run))
     assert len(batches(run)) == 3
+
+
+def test_a_driver_started_on_a_node_of_the_wrong_kind_is_refused_in_one_line(
+    stable_cluster, tiny_model_dir, tmp_path
+):
+    proc = train(stable_cluster, tiny_model_dir, tmp_path / "run", NODES, "placement.rollout={node: engines}")
+    _, err = proc.communicate(timeout=600)
+    lines = [ln for ln in err.splitlines() if ln.startswith("agent-rl:")]
+    assert proc.returncode == 2 and len(lines) == 1, err[-2000:]
+    assert (
+        "placement.rollout.node is 'engines', but this driver runs on a node without that resource"
+        in lines[0]
+    )
+    assert "--entrypoint-resources" in lines[0]
 
 
 @pytest.mark.slow
@@ -137,20 +181,32 @@ def test_engines_lost_grown_into_a_new_node_drained_and_added_by_hand_while_trai
     urls = {m["node"]: m["name"] for m in members(run)}
     cluster.kill("a2")  # the engine node is lost mid-run
     lost = urls[cluster.node_id("a2")]
-    wait_for("the lost replica dead or dropped", lambda: all(m["name"] != lost or m["state"] == "dead" for m in members(run)), proc)
+    wait_for(
+        "the lost replica dead or dropped",
+        lambda: all(m["name"] != lost or m["state"] == "dead" for m in members(run)),
+        proc,
+    )
     lost_at = len(batches(run))
     wait_for("two steps without it", lambda: len(batches(run)) >= lost_at + 2, proc)
     cluster.add("a3", "engines", 1)  # the cluster grows (an autoscaler would do this): the job fills it
     a3 = cluster.node_id("a3")
     grown = wait_for("a replica on the new node", lambda: [m for m in members(run) if m["node"] == a3], proc)
-    wait_for("the new replica serving", lambda: any(m["node"] == a3 and m["served"] for m in members(run)), proc)
+    wait_for(
+        "the new replica serving", lambda: any(m["node"] == a3 and m["served"] for m in members(run)), proc
+    )
     gone = engines_cli("remove", str(run), urls[cluster.node_id("a1")], "--drain-s", "5")
     assert gone.returncode == 0 and gone.stdout.startswith("removed "), gone.stdout + gone.stderr
     assert urls[cluster.node_id("a1")] not in [m["name"] for m in members(run)]
     added = engines_cli("add", str(run))
-    assert added.returncode == 0 and added.stdout.startswith("added http://127.0.0.1:"), added.stdout + added.stderr
+    assert added.returncode == 0 and added.stdout.startswith("added http://127.0.0.1:"), (
+        added.stdout + added.stderr
+    )
     new_url = added.stdout.split()[1]
-    wait_for("the added replica serving", lambda: any(m["name"] == new_url and m["served"] for m in members(run)), proc)
+    wait_for(
+        "the added replica serving",
+        lambda: any(m["name"] == new_url and m["served"] for m in members(run)),
+        proc,
+    )
     steps = len(batches(run))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=600)
@@ -166,7 +222,11 @@ def test_engines_lost_grown_into_a_new_node_drained_and_added_by_hand_while_trai
 
 def engines_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "engines", *args], cwd=ROOT, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "agent_rl.cli", "engines", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

@@ -28,7 +28,9 @@ NEEDS = {
 
 def built_from(backend: str, sets: dict[str, object]) -> object:
     """What the backend's ranks are built from (no weights are loaded)."""
-    args = [f"learner.backend={backend}", "train.batch_prompts=4"] + [f"learner.{k}={v}" for k, v in sets.items()]
+    args = [f"learner.backend={backend}", "train.batch_prompts=4"] + [
+        f"learner.{k}={v}" for k, v in sets.items()
+    ]
     recipe = load_recipe(GOOD, args)
     if backend == "torch":
         from agent_rl.learners.torch_learner import rank_spec

@@ -32,7 +32,9 @@ def test_replicas_are_added_listed_and_removed_through_the_run_dir(smoke_recipe,
     try:
         before = [m["name"] for m in json.loads((run / "engines" / "members.json").read_text())["members"]]
         answers: dict[str, tuple[bool, str]] = {}
-        t = threading.Thread(target=lambda: answers.update(add=elastic.request(run, {"op": "add"}, timeout_s=300)))
+        t = threading.Thread(
+            target=lambda: answers.update(add=elastic.request(run, {"op": "add"}, timeout_s=300))
+        )
         t.start()
         t.join()
         ok, message = answers["add"]

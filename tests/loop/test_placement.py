@@ -28,11 +28,15 @@ def test_one_machine_plan_needs_no_ray_and_applying_it_imports_none(smoke_recipe
 
 
 def test_resources_are_per_process_and_gpus_bring_ray_in(smoke_recipe) -> None:
-    recipe = smoke_recipe("engines.count=4", "learner.dp=2", "placement.engine={gpus: 1}", "placement.learner={gpus: 2}")
+    recipe = smoke_recipe(
+        "engines.count=4", "learner.dp=2", "placement.engine={gpus: 1}", "placement.learner={gpus: 2}"
+    )
     p = placement.plan(*_parts(recipe))
     assert (p.role("engine").count, p.role("engine").gpus) == (4, 1.0)
     assert (p.role("learner").count, p.role("learner").gpus) == (2, 2.0)
-    assert p.needs_ray and p.address is None and p.engine_actors  # GPUs are shared out by a local Ray instance
+    assert (
+        p.needs_ray and p.address is None and p.engine_actors
+    )  # GPUs are shared out by a local Ray instance
     assert p.role("engine").bundle() == {"CPU": 1.0, "GPU": 1.0}
 
 
@@ -53,7 +57,11 @@ def test_megatron_model_parallel_groups_share_a_node_and_replicas_spread(smoke_r
         "placement.engine={node: engines, gpus: 1, cpus: 4}", "placement.learner={node: trainer, gpus: 1, cpus: 2}",
     )  # fmt: skip
     p = placement.plan(*_parts(recipe))
-    assert p.role("learner").group == 4 and p.role("learner").bundle() == {"CPU": 2.0, "GPU": 1.0, "trainer": 0.001}
+    assert p.role("learner").group == 4 and p.role("learner").bundle() == {
+        "CPU": 2.0,
+        "GPU": 1.0,
+        "trainer": 0.001,
+    }
     assert dict(p.layout) == {
         "engines-0": ("engine replica(s) 0-7 (4 CPU, 1 GPU each)",),
         "trainer-0": ("learner ranks 0-3 (model-parallel group 0) (2 CPU, 1 GPU each)",),
@@ -80,7 +88,10 @@ def test_dry_run_prints_the_two_node_layout_node_by_node(capsys, smoke_recipe, t
 
 
 def test_roles_that_do_not_fit_their_nodes_are_refused_when_the_recipe_loads(smoke_recipe) -> None:
-    with pytest.raises(ConfigError, match=r"the engines nodes \(1 x 8 gpus\) cannot hold 9 engine x 1 \+ 1 rollout x 0 = 9 gpus"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the engines nodes \(1 x 8 gpus\) cannot hold 9 engine x 1 \+ 1 rollout x 0 = 9 gpus",
+    ):
         smoke_recipe("engines.count=9", "engines.weight_sync=nccl", *TWO_NODES)
     with pytest.raises(ConfigError, match=r"placement.learner.node: 'gpus' is not in placement.nodes"):
         smoke_recipe("placement.learner={node: gpus}")

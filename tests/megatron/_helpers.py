@@ -170,7 +170,10 @@ def saved_activations_worker(
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             lp = megatron_logprobs(model, batch.input_ids, batch.attention_mask, par=par, dense_mask=True)
         (lp * batch.loss_mask).sum().backward()
-        result[name] = (saved[0], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        result[name] = (
+            saved[0],
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
     if rank == 0:
         torch.save(result, out)
     exit_worker()

@@ -35,7 +35,9 @@ def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path)
             model_dir, gradient_checkpointing="selective", recompute_modules=["core_attn", "mlp"]
         ),
     }
-    assert settings["off"].granularity is None and settings["full"].config(2)["recompute_granularity"] == "full"
+    assert (
+        settings["off"].granularity is None and settings["full"].config(2)["recompute_granularity"] == "full"
+    )
     batch = collate(make_groups(model_dir, seed=0, n_groups=2, n=3)).policy
     out = tmp_path / "saved.pt"
     torch.multiprocessing.spawn(
@@ -52,4 +54,6 @@ def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path)
     assert saved["full"] < 0.5 * saved["off"]
     for name in settings:
         for param, grad in got["off"][1].items():
-            torch.testing.assert_close(got[name][1][param], grad, rtol=1e-5, atol=1e-6, msg=f"{name}: {param}")
+            torch.testing.assert_close(
+                got[name][1][param], grad, rtol=1e-5, atol=1e-6, msg=f"{name}: {param}"
+            )

@@ -70,7 +70,12 @@ def have_transformer_engine() -> bool:
 
 
 def transformer_config(
-    shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtype, cpu: bool, recompute: Recompute = Recompute()
+    shape: ModelShape,
+    par: ParallelConfig,
+    *,
+    dtype: torch.dtype,
+    cpu: bool,
+    recompute: Recompute = Recompute(),
 ):
     """Megatron TransformerConfig reproducing the HF decoder exactly: no dropout, no fusions that change numerics;
     activations recomputed in the backward pass as `recompute` says (same gradients, less memory)."""
