@@ -95,7 +95,7 @@ def cell(name: str, repeat: int, rng: random.Random, work: Path, model: Path, re
     run_dir, log = work / f"{name}-{repeat}", work / f"{name}-{repeat}.log"
     shutil.rmtree(run_dir, ignore_errors=True)
     log.unlink(missing_ok=True)
-    at_step = rng.randint(2, STEPS - 4)
+    at_step = rng.randint(1, 3) if name == "replica_add" else rng.randint(2, STEPS - 4)  # room to start a server
     with LocalCluster(dict(NODES)) as cluster:
         run = start(_cmd(model, run_dir, cluster), log)
         watch(run, run_dir, until=lambda: at_step in run.step_times, timeout_s=1800)
