@@ -114,7 +114,8 @@ def cell(name: str, repeat: int, rng: random.Random, work: Path, model: Path, re
         at_step,
         completed=final.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
         exit_code=first_rc,
-        user_saw=last_error_line(log) if first_rc else "",
+        user_saw=next((ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("agent-rl:")),
+                      last_error_line(log)) if first_rc else "",  # fmt: skip
         recovery_s=round(min(after) - t_fault, 2) if after else None,
         audit=audit(run_dir, 2, ref),
         note=note,

@@ -115,6 +115,8 @@ class EnginePool:
                 m.served += 1
                 return gen
             except EngineUnavailable as e:
+                if self._closed:  # the job is shutting its engines down: not a failure of this one
+                    raise
                 self._mark_dead(m, e)
                 if attempt == self.max_retries or not any(x.state == "live" for x in self.members):
                     raise
