@@ -106,6 +106,11 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "main",
         "write a run's recorded trajectories as a self-contained HTML viewer",
     ),
+    "engines": (
+        "agent_rl.engines.elastic",
+        "main",
+        "engines add|remove|list RUN_DIR: change a running job's engine replicas",
+    ),
     "data": (
         "agent_rl.tools.data_pull",
         "main",

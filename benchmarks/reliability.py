@@ -20,6 +20,8 @@ For each run: completed or not, the last line the user saw on stderr, recovery t
 logged), and the audit of batches.jsonl: every step once, no trajectory delivered twice, every delivered
 group whole, and against the uninterrupted run: the prompts of every step, how often each prompt was
 trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index).
+Node and replica faults (engine node lost, learner node lost + --resume, a replica added or removed mid-run) run
+on a Ray cluster of several nodes on this machine: benchmarks/reliability_cluster.py.
 Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
 scenarios are skipped, saying why, otherwise).
 """
@@ -718,7 +720,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", default="load,serve,faults")
-    parser.add_argument("--faults", default="engine,sandbox_kill,sandbox_hang,docker,learner,disk")
+    parser.add_argument(
+        "--faults",
+        default="engine,sandbox_kill,sandbox_hang,docker,learner,disk,node_engine,node_learner,replica_add,replica_remove",
+    )
     parser.add_argument("--clients", type=int, default=256)
     parser.add_argument("--calls-per-client", type=int, default=20)
     parser.add_argument("--model", type=Path, default=None)
@@ -831,6 +836,11 @@ def main() -> None:
                     add(disk_full(repeat, rng, work, model, reference_run(work, model, K0, refs)))
         if "docker" in wanted:
             docker_faults(report, add, work, model, rng, args.repeats, refs)
+        if wanted & {"node_engine", "node_learner", "replica_add", "replica_remove"}:  # on a multi-node Ray cluster
+            sys.path.insert(0, str(ROOT))
+            from benchmarks.reliability_cluster import cluster_faults
+
+            cluster_faults(add, work, model, rng, args.repeats, wanted)
     save()
     print((RESULTS / "reliability.md").read_text())
 

@@ -56,16 +56,27 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
     assert env.tasks("train"), f"{path}: train split of {recipe.envs.train} is empty"
     for eval_env in recipe.envs.eval:
         assert envs.make(envs.load(eval_env), tiny_tokenizer).tasks(recipe.eval.split)
+    if plan.layout:  # GPU recipes: every engine and learner rank lands on the node kind its role names
+        for node, procs in plan.layout:
+            kind = node.rsplit("-", 1)[0]
+            for role, res in recipe.placement.roles().items():
+                label = {"engine": "engine replica", "learner": "learner ranks", "rollout": "driver"}.get(role, role)
+                if any(p.startswith(label) for p in procs):
+                    assert res.node == kind, f"{path}: {role} on {node}"
     if recipe.engines.type != "embedded":
-        # the engines as train() starts them for external servers: one client of the recipe's type per url
-        engines = asyncio.run(
-            placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
-        )
-        pool = engines.client
         cls = SGLangClient if recipe.engines.type == "sglang" else VLLMClient
-        assert isinstance(pool, EnginePool) and all(type(e) is cls for e in pool.engines)
-        assert [e.url for e in pool.engines] == [u.rstrip("/") for u in recipe.engines.urls]
-        assert plan.role("engine").count == 0, "external servers are not placed by the run"
+        if recipe.engines.urls:  # the engines as train() starts them for external servers: one client per url
+            engines = asyncio.run(
+                placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+            )
+            pool = engines.client
+            assert isinstance(pool, EnginePool) and all(type(m.engine) is cls for m in pool.members)
+            assert [m.engine.url for m in pool.members] == [u.rstrip("/") for u in recipe.engines.urls]
+            assert plan.role("engine").count == 0, "external servers are not placed by the run"
+        else:  # Ray starts the servers: every replica is placed by the plan, on a node of the engine's kind
+            assert plan.role("engine").count == recipe.engines.started_here >= 1
+            assert plan.engine_actors, f"{path}: engine servers not started as Ray actors"
+            pool = EnginePool([cls(f"http://127.0.0.1:{30000 + i}") for i in range(recipe.engines.count)])
         loop = LoopThread()
         try:  # the weight path is built as train() builds it: a wrong mode/engine pairing fails here
             make_publisher(recipe.engines, recipe.rollout.fixed_lag, pool, loop, scratch=tmp_path)

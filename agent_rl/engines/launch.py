@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent_rl.engines.client import SGLangClient
 
@@ -68,27 +70,79 @@ def launch_server(
     ]  # fmt: skip
     if cores:
         cmd += ["--cores", ",".join(map(str, cores))]
-    log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_engine_", suffix=".log")[1])
+    return start_server(
+        cmd, lambda text: m.group(1) if (m := READY.search(text)) else None, timeout_s, log_path
+    )
+
+
+def start_server(
+    cmd: list[str], url_of: Any, timeout_s: float, log_path: str | Path | None = None, env: dict | None = None
+) -> EmbeddedServerHandle:
+    """Run `cmd` with its output in a log file; wait until `url_of(log text)` names a URL whose /health answers."""
+    log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="agent_rl_server_", suffix=".log")[1])
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     deadline = time.monotonic() + timeout_s
     url = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"engine server exited with code {proc.returncode} before serving; log {log}:\n{_tail(log)}"
+                f"server exited with code {proc.returncode} before serving ({' '.join(cmd[:4])} ...); "
+                f"log {log}:\n{_tail(log)}"
             )
-        if url is None and (m := READY.search(log.read_text(errors="replace"))):
-            url = m.group(1)
+        if url is None:
+            url = url_of(log.read_text(errors="replace"))
         if url is not None and _healthy(url):
             return EmbeddedServerHandle(url=url, process=proc, log_path=log)
         time.sleep(0.1)
     proc.kill()
     raise TimeoutError(
-        f"engine server not healthy after {timeout_s:.0f} s ({' '.join(cmd)}); log {log}:\n{_tail(log)}"
+        f"server not healthy after {timeout_s:.0f} s ({' '.join(cmd)}); log {log}:\n{_tail(log)}"
     )
+
+
+def launch_sglang(
+    model_dir: str,
+    *,
+    host: str,
+    tp: int,
+    max_seq_len: int,
+    dtype: str,
+    seed: int,
+    extra: tuple[str, ...] = (),
+) -> EmbeddedServerHandle:
+    """`python -m sglang.launch_server` on this node's GPUs (CUDA_VISIBLE_DEVICES as Ray set it), on a free port."""
+    port = free_port(host)
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--host", host,
+        "--port", str(port), "--tp", str(tp), "--dtype", dtype, "--context-length", str(max_seq_len),
+        "--random-seed", str(seed), "--mem-fraction-static", "0.8", *extra,
+    ]  # fmt: skip
+    url = f"http://{host}:{port}"
+    return start_server(cmd, lambda _text: url, 1800.0)
+
+
+def sandbox_command(host: str, port: int, kw: dict[str, Any]) -> list[str]:
+    """`agent-rl sandbox serve` for an env's sandbox section (backend and options) on host:port."""
+    cmd = [sys.executable, "-m", "sandboxes", "serve", "--host", host, "--port", str(port)]
+    cmd += ["--backend", kw["backend"], "--pool-size", str(kw.get("pool_size", 2))]
+    if kw.get("preload"):
+        cmd += ["--preload", ",".join(kw["preload"])]
+    for opt in ("image", "docker_host"):
+        if kw.get(opt):
+            cmd += [f"--docker-{opt.removeprefix('docker_').replace('_', '-')}", str(kw[opt])]
+    return cmd
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:

@@ -19,11 +19,21 @@ from typing import Any
 
 import torch
 
+from agent_rl.errors import UserError
 from agent_rl.learners._torch_rank import RankSpec
 
 
 class RankError(RuntimeError):
     """A learner rank failed; the message carries the rank's traceback."""
+
+
+class RankLost(RankError, UserError):
+    """A learner rank's process (or its node) died: not a bug of the run, one line for the user."""
+
+
+LOST_HINT = (
+    "; continue from the last checkpoint with --resume RUN_DIR once there is room for the learner again"
+)
 
 
 def _free_port() -> int:
@@ -32,36 +42,41 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def join_rank_group(rank: int, world: int, port: int) -> str:
-    """Join the learner's default process group: NCCL when every rank has a GPU of its own, else gloo.
-    Returns this rank's device."""
+def join_rank_group(rank: int, world: int, init_method: str, device: str | None = None) -> str:
+    """Join the learner's default process group at `init_method` (tcp://rank-0-host:port): NCCL when this rank
+    has a GPU (`device`, default: GPU `rank` when every rank of this machine has one), else gloo. Returns the
+    rank's device."""
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    if cuda:
-        torch.cuda.set_device(rank)
+    if device is None:
+        device = f"cuda:{rank}" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "cpu"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        "nccl" if device.startswith("cuda") else "gloo",
+        init_method=init_method,
         rank=rank,
         world_size=world,
         timeout=timedelta(minutes=30),
     )
-    return f"cuda:{rank}" if cuda else "cpu"
+    return device
 
 
-def build_torch_rank(spec: RankSpec, rank: int, world: int, port: int) -> Any:
+def build_torch_rank(
+    spec: RankSpec, rank: int, world: int, init_method: str, device: str | None = None
+) -> Any:
     """Join the process group and build this rank's TorchRank."""
     import torch.distributed as dist
 
     from agent_rl.learners._torch_rank import TorchRank
 
-    device = join_rank_group(rank, world, port)
+    device = join_rank_group(rank, world, init_method, device)
     return TorchRank(spec, dp_group=dist.group.WORLD, device=device)
 
 
-RankBuilder = Callable[[Any, int, int, int], Any]
-"""(spec, rank, world, port) -> the rank object whose methods the pool calls; module-level (pickled)."""
+RankBuilder = Callable[[Any, int, int, str, str | None], Any]
+"""(spec, rank, world, init_method, device or None) -> the rank object whose methods the pool calls; module-level
+(pickled). init_method is tcp://host:port of rank 0's node; device None: chosen by the local rule."""
 
 
 def _serve(
@@ -69,7 +84,7 @@ def _serve(
     spec: Any,
     rank: int,
     world: int,
-    port: int,
+    init_method: str,
     conn: Connection,
     threads: int,
     cores: tuple[int, ...] | None = None,
@@ -84,7 +99,7 @@ def _serve(
     else:
         torch.set_num_threads(threads)
     try:
-        worker = build(spec, rank, world, port)
+        worker = build(spec, rank, world, init_method, None)
         conn.send(("ok", None))
     except Exception:
         conn.send(("err", traceback.format_exc()))
@@ -119,7 +134,7 @@ class RankPool:
         cores: Sequence[tuple[int, ...]] | None = None,
     ):
         ctx = torch.multiprocessing.get_context("spawn")
-        port = _free_port()
+        init_method = f"tcp://127.0.0.1:{_free_port()}"  # every rank on this machine
         threads = max(1, (os.cpu_count() or 1) // world)
         self._conns: list[Connection] = []
         self._procs = []
@@ -127,7 +142,7 @@ class RankPool:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_serve,
-                args=(build, spec, rank, world, port, child, threads, cores[rank] if cores else None),
+                args=(build, spec, rank, world, init_method, child, threads, cores[rank] if cores else None),
                 daemon=True,
             )
             proc.start()
@@ -147,7 +162,9 @@ class RankPool:
         try:
             status, value = self._conns[0].recv()
         except EOFError:
-            status, value = "err", f"process exited with code {self._procs[0].exitcode}"
+            self._fail(
+                f"learner rank 0: process exited with code {self._procs[0].exitcode}{LOST_HINT}", RankLost
+            )
         if status != "ok":
             self._fail(f"learner rank 0: {value}")
         return value
@@ -166,7 +183,8 @@ class RankPool:
                     rank = sentinels[ready]
                     if rank in results or self._conns[rank].poll():
                         continue  # answered, then exited: read the answer first
-                    self._fail(f"learner rank {rank}: process exited with code {self._procs[rank].exitcode}")
+                    code = self._procs[rank].exitcode
+                    self._fail(f"learner rank {rank}: process exited with code {code}{LOST_HINT}", RankLost)
                 rank = waiting[ready]  # type: ignore[index]
                 status, value = ready.recv()  # type: ignore[union-attr]
                 if status != "ok":
@@ -174,11 +192,11 @@ class RankPool:
                 results[rank] = value
         return [results[r] for r in range(len(self._conns))]
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, kind: type[RankError] = RankError) -> None:
         for proc in self._procs:
             proc.kill()
         self.close()
-        raise RankError(message)
+        raise kind(message)
 
     def close(self) -> None:
         for conn, proc in zip(self._conns, self._procs, strict=True):

@@ -1,70 +1,96 @@
-"""Data-parallel ranks as Ray actors, for runs where Ray is up (a cluster, or several machines).
+"""Learner ranks as Ray actors, for runs where Ray is up (a cluster, or GPUs to share out).
 
-Same interface as `RankPool`: Ray decides which node (and GPU) holds each rank; rank 0's
-node address is the rendezvous of the torch.distributed group (NCCL where the actor got
-a GPU, gloo otherwise).
+Same interface as `RankPool`, for both learners (`build`: the torch or the Megatron rank). Every rank
+sits in a placement-group bundle of the `learner` role (its CPUs, GPUs and node kind): a torch learner's
+ranks in one PACK group; a Megatron learner's in one STRICT_PACK group per model-parallel group, so the
+tp*cp ranks of a replica share a node (tensor-parallel traffic stays on the node's links) and replicas
+may sit on different nodes. The process group meets at rank 0's node address (`hosts.node_ip`),
+never at 127.0.0.1; NCCL where the actor got a GPU, gloo otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent_rl.learners._dp import RankError
-from agent_rl.learners._torch_rank import RankSpec
+from agent_rl.hosts import record
+from agent_rl.learners._dp import LOST_HINT, RankBuilder, RankError, RankLost, build_torch_rank
+
+if TYPE_CHECKING:
+    from agent_rl.placement import Role
 
 
 class _RayRank:
-    def __init__(self, spec: RankSpec, threads: int) -> None:
+    def __init__(self, build: RankBuilder, spec: Any, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
-        self.spec = spec
+        self.build, self.spec = build, spec
         self.worker: Any = None
 
     def address(self) -> str:
+        """tcp://this node's address:a free port, for the process group's rendezvous (rank 0 hosts it)."""
         import socket
 
-        import ray
+        from agent_rl.hosts import node_ip
 
+        host = node_ip()
         with socket.socket() as s:
-            s.bind(("", 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+        return f"tcp://{host}:{port}"
 
-    def setup(self, init_method: str, rank: int, world: int) -> None:
-        from datetime import timedelta
-
+    def setup(self, init_method: str, rank: int, world: int) -> str:
         import ray
         import torch
-        import torch.distributed as dist
 
-        from agent_rl.learners._torch_rank import TorchRank
-
-        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-        dist.init_process_group(
-            "nccl" if gpu else "gloo",
-            init_method=init_method,
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(minutes=30),
-        )
-        self.worker = TorchRank(self.spec, dp_group=dist.group.WORLD, device="cuda:0" if gpu else "cpu")
+        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()  # Ray set CUDA_VISIBLE_DEVICES to its GPU
+        self.worker = self.build(self.spec, rank, world, init_method, "cuda:0" if gpu else "cpu")
+        return ray.get_runtime_context().get_node_id()
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
 
 
 class RayRankPool:
-    """`world` Ray actors, each one rank, with `cpus`/`gpus` resources apiece."""
+    """`world` Ray actors, one rank each, placed as the `learner` role says; `group` consecutive ranks share a
+    node (Megatron's tp*cp)."""
 
-    def __init__(self, spec: RankSpec, world: int, *, cpus: float = 1.0, gpus: float = 0.0):
+    def __init__(
+        self,
+        spec: Any,
+        world: int,
+        *,
+        role: Role,
+        build: RankBuilder = build_torch_rank,
+        group: int = 1,
+        timeout_s: float = 600.0,
+    ):
         import ray
 
-        actor = ray.remote(num_cpus=cpus, num_gpus=gpus)(_RayRank)
-        self._actors = [actor.remote(spec, max(1, int(cpus))) for _ in range(world)]
+        from agent_rl.hosts import actor_options, reserve
+
+        self._actors: list[Any] = []
+        if group > 1:  # one node per model-parallel group
+            self._pgs = [
+                reserve(role, group, strategy="STRICT_PACK", timeout_s=timeout_s)
+                for _ in range(world // group)
+            ]
+            slots = [(self._pgs[r // group], r % group) for r in range(world)]
+        else:
+            self._pgs = [reserve(role, world, strategy="PACK", timeout_s=timeout_s)]
+            slots = [(self._pgs[0], r) for r in range(world)]
+        actor = ray.remote(_RayRank)
+        threads = max(1, int(role.cpus))
+        self._actors = [
+            actor.options(**actor_options(role, pg, i)).remote(build, spec, threads) for pg, i in slots
+        ]
         init_method = self._get([self._actors[0].address.remote()])[0]
-        self._get([a.setup.remote(init_method, r, world) for r, a in enumerate(self._actors)])
+        self.nodes: list[str] = self._get(
+            [a.setup.remote(init_method, r, world) for r, a in enumerate(self._actors)]
+        )
+        for rank, node in enumerate(self.nodes):
+            record("learner", rank, node)
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         return self._get([a.call.remote(method, *arg) for a, arg in zip(self._actors, args, strict=True)])
@@ -83,12 +109,26 @@ class RayRankPool:
                 ray.get(ready)
             except ray.exceptions.RayError as e:
                 self.close()
-                raise RankError(f"learner rank {refs.index(ready[0])}: {e}") from None
+                raise _error(refs.index(ready[0]), e) from None
         return ray.get(refs)
 
     def close(self) -> None:
         import ray
+        from ray.util.placement_group import remove_placement_group
 
         for a in self._actors:
             ray.kill(a)
-        self._actors = []
+        for pg in getattr(self, "_pgs", []):
+            remove_placement_group(pg)
+        self._actors, self._pgs = [], []
+
+
+def _error(rank: int, e: Exception) -> RankError:
+    """A lost rank (its node or process died) is one line for the user; a rank's own exception keeps its trace."""
+    import ray
+
+    if isinstance(e, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
+        return RankLost(
+            f"learner rank {rank} is gone (its node or process died: {type(e).__name__}){LOST_HINT}"
+        )
+    return RankError(f"learner rank {rank}: {e}")

@@ -1,7 +1,7 @@
 """The default learner: a Hugging Face causal LM trained with torch and the vcpo step.
 
 dp=1 runs the rank in this process. dp>1 runs every rank in its own process: Ray actors
-when Ray is up (placement started it, so the cluster decides where ranks go), local
+placed as placement.learner says when Ray is up (placement started or joined it), local
 worker processes otherwise; gloo on CPU, NCCL on GPU. This facade splits the global batch
 into whole groups per rank, the ranks step in lockstep (gradients summed once per step
 inside vcpo), and rank 0 answers with metrics and weights.
@@ -22,6 +22,7 @@ from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.mismatch import mismatch_metrics
 from agent_rl.types import Group
+from agent_rl.weights.group import WeightGroupError
 from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.learners.api import Learner
     from agent_rl.weights.adapters import Adapter
+    from agent_rl.placement import Role
     from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
@@ -42,11 +44,13 @@ class TorchLearner:
         spec: RankSpec,
         *,
         dp: int = 1,
-        gpus: float = 0.0,
+        role: Role | None = None,
         rank_cores: tuple[tuple[int, ...], ...] | None = None,
         mismatch_threshold: float = 0.1,
+        timeout_s: float = 600.0,
     ):
-        """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes.
+        """Ranks are Ray actors placed as `role` (placement.learner) when Ray is up and the ranks need it (dp>1, or
+        the role asks for GPUs or a node kind), else local worker processes (dp>1), else this process.
         `rank_cores` (placement.topology: processes): every rank, dp=1 too, in a worker process pinned to its cores."""
         self.spec = spec
         self.dp = dp
@@ -61,12 +65,12 @@ class TorchLearner:
             from agent_rl.learners._dp import RankPool
 
             self._pool = RankPool(spec, dp, cores=rank_cores)
-        elif dp == 1:
-            self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
-        elif _ray_up():
+        elif role is not None and ray_ranks(role):
             from agent_rl.learners._ray_ranks import RayRankPool
 
-            self._pool = RayRankPool(spec, dp, gpus=gpus / dp)
+            self._pool = RayRankPool(spec, dp, role=role, timeout_s=timeout_s)
+        elif dp == 1:
+            self._local = TorchRank(spec, device="cuda" if torch.cuda.is_available() else "cpu")
         else:
             from agent_rl.learners._dp import RankPool
 
@@ -133,7 +137,8 @@ class TorchLearner:
         return self._rank0("join_weight_group", spec)
 
     def broadcast_weights(self) -> None:
-        self._rank0("broadcast_weights")
+        if error := self._rank0("broadcast_weights"):
+            raise WeightGroupError(f"learner rank 0: {error}")
 
     def _rank0(self, method: str, *args: object) -> Any:
         """Rank 0 alone (ranks hold identical replicas; no collective of the DP group inside)."""
@@ -157,13 +162,12 @@ class TorchLearner:
             self._pool = None
 
 
-def _ray_up() -> bool:
-    """Ray was started (by placement) before the learner: let the cluster place the ranks."""
-    try:
-        import ray
-    except ImportError:
-        return False
-    return ray.is_initialized()
+def ray_ranks(role: Role) -> bool:
+    """Ranks go to Ray when Ray is up (placement started or joined it) and there is more than one rank, or the
+    ranks ask for GPUs or a node kind; a single CPU rank stays in the driver."""
+    from agent_rl.placement import ray_up
+
+    return ray_up() and (role.count > 1 or bool(role.gpus) or role.node is not None)
 
 
 def rank_spec(spec: LearnerSpec) -> RankSpec:
@@ -204,7 +208,10 @@ def build_learner(spec: LearnerSpec, rank_cores: tuple[tuple[int, ...], ...] | N
     """The torch learner (learner.backend must be 'torch'); `rank_cores`: see TorchLearner."""
     if spec.learner.backend != "torch":
         raise ValueError(f"build_learner: learner.backend is {spec.learner.backend!r}; this builds 'torch'")
+    from agent_rl.placement import learner_role
+
+    role = learner_role(spec.learner, spec.place)
     return TorchLearner(
-        rank_spec(spec), dp=spec.learner.dp, gpus=spec.gpus, rank_cores=rank_cores,
+        rank_spec(spec), dp=spec.learner.dp, role=role, rank_cores=rank_cores, timeout_s=spec.timeout_s,
         mismatch_threshold=spec.learner.mismatch_threshold,
     )  # fmt: skip

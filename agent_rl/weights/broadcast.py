@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_rl.engines.api import EngineClient, EngineError, WeightGroupMember
-from agent_rl.weights.group import GroupSpec, TensorMeta
+from agent_rl.weights.group import GroupSpec, TensorMeta, WeightGroupError
 
 if TYPE_CHECKING:
     from agent_rl.learners.api import Learner
@@ -60,13 +60,32 @@ class WeightBroadcast:
         )
 
     def update(self, learner: Learner, version: int) -> None:
-        """Send the learner's current weights as `version` (after `connect`, with the engines paused)."""
+        """Send the learner's current weights as `version` (after `connect`, with the engines paused). Engines
+        lost, added or back since the group formed (a pool's `needs_regroup`) get a new group first; a member
+        lost during the send is dropped and the send is made once more."""
         if self.meta is None:
             raise RuntimeError("WeightBroadcast.update before connect")
-        coro = self.engine.update_weights_from_distributed(
-            self.meta, version=version, group_name=self.group_name
-        )
-        together(self.loop, coro, learner.broadcast_weights)
+        for attempt in (0, 1):
+            if getattr(self.engine, "needs_regroup", False):
+                self.regroup(learner)
+            assert self.meta is not None
+            coro = self.engine.update_weights_from_distributed(
+                self.meta, version=version, group_name=self.group_name
+            )
+            try:
+                together(self.loop, coro, learner.broadcast_weights, settle_s=120.0)
+                return
+            except (EngineError, WeightGroupError) as e:
+                if attempt or not getattr(self.engine, "needs_regroup", False):
+                    raise
+                log.warning("weight broadcast lost a member (%s); forming a new group without it", e)
+
+    def regroup(self, learner: Learner) -> None:
+        """Leave the current group and form a new one with the engines serving now."""
+        with contextlib.suppress(EngineError):
+            self.loop.call(self.engine.destroy_weights_update_group(self.group_name), timeout=60)
+        self.group_name = f"agent-rl-{uuid.uuid4().hex[:12]}"
+        self.connect(learner)
 
     def close(self) -> None:
         """Leave the group on the engines (best effort: a stopped engine has nothing to leave)."""
@@ -77,11 +96,14 @@ class WeightBroadcast:
             self.loop.call(self.engine.destroy_weights_update_group(self.group_name), timeout=60)
 
 
-def together(loop: LoopThread, coro: Coroutine[Any, Any, Any], fn: Callable[[], T]) -> T:
+def together(
+    loop: LoopThread, coro: Coroutine[Any, Any, Any], fn: Callable[[], T], *, settle_s: float = 0.0
+) -> T:
     """Run `coro` on the loop and `fn` on a daemon thread at once; return fn's result once both finished.
 
-    The first failure is raised at once. Its partner may stay blocked in the collective until the
-    group's timeout; it runs on a daemon thread, so it does not keep the process alive.
+    The first failure is raised once its partner has also finished, or after `settle_s` (0: at once). A
+    partner still blocked in the collective stays so until the group's timeout; it runs on a daemon thread,
+    so it does not keep the process alive. Waiting for it lets a caller reuse the learner afterwards.
     """
     remote = asyncio.run_coroutine_threadsafe(coro, loop.loop)
     local: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -94,6 +116,12 @@ def together(loop: LoopThread, coro: Coroutine[Any, Any, Any], fn: Callable[[], 
 
     threading.Thread(target=run, name="weight-broadcast", daemon=True).start()
     done, _ = concurrent.futures.wait([remote, local], return_when=concurrent.futures.FIRST_EXCEPTION)
+    if len(done) < 2 and settle_s:
+        done, _ = concurrent.futures.wait([remote, local], timeout=settle_s)
+        if local not in done:  # the learner is still in the collective: it cannot be called again safely
+            raise EngineError(
+                f"the weight broadcast failed and the learner did not return within {settle_s:.0f} s"
+            )
     for f in (remote, local):
         if f in done and f.exception() is not None:
             raise f.exception()  # type: ignore[misc]

@@ -12,6 +12,7 @@ learner talks to a real SGLang server and our embedded engine to any SGLang-styl
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -131,6 +132,27 @@ def leave(group: dist.ProcessGroup) -> None:
     import torch.distributed as dist
 
     dist.destroy_process_group(group)
+
+
+class WeightGroupError(RuntimeError):
+    """A broadcast failed on the learner's side (a member was lost mid-send); a new group can be formed."""
+
+
+def rejoin(old: tuple[dist.ProcessGroup, str] | None, spec: GroupSpec) -> tuple[dist.ProcessGroup, str]:
+    """Rank 0 leaves its previous weight group (best effort: its members may be gone) and joins `spec`'s."""
+    if old is not None:
+        with contextlib.suppress(RuntimeError, ValueError):  # already torn down by a failed collective
+            leave(old[0])
+    return join(spec, 0), spec.endpoint.backend
+
+
+def send_or_error(tensors: Iterable[torch.Tensor], group: dist.ProcessGroup, backend: Backend) -> str | None:
+    """`send`, with a failure of the group returned as text (the learner's ranks stay up; a new group is formed)."""
+    try:
+        send(tensors, group, backend)
+    except RuntimeError as e:  # gloo/NCCL: a peer closed the connection or timed out
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
 
 
 def _device(backend: str) -> torch.device:

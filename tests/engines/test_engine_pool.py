@@ -8,7 +8,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from agent_rl.engines.api import EngineUnavailable, Generation, SamplingParams
+from agent_rl.engines.api import EngineError, EngineUnavailable, Generation, SamplingParams
 from agent_rl.engines.client import SGLangClient
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.server import build_app
@@ -107,3 +107,39 @@ async def test_a_revived_engine_first_receives_the_latest_weights(two_engines):
     assert pool.stats().alive == [True, True] and pool.stats().revived == 1 and served.version == 5
     await runner.cleanup()
     await remote.close()
+
+
+async def test_an_added_engine_holds_the_latest_weights_before_it_takes_work(two_engines):
+    old, new = Recording(two_engines[0]), Recording(two_engines[1])
+    pool = EnginePool([old])
+    params = {n: p.detach().clone() for n, p in two_engines[0].scheduler.model.named_parameters()}
+    await pool.update_weights(version=7, tensors=params)
+    assert two_engines[1].version == 0
+    await pool.add(new, "new")
+    assert two_engines[1].version == 7 and pool.stats().states == ["live", "live"]  # caught up, then routable
+    gens = await asyncio.gather(*(pool.generate([5, 6], SP, request_id=f"t{i}/0") for i in range(4)))
+    await pool.close()
+    assert new.served and {v for g in gens for v in g.versions} == {7}
+
+
+async def test_a_leaving_engine_drains_then_its_turn_is_aborted_and_continued_on_another(two_engines):
+    leaving, staying = Recording(two_engines[0]), Recording(two_engines[1])
+    pool = EnginePool([leaving, staying], names=["leaving", "staying"])
+    long = SamplingParams(max_new_tokens=400, ignore_eos=True)
+    turn = asyncio.create_task(pool.generate([5, 6, 7], long, request_id="traj-1/0"))
+    while pool.members[0].in_flight == 0:  # the turn is running on the engine that will leave
+        await asyncio.sleep(0.01)
+    aborted = await pool.remove(pool.members[0], drain_s=0.0)
+    first = await turn
+    assert aborted == 1 and first.finish_reason == "abort" and len(first.token_ids) < 400
+    rest = await pool.generate([5, 6, 7, *first.token_ids], long, request_id="traj-1/1")  # the continuation
+    await pool.close()
+    assert staying.served == ["traj-1/1"] and [m.name for m in pool.members] == ["staying"]
+    assert rest.finish_reason == "length"
+
+
+async def test_the_last_live_engine_cannot_be_removed(two_engines):
+    pool = EnginePool([two_engines[0]])
+    with pytest.raises(EngineError, match="last live engine: add another before removing it"):
+        await pool.remove(pool.members[0], drain_s=0.0)
+    await pool.close()

@@ -307,20 +307,27 @@ async def test_pool_gives_each_fake_sglang_engine_consecutive_ranks_by_tp_size()
     assert [e.joined for e in engines] == [[(1, 8)], [(3, 8)], [(7, 8)]]
 
 
-async def test_pool_with_a_dead_fake_sglang_engine_refuses_the_broadcast_and_does_not_revive_it():
+async def test_pool_with_a_lost_fake_sglang_engine_asks_for_a_new_group_and_takes_it_back_through_one():
     from agent_rl.engines.pool import EnginePool
     from agent_rl.weights.group import Endpoint
 
     engines = [FakeSGLangGroupMember(1), FakeSGLangGroupMember(1, healthy=False)]
     pool = EnginePool(engines)
     await pool.init_weights_update_group(GroupSpec(Endpoint("10.0.0.1", 1, "nccl"), 3, "g"), 1)
+    assert not pool.needs_regroup
     await pool.check_health()
-    engines[1].healthy = True
-    await pool.check_health()  # answers again, but a group that formed cannot take it back
-    assert pool.alive == [True, False]
+    assert pool.alive == [True, False] and pool.needs_regroup  # the group lost a member
     meta = TensorMeta(("w",), ("float32",), ((1,),))
-    with pytest.raises(EngineError, match=r"engines \[1\] are dead.*--resume"):
+    with pytest.raises(EngineError, match="form a new group first"):
         await pool.update_weights_from_distributed(meta, version=1, group_name="g")
+    engines[1].healthy = True
+    await pool.check_health()  # answers again: it joins, but takes no work before it holds the weights
+    assert pool.stats().states == ["live", "joining"] and pool.needs_regroup
+    await pool.destroy_weights_update_group("g")
+    await pool.init_weights_update_group(GroupSpec(Endpoint("10.0.0.1", 2, "nccl"), 3, "g2"), 1)
+    assert engines[1].joined[-1] == (2, 3) and not pool.needs_regroup
+    await pool.update_weights_from_distributed(meta, version=1, group_name="g2")
+    assert pool.alive == [True, True]
 
 
 @pytest.mark.parametrize(

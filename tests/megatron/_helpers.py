@@ -77,7 +77,7 @@ def make_groups(model_dir: Path, seed: int, n_groups: int = 2, n: int = 3) -> li
     return groups
 
 
-def _tp_model(rank: int, world: int, port: int, model_dir: str, sp: bool):
+def _tp_model(rank: int, world: int, port: int, model_dir: str, sp: bool, recompute=None):
     """Join a gloo group of `world` TP ranks and load the HF weights into this rank's GPTModel shard."""
     import torch.distributed as dist
 
@@ -87,12 +87,13 @@ def _tp_model(rank: int, world: int, port: int, model_dir: str, sp: bool):
     from agent_rl.learners.megatron.shape import shape_from_hf_config
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     par = ParallelConfig(tp=world, sp=sp)
     groups = init_model_parallel(par, dp=1)
     cfg, state = load_hf_weights(model_dir)
     shape = shape_from_hf_config(cfg)
-    model = build_gpt_model(shape, par, cpu=True)
+    model = build_gpt_model(shape, par, cpu=True, **({"recompute": recompute} if recompute else {}))
     load_hf_into_megatron(model, state, shape, tp_rank=rank, tp_size=world, te=False)
     freeze_padding_row(model, shape, tp_rank=rank)
     return model, par, groups
@@ -144,6 +145,35 @@ def packed_vs_padded_worker(
         (lp * batch.loss_mask).sum().backward()
         finish_backward(params, groups)
         result[pack] = (lp.detach(), grad_sq_norm(params, [p.grad for p in params], groups) ** 0.5)
+    if rank == 0:
+        torch.save(result, out)
+    exit_worker()
+
+
+def saved_activations_worker(
+    rank: int, world: int, port: int, model_dir: str, sp: bool, recomputes: dict, batch, out: str
+) -> None:
+    """One TP rank, once per activation-recompute setting: the bytes autograd keeps from the forward pass for the
+    backward (saved_tensors_hooks: what activation memory is, independent of the allocator), and the gradients."""
+    from agent_rl.learners.megatron.logprobs import megatron_logprobs
+
+    result = {}
+    for name, recompute in recomputes.items():
+        model, par, _ = _tp_model(rank, world, port, model_dir, sp, recompute)
+        model.train()
+        saved = [0]
+
+        def keep(t: torch.Tensor, saved: list[int] = saved) -> torch.Tensor:
+            saved[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            lp = megatron_logprobs(model, batch.input_ids, batch.attention_mask, par=par, dense_mask=True)
+        (lp * batch.loss_mask).sum().backward()
+        result[name] = (
+            saved[0],
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
     if rank == 0:
         torch.save(result, out)
     exit_worker()

@@ -7,7 +7,7 @@ what to install.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_rl.config import LearnerSpec
@@ -43,18 +43,31 @@ def build_megatron_learner(
         )
     require_megatron()
     from agent_rl.learners.megatron.learner import MegatronLearner
-    from agent_rl.learners.megatron.model import ParallelConfig
+    from agent_rl.placement import learner_role
+
+    role = learner_role(spec.learner, spec.place)
+    return MegatronLearner(
+        megatron_spec(spec),
+        in_process=in_process,
+        rank_cores=rank_cores,
+        role=role,
+        timeout_s=spec.timeout_s,
+        mismatch_threshold=spec.learner.mismatch_threshold,
+    )
+
+
+def megatron_spec(spec: LearnerSpec) -> Any:
+    """What every Megatron rank is built from: the torch learner's rank spec, the layout, activation recompute."""
+    from agent_rl.learners.megatron.model import ParallelConfig, Recompute
     from agent_rl.learners.megatron.rank import MegatronSpec
     from agent_rl.learners.torch_learner import rank_spec
 
     lc = spec.learner
-    mspec = MegatronSpec(
+    return MegatronSpec(
         rank=rank_spec(spec),
         par=ParallelConfig(tp=lc.tp, sp=lc.sp, cp=lc.cp),
         dp=lc.dp,
         temperature=spec.temperature,
         pack=lc.pack_sequences is not False,
-    )
-    return MegatronLearner(
-        mspec, in_process=in_process, rank_cores=rank_cores, mismatch_threshold=lc.mismatch_threshold
+        recompute=Recompute.of(lc),
     )

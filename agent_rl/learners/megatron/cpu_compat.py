@@ -6,7 +6,8 @@ sequence parallelism over gloo. This module holds every work-around in one place
 - `torch.cuda.current_device` answers "cpu", so megatron's global memory buffer (used by
   the sequence-parallel all-gather) and the TP linears allocate on the CPU;
 - the RNG tracker is the "inference" tracker, which forks the CPU generator instead of
-  CUDA generators (no dropout runs here: all dropouts are 0);
+  CUDA generators (no dropout runs here: all dropouts are 0), and activation recompute
+  saves and restores no CUDA generator state;
 - `SequenceParallelRMSNorm` replaces Transformer Engine's RMSNorm, the only megatron norm
   that accepts `sequence_parallel` (torch's asserts). Like TE's, it tags its weight with
   `sequence_parallel`, so the learner all-reduces that weight's gradient over TP.
@@ -28,9 +29,13 @@ def enable_cpu_megatron() -> None:
             "cpu_compat.enable_cpu_megatron() is for CPU-only machines; GPUs use Transformer Engine"
         )
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+    from megatron.core.tensor_parallel import random as mrandom
 
-    initialize_rng_tracker(inference_rng_tracker=True)
+    mrandom.initialize_rng_tracker(inference_rng_tracker=True)
+    # Activation recompute saves and restores the RNG states around each recomputed chunk: the CPU generator's
+    # with torch's own calls, the CUDA generator's through these two, which there is none of here.
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: None
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 class SequenceParallelRMSNorm(torch.nn.RMSNorm):

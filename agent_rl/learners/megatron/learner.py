@@ -1,7 +1,8 @@
 """The Megatron learner facade: the same contract as the torch learner, ranks in worker processes.
 
 world = dp * tp * cp ranks. One rank runs in this process; more run in spawned workers
-(gloo on CPU, NCCL on GPU) served over pipes by the torch learner's `RankPool`. Every call
+(gloo on CPU, NCCL on GPU) served over pipes by the torch learner's `RankPool`, or, with Ray
+up, as Ray actors placed by `RayRankPool` (each model-parallel group on one node). Every call
 goes to all ranks (the TP gather for weights is a collective); global rank 0 answers.
 """
 
@@ -16,17 +17,22 @@ import torch
 
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._dp import RankPool, _free_port, join_rank_group
+from agent_rl.learners._ray_ranks import RayRankPool
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
 from agent_rl.learners.mismatch import mismatch_metrics
+from agent_rl.learners.torch_learner import ray_ranks
+from agent_rl.placement import Role
 from agent_rl.types import Group
-from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
+from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta, WeightGroupError
 
 
-def build_megatron_rank(spec: MegatronSpec, rank: int, world: int, port: int) -> MegatronRank:
-    """RankPool builder: join the process group, then build this rank's MegatronRank."""
-    join_rank_group(rank, world, port)
+def build_megatron_rank(
+    spec: MegatronSpec, rank: int, world: int, init_method: str, device: str | None = None
+) -> MegatronRank:
+    """RankPool / RayRankPool builder: join the process group, then build this rank's MegatronRank."""
+    join_rank_group(rank, world, init_method, device)
     return MegatronRank(spec)
 
 
@@ -40,27 +46,37 @@ class MegatronLearner:
         in_process: bool | None = None,
         rank_cores: tuple[tuple[int, ...], ...] | None = None,
         mismatch_threshold: float = 0.1,
+        role: Role | None = None,
+        timeout_s: float = 600.0,
     ):
-        """`in_process` (default: world == 1 and no `rank_cores`) runs the single rank here; False always uses
-        worker processes, which keeps megatron's global state and process group out of the caller's process.
-        `rank_cores` (placement.topology: processes): each rank's process is pinned to its cores."""
+        """`in_process` (default: world == 1, no `rank_cores` and no Ray ranks) runs the single rank here; False
+        always uses worker processes, which keeps megatron's global state and process group out of the caller's
+        process. `rank_cores` (placement.topology: processes): each rank's process is pinned to its cores. With
+        Ray up, ranks are Ray actors placed as `role` (placement.learner) says, each tp*cp group on one node."""
         self.spec = spec
         self.version = 0
         self._row_uids: list[tuple[str, ...]] = []  # per DP rank: the uid of each row of the last step
         self._rows: list[Any] = []  # per DP rank: the last step's RowResults
         self.mismatch_threshold = mismatch_threshold
         self._local: MegatronRank | None = None
-        self._pool: RankPool | None = None
+        self._pool: RankPool | RayRankPool | None = None
+        on_ray = role is not None and rank_cores is None and ray_ranks(role)
         if in_process is None:
-            in_process = spec.world == 1 and rank_cores is None
+            in_process = spec.world == 1 and rank_cores is None and not on_ray
         if in_process and spec.world != 1:
             raise ValueError(f"in_process=True needs world size 1, got dp*tp*cp = {spec.world}")
         if in_process:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                join_rank_group(0, 1, _free_port())
+                join_rank_group(0, 1, f"tcp://127.0.0.1:{_free_port()}")
             self._local = MegatronRank(spec)
+        elif on_ray:
+            assert role is not None
+            group = spec.par.tp * spec.par.cp
+            self._pool = RayRankPool(
+                spec, spec.world, role=role, build=build_megatron_rank, group=group, timeout_s=timeout_s
+            )
         else:
             self._pool = RankPool(spec, spec.world, build=build_megatron_rank, cores=rank_cores)
 
@@ -120,7 +136,8 @@ class MegatronLearner:
         return self._all("join_weight_group", spec)
 
     def broadcast_weights(self) -> None:
-        self._all("broadcast_weights")
+        if error := self._all("broadcast_weights"):
+            raise WeightGroupError(f"learner rank 0: {error}")
 
     def save(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,34 @@ class ParallelConfig:
         return (self.tp if self.sp else 1) * (2 * self.cp if self.cp > 1 else 1)
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """Activation recompute, as megatron-core's TransformerConfig takes it (learner.gradient_checkpointing)."""
+
+    granularity: str | None = None  # None | "full" | "selective"
+    method: str | None = None  # full: "uniform" | "block"
+    num_layers: int | None = None  # full: layers per recomputed chunk (uniform) or recomputed layers (block)
+    modules: tuple[str, ...] = ("core_attn",)  # selective: the submodules recomputed
+
+    @classmethod
+    def of(cls, lc) -> Recompute:  # a LearnerConfig (config.py stays free of megatron)
+        gc = lc.gradient_checkpointing
+        if gc in (True, "full"):
+            return cls("full", lc.recompute_method, lc.recompute_num_layers)
+        if gc == "selective":
+            return cls("selective", modules=tuple(lc.recompute_modules))
+        return cls()
+
+    def config(self, layers: int) -> dict:
+        """TransformerConfig fields; num_layers is capped at the model's layer count."""
+        if self.granularity is None:
+            return {}
+        if self.granularity == "selective":
+            return {"recompute_granularity": "selective", "recompute_modules": list(self.modules)}
+        n = min(self.num_layers or 1, layers)
+        return {"recompute_granularity": "full", "recompute_method": self.method, "recompute_num_layers": n}
+
+
 def have_transformer_engine() -> bool:
     try:
         import transformer_engine  # noqa: F401
@@ -41,8 +69,16 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def transformer_config(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtype, cpu: bool):
-    """Megatron TransformerConfig reproducing the HF decoder exactly: no dropout, no fusions that change numerics."""
+def transformer_config(
+    shape: ModelShape,
+    par: ParallelConfig,
+    *,
+    dtype: torch.dtype,
+    cpu: bool,
+    recompute: Recompute = Recompute(),
+):
+    """Megatron TransformerConfig reproducing the HF decoder exactly: no dropout, no fusions that change numerics;
+    activations recomputed in the backward pass as `recompute` says (same gradients, less memory)."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -76,16 +112,24 @@ def transformer_config(shape: ModelShape, par: ParallelConfig, *, dtype: torch.d
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=cpu,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint right after
+        **recompute.config(shape.layers),
     )
 
 
-def build_gpt_model(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtype = torch.float32, cpu: bool):
+def build_gpt_model(
+    shape: ModelShape,
+    par: ParallelConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    cpu: bool,
+    recompute: Recompute = Recompute(),
+):
     """This rank's GPTModel shard (untrained: load weights with convert.load_hf_into_megatron)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     shape.check_tp(par.tp)
-    config = transformer_config(shape, par, dtype=dtype, cpu=cpu)
+    config = transformer_config(shape, par, dtype=dtype, cpu=cpu, recompute=recompute)
     if uses_te_spec(cpu):
         from megatron.core.extensions.transformer_engine import TENorm
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec

@@ -21,7 +21,13 @@ from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
 from agent_rl.learners.megatron.grads import ShardGroups
 from agent_rl.learners.megatron.logprobs import megatron_logprobs
-from agent_rl.learners.megatron.model import ParallelConfig, build_gpt_model, freeze_padding_row, uses_te_spec
+from agent_rl.learners.megatron.model import (
+    ParallelConfig,
+    Recompute,
+    build_gpt_model,
+    freeze_padding_row,
+    uses_te_spec,
+)
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
 from agent_rl.learners.megatron.step import sharded_step
 from agent_rl.weights import group as weight_group
@@ -38,6 +44,7 @@ class MegatronSpec:
     dp: int = 1
     temperature: float = 1.0
     pack: bool = True  # micro-batches as one packed sequence (packing.py)
+    recompute: Recompute = Recompute()  # activation recompute (learner.gradient_checkpointing)
 
     @property
     def world(self) -> int:
@@ -92,7 +99,9 @@ class MegatronRank:
         self.shape: ModelShape = shape_from_hf_config(hf_config)
         self.te = uses_te_spec(self.cpu)
         # Master weights stay fp32 (AdamW on the shard); bf16 compute goes through autocast.
-        self.model = build_gpt_model(self.shape, spec.par, dtype=torch.float32, cpu=self.cpu)
+        self.model = build_gpt_model(
+            self.shape, spec.par, dtype=torch.float32, cpu=self.cpu, recompute=spec.recompute
+        )
         load_hf_into_megatron(
             self.model, hf_state, self.shape, tp_rank=self.tp_rank, tp_size=spec.par.tp, te=self.te
         )
@@ -165,17 +174,18 @@ class MegatronRank:
         state = self.hf_state_dict()
         if state is None:
             return None
-        self._weight_group = (weight_group.join(spec, 0), spec.endpoint.backend)
+        self._weight_group = weight_group.rejoin(self._weight_group, spec)
         return weight_group.TensorMeta.of(state)
 
-    def broadcast_weights(self) -> None:
-        """A collective: TP shards are gathered on every rank of replica 0, then global rank 0 sends."""
+    def broadcast_weights(self) -> str | None:
+        """A collective: TP shards are gathered on every rank of replica 0, then global rank 0 sends; the weight
+        group's failure (a member lost) comes back as text."""
         state = self.hf_state_dict()
         if state is None:
-            return
+            return None
         if self._weight_group is None:
             raise RuntimeError("broadcast_weights before join_weight_group")
-        weight_group.send(state.values(), *self._weight_group)
+        return weight_group.send_or_error(state.values(), *self._weight_group)
 
     def _gather_fp32(self) -> dict[str, torch.Tensor] | None:
         if self.cp_rank != 0 or self.dp_rank != 0:

@@ -1,0 +1,76 @@
+"""A Ray cluster of several nodes on one machine, for the multi-node tests and the reliability benchmark.
+
+Ray's own test utility (`ray.cluster_utils.Cluster`) starts a head and one raylet per node, each with its
+own CPUs and custom resources: a node kind of a recipe's `placement.nodes` is a custom resource, so
+"engines on node A, learner on node B" is real Ray placement between real raylets. Killing a node
+(`kill`) stops its raylet and every process Ray started there, as a lost machine would. Everything the
+project starts listens on 127.0.0.1 (AGENT_RL_NODE_IP), though Ray advertises the machine's address.
+Only what this object starts is stopped (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LocalCluster:
+    """`nodes`: name -> (kind, cpus). The head node (the driver's) has `head_cpus` CPUs and no kind."""
+
+    nodes: dict[str, tuple[str, int]]
+    head_cpus: int = 1
+    _cluster: Any = None
+    _handles: dict[str, Any] = field(default_factory=dict)
+    ids: dict[str, str] = field(
+        default_factory=dict
+    )  # node name -> Ray node id (kept after the node is lost)
+
+    def __post_init__(self) -> None:
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # a private test cluster
+        os.environ["AGENT_RL_NODE_IP"] = (
+            "127.0.0.1"  # servers, rendezvous: loopback only (raylets inherit it)
+        )
+        # Ray's memory monitor kills workers when the machine is near full; on a shared machine that is mostly
+        # other people's memory, and a killed worker would read as one of the faults under test.
+        os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # noqa: SIM112 (Ray reads this exact name)
+        from ray.cluster_utils import Cluster
+
+        t0 = time.monotonic()
+        self._cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": self.head_cpus, "include_dashboard": False},
+        )
+        for name, (kind, cpus) in self.nodes.items():
+            self.add(name, kind, cpus)
+        self.start_s = time.monotonic() - t0
+
+    @property
+    def address(self) -> str:
+        return self._cluster.address
+
+    def add(self, name: str, kind: str, cpus: int) -> None:
+        """A node of `kind` joins (a replacement, or the cluster growing)."""
+        self._handles[name] = self._cluster.add_node(num_cpus=cpus, resources={kind: 1.0})
+        self.nodes[name] = (kind, cpus)
+        self.ids[name] = self._handles[name].node_id
+
+    def node_id(self, name: str) -> str:
+        return self.ids[name]
+
+    def kill(self, name: str) -> None:
+        """The node is lost: its raylet and every worker and server Ray started there die at once."""
+        self._cluster.remove_node(self._handles.pop(name), allow_graceful=False)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._cluster is not None:
+            self._cluster.shutdown()
+            self._cluster = None
