@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_rl import cores
-from agent_rl.config import EngineConfig, LearnerConfig, LoraConfig, ModelConfig, PlacementConfig, RoleResources
+from agent_rl.config import (
+    EngineConfig,
+    LearnerConfig,
+    LoraConfig,
+    ModelConfig,
+    PlacementConfig,
+    RoleResources,
+)
 from agent_rl.cores import CoreMap
 from agent_rl.errors import UserError
 

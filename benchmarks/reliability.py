@@ -836,7 +836,12 @@ def main() -> None:
                     add(disk_full(repeat, rng, work, model, reference_run(work, model, K0, refs)))
         if "docker" in wanted:
             docker_faults(report, add, work, model, rng, args.repeats, refs)
-        if wanted & {"node_engine", "node_learner", "replica_add", "replica_remove"}:  # on a multi-node Ray cluster
+        if wanted & {
+            "node_engine",
+            "node_learner",
+            "replica_add",
+            "replica_remove",
+        }:  # on a multi-node Ray cluster
             sys.path.insert(0, str(ROOT))
             from benchmarks.reliability_cluster import cluster_faults
 

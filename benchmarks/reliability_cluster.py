@@ -95,7 +95,9 @@ def cell(name: str, repeat: int, rng: random.Random, work: Path, model: Path, re
     run_dir, log = work / f"{name}-{repeat}", work / f"{name}-{repeat}.log"
     shutil.rmtree(run_dir, ignore_errors=True)
     log.unlink(missing_ok=True)
-    at_step = rng.randint(1, 3) if name == "replica_add" else rng.randint(2, STEPS - 4)  # room to start a server
+    at_step = (
+        rng.randint(1, 3) if name == "replica_add" else rng.randint(2, STEPS - 4)
+    )  # room to start a server
     with LocalCluster(dict(NODES)) as cluster:
         run = start(_cmd(model, run_dir, cluster), log)
         watch(run, run_dir, until=lambda: at_step in run.step_times, timeout_s=1800)
@@ -114,8 +116,12 @@ def cell(name: str, repeat: int, rng: random.Random, work: Path, model: Path, re
         at_step,
         completed=final.proc.returncode == 0 and len(batches(run_dir)) == STEPS,
         exit_code=first_rc,
-        user_saw=next((ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("agent-rl:")),
-                      last_error_line(log)) if first_rc else "",  # fmt: skip
+        user_saw=next(
+            (ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("agent-rl:")),
+            last_error_line(log),
+        )
+        if first_rc
+        else "",  # fmt: skip
         recovery_s=round(min(after) - t_fault, 2) if after else None,
         audit=audit(run_dir, 2, ref),
         note=note,

@@ -80,7 +80,9 @@ def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
         DATA / "good.yaml", ["engines.type=vllm", "placement.topology=processes", "engines.weight_sync=disk"]
     )
     assert r.engines.type == "vllm" and not r.engines.urls
-    with pytest.raises(ConfigError, match=r"sglang with no engines.urls starts SGLang servers through Ray: give .*gpus"):
+    with pytest.raises(
+        ConfigError, match=r"sglang with no engines.urls starts SGLang servers through Ray: give .*gpus"
+    ):
         load_recipe(DATA / "good.yaml", ["engines.type=sglang"])
     r = load_recipe(DATA / "good.yaml", ["engines.type=sglang", "placement.engine={gpus: 2}"])
     assert r.engines.started_here == 1  # Ray starts it, with --tp 2

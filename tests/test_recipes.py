@@ -60,7 +60,9 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
         for node, procs in plan.layout:
             kind = node.rsplit("-", 1)[0]
             for role, res in recipe.placement.roles().items():
-                label = {"engine": "engine replica", "learner": "learner ranks", "rollout": "driver"}.get(role, role)
+                label = {"engine": "engine replica", "learner": "learner ranks", "rollout": "driver"}.get(
+                    role, role
+                )
                 if any(p.startswith(label) for p in procs):
                     assert res.node == kind, f"{path}: {role} on {node}"
     if recipe.engines.type != "embedded":

@@ -161,7 +161,7 @@ class TorchRank:
         """Join as rank 0 (blocks until every engine rank joined); returns what each broadcast sends."""
         if self.spec.lora is not None:  # the config refuses this pairing; a direct caller gets told too
             raise ValueError("LoRA adapters are published by memory or disk, not by the weight broadcast")
-                self._weight_group = weight_group.rejoin(self._weight_group, spec)
+        self._weight_group = weight_group.rejoin(self._weight_group, spec)
         params = self.model.state_dict()
         dtype = weight_group.dtype_name(DTYPES[self.spec.weights_dtype])
         return weight_group.TensorMeta(
@@ -175,7 +175,9 @@ class TorchRank:
             raise RuntimeError("broadcast_weights before join_weight_group")
         group, backend = self._weight_group
         dtype = DTYPES[self.spec.weights_dtype]
-        return weight_group.send_or_error((t.to(dtype) for t in self.model.state_dict().values()), group, backend)
+        return weight_group.send_or_error(
+            (t.to(dtype) for t in self.model.state_dict().values()), group, backend
+        )
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str, version: int) -> None:

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.learners.api import Learner
-    from agent_rl.weights.adapters import Adapter
     from agent_rl.placement import Role
+    from agent_rl.weights.adapters import Adapter
     from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
