@@ -9,7 +9,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH) -e '.[dev,structured,frameworks]'
+	$(PY) -m pip install -q $(TORCH) -e '.[dev,structured,frameworks,mcp]'
 	@rm -f .venv/.installed-* && touch $@
 
 system-deps:

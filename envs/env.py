@@ -76,6 +76,20 @@ def shared_sandbox(spec: EnvSpec) -> Any:
     return per_loop[key]
 
 
+async def shared_mcp_server() -> Any:
+    """This event loop's MCP tool server for agent episodes' sandboxes (`agent.mcp_servers`), started once."""
+    per_loop = _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})
+    if "mcp" not in per_loop:
+        from sandboxes.mcp_server import McpToolServer
+
+        server = per_loop["mcp"] = McpToolServer()
+        await server.start("127.0.0.1", 0)
+    server = per_loop["mcp"]
+    while server.port == 0:  # another episode is starting it
+        await asyncio.sleep(0.01)
+    return server
+
+
 async def close_shared_sandboxes() -> None:
     """Close the sandboxes envs made for this event loop (call at shutdown)."""
     for sandbox in _LOOP_SANDBOXES.pop(asyncio.get_running_loop(), {}).values():

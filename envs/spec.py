@@ -214,6 +214,14 @@ class RewardConfig(Strict):
         return self
 
 
+class McpServerConfig(Strict):
+    """An MCP tool server the agent gets (by URL, streamable HTTP). Without `url`: the episode's own sandbox,
+    served by the run as a `python` tool (the env's limits and tool.session), at a URL of its own per episode."""
+
+    name: str = Field(min_length=1)
+    url: str | None = None
+
+
 class AgentConfig(Strict):
     """`type: agent`: an agent written against the OpenAI client runs each episode (envs/agent.py)."""
 
@@ -224,6 +232,17 @@ class AgentConfig(Strict):
     kwargs: dict[str, Any] = {}
     tool_parser: Literal["hermes", "none"] = "hermes"
     """How the gateway finds tool calls in the model's output (agent_rl/openai/tool_parsers.py)."""
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """Passed to the entrypoint as `mcp_servers={name: url}` (e.g. `- {name: sandbox}`: the episode's sandbox
+    as an MCP server; `- {name: search, url: "http://..."}`: a server of your own). Needs `agent-rl[mcp]`."""
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_names(cls, v: tuple[McpServerConfig, ...]) -> tuple[McpServerConfig, ...]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MCP server names must be unique, got {names}")
+        return v
 
     @field_validator("import_path")
     @classmethod
