@@ -3,7 +3,9 @@ PY     := .venv/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install system-deps run test test-slow test-docker test-vllm test-megatron bench lint clean
+VF     := .venv-verifiers/bin/python
+
+.PHONY: install verifiers system-deps run test test-slow test-docker test-vllm test-megatron bench lint clean
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -11,6 +13,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH) -e '.[dev,structured,frameworks,mcp]'
 	@rm -f .venv/.installed-* && touch $@
+
+## verifiers environments in their own venv (verifiers 0.4 pins openai<3; the agent frameworks need openai>=3)
+verifiers: .venv-verifiers/.installed
+.venv-verifiers/.installed: pyproject.toml examples/verifiers_arith/pyproject.toml
+	@test -x $(VF) || python3 -m venv .venv-verifiers
+	$(VF) -m pip install -q $(TORCH) -e '.[verifiers]' pytest pytest-asyncio -e examples/verifiers_arith
+	@touch $@
 
 system-deps:
 	@bash scripts/install_system_deps.sh
@@ -20,7 +29,7 @@ run: install system-deps
 	$(PY) -m examples.tiny_tir
 
 ## The default test suite (what CI runs).
-test: install system-deps
+test: install verifiers system-deps
 	.venv/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -96,7 +96,7 @@ class AgentEnv:
     ):
         self.spec, self.tokenizer, self._entry, self._reward_fn = spec, tokenizer, entrypoint, reward_fn
         self.external = spec.external is not None  # run by an agent in another process (gateway/external.py)
-        self.tool_parser = (spec.agent or spec.external).tool_parser
+        self.tool_parser = (spec.agent or spec.external or spec.verifiers).tool_parser
         self._sandbox_backend, self._limits, self._shared_sandbox = sandbox, limits, shared_sandbox
         self._task: Task | None = None
         self.sandbox: AgentSandbox | None = None
@@ -207,7 +207,12 @@ class AgentEnv:
 def make_agent_env(
     spec: EnvSpec, tokenizer: Any, sandbox: Any, limits: Any, shared_sandbox: Callable[[], Any]
 ) -> AgentEnv:
-    """Called by envs.make for `type: agent` and `external` (sandbox None: `shared_sandbox()` at the first run)."""
+    """Called by envs.make for `type: agent`, `external` and `verifiers` (sandbox None: `shared_sandbox()` at the
+    first run)."""
     entry = load_callable(spec.agent.import_path) if spec.agent is not None else None
     reward_fn = load_callable(spec.reward.import_path) if spec.reward.import_path else None
+    if spec.verifiers is not None:  # a verifiers environment (envs/verifiers_env.py)
+        from envs.verifiers_env import VerifiersEnv
+
+        return VerifiersEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)
     return AgentEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)

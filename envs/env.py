@@ -98,7 +98,7 @@ async def close_shared_sandboxes() -> None:
 
 def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
     """A fresh episode. Without `sandbox`, the first code run uses the loop's shared sandbox for this spec."""
-    if spec.type in ("agent", "external"):  # an OpenAI-client agent runs the episode (envs/agent.py)
+    if spec.type in ("agent", "external", "verifiers"):  # an agent runs the episode through the gateway
         from envs.agent import make_agent_env
 
         return make_agent_env(spec, tokenizer, sandbox, make_limits(spec), lambda: shared_sandbox(spec))

@@ -270,6 +270,33 @@ class ExternalConfig(Strict):
     tool_parser: Literal["hermes", "none"] = "hermes"
 
 
+class VerifiersSplit(Strict):
+    skip: int = Field(0, ge=0)
+    """Tasks of the taskset's `load()` order to leave out first."""
+    limit: int | None = Field(None, ge=1)
+
+
+class VerifiersConfig(Strict):
+    """`type: verifiers`: a `verifiers` (0.4) environment: its taskset is the data, its harness runs each episode
+    (the model calls go through the run's recording gateway), its rewards are the reward (envs/verifiers_env.py)."""
+
+    env: dict[str, Any]
+    """verifiers' env config, as its TOML takes it, e.g. `{taskset: {id: my_taskset_module, ...}, agent: {harness:
+    {id: "null"}, runtime: {type: subprocess}}}`; validated by verifiers when the env loads."""
+    splits: dict[str, VerifiersSplit] = {"train": VerifiersSplit()}
+    """Split name -> a slice of the taskset (verifiers tasksets have no splits of their own)."""
+    model: str = "policy"
+    """The model name the harness sends (the gateway serves the policy under any name)."""
+    tool_parser: Literal["hermes", "none"] = "hermes"
+
+    @model_validator(mode="after")
+    def _loads(self) -> VerifiersConfig:
+        from envs.verifiers_env import env_config
+
+        env_config(self.env)  # import the taskset and validate the config now, with a one-line error
+        return self
+
+
 def load_callable(import_path: str) -> Any:
     """Import `package.module:function`; errors name the path."""
     module, _, name = import_path.partition(":")
@@ -284,10 +311,11 @@ def load_callable(import_path: str) -> Any:
 
 class EnvSpec(Strict):
     name: str
-    type: Literal["simple-tir", "agent", "external"] = "simple-tir"
+    type: Literal["simple-tir", "agent", "external", "verifiers"] = "simple-tir"
     """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
     runs the episode through the recording gateway; turns: then budgets its chat completions."""
-    data: DataConfig
+    data: DataConfig | None = None
+    """Required except for `type: verifiers` (its taskset is the data)."""
     prompt: PromptConfig = PromptConfig()
     tool: ToolConfig = ToolConfig()
     turns: TurnConfig = TurnConfig()
@@ -297,6 +325,7 @@ class EnvSpec(Strict):
     """n samples per prompt."""
     agent: AgentConfig | None = None
     external: ExternalConfig | None = None
+    verifiers: VerifiersConfig | None = None
     """type: external only; turns: budgets each episode's chat completions as for agents."""
     """type: agent only. turns.max_turns caps chat completions per episode, max_tokens_per_turn each one's
     max_tokens, max_response_tokens the episode's sampled tokens."""
@@ -320,9 +349,16 @@ class EnvSpec(Strict):
             raise ValueError(
                 "type: external needs an external: section (e.g. {port: 8900}), and only it has one"
             )
+        if (self.type == "verifiers") != (self.verifiers is not None):
+            raise ValueError(
+                "type: verifiers needs a verifiers: section ({env: {taskset: {id: ...}}}), and only it has one"
+            )
+        if (self.type == "verifiers") == (self.data is not None):
+            raise ValueError("give data: (splits), except for type: verifiers, whose taskset is the data")
         return self
 
     def data_root(self) -> Path:
+        assert self.data is not None
         return self.data.resolved_root(Path(self.source_path) if self.source_path else None)
 
     def __hash__(self) -> int:

@@ -33,7 +33,11 @@ async def run(
             await session.initialize()
             for tool in (await session.list_tools()).tools:
                 sessions[tool.name] = session
-                fn = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
+                fn = {
+                    "name": tool.name,
+                    "description": tool.description or "",
+                    "parameters": tool.input_schema,
+                }
                 tools.append({"type": "function", "function": fn})
         messages: list[dict] = [{"role": "user", "content": task.problem}]
         for _ in range(max_turns):

@@ -35,7 +35,10 @@ async def test_sandbox_serve_mcp_runs_code_under_the_service_limits():
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "agent_rl.cli", "sandbox", "serve", "--mcp", "--port", str(port)]
     proc = subprocess.Popen(
-        [*cmd, "--timeout", "2", "--pool-size", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*cmd, "--timeout", "2", "--pool-size", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         line = await asyncio.to_thread(proc.stdout.readline)  # printed once it listens
@@ -43,7 +46,9 @@ async def test_sandbox_serve_mcp_runs_code_under_the_service_limits():
         url = f"http://127.0.0.1:{port}/mcp"
         tools, out, err = await mcp_call(url, "print(6 * 7)")
         assert tools == ["python"] and out == "42\n" and not err
-        _, out, _ = await mcp_call(url, "import os\nprint(os.getuid())\n1/0")  # sandboxed uid, stderr on failure
+        _, out, _ = await mcp_call(
+            url, "import os\nprint(os.getuid())\n1/0"
+        )  # sandboxed uid, stderr on failure
         assert out.startswith("65534\n") and "ZeroDivisionError" in out
         _, out, _ = await mcp_call(url, "while True: pass")  # the service's --timeout applies
         assert out.endswith("[timed out]")
@@ -54,10 +59,9 @@ async def test_sandbox_serve_mcp_runs_code_under_the_service_limits():
 
 async def test_agent_gets_its_episode_sandbox_as_an_mcp_server_through_the_rollout_loop(tool_model):
     from test_agent_loop import run_rollouts
+    from transformers import AutoTokenizer
 
     from agent_rl.engines.embedded.engine import EmbeddedEngine
-
-    from transformers import AutoTokenizer
 
     spec = envs.load(DATA / "mcp_agent.yaml")
     engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
@@ -73,7 +77,9 @@ async def test_agent_gets_its_episode_sandbox_as_an_mcp_server_through_the_rollo
         # its output came back through MCP into the next prompt, and the model answered from it
         assert traj.turns[0].code_ran and not traj.turns[1].code_ran and traj.finish_reason.value == "answer"
         text = tok.decode(traj.response_ids)
-        assert "<tool_response>\n12\n</tool_response>" in text and text.endswith("The answer is 12.<|im_end|>")
+        assert "<tool_response>\n12\n</tool_response>" in text and text.endswith(
+            "The answer is 12.<|im_end|>"
+        )
 
 
 async def test_agents_sdk_mcp_server_streamable_http_through_the_gateway(tool_model):
@@ -110,12 +116,17 @@ async def test_agents_sdk_mcp_server_streamable_http_through_the_gateway(tool_mo
                 model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
                 mcp_servers=[mcp_server],
             )
-            result = await Runner.run(agent, "Compute 3 * 4", max_turns=3, run_config=RunConfig(tracing_disabled=True))
+            result = await Runner.run(
+                agent, "Compute 3 * 4", max_turns=3, run_config=RunConfig(tracing_disabled=True)
+            )
         # the model's call of the MCP-listed `python` ran in the sandbox; its output came back in the next prompt,
         # which extends the first call's prompt + completion (one trajectory)
         assert ran == ["print(3 * 4)"] and isinstance(result.final_output, str)
         first, second = gw.sessions["s1"].calls
-        assert second.prompt_ids[: len(first.prompt_ids) + len(first.token_ids)] == first.prompt_ids + first.token_ids
+        assert (
+            second.prompt_ids[: len(first.prompt_ids) + len(first.token_ids)]
+            == first.prompt_ids + first.token_ids
+        )
         after = gw.tok.decode(second.prompt_ids[len(first.prompt_ids) + len(first.token_ids) :])
         assert "<|im_start|>user\n<tool_response>\n12\n" in after, after
     finally:
