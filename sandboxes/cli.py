@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--preload", default="", help="modules the fork-servers import once, comma-separated")
     serve.add_argument("--allow-unsafe", action="store_true", help="required for --backend unsafe-subprocess")
     serve.add_argument(
-        "--mcp", action="store_true", help="serve an MCP tool server (a `python` tool) at /mcp instead of HTTP"
+        "--mcp",
+        action="store_true",
+        help="serve an MCP tool server (a `python` tool) at /mcp instead of HTTP",
     )
     build = sub.add_parser(
         "build-image", help="build the docker sandbox image offline from this host's Python"
