@@ -20,6 +20,7 @@ from typing import Any
 
 from envs import rewards
 from envs.datasets import DatasetReport, load_split
+from envs.loop_resources import shared_mcp_server
 from envs.spec import EnvSpec, load_callable
 from envs.tir import tool_output
 from envs.types import EnvError, Task
@@ -168,8 +169,6 @@ class AgentEnv:
             if server.url is not None:
                 urls[server.name] = server.url
                 continue
-            from envs.env import shared_mcp_server
-
             self._mcp = await shared_mcp_server()
             self._mcp_id = self._mcp_id or uuid.uuid4().hex
             urls[server.name] = self._mcp.register(self._mcp_id, self.sandbox.run)
@@ -207,12 +206,7 @@ class AgentEnv:
 def make_agent_env(
     spec: EnvSpec, tokenizer: Any, sandbox: Any, limits: Any, shared_sandbox: Callable[[], Any]
 ) -> AgentEnv:
-    """Called by envs.make for `type: agent`, `external` and `verifiers` (sandbox None: `shared_sandbox()` at the
-    first run)."""
+    """Called by envs.make for `type: agent` and `external` (sandbox None: `shared_sandbox()` at the first run)."""
     entry = load_callable(spec.agent.import_path) if spec.agent is not None else None
     reward_fn = load_callable(spec.reward.import_path) if spec.reward.import_path else None
-    if spec.verifiers is not None:  # a verifiers environment (envs/verifiers_env.py)
-        from envs.verifiers_env import VerifiersEnv
-
-        return VerifiersEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)
     return AgentEnv(spec, tokenizer, sandbox, entry, reward_fn, limits, shared_sandbox)

@@ -14,15 +14,14 @@ its template glue are tokenized on their own and returned as `observation_ids`.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from envs import rewards
 from envs.datasets import DatasetReport, load_split
+from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, load_callable
 from envs.tir import ObservationFormatter, parse_turn, tool_output
 from envs.types import EnvError, Finish, StepInfo, StepResult, Task
@@ -61,44 +60,24 @@ def make_sandbox(spec: EnvSpec) -> Any:
     return sandboxes.create(spec.sandbox.backend, limits=make_limits(spec), **spec.sandbox.options)
 
 
-# Sandboxes made for envs created without one: one per event loop and sandbox config, so episodes stay cheap.
-_LOOP_SANDBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def shared_sandbox(spec: EnvSpec) -> Any:
     """The sandbox shared by this event loop's episodes of every spec with the same sandbox section."""
-    per_loop = _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})
-    key = spec.sandbox.model_dump_json()
+    per_loop = loop_resources()
+    key = "sandbox:" + spec.sandbox.model_dump_json()
     if key not in per_loop:
         per_loop[key] = make_sandbox(spec)
     return per_loop[key]
 
 
-async def shared_mcp_server() -> Any:
-    """This event loop's MCP tool server for agent episodes' sandboxes (`agent.mcp_servers`), started once."""
-    per_loop = _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})
-    if "mcp" not in per_loop:
-        from sandboxes.mcp_server import McpToolServer
-
-        server = per_loop["mcp"] = McpToolServer()
-        await server.start("127.0.0.1", 0)
-    server = per_loop["mcp"]
-    while server.port == 0:  # another episode is starting it
-        await asyncio.sleep(0.01)
-    return server
-
-
-async def close_shared_sandboxes() -> None:
-    """Close the sandboxes envs made for this event loop (call at shutdown)."""
-    for sandbox in _LOOP_SANDBOXES.pop(asyncio.get_running_loop(), {}).values():
-        await sandbox.close()
-
-
 def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
     """A fresh episode. Without `sandbox`, the first code run uses the loop's shared sandbox for this spec."""
-    if spec.type in ("agent", "external", "verifiers"):  # an agent runs the episode through the gateway
+    if spec.type == "verifiers":  # a verifiers environment's harness runs the episode (envs/verifiers_env.py)
+        from envs.verifiers_env import VerifiersEnv
+
+        return VerifiersEnv(
+            spec, tokenizer, sandbox, None, None, make_limits(spec), lambda: shared_sandbox(spec)
+        )
+    if spec.type in ("agent", "external"):  # an agent runs the episode through the gateway (envs/agent.py)
         from envs.agent import make_agent_env
 
         return make_agent_env(spec, tokenizer, sandbox, make_limits(spec), lambda: shared_sandbox(spec))

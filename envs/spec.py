@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from envs.yamlio import load_model
 
@@ -270,6 +271,24 @@ class ExternalConfig(Strict):
     tool_parser: Literal["hermes", "none"] = "hermes"
 
 
+VERIFIERS_INSTALL = (
+    "verifiers environments need verifiers: `make verifiers` (a venv of its own: verifiers 0.4 pins openai<3, the "
+    "agent frameworks need openai>=3), or pip install 'agent-rl[verifiers]' in a venv without agent-rl[frameworks]"
+)
+
+
+def env_config(raw: dict[str, Any]) -> Any:
+    """verifiers' validated env config for the YAML's `verifiers.env` (imports the taskset)."""
+    try:
+        from verifiers.v1.utils.loaders import resolve_env_config
+    except ModuleNotFoundError as e:
+        raise ValueError(VERIFIERS_INSTALL) from e
+    try:
+        return resolve_env_config(raw)
+    except Exception as e:  # pydantic's ValidationError, or the taskset module that does not import
+        raise ValueError(f"verifiers rejected env {raw}: {str(e).splitlines()[0]}") from None
+
+
 class VerifiersSplit(Strict):
     skip: int = Field(0, ge=0)
     """Tasks of the taskset's `load()` order to leave out first."""
@@ -291,8 +310,6 @@ class VerifiersConfig(Strict):
 
     @model_validator(mode="after")
     def _loads(self) -> VerifiersConfig:
-        from envs.verifiers_env import env_config
-
         env_config(self.env)  # import the taskset and validate the config now, with a one-line error
         return self
 
@@ -314,7 +331,7 @@ class EnvSpec(Strict):
     type: Literal["simple-tir", "agent", "external", "verifiers"] = "simple-tir"
     """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
     runs the episode through the recording gateway; turns: then budgets its chat completions."""
-    data: DataConfig | None = None
+    data: DataConfig | None = Field(None, validate_default=True)
     """Required except for `type: verifiers` (its taskset is the data)."""
     prompt: PromptConfig = PromptConfig()
     tool: ToolConfig = ToolConfig()
@@ -331,6 +348,13 @@ class EnvSpec(Strict):
     max_tokens, max_response_tokens the episode's sampled tokens."""
     source_path: str | None = None
     """Set by envs.load: the YAML file (resolves data.root, shows up in errors)."""
+
+    @field_validator("data")
+    @classmethod
+    def _data_required(cls, v: DataConfig | None, info: ValidationInfo) -> DataConfig | None:
+        if v is None and info.data.get("type") != "verifiers":
+            raise PydanticCustomError("missing", "Field required")
+        return v
 
     @field_validator("source_path")
     @classmethod
@@ -353,8 +377,8 @@ class EnvSpec(Strict):
             raise ValueError(
                 "type: verifiers needs a verifiers: section ({env: {taskset: {id: ...}}}), and only it has one"
             )
-        if (self.type == "verifiers") == (self.data is not None):
-            raise ValueError("give data: (splits), except for type: verifiers, whose taskset is the data")
+        if self.type == "verifiers" and self.data is not None:
+            raise ValueError("type: verifiers takes its data from the taskset: remove data:")
         return self
 
     def data_root(self) -> Path:

@@ -20,26 +20,11 @@ from typing import Any
 
 from envs.agent import AgentEnv, AgentOutcome
 from envs.datasets import DatasetReport
-from envs.spec import EnvSpec
+from envs.loop_resources import loop_resources
+from envs.spec import EnvSpec, env_config
 from envs.types import EnvError, Task
 
-INSTALL = (
-    "verifiers environments need verifiers: `make verifiers` (a venv of its own: verifiers 0.4 pins openai<3, the "
-    "agent frameworks need openai>=3), or pip install 'agent-rl[verifiers]' in a venv without agent-rl[frameworks]"
-)
 KEY_VAR = "AGENT_RL_GATEWAY_KEY"  # verifiers reads the API key from an env var; the gateway takes any key
-
-
-def env_config(raw: dict[str, Any]) -> Any:
-    """verifiers' validated env config for the YAML's `verifiers.env` (imports the taskset)."""
-    try:
-        from verifiers.v1.utils.loaders import resolve_env_config
-    except ModuleNotFoundError as e:
-        raise ValueError(INSTALL) from e
-    try:
-        return resolve_env_config(raw)
-    except Exception as e:  # pydantic's ValidationError, or the taskset module that does not import
-        raise ValueError(f"verifiers rejected env {raw}: {str(e).splitlines()[0]}") from None
 
 
 @dataclass
@@ -104,10 +89,8 @@ class VerifiersEnv(AgentEnv):
     async def run(self, client: Any) -> AgentOutcome:
         import verifiers.v1 as vf
 
-        from envs.env import _LOOP_SANDBOXES
-
         loaded = _load(self.spec)
-        _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})[f"verifiers:{id(loaded)}"] = loaded
+        loop_resources()[f"verifiers:{id(loaded)}"] = loaded
         await loaded.start()
         os.environ.setdefault(KEY_VAR, "agent-rl")
         ctx = vf.ModelContext(

@@ -162,7 +162,9 @@ def test_a_second_run_into_the_same_run_dir_is_refused_with_the_way_out(capsys, 
     run = tmp_path / "run"
     base = ["train", str(SMOKE), "--set", f"model.path={tiny_model_dir}", "--set", f"logging.run_dir={run}"]
     assert _run(capsys, *base, "--dry-run")[0] == 0  # an empty (absent) run dir is fine
-    resolved = json.loads((run / "resolved_config.dry_run.json").read_text())  # the dry run writes what it resolved
+    resolved = json.loads(
+        (run / "resolved_config.dry_run.json").read_text()
+    )  # the dry run writes what it resolved
     assert resolved["logging"]["run_dir"] == str(run) and resolved["buffer"]["max_staleness"] == 2
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     code, _, err = _run(capsys, *base, "--dry-run")
