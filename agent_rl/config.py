@@ -116,6 +116,24 @@ class TrainConfig(Strict):
     seed: int = 0
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Strict):
+    """LoRA (PEFT): the torch learner trains low-rank adapters only and publishes adapter tensors alone."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    """Scale α/rank on B·A, as PEFT's lora_alpha."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """PEFT's lora_dropout. Above 0 the learner's log-probs are noisy (dropout on in training) while the
+    engines sample without it: importance weights then move away from 1 even at k=0."""
+    target_modules: tuple[LoraTarget, ...] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )  # fmt: skip
+    """The decoder's linear layers that get adapters (PEFT's target_modules)."""
+
+
 class LearnerConfig(Strict):
     backend: Literal["torch", "megatron"] = "torch"
     lr: float = Field(1e-6, gt=0)
@@ -138,6 +156,11 @@ class LearnerConfig(Strict):
     pack_sequences: bool | None = None
     """Megatron: run each micro-batch as one packed sequence (THD with Transformer Engine, a block-causal
     mask on CPU) instead of right-padded rows. Default on for megatron; the torch learner pads."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (torch learner; `pip install 'agent-rl[lora]'`)."""
+    mismatch_threshold: float = Field(0.1, gt=0)
+    """rollout/logprob_mismatch_frac: share of trained tokens of the current version whose |log π − log μ|
+    (learner vs engine, same weights) is above this."""
 
     @model_validator(mode="after")
     def _parallelism_needs_megatron(self) -> LearnerConfig:
@@ -148,6 +171,10 @@ class LearnerConfig(Strict):
         if self.backend == "torch" and self.pack_sequences:
             raise ValueError(
                 "learner.pack_sequences needs learner.backend: megatron (the torch learner pads rows, sorted by length)"
+            )
+        if self.backend == "megatron" and self.lora is not None:
+            raise ValueError(
+                "learner.lora needs learner.backend: torch (the Megatron learner trains full weights)"
             )
         if self.sp and self.tp < 2:
             raise ValueError(
@@ -374,6 +401,15 @@ class Recipe(Strict):
             raise ValueError(
                 "placement.topology: processes runs the learner and engines in processes of their own: set "
                 "engines.weight_sync: nccl (the broadcast path; gloo on CPU) or disk"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_publishes_adapters(self) -> Recipe:
+        if self.learner.lora is not None and self.engines.weight_sync == "nccl":
+            raise ValueError(
+                "learner.lora publishes adapter tensors (weights/adapters.py) by memory or disk; weight_sync: nccl "
+                "broadcasts full weights: set engines.weight_sync: memory (in-process) or disk"
             )
         return self
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_rl import cores
-from agent_rl.config import EngineConfig, LearnerConfig, ModelConfig, PlacementConfig
+from agent_rl.config import EngineConfig, LearnerConfig, LoraConfig, ModelConfig, PlacementConfig
 from agent_rl.cores import CoreMap
 from agent_rl.engines.api import EngineClient
 
@@ -177,10 +177,13 @@ class Engines:
                 ray.kill(h)
 
 
-async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed: int) -> Engines:
+async def start_engines(
+    p: Plan, eng: EngineConfig, model: ModelConfig, *, seed: int, lora: LoraConfig | None = None
+) -> Engines:
     """One embedded engine runs in this process (weights handed over in memory); several run as
     HTTP server processes behind an EnginePool (least-loaded, sticky, routes around a dead one);
-    sglang/vllm are external servers at `eng.urls`. Must run on the rollout event loop."""
+    sglang/vllm are external servers at `eng.urls`. Must run on the rollout event loop. `lora`
+    (learner.lora): local vLLM servers start with LoRA enabled up to its rank."""
     from agent_rl.engines.embedded.engine import EmbeddedEngine
 
     if eng.type == "embedded" and eng.count == 1 and p.cores is None:
@@ -230,6 +233,7 @@ async def start_engines(p: Plan, eng: EngineConfig, model: ModelConfig, *, seed:
                     threads=len(c) if c else None,
                     cores=c,
                     logprobs_mode="processed_logprobs",
+                    lora_rank=lora.rank if lora else None,
                 )  # fmt: skip
                 for i, c in enumerate(pins)
             ),

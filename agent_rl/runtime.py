@@ -63,7 +63,9 @@ class Runtime:
                 self.learner = build(recipe.learner_spec, rank_cores=cores)
                 self._stack.callback(self.learner.close)
             self.engines = self.loop.call(
-                placement.start_engines(self.plan, recipe.engines, self.model, seed=recipe.train.seed)
+                placement.start_engines(
+                    self.plan, recipe.engines, self.model, seed=recipe.train.seed, lora=recipe.learner.lora
+                )
             )
             self._stack.callback(lambda: self.loop.call(self._shutdown()))
         except BaseException:

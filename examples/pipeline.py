@@ -50,6 +50,8 @@ def run(
     sft: dict,
     fresh: bool,
     turns_label: str = "turns / episode",
+    base_label: str = "build tokenizer + Qwen2 model from scratch",
+    sft_label: str = "SFT warm start on teacher traces (tool used on 30% of hard problems)",
 ) -> int:
     """The whole pipeline for `recipe` (its model.path is where the warm start goes); prints and writes
     RUN_DIR/report.{txt,json}."""
@@ -59,10 +61,10 @@ def run(
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     base, sft_dir = root / "base", Path(recipe.model.path)
-    stage("1/5 build tokenizer + Qwen2 model from scratch")
+    stage(f"1/5 {base_label}")
     if not (base / "config.json").is_file():
         build_base(base)
-    stage("2/5 SFT warm start on teacher traces (tool used on 30% of hard problems)")
+    stage(f"2/5 {sft_label}")
     if not (sft_dir / "config.json").is_file():
         data = root / "sft.jsonl"
         write_sft_data(base, data)

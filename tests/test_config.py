@@ -82,3 +82,15 @@ def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
     assert r.engines.type == "vllm" and not r.engines.urls
     with pytest.raises(ConfigError, match="engines.type='sglang' needs engines.urls"):
         load_recipe(DATA / "good.yaml", ["engines.type=sglang"])
+
+
+def test_lora_is_refused_by_megatron_and_by_the_full_weight_broadcast_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_recipe(DATA / "good.yaml", ["learner.backend=megatron", "learner.lora={rank: 8}"])
+    (msg,) = str(e.value).splitlines()
+    assert "learner" in msg and "learner.lora needs learner.backend: torch" in msg
+    with pytest.raises(ConfigError, match="learner.lora publishes adapter tensors"):
+        load_recipe(DATA / "good.yaml", ["learner.lora={rank: 8}", "engines.weight_sync=nccl"])
+    with pytest.raises(ConfigError, match="learner.lora.target_modules"):
+        load_recipe(DATA / "good.yaml", ["learner.lora={target_modules: [lm_head]}"])
+    assert load_recipe(DATA / "good.yaml", ["learner.lora={rank: 8}"]).learner.lora.alpha == 16.0

@@ -14,13 +14,15 @@ import contextlib
 import json
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
+from agent_rl.weights.adapters import Adapter, adapter_name
 from agent_rl.weights.group import GroupSpec, TensorMeta
-from agent_rl.weights.tensors import remove_checkpoint, write_shm_checkpoint
+from agent_rl.weights.tensors import remove_checkpoint, shm_dir, write_shm_checkpoint
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -34,6 +36,8 @@ class HTTPEngine:
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.version = 0  # last version pushed through this client
+        self.lora_name: str | None = None  # LoRA: the adapter requests sample with (weights/adapters.py)
+        self._lora_dir: Path | None = None  # memory-mode adapter written for the server, kept while loaded
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -43,14 +47,48 @@ class HTTPEngine:
             )
         return self._session
 
-    async def request(self, method: str, path: str, body: Any = None, **kw) -> Any:
+    async def request(
+        self, method: str, path: str, body: Any = None, *, text_reply: bool = False, **kw
+    ) -> Any:
+        """The JSON answer (`text_reply`: the text, for endpoints that answer plain text)."""
         try:
             async with self.session().request(method, self.url + path, json=body, **kw) as r:
                 text = await r.text()
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
             raise EngineUnavailable(f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
         check_status(r.status, f"{method} {self.url}{path}", text)
-        return json.loads(text) if text.strip() else None
+        return text if text_reply else json.loads(text) if text.strip() else None
+
+    async def load_adapter(
+        self, *, version: int, adapter: Adapter | None = None, path: str | None = None
+    ) -> None:
+        """LoRA: load the adapter under a new name (`policy-v<version>`), unload the previous one, and sample
+        with it from now on; in-memory adapters go through a PEFT directory in /dev/shm, kept while loaded."""
+        if (path is None) == (adapter is None):
+            raise BadRequest("load_adapter needs exactly one of adapter= or path=")
+        tmp = adapter.save(shm_dir() / "adapter") if adapter is not None else None
+        name, old = adapter_name(version), self.lora_name
+        try:
+            await self._lora_call(self.LORA_LOAD, {"lora_name": name, "lora_path": str(tmp or path)})
+        except BaseException:
+            if tmp is not None:
+                remove_checkpoint(tmp.parent)
+            raise
+        if old is not None and old != name:
+            await self._lora_call(self.LORA_UNLOAD, {"lora_name": old})
+        if self._lora_dir is not None:
+            remove_checkpoint(self._lora_dir)
+        self._lora_dir = tmp.parent if tmp is not None else None
+        await self._after_adapter(version)
+        self.lora_name, self.version = name, version
+
+    LORA_LOAD = LORA_UNLOAD = ""  # the server's endpoints (per API)
+
+    async def _lora_call(self, path: str, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _after_adapter(self, version: int) -> None:
+        """Tell the server the version its tokens carry now."""
 
     async def health(self) -> bool:
         try:
@@ -75,8 +113,11 @@ class SGLangClient(HTTPEngine):
     """SGLang's native API: /generate with input_ids, /pause_generation, /update_weights_from_disk, ..."""
 
     @staticmethod
-    def generate_body(input_ids: list[int], sampling: SamplingParams, request_id: str) -> dict[str, Any]:
-        """The /generate request: GenerateReqInput fields, sampling_params as SGLang's SamplingParams."""
+    def generate_body(
+        input_ids: list[int], sampling: SamplingParams, request_id: str, lora: str | None = None
+    ) -> dict[str, Any]:
+        """The /generate request: GenerateReqInput fields, sampling_params as SGLang's SamplingParams;
+        `lora`: the loaded adapter to sample with."""
         sp: dict[str, Any] = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -99,12 +140,12 @@ class SGLangClient(HTTPEngine):
         }
         if sampling.top_logprobs:
             body["top_logprobs_num"] = sampling.top_logprobs
-        return body
+        return body | ({"lora_path": lora} if lora is not None else {})
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str
     ) -> Generation:
-        body = self.generate_body(input_ids, sampling, request_id)
+        body = self.generate_body(input_ids, sampling, request_id, self.lora_name)
         r = await self.request("POST", "/generate", body)
         meta = r["meta_info"]
         ids = list(r["output_ids"])
@@ -123,6 +164,23 @@ class SGLangClient(HTTPEngine):
         )
 
     PAUSE_BODY = {"mode": "abort"}  # PauseGenerationReqInput
+    # LoadLoRAAdapterReqInput / UnloadLoRAAdapterReqInput; the server needs --enable-lora (and --max-lora-rank)
+    LORA_LOAD, LORA_UNLOAD = "/load_lora_adapter", "/unload_lora_adapter"
+
+    async def _lora_call(self, path: str, body: dict[str, Any]) -> None:
+        r = await self.request("POST", path, body)
+        if not (r or {}).get("success", False):
+            raise EngineError(
+                f"{self.url}{path} ({body.get('lora_name')}) failed: {(r or {}).get('error_message') or r}"
+            )
+
+    @staticmethod
+    def version_body(version: int) -> dict[str, Any]:
+        """UpdateWeightVersionReqInput: in-flight requests were aborted by the pause already."""
+        return {"new_version": str(version), "abort_all_requests": False}
+
+    async def _after_adapter(self, version: int) -> None:
+        await self.request("POST", "/update_weight_version", self.version_body(version))
 
     @staticmethod
     def update_body(path: str, version: int) -> dict[str, Any]:
@@ -268,7 +326,7 @@ class VLLMClient(HTTPEngine):
             self.model = (await self.request("GET", "/v1/models"))["data"][0]["id"]
         version = self.version
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self.lora_name or self.model,  # vLLM: a loaded LoRA adapter is addressed as a model
             "prompt": list(input_ids),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -324,6 +382,17 @@ class VLLMClient(HTTPEngine):
 
     async def pause(self) -> None:
         await self.request("POST", "/pause", params={"mode": "abort"})
+
+    # LoadLoRAAdapterRequest / UnloadLoRAAdapterRequest: the server needs --enable-lora and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (engines/vllm_local.py sets both when learner.lora is set)
+    LORA_LOAD, LORA_UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+
+    async def _lora_call(self, path: str, body: dict[str, Any]) -> None:
+        await self.request("POST", path, body, text_reply=True)  # answers plain text; errors are 4xx
+
+    async def _after_adapter(self, version: int) -> None:
+        await self.request("POST", "/reset_prefix_cache")
+        await self.request("POST", "/update_weight_version", {"new_version": str(version)})
 
     async def resume(self) -> None:
         await self.request("POST", "/resume")

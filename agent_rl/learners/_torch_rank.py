@@ -11,7 +11,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,10 @@ from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.step import RowResults, Step, StepConfig
+
+if TYPE_CHECKING:
+    from agent_rl.config import LoraConfig
+    from agent_rl.weights.adapters import Adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -42,6 +46,7 @@ class RankSpec:
     gradient_checkpointing: bool
     step: StepConfig
     seed: int
+    lora: LoraConfig | None = None  # train adapters only (learners/lora.py)
 
 
 class TorchRank:
@@ -57,6 +62,10 @@ class TorchRank:
             # transformers 5 renamed it; older releases only have gradient_checkpointing_enable
             getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         model.config.use_cache = False
+        if spec.lora is not None:
+            from agent_rl.learners import lora
+
+            model = lora.wrap(model, spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
         model.train()
         self.model = model
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
@@ -120,8 +129,28 @@ class TorchRank:
         return self._step.last_rows
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights under HF names in the engines' dtype (LoRA: the adapter merged in)."""
         dtype = DTYPES[self.spec.weights_dtype]
+        if self.spec.lora is not None:
+            from agent_rl.learners.lora import merged_state_dict
+
+            return merged_state_dict(self.model, dtype)
         return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
+
+    def adapter(self) -> Adapter | None:
+        """LoRA: the adapter tensors (what a weight push ships); None when every weight trains."""
+        if self.spec.lora is None:
+            return None
+        from agent_rl.learners.lora import adapter_of
+
+        return adapter_of(self.model, self.spec.lora)
+
+    def payload_bytes(self) -> int:
+        """Bytes one weight push ships: the adapter (LoRA) or every weight in the engines' dtype."""
+        if (a := self.adapter()) is not None:
+            return a.nbytes
+        size = torch.tensor([], dtype=DTYPES[self.spec.weights_dtype]).element_size()
+        return sum(t.numel() for t in self.model.state_dict().values()) * size
 
     # -- weight broadcast to the engines (agent_rl/weights/group.py); rank 0 only ---------------
     def weight_endpoint(self, toward_host: str) -> weight_group.Endpoint:
@@ -130,6 +159,8 @@ class TorchRank:
 
     def join_weight_group(self, spec: weight_group.GroupSpec) -> weight_group.TensorMeta:
         """Join as rank 0 (blocks until every engine rank joined); returns what each broadcast sends."""
+        if self.spec.lora is not None:  # the config refuses this pairing; a direct caller gets told too
+            raise ValueError("LoRA adapters are published by memory or disk, not by the weight broadcast")
         self._weight_group = (weight_group.join(spec, 0), spec.endpoint.backend)
         params = self.model.state_dict()
         dtype = weight_group.dtype_name(DTYPES[self.spec.weights_dtype])
@@ -153,7 +184,12 @@ class TorchRank:
         """
         out = Path(path)
         if self.rank == 0:
-            save_model(self.model, str(out / "model.safetensors"))
+            if (adapter := self.adapter()) is not None:
+                adapter.save(
+                    out / "adapter", base_model=self.spec.model_path
+                )  # the adapter: base is model.path
+            else:
+                save_model(self.model, str(out / "model.safetensors"))
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                 out / "optimizer.pt",
@@ -164,17 +200,27 @@ class TorchRank:
     def load(self, path: str) -> int:
         """Restore everything `save` wrote; returns the saved version."""
         src = Path(path)
-        for name in ("learner.json", "model.safetensors", "optimizer.pt"):
+        weights = "adapter/adapter_model.safetensors" if self.spec.lora is not None else "model.safetensors"
+        for name in ("learner.json", weights, "optimizer.pt"):
             if not (src / name).is_file():
-                raise FileNotFoundError(f"{src / name} not found: {src} is not a torch learner checkpoint")
+                raise FileNotFoundError(
+                    f"{src / name} not found: {src} is not a torch learner checkpoint"
+                    f"{' with LoRA' if self.spec.lora is not None else ''}"
+                )
         meta = json.loads((src / "learner.json").read_text())
-        missing, unexpected = load_model(
-            self.model, str(src / "model.safetensors"), strict=False, device=str(self.device)
-        )
-        if missing or unexpected:
-            raise ValueError(
-                f"{src / 'model.safetensors'} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        if self.spec.lora is not None:
+            from agent_rl.learners.lora import load_adapter_
+            from agent_rl.weights.adapters import Adapter
+
+            load_adapter_(self.model, Adapter.load(src / "adapter"))
+        else:
+            missing, unexpected = load_model(
+                self.model, str(src / "model.safetensors"), strict=False, device=str(self.device)
             )
+            if missing or unexpected:
+                raise ValueError(
+                    f"{src / 'model.safetensors'} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
         opt = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scheduler.load_state_dict(opt["scheduler"])

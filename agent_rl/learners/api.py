@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     import torch
 
     from agent_rl.types import Group
+    from agent_rl.weights.adapters import Adapter
     from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
     from vcpo.step import RowResults
 
@@ -52,6 +53,10 @@ class Learner(Protocol):
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (gathered) weights under Hugging Face names, for engine weight sync and saving."""
+        ...
+
+    def adapter(self) -> Adapter | None:
+        """LoRA: the current adapter tensors, which a weight push ships instead of `hf_state_dict`; else None."""
         ...
 
     def weight_endpoint(self, toward_host: str) -> Endpoint:

@@ -20,6 +20,7 @@ from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.learners.api import TrainedRow, trained_rows
+from agent_rl.learners.mismatch import mismatch_metrics
 from agent_rl.types import Group
 from vcpo.step import RowResults, StepConfig
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from agent_rl.learners._dp import RankPool
     from agent_rl.learners._ray_ranks import RayRankPool
     from agent_rl.learners.api import Learner
+    from agent_rl.weights.adapters import Adapter
     from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
 
@@ -42,6 +44,7 @@ class TorchLearner:
         dp: int = 1,
         gpus: float = 0.0,
         rank_cores: tuple[tuple[int, ...], ...] | None = None,
+        mismatch_threshold: float = 0.1,
     ):
         """dp>1: ranks are Ray actors (`gpus` in all) when Ray is up, else local worker processes.
         `rank_cores` (placement.topology: processes): every rank, dp=1 too, in a worker process pinned to its cores."""
@@ -50,6 +53,9 @@ class TorchLearner:
         self.version = 0
         self._local: TorchRank | None = None
         self._row_uids: list[tuple[str, ...]] = []  # per rank: the uid of each row of the last step
+        self._rows: list[RowResults] = []  # per rank: the last step's rows
+        self.mismatch_threshold = mismatch_threshold
+        self._payload_mib: float | None = None
         self._pool: RankPool | RayRankPool | None = None
         if rank_cores is not None:
             from agent_rl.learners._dp import RankPool
@@ -81,7 +87,7 @@ class TorchLearner:
         t0 = time.perf_counter()
         batches = [collate(s, sort_by_length=True) for s in split_groups(groups, self.dp)]
         shards = [b.policy for b in batches]
-        self._row_uids = []  # a skipped step reports no rows
+        self._row_uids, self._rows = [], []  # a skipped step reports no rows
         for b in shards:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
         metrics = version_stats(groups, self.version)
@@ -89,8 +95,15 @@ class TorchLearner:
             return metrics | skipped
         raw = self._call("step", [(b,) for b in shards])[0]
         self._row_uids = [b.uids for b in batches]
+        self._rows = self._call("last_rows", [()] * self.dp)  # type: ignore[assignment]
         assert isinstance(raw, dict)
         metrics |= step_metrics(raw, shards, time.perf_counter() - t0)
+        metrics |= mismatch_metrics(
+            batches, [r.logprobs for r in self._rows], self.version, self.mismatch_threshold
+        )
+        if self._payload_mib is None:
+            self._payload_mib = self._rank0("payload_bytes") / 2**20
+        metrics["weights/push_mib"] = self._payload_mib  # what one push ships (LoRA: the adapter alone)
         self.version += 1
         return metrics
 
@@ -101,16 +114,17 @@ class TorchLearner:
     def trained_rows(self) -> dict[str, TrainedRow]:
         """The last step's per-trajectory results (current log-probs, baseline, advantage) by uid."""
         out: dict[str, TrainedRow] = {}
-        if not self._row_uids:  # no step yet, or the last one was skipped
-            return out
-        for uids, rows in zip(self._row_uids, self._call("last_rows", [()] * self.dp), strict=True):
-            assert isinstance(rows, RowResults)
+        for uids, rows in zip(self._row_uids, self._rows, strict=True):  # empty: no step yet, or skipped
             out |= trained_rows(uids, rows)
         return out
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's weights under HF names (ranks hold identical replicas), in the model's dtype."""
         return self._rank0("hf_state_dict")
+
+    def adapter(self) -> Adapter | None:
+        """LoRA: rank 0's adapter tensors (what a push ships); None when every weight trains."""
+        return self._rank0("adapter")
 
     def weight_endpoint(self, toward_host: str) -> Endpoint:
         return self._rank0("weight_endpoint", toward_host)
@@ -182,6 +196,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         gradient_checkpointing=lc.gradient_checkpointing,
         step=step,
         seed=spec.seed,
+        lora=lc.lora,
     )
 
 
@@ -189,4 +204,7 @@ def build_learner(spec: LearnerSpec, rank_cores: tuple[tuple[int, ...], ...] | N
     """The torch learner (learner.backend must be 'torch'); `rank_cores`: see TorchLearner."""
     if spec.learner.backend != "torch":
         raise ValueError(f"build_learner: learner.backend is {spec.learner.backend!r}; this builds 'torch'")
-    return TorchLearner(rank_spec(spec), dp=spec.learner.dp, gpus=spec.gpus, rank_cores=rank_cores)
+    return TorchLearner(
+        rank_spec(spec), dp=spec.learner.dp, gpus=spec.gpus, rank_cores=rank_cores,
+        mismatch_threshold=spec.learner.mismatch_threshold,
+    )  # fmt: skip

@@ -29,10 +29,18 @@
     return logRatio > 0 ? `rgba(214, 48, 49, ${a.toFixed(3)})` : `rgba(9, 132, 227, ${a.toFixed(3)})`;
   }
 
+  function mismatchColour(gap) {
+    // |log π − log μ| of a token sampled by the learner's own version (engine vs learner, same weights):
+    // purple, full strength at >= 0.1 (rollout/logprob_mismatch_* in the metrics)
+    const a = Math.min(gap / 0.1, 1) * 0.8;
+    return a < 0.02 ? "transparent" : `rgba(128, 0, 160, ${a.toFixed(3)})`;
+  }
+
   function colourOf(tok, mode) {
     if (tok.dataset.masked === "1") return "";
     if (mode === "lag") return lagColour(Number(tok.dataset.lag));
     if (tok.dataset.lr === undefined) return "transparent";
+    if (mode === "mismatch") return tok.dataset.lag === "0" ? mismatchColour(Math.abs(Number(tok.dataset.lr))) : "#eef0f3";
     return weightColour(Number(tok.dataset.lr));
   }
 
@@ -55,6 +63,12 @@
     };
     if (mode === "lag") {
       ["lag 0", "1", "2", "3", "≥4"].forEach((t, i) => add(t, LAG[i]));
+    } else if (mode === "mismatch") {
+      add("|log π − log μ| < 0.002", "transparent");
+      add("0.02", mismatchColour(0.02));
+      add("0.05", mismatchColour(0.05));
+      add("≥ 0.1", mismatchColour(0.1));
+      add("older version: not measured", "#eef0f3");
     } else {
       add("π/μ ≤ 0.37", weightColour(-1));
       add("0.7", weightColour(-0.35));
@@ -267,6 +281,7 @@
     if (tok.dataset.lr !== undefined) {
       const lr = Number(tok.dataset.lr);
       text += `\nlog π ${(b + lr).toFixed(4)}\nπ/μ ${Math.exp(lr).toFixed(4)}`;
+      if (tok.dataset.lag === "0") text += `\nmismatch |log π − log μ| ${Math.abs(lr).toExponential(2)}`;
     }
     if (tok.dataset.masked === "1") text += "\nmasked (no loss)";
     el.textContent = text;

@@ -4,6 +4,8 @@
 /dev/shm for local servers); "disk" writes a safetensors directory; "nccl" broadcasts from learner
 rank 0 (NCCL on GPUs, gloo on CPU) into the engines' processes (broadcast.py). `rollout.fixed_lag`
 swaps in the lag-injecting publisher (lagged.py), whose weight history the checkpoint stores opaquely.
+A LoRA learner ships its adapter alone (memory: tensors; disk: a PEFT directory), which the engines
+load (weights/adapters.py); the lagged publisher keeps adapters in its history the same way.
 
 Requests aborted by the pause return what they sampled so far and are continued by the
 rollout workers after the resume, so a sync throws nothing away.
@@ -11,10 +13,12 @@ rollout workers after the resume, so a sync throws nothing away.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_rl.weights.adapters import Adapter, loader
 from agent_rl.weights.broadcast import WeightBroadcast
 
 if TYPE_CHECKING:
@@ -32,6 +36,7 @@ class Publisher:
         self.broadcast = WeightBroadcast(engine, loop) if mode == "nccl" else None
         self.engine, self.loop, self.mode, self.every, self.scratch = engine, loop, mode, every, scratch
         self.engine_version: int | None = None
+        self._adapter_dir: Path | None = None  # disk + LoRA: the directory of the adapter the engines hold
 
     def push(self, learner: Learner) -> float:
         """Send the weights the engines should sample with now; 0.0 if nothing changed."""
@@ -50,10 +55,12 @@ class Publisher:
                 self.loop.call(self.engine.resume())
             self.engine_version = learner.version
             return time.monotonic() - t0
-        version, tensors = self.choose(learner.version, learner.hf_state_dict())
+        lora = learner.adapter()  # LoRA: only the adapter's tensors travel
+        version, tensors = self.choose(learner.version, lora.tensors if lora else learner.hf_state_dict())
         if version == self.engine_version:
             return 0.0
-        self.loop.call(self._update(version, tensors))
+        adapter = Adapter(tensors, lora.rank, lora.alpha, lora.target_modules) if lora else None
+        self.loop.call(self._update(version, tensors, adapter))
         self.engine_version = version
         return time.monotonic() - t0
 
@@ -73,10 +80,12 @@ class Publisher:
         if self.broadcast is not None:
             self.broadcast.close()
 
-    async def _update(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    async def _update(self, version: int, tensors: dict[str, torch.Tensor], adapter: Adapter | None) -> None:
         await self.engine.pause()
         try:
-            if self.mode == "memory":
+            if adapter is not None:
+                await self._load_adapter(version, adapter)
+            elif self.mode == "memory":
                 await self.engine.update_weights(version=version, tensors=tensors)
             else:
                 from safetensors.torch import save_file
@@ -89,3 +98,13 @@ class Publisher:
                 await self.engine.update_weights(version=version, path=str(path))
         finally:
             await self.engine.resume()
+
+    async def _load_adapter(self, version: int, adapter: Adapter) -> None:
+        if self.mode == "memory":
+            await loader(self.engine).load_adapter(version=version, adapter=adapter)
+            return
+        path = adapter.save(self.scratch / f"v{version:06d}")
+        await loader(self.engine).load_adapter(version=version, path=str(path))
+        if self._adapter_dir is not None:  # the engines hold the new one now
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+        self._adapter_dir = path

@@ -62,14 +62,18 @@ def write_shm_checkpoint(tensors: Mapping[str, torch.Tensor]) -> Path:
     """Write tensors as one safetensors file in a fresh /dev/shm directory (falls back to the temp dir)."""
     from safetensors.torch import save_file
 
-    root = SHM_ROOT if SHM_ROOT.is_dir() else None
-    out = Path(tempfile.mkdtemp(prefix="agent_rl_weights_", dir=root))
+    out = shm_dir()
     # safetensors refuses shared storage (tied embeddings) and non-contiguous views: give it plain copies.
     save_file(
         {n: t.detach().to("cpu").contiguous().clone() for n, t in tensors.items()},
         str(out / "model.safetensors"),
     )
     return out
+
+
+def shm_dir() -> Path:
+    """A fresh directory in /dev/shm (RAM; the temp dir where there is none)."""
+    return Path(tempfile.mkdtemp(prefix="agent_rl_weights_", dir=SHM_ROOT if SHM_ROOT.is_dir() else None))
 
 
 def remove_checkpoint(path: Path) -> None:

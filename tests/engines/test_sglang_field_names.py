@@ -98,6 +98,9 @@ def sglang_types() -> dict[str, set[str]]:
         "DestroyWeightsUpdateGroupReqInput",
         "BeginWeightUpdateReqInput",
         "EndWeightUpdateReqInput",
+        "LoadLoRAAdapterReqInput",
+        "UnloadLoRAAdapterReqInput",
+        "UpdateWeightVersionReqInput",
     ]
     types = {n: class_fields(io, n) | BASE_REQ for n in names}
     types["SamplingParams"] = class_fields(sp, "SamplingParams")
@@ -162,3 +165,24 @@ def test_server_info_sizes_we_read_are_sglang_server_args():
         else class_fields(root / "srt" / "server_args.py", "ServerArgs")
     )
     assert {"tp_size", "dp_size", "pp_size"} <= fields
+
+
+def test_lora_request_bodies_and_server_fields_use_sglang_field_names(sglang_types):
+    """LoRA (learner.lora): SGLangClient's adapter calls and our server's LoRA routes use SGLang's names."""
+    from agent_rl.engines.embedded.lora_routes import (
+        LoadLoRAAdapterReq,
+        UnloadLoRAAdapterReq,
+        UpdateWeightVersionReq,
+    )
+
+    assert {"lora_name", "lora_path"} <= sglang_types["LoadLoRAAdapterReqInput"]
+    assert {"lora_name"} <= sglang_types["UnloadLoRAAdapterReqInput"]
+    assert set(SGLangClient.version_body(3)) <= sglang_types["UpdateWeightVersionReqInput"]
+    body = SGLangClient.generate_body([1, 2], SamplingParams(), "rid", lora="policy-v3")
+    assert body["lora_path"] == "policy-v3" and set(body) <= sglang_types["GenerateReqInput"]
+    for ours, theirs in (
+        (LoadLoRAAdapterReq, "LoadLoRAAdapterReqInput"),
+        (UnloadLoRAAdapterReq, "UnloadLoRAAdapterReqInput"),
+        (UpdateWeightVersionReq, "UpdateWeightVersionReqInput"),
+    ):
+        assert set(ours.model_fields) <= sglang_types[theirs], set(ours.model_fields) - sglang_types[theirs]

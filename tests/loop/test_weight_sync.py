@@ -25,6 +25,9 @@ class FakeLearnerWeights:
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return {"w": torch.full((2,), float(self.version))}
 
+    def adapter(self) -> None:  # every weight trains
+        return None
+
 
 class FakeEngineRecorder:
     def __init__(self) -> None:

@@ -149,6 +149,14 @@ def test_switching_colour_mode_recolours_the_tokens(page, run_dir: Path) -> None
     # follows log(π/μ) (transparent near 1), so the two renderings differ token by token
     assert all(c != "rgba(0, 0, 0, 0)" for c in lag)
     assert (ARTIFACTS / "viewer_lag.png").stat().st_size > 10_000
+    # mismatch mode: tokens of older versions are marked "not measured" (grey); tokens of the learner's
+    # own version are coloured by |log π − log μ|, which the embedded engine keeps near 0 in fp32 (transparent)
+    page.select_option("#colour", "mismatch")
+    lags = toks.evaluate_all("els => els.map(e => e.dataset.lag)")
+    mism = toks.evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    assert "0" in lags and any(x != "0" for x in lags), "the last step mixes fresh and stale tokens (k=2)"
+    assert all((c == "rgb(238, 240, 243)") == (lag != "0") for c, lag in zip(mism, lags, strict=True))
+    assert "not measured" in page.locator("#legend").inner_text()
     page.select_option("#colour", "lag")
 
 

@@ -19,9 +19,12 @@ from typing import Any
 
 import torch
 
-from agent_rl.engines.api import EngineError, Generation, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineError, Generation, SamplingParams
+from agent_rl.engines.embedded.lora import MergedAdapter
 from agent_rl.engines.embedded.sampling import TopList
 from agent_rl.engines.embedded.scheduler import Output, Request, Scheduler
+from agent_rl.weights.adapters import Adapter
+from agent_rl.weights.tensors import read_safetensors_dir
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class EmbeddedEngine:
         self.scheduler = Scheduler(
             model_dir, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed
         )
+        self.lora = MergedAdapter()  # touched on the engine thread only
         self._cv = threading.Condition()
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._closed = False
@@ -70,7 +74,38 @@ class EmbeddedEngine:
     async def update_weights(
         self, *, version: int, path: str | None = None, tensors: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        await self.call(lambda: self.scheduler.update_weights(version, path=path, tensors=tensors))
+        if (path is None) == (tensors is None):
+            raise BadRequest("update_weights needs exactly one of path= or tensors=")
+
+        def run() -> None:
+            new = read_safetensors_dir(path) if path is not None else tensors
+            self.scheduler.update_weights(version, tensors=new)
+            self.lora.rebase(self.scheduler.model, new)  # full weights: the new base of any adapter
+
+        await self.call(run)
+
+    async def load_adapter(
+        self, *, version: int, adapter: Adapter | None = None, path: str | None = None, name: str = ""
+    ) -> None:
+        """LoRA: merge `adapter` (or the PEFT directory `path`) into the weights (embedded/lora.py)."""
+        if (path is None) == (adapter is None):
+            raise BadRequest("load_adapter needs exactly one of adapter= or path=")
+        loaded = adapter if adapter is not None else Adapter.load(path)  # type: ignore[arg-type]
+
+        def run() -> None:
+            self.lora.apply(self.scheduler.model, loaded, name or f"v{version}")
+            self.scheduler.weights_changed(version)
+
+        await self.call(run)
+
+    async def unload_adapter(self) -> None:
+        await self.call(
+            lambda: (self.lora.unload(self.scheduler.model), self.scheduler.weights_changed(self.version))
+        )
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self.lora.name
 
     async def health(self) -> bool:
         return self._thread.is_alive() and not self._closed

@@ -162,6 +162,10 @@ class Scheduler:
         if (path is None) == (tensors is None):
             raise BadRequest("update_weights needs exactly one of path= or tensors=")
         copy_weights_(self.model, read_safetensors_dir(path) if path is not None else tensors)
+        self.weights_changed(version)
+
+    def weights_changed(self, version: int) -> None:
+        """The weights are `version`'s now (a full update or an adapter): stamp it and drop the free slots' cache."""
         self.version = int(version)
         for (
             s

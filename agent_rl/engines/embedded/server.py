@@ -25,6 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.engines.embedded.lora_routes import check_lora_path
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, tokenizer, trim_stop
 from agent_rl.engines.protocol import AbortReq, ContinueReq, GenerateReq, PauseReq, UpdateFromDiskReq
@@ -46,6 +47,7 @@ async def generate(request: web.Request) -> web.Response:
     """SGLang /generate: one prompt, or a batch (text or input_ids as a list), each sampled n times."""
     req = await parse(request, GenerateReq)
     engine = request.app[ENGINE]
+    check_lora_path(req.lora_path, engine.adapter_name)
     base = req.rid or uuid.uuid4().hex
     jobs = []
     for p, prompt in enumerate(req.prompts()):
@@ -177,6 +179,7 @@ def build_app(
     tool_parser: str = "hermes",
 ) -> web.Application:
     """served_model_name: the OpenAI model id (default: model_path); tool_parser: tool_parsers.PARSERS key."""
+    from agent_rl.engines.embedded.lora_routes import add_lora_routes
     from agent_rl.engines.embedded.openai_routes import SERVED_NAME, TOOL_PARSER, add_openai_routes
     from agent_rl.engines.embedded.weight_routes import add_weight_group_routes
     from agent_rl.openai.tool_parsers import get_parser
@@ -195,6 +198,7 @@ def build_app(
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/health", health)
     add_weight_group_routes(app)
+    add_lora_routes(app)
     add_openai_routes(app)
     return app
 

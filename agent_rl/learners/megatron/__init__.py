@@ -55,4 +55,6 @@ def build_megatron_learner(
         temperature=spec.temperature,
         pack=lc.pack_sequences is not False,
     )
-    return MegatronLearner(mspec, in_process=in_process, rank_cores=rank_cores)
+    return MegatronLearner(
+        mspec, in_process=in_process, rank_cores=rank_cores, mismatch_threshold=lc.mismatch_threshold
+    )

@@ -79,6 +79,9 @@ def hf_to_megatron(
                 _qkv_grouped(hf[f"{a}.q_proj.bias"], hf[f"{a}.k_proj.bias"], hf[f"{a}.v_proj.bias"], s), 0
             )
         out[f"{m}.self_attention.linear_proj.weight"] = shard(hf[f"{a}.o_proj.weight"], 1)
+        if s.qk_norm:  # per-head norms: the same weight on every TP rank
+            out[f"{m}.self_attention.q_layernorm.weight"] = hf[f"{a}.q_norm.weight"].clone()
+            out[f"{m}.self_attention.k_layernorm.weight"] = hf[f"{a}.k_norm.weight"].clone()
         gate, up = shard(hf[f"{h}.mlp.gate_proj.weight"], 0), shard(hf[f"{h}.mlp.up_proj.weight"], 0)
         out[f"{m}.mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
         out[f"{m}.mlp.linear_fc2.weight"] = shard(hf[f"{h}.mlp.down_proj.weight"], 1)
@@ -106,6 +109,9 @@ def megatron_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], s: ModelShape, 
             q, k, v = _qkv_split(cat(f"{m}.self_attention.linear_qkv.{kind}", 0), s)
             out[f"{a}.q_proj.{kind}"], out[f"{a}.k_proj.{kind}"], out[f"{a}.v_proj.{kind}"] = q, k, v
         out[f"{a}.o_proj.weight"] = cat(f"{m}.self_attention.linear_proj.weight", 1)
+        if s.qk_norm:
+            out[f"{a}.q_norm.weight"] = first[f"{m}.self_attention.q_layernorm.weight"].clone()
+            out[f"{a}.k_norm.weight"] = first[f"{m}.self_attention.k_layernorm.weight"].clone()
         halves = [sh[f"{m}.mlp.linear_fc1.weight"].chunk(2, dim=0) for sh in shards]
         out[f"{h}.mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], dim=0)
         out[f"{h}.mlp.up_proj.weight"] = torch.cat([u for _, u in halves], dim=0)

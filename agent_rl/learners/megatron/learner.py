@@ -19,6 +19,7 @@ from agent_rl.learners._dp import RankPool, _free_port, join_rank_group
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.megatron.rank import MegatronRank, MegatronSpec
+from agent_rl.learners.mismatch import mismatch_metrics
 from agent_rl.types import Group
 from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
 
@@ -38,6 +39,7 @@ class MegatronLearner:
         *,
         in_process: bool | None = None,
         rank_cores: tuple[tuple[int, ...], ...] | None = None,
+        mismatch_threshold: float = 0.1,
     ):
         """`in_process` (default: world == 1 and no `rank_cores`) runs the single rank here; False always uses
         worker processes, which keeps megatron's global state and process group out of the caller's process.
@@ -45,6 +47,8 @@ class MegatronLearner:
         self.spec = spec
         self.version = 0
         self._row_uids: list[tuple[str, ...]] = []  # per DP rank: the uid of each row of the last step
+        self._rows: list[Any] = []  # per DP rank: the last step's RowResults
+        self.mismatch_threshold = mismatch_threshold
         self._local: MegatronRank | None = None
         self._pool: RankPool | None = None
         if in_process is None:
@@ -73,29 +77,35 @@ class MegatronLearner:
         shares = [b.policy for b in batches]
         for b in shares:
             b.validate()
-        self._row_uids = []  # a skipped step reports no rows
+        self._row_uids, self._rows = [], []  # a skipped step reports no rows
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shares, self.version)) is not None:
             return metrics | skipped
         metrics |= step_metrics(self._all("step", shares), shares, time.perf_counter() - t0)
         self._row_uids = [b.uids for b in batches]
-        self.version += 1
-        return metrics
-
-    def trained_rows(self) -> dict[str, TrainedRow]:
-        """The last step's per-trajectory results by uid, from one rank of each data-parallel replica."""
-        if not self._row_uids:  # no step yet, or the last one was skipped
-            return {}
         if self._local is not None:
             answers = [self._local.last_rows()]
         else:
             assert self._pool is not None
             answers = self._pool.call("last_rows", [()] * self.spec.world)
         by_dp = {dp: rows for dp, rows in reversed(answers) if rows is not None}
+        self._rows = [by_dp[dp] for dp in range(len(batches))]
+        metrics |= mismatch_metrics(
+            batches, [r.logprobs for r in self._rows], self.version, self.mismatch_threshold
+        )
+        self.version += 1
+        return metrics
+
+    def trained_rows(self) -> dict[str, TrainedRow]:
+        """The last step's per-trajectory results by uid, from one rank of each data-parallel replica."""
         out: dict[str, TrainedRow] = {}
-        for dp, uids in enumerate(self._row_uids):
-            out |= trained_rows(uids, by_dp[dp])
+        for uids, rows in zip(self._row_uids, self._rows, strict=True):  # empty: no step yet, or skipped
+            out |= trained_rows(uids, rows)
         return out
+
+    def adapter(self) -> None:
+        """Never LoRA: the config refuses learner.lora with this backend."""
+        return None
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return self._all("hf_state_dict")

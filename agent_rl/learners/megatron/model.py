@@ -59,6 +59,7 @@ def transformer_config(shape: ModelShape, par: ParallelConfig, *, dtype: torch.d
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         attention_dropout=0.0,
         hidden_dropout=0.0,
         # Fusions are numerically equivalent but CUDA-only; they stay off on CPU.
@@ -99,9 +100,12 @@ def build_gpt_model(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtyp
 
         from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
 
-        layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
         layer.submodules.input_layernorm = SequenceParallelRMSNorm
         layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        if shape.qk_norm:
+            attn = layer.submodules.self_attention.submodules
+            attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
         final_norm = SequenceParallelRMSNorm
     block = TransformerBlockSubmodules(layer_specs=[layer] * shape.layers, layer_norm=final_norm)
     theta = int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta
@@ -117,6 +121,10 @@ def build_gpt_model(shape: ModelShape, par: ParallelConfig, *, dtype: torch.dtyp
         position_embedding_type="rope",
         rotary_base=theta,
     )
+    if shape.qk_norm and par.tp > 1:  # each TP rank normalises its own heads: sum the q/k norm grads over TP
+        for name, p in model.named_parameters():
+            if name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
+                p.sequence_parallel = True  # the tag grads.finish_backward sums over TP
     return model if cpu else model.cuda()
 
 

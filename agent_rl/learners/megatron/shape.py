@@ -1,7 +1,8 @@
 """The architecture of a Hugging Face causal LM, read once from its config (no megatron import).
 
 Only the decoder families whose layers Megatron's GPTModel reproduces exactly are accepted:
-Qwen2/Qwen2.5 and Llama (RoPE without scaling, GQA, SwiGLU, RMSNorm, tied or untied embeddings).
+Qwen2/Qwen2.5, Qwen3 (q/k RMSNorm per head: megatron's qk_layernorm) and Llama (RoPE without
+scaling, GQA, SwiGLU, RMSNorm, tied or untied embeddings).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class ModelShape:
     qkv_bias: bool
     tie_embeddings: bool
     pad_token_id: int | None = None
+    qk_norm: bool = False
+    """Qwen3: RMSNorm over each head's q and k before RoPE (HF q_norm/k_norm, megatron q/k_layernorm)."""
     """HF builds the embedding with padding_idx=pad_token_id: that row never receives a gradient."""
 
     @property
@@ -65,11 +68,13 @@ def shape_from_hf_config(cfg: Any) -> ModelShape:
     theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None))
     if theta is None:
         raise ValueError("Megatron learner: the config has no rope_theta")
-    if model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
-        raise ValueError("Megatron learner: Qwen2 use_sliding_window=True is not supported")
-    if model_type == "llama" and (getattr(cfg, "mlp_bias", False) or getattr(cfg, "attention_bias", False)):
+    if model_type in ("qwen2", "qwen3") and getattr(cfg, "use_sliding_window", False):
+        raise ValueError(f"Megatron learner: {model_type} use_sliding_window=True is not supported")
+    if model_type in ("llama", "qwen3") and (
+        getattr(cfg, "mlp_bias", False) or getattr(cfg, "attention_bias", False)
+    ):
         raise ValueError(
-            "Megatron learner: Llama mlp_bias/attention_bias=True is not supported (o_proj/MLP biases)"
+            f"Megatron learner: {model_type} mlp_bias/attention_bias=True is not supported (o_proj/MLP biases)"
         )
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -88,4 +93,5 @@ def shape_from_hf_config(cfg: Any) -> ModelShape:
         qkv_bias=model_type == "qwen2",
         tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         pad_token_id=getattr(cfg, "pad_token_id", None),
+        qk_norm=model_type == "qwen3",
     )

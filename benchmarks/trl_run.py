@@ -1,0 +1,228 @@
+"""One TRL run of benchmarks/vs_trl.py: `GRPOTrainer(tools=[python])` on agent_arith, in TRL's own venv.
+
+    .venv-trl/bin/python benchmarks/trl_run.py --model DIR --out DIR --steps 30 --seed 0 --loss shipped|closest
+
+Run by benchmarks/vs_trl.py (one process per run, as a user runs TRL); needs `bash scripts/setup_trl.sh`.
+What is the same as agent-rl's agent_arith run (recipes/agent_arith.yaml on envs/tiny_arith_agent.yaml):
+- the model and tokenizer (the warm start dir; its chat template is the Hermes tool template), fp32;
+- the prompts and their order: the env's training split in the order agent-rl's PromptSource(seed) draws
+  them, fed unshuffled (`shuffle_dataset=False`);
+- 8 prompts x 8 samples per step (`num_generations=8`, one generation batch of 64 per optimizer step),
+  temperature 1, no top-k/top-p, lr 2e-4, no weight decay, grad clip 1.0, one update per batch;
+- the budgets: at most 2 chat calls (one tool round, `max_tool_calling_iterations=1`), 48 new tokens per
+  call (`generation_kwargs.max_new_tokens`), 128 completion tokens in all (`max_completion_length`);
+- the tool runs in the env's sandbox (the same bubblewrap pool, limits and observation formatting that the
+  agent's `sandbox.run` gets), and the final answer is scored by the env's own reward (`AgentEnv.score`).
+What differs is TRL's own: transformers `generate` (padded batches, turn by turn, no continuous batching),
+its tool-call parser (`response_template`, Qwen's), its loss (`--loss`), and no overlap of anything.
+
+Writes OUT/steps.jsonl (per optimizer step: wall seconds, save seconds excluded), OUT/checkpoints/step_N/hf
+(the model every --every steps and at the end, scored afterwards by agent-rl's evaluator) and OUT/run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = ROOT / "envs" / "tiny_arith_agent.yaml"
+
+# TRL's loss as shipped (its defaults) and the setting closest to agent-rl's at k=0: VCPO on-policy is
+# -A_i * mean_t log pi per trajectory, averaged over trajectories (TRL's "grpo" aggregation), rewards not
+# divided by the group's std, no KL term, a constant lr (agent-rl's default schedule) with no warmup.
+LOSSES = {
+    "shipped": {},
+    "closest": {
+        "loss_type": "grpo",
+        "scale_rewards": "none",
+        "beta": 0.0,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+    },
+}
+
+
+def prompts_in_agent_rl_order(spec, tokenizer, seed: int, n: int) -> list:
+    """The first `n` training tasks in the order agent-rl's PromptSource(seed) hands them out."""
+    import envs
+    from agent_rl.rollout.workers import PromptSource
+
+    source = PromptSource(envs.make(spec, tokenizer).tasks("train"), seed=seed)
+    return [source.tasks[source.next_id(deque())] for _ in range(n)]
+
+
+def build_tool_and_reward(spec, tokenizer):
+    """The `python` tool (the env's sandbox, as the agent's `sandbox.run`) and the env's reward."""
+    import envs
+    from envs.agent import AgentSandbox
+    from envs.env import make_limits, shared_sandbox
+
+    limits = make_limits(spec)
+    tasks = {t.id: t for t in envs.make(spec, tokenizer).tasks("train")}
+
+    async def python(code: str) -> str:
+        """Run Python code in a sandbox and return what it prints.
+
+        Args:
+            code: the program
+        """
+        return await AgentSandbox(spec, limits, shared_sandbox(spec)).run(code)
+
+    async def reward(completions, task_id, **_) -> list[float]:
+        out = []
+        for messages, tid in zip(completions, task_id, strict=True):
+            last = messages[-1] if messages else {}
+            # the agent's answer: the last assistant message when it calls no tool (else no answer: 0)
+            answer = (
+                last.get("content")
+                if last.get("role") == "assistant" and not last.get("tool_calls")
+                else None
+            )
+            env = envs.make(spec, tokenizer)
+            env.reset(tasks[tid])
+            out.append(await env.score(answer))
+        return out
+
+    return python, reward
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss", choices=sorted(LOSSES), default="shipped")
+    p.add_argument("--every", type=int, default=5, help="save a checkpoint every N steps (and at the end)")
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation steps per 64 samples")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--lr", type=float, default=2e-4)
+    args = p.parse_args(argv)
+    t_start = time.time()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import envs
+
+    spec = envs.load(ENV)
+    from trl.chat_template_utils import qwen3_template
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    # TRL's parser for Qwen's ChatML + Hermes tool calls, which the warm start's template renders (TRL only
+    # recognises known templates by their text, so it is set by hand, as TRL's docs say to)
+    tok.response_template = qwen3_template
+    batch_prompts, group = 8, spec.group_size
+    tasks = prompts_in_agent_rl_order(spec, tok, args.seed, args.steps * batch_prompts)
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": t.problem}], "task_id": t.id} for t in tasks]
+    )
+    python, reward = build_tool_and_reward(spec, tok)
+    samples = batch_prompts * group
+    if samples % args.micro_batches:
+        raise SystemExit(f"--micro-batches {args.micro_batches} must divide {samples}")
+    config = GRPOConfig(
+        output_dir=str(args.out / "trl"),
+        use_cpu=True,
+        bf16=False,  # fp32 as agent-rl's learner (TRL's default on CPU would be bf16 autocast)
+        gradient_checkpointing=False,  # TRL's default is on (~20% slower); off is its fastest here
+        seed=args.seed,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=samples // args.micro_batches,
+        gradient_accumulation_steps=args.micro_batches,
+        num_generations=group,
+        num_iterations=1,
+        shuffle_dataset=False,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=spec.turns.max_response_tokens,
+        generation_kwargs={"max_new_tokens": spec.turns.max_tokens_per_turn},
+        max_tool_calling_iterations=spec.turns.max_turns - 1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **LOSSES[args.loss],
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    steps_log = open(args.out / "steps.jsonl", "w")  # noqa: SIM115 - closed at the end of main
+
+    class Timer(TrainerCallback):
+        """Per-step wall time; checkpoint saves are timed apart and not counted in the step."""
+
+        def __init__(self):
+            self.t = None
+
+        def on_train_begin(self, *a, **k):
+            self.t = time.monotonic()
+
+        def on_step_end(self, _args, state, _control, **k):
+            now = time.monotonic()
+            step_s, step = now - self.t, state.global_step
+            save_s = 0.0
+            if step % args.every == 0 or step == args.steps:
+                ck = args.out / "checkpoints" / f"step_{step}"
+                trainer.model.save_pretrained(ck / ".tmp_hf")
+                os.replace(ck / ".tmp_hf", ck / "hf")
+                save_s = time.monotonic() - now
+            rec = {"step": step, "step_seconds": step_s, "save_seconds": save_s, "time": time.time()}
+            steps_log.write(json.dumps(rec) + "\n")
+            steps_log.flush()
+            print(f"trl step {step}/{args.steps}: {step_s:.2f} s", flush=True)
+            self.t = time.monotonic()
+
+        def on_train_end(self, *a, **k):
+            steps_log.flush()
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tok,
+        tools=[python],
+        callbacks=[Timer()],
+    )
+    t_train = time.time()
+    trainer.train()
+    steps_log.close()
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    (args.out / "run.json").write_text(
+        json.dumps(
+            {
+                "loss": args.loss,
+                "trl_loss_settings": {
+                    k: getattr(config, k)
+                    for k in ("loss_type", "scale_rewards", "beta", "lr_scheduler_type", "warmup_steps")
+                },
+                "threads": args.threads,
+                "micro_batches": args.micro_batches,
+                "startup_seconds": t_train - t_start,
+                "reward_per_step": [h["reward"] for h in logs],
+                "tools_call_frequency": [h.get("tools/call_frequency") for h in logs],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

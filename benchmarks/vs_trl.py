@@ -1,0 +1,426 @@
+"""agent-rl against Hugging Face TRL's GRPOTrainer on the same job, the same 2 cores, one invocation.
+
+    bash scripts/setup_trl.sh                       # once: TRL 1.16 in .venv-trl (or `make bench-trl`)
+    .venv/bin/python benchmarks/vs_trl.py [--quick] [--seeds 3] [--steps 30]
+
+Job: agent_arith (recipes/agent_arith.yaml: the OpenAI function-calling agent of examples/arith_agent on
+envs/tiny_arith_agent.yaml, Hermes tool calls, a python tool in the bubblewrap sandbox), from its warm
+start built exactly as the agent_arith pipeline builds it (tiny Qwen2 + SFT on teacher traces).
+
+Cells (each one process, `taskset -c 0,1`, as a user runs it; interleaved: for every seed every cell, in a
+rotated order, so machine noise hits all alike):
+- agent-rl k=0: the recipe at buffer.max_staleness=0 (synchronous, on-policy);
+- agent-rl k=2: the recipe as it is (async, k=2). K_ASYNC is fixed here, before any run: it is never
+  picked after the runs by which k did best;
+- TRL shipped: GRPOTrainer(tools=[python]) with TRL's default loss (dapo, rewards scaled by the group std);
+- TRL closest: the TRL loss closest to agent-rl's at k=0 (loss_type=grpo, scale_rewards=none, beta=0,
+  constant lr): see benchmarks/trl_run.py.
+Same for both systems: weights and tokenizer, prompts and their order (agent-rl's PromptSource(seed)),
+8 prompts x 8 samples, lr 2e-4, --steps steps, token budgets, sandbox, reward, fp32.
+
+"As fast as it goes": before the cells, a short tuning pass (--tune-steps steps per candidate, the same
+seed) runs every candidate configuration of each system and keeps the fastest median s/step:
+TRL {1, 2} torch threads x {1, 4} micro-batches; agent-rl k=0 {in-process with 1 or 2 torch threads, the
+processes topology}; agent-rl k=2 {in-process with 1 thread, processes}. Both systems also skip what costs
+and does not train: agent-rl without the trajectory log and in-training eval, TRL without gradient
+checkpointing. The chosen configurations are in the results.
+
+Scoring: after all runs, every checkpoint of every run (every --every steps and the last) by agent-rl's
+evaluator (agent_rl.evaluate.evaluate, what `agent-rl eval RECIPE --checkpoint DIR` runs) on the recipe's
+held-out split and limit, with the same seed: nothing is evaluated while a timed run is going.
+Times: training wall time (sum of step seconds: generation, learner, weight sync; start-up, checkpoint
+writes and logging excluded) and whole-process wall time (from process start to the checkpoint on disk).
+
+Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.*; its accuracies mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the env's agent (examples/) imports from the root
+from _agent_arith import warm_start  # noqa: E402
+from train_cmd import train_command  # noqa: E402
+from vs_trl_report import markdown, plot, summarise  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+RECIPE = ROOT / "recipes" / "agent_arith.yaml"
+TRL_RUN = ROOT / "benchmarks" / "trl_run.py"
+K_ASYNC = 2  # fixed before the runs: the recipe's buffer.max_staleness (recipes/agent_arith.yaml)
+CORES = "0,1"  # both systems get the same two cores
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run a system: what the tuning pass compares and the cells then use."""
+
+    system: str  # agent-rl | trl
+    loss: str  # vcpo | shipped | closest
+    k: int
+    threads: int | None = None  # torch threads (agent-rl in-process: OMP_NUM_THREADS; None: its default)
+    topology: str | None = None  # agent-rl: inprocess | processes
+    micro_batches: int = 1  # TRL: gradient accumulation steps per 64 samples
+
+    @property
+    def name(self) -> str:
+        return f"{self.system} k={self.k}" if self.system == "agent-rl" else f"trl {self.loss}"
+
+    @property
+    def label(self) -> str:
+        bits = [f"{self.threads} thread(s)" if self.threads else "default threads"]
+        bits += [self.topology] if self.topology else [f"{self.micro_batches} micro-batch(es)"]
+        return ", ".join(bits)
+
+
+def candidates() -> dict[str, list[Config]]:
+    """Every configuration the tuning pass tries, per cell."""
+    trl = [Config("trl", "shipped", 0, t, micro_batches=m) for t in (1, 2) for m in (1, 4)]
+    return {
+        "agent-rl k=0": [
+            Config("agent-rl", "vcpo", 0, 1, "inprocess"),
+            Config("agent-rl", "vcpo", 0, 2, "inprocess"),
+            Config("agent-rl", "vcpo", 0, None, "processes"),
+        ],
+        f"agent-rl k={K_ASYNC}": [
+            Config("agent-rl", "vcpo", K_ASYNC, 1, "inprocess"),
+            Config("agent-rl", "vcpo", K_ASYNC, None, "processes"),
+        ],
+        "trl": trl,  # the loss does not change the cost of a step: one tuning for both TRL cells
+    }
+
+
+@dataclass
+class Run:
+    config: Config
+    seed: int
+    dir: Path
+    start_time: float = 0.0  # time.time() at process start
+    process_wall_s: float = 0.0
+    cpu_s: float | None = 0.0  # None: not recorded
+
+    def save(self) -> None:
+        """What only this process saw (start, wall and CPU time) beside the run, so scoring can be redone."""
+        info = {"config": asdict(self.config), "seed": self.seed, "start_time": self.start_time}
+        info |= {"process_wall_s": self.process_wall_s, "cpu_s": self.cpu_s}
+        self.dir.with_suffix(".run.json").write_text(json.dumps(info) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Run:
+        info = json.loads(path.read_text())
+        d = path.with_name(path.name.removesuffix(".run.json"))
+        return cls(
+            Config(**info["config"]),
+            info["seed"],
+            d,
+            info["start_time"],
+            info["process_wall_s"],
+            info["cpu_s"],
+        )
+
+
+def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
+    """Run `cmd` pinned to CORES; (start time, wall seconds, CPU seconds of it and all its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start, t0 = time.time(), time.monotonic()
+    with open(log_path, "w") as f:
+        rc = subprocess.run(
+            ["taskset", "-c", CORES, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env
+        ).returncode
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return start, wall, cpu
+
+
+def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, every: int, trl_py: Path) -> Run:
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    env = dict(os.environ)
+    if config.system == "trl":
+        cmd = [str(trl_py), str(TRL_RUN), "--model", str(model), "--out", str(run_dir), "--steps", str(steps)]
+        cmd += ["--seed", str(seed), "--loss", config.loss, "--every", str(every)]
+        cmd += ["--threads", str(config.threads), "--micro-batches", str(config.micro_batches)]
+    else:
+        sets = [
+            f"model.path={model}",
+            f"logging.run_dir={run_dir}",
+            f"train.steps={steps}",
+            f"train.seed={seed}",
+            f"buffer.max_staleness={config.k}",
+            f"placement.topology={config.topology}",
+            f"checkpoint.every={every}",
+            "checkpoint.keep=1000",
+            "eval.every=0",  # scored after the runs, as TRL's
+            "logging.trajectories=0",  # TRL keeps no trajectory log either
+        ]
+        if config.topology == "processes":
+            sets.append("engines.weight_sync=nccl")
+        if config.threads:
+            env["OMP_NUM_THREADS"] = str(config.threads)
+        cmd = train_command(RECIPE, sets)
+    start, wall, cpu = run_process(cmd, env, run_dir.parent / f"{run_dir.name}.log")
+    run = Run(config, seed, run_dir, start, wall, cpu)
+    run.save()
+    return run
+
+
+def step_records(run: Run) -> list[dict]:
+    """Per optimizer step: seconds, and agent-rl's split of them (wait, learner, weight sync, rest)."""
+    if run.config.system == "trl":
+        lines = (run.dir / "steps.jsonl").read_text().splitlines()
+        return [{"step_seconds": json.loads(x)["step_seconds"]} for x in lines]
+    from agent_rl.metrics import read_metrics
+
+    out = []
+    for r in read_metrics(run.dir):
+        if "perf/step_seconds" not in r:
+            continue
+        s = r["perf/step_seconds"]
+        parts = {
+            "wait": r["perf/wait_seconds"],
+            "learner": r["perf/learner_busy_fraction"] * s,
+            "weight_sync": r["perf/weight_sync_seconds"],
+        }
+        out.append({"step_seconds": s, **parts, "rest": s - sum(parts.values())})
+    return out
+
+
+def checkpoints(run: Run) -> dict[int, Path]:
+    root = run.dir / "checkpoints"
+    return {int(p.name.split("_")[1]): p for p in root.glob("step_*") if p.name.split("_")[1].isdigit()}
+
+
+def saved_at(ck: Path) -> float:
+    """When the checkpoint was complete on disk: the newest file in it."""
+    return max(p.stat().st_mtime for p in ck.rglob("*") if p.is_file())
+
+
+def score(model: Path, limit: int, checkpoint: Path | None) -> float:
+    """Held-out accuracy of a checkpoint (None: the warm start) by agent-rl's evaluator, one torch thread."""
+    import torch
+
+    from agent_rl.config import load_recipe
+    from agent_rl.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    return evaluate(
+        load_recipe(RECIPE, [f"model.path={model}", f"eval.limit={limit}"]), checkpoint=checkpoint
+    ).accuracy
+
+
+def score_all(runs: list[Run], model: Path, limit: int, jobs: int) -> tuple[float, list[dict[int, float]]]:
+    """The warm start and every checkpoint of every run, `jobs` evaluations at a time (after all timed runs)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    work = [(i, s, ck) for i, run in enumerate(runs) for s, ck in sorted(checkpoints(run).items())]
+    with ProcessPoolExecutor(jobs) as pool:
+        start = pool.submit(score, model, limit, None)
+        futures = [(i, s, pool.submit(score, model, limit, ck)) for i, s, ck in work]
+        acc: list[dict[int, float]] = [{} for _ in runs]
+        for n, (i, s, fut) in enumerate(futures):
+            acc[i][s] = fut.result()
+            log(
+                f"scored {n + 1}/{len(futures)}: {runs[i].config.name} seed {runs[i].seed} step {s}: {acc[i][s]:.3f}"
+            )
+        return start.result(), acc
+
+
+def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
+    steps = step_records(run)
+    cum, t = [], 0.0
+    for r in steps:
+        t += r["step_seconds"]
+        cum.append(t)
+    cks = checkpoints(run)
+    rec = {
+        "system": run.config.system,
+        "loss": run.config.loss,
+        "k": run.config.k,
+        "seed": run.seed,
+        "config": run.config.label,
+        "steps": len(steps),
+        "s_per_step": sorted(r["step_seconds"] for r in steps)[len(steps) // 2],
+        "train_seconds": cum[-1],
+        "process_wall_s": run.process_wall_s,
+        "cpu_seconds": run.cpu_s,
+        "cores_busy": None if run.cpu_s is None else run.cpu_s / run.process_wall_s,
+        "curve": [(0.0, start_acc)] + [(cum[s - 1], a) for s, a in sorted(acc.items())],
+        "curve_process": [(0.0, start_acc)]
+        + [(saved_at(cks[s]) - run.start_time, a) for s, a in sorted(acc.items())],
+        "final_accuracy": acc[max(acc)],
+    }
+    if run.config.system == "agent-rl":
+        rec["step_split_s"] = {
+            k: sum(r[k] for r in steps) / len(steps) for k in ("wait", "learner", "weight_sync", "rest")
+        }
+    return rec
+
+
+def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path) -> dict:
+    """Run every candidate for `steps` steps (seed 0); per cell, the fastest by median s/step after step 1."""
+    chosen, seen = {}, {}
+    for name, configs in cands.items():
+        for c in configs:
+            d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
+            log(f"tune {name}: {c.label}")
+            run = train(c, 0, model, d, steps, steps, trl_py)
+            times = sorted(r["step_seconds"] for r in step_records(run)[1:])
+            seen[f"{name}: {c.label}"] = times[len(times) // 2]
+            log(f"  median {seen[f'{name}: {c.label}']:.2f} s/step")
+        chosen[name] = min(configs, key=lambda c: seen[f"{name}: {c.label}"])
+    return {"chosen": chosen, "s_per_step": seen}
+
+
+def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
+    """The tuning pass and the timed cells, interleaved over seeds; what scoring needs, as a dict."""
+    load = os.getloadavg()
+    cands = candidates()
+    if args.tune_steps:
+        tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
+    else:  # without the tuning pass: the choices the tuning passes of 2026-11-25 supported (README)
+        k2 = cands[f"agent-rl k={K_ASYNC}"][1]  # processes
+        chosen = {
+            "agent-rl k=0": cands["agent-rl k=0"][0],
+            f"agent-rl k={K_ASYNC}": k2,
+            "trl": cands["trl"][0],
+        }
+        tuned = {"chosen": chosen, "s_per_step": {}}
+    trl = tuned["chosen"]["trl"]
+    cells = [
+        tuned["chosen"]["agent-rl k=0"],
+        tuned["chosen"][f"agent-rl k={K_ASYNC}"],
+        trl,
+        Config("trl", "closest", 0, trl.threads, micro_batches=trl.micro_batches),
+    ]
+    log("cells: " + "; ".join(f"{c.name} ({c.label})" for c in cells))
+    runs, total = [], len(cells) * args.seeds
+    for seed in range(args.seeds):
+        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
+        for c in order:
+            log(f"[{len(runs) + 1}/{total}] {c.name} seed {seed}")
+            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
+            runs.append(train(c, seed, model, d, args.steps, args.every, trl_py))
+            log(f"  {runs[-1].process_wall_s:.0f} s")
+    load_end = os.getloadavg()
+    return {
+        "command": "benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average "
+        f"{load[0]:.2f} at start, {load_end[0]:.2f} after the runs (other users of the machine included)",
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "checkpoint_every": args.every,
+        "budget_s": args.budget_s,
+        "tuning": {
+            "steps": args.tune_steps,
+            "median_s_per_step": tuned["s_per_step"],
+            "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
+        },
+        "runs": [str(r.dir) for r in runs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="machinery check under 15 min: small warm start, 1 seed, 8 steps, 20 eval tasks -> vs_trl_quick.*",
+    )
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30, help="steps of every run (the recipe's 30)")
+    p.add_argument("--every", type=int, default=5, help="checkpoint (and so scoring) interval in steps")
+    p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
+    p.add_argument(
+        "--tune-steps", type=int, default=5, help="steps per candidate in the tuning pass (0: skip)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=60.0,
+        help="training seconds for 'accuracy at a fixed wall-time budget'",
+    )
+    p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--score-jobs", type=int, default=1, help="evaluations at a time when scoring (after the runs)"
+    )
+    p.add_argument(
+        "--score-only",
+        action="store_true",
+        help="no training: score the runs already in --work (their .run.json) and write the results",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
+        args.eval_limit = args.eval_limit or 20
+        if args.work == p.get_default("work"):
+            args.work = ROOT / "runs" / "bench_vs_trl_quick"
+    trl_py = args.trl_venv / "bin" / "python"
+    if not trl_py.is_file():
+        raise SystemExit(f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh` first")
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset not found: install util-linux (both systems are pinned to the same cores)")
+    from agent_rl.config import load_recipe
+
+    recipe = load_recipe(RECIPE, [], check_model=False)
+    limit = args.eval_limit or recipe.eval.limit
+    args.work.mkdir(parents=True, exist_ok=True)
+    log("warm start: the agent_arith pipeline's model + SFT (cached)")
+    model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
+    session_file = args.work / "session.json"
+    if not args.score_only:
+        session = run_cells(args, model, trl_py)
+        session_file.write_text(json.dumps(session, indent=2) + "\n")
+    elif not session_file.is_file():
+        raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
+    session = json.loads(session_file.read_text())
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in session["runs"]]
+    log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
+    start_acc, accs = score_all(runs, model, limit, args.score_jobs)
+    records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]
+    out = {
+        "command": session["command"]
+        + (" (scored by: " + " ".join(sys.argv[1:]) + ")" if args.score_only else ""),
+        "date": session["date"],
+        "machine": session["machine"],
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "k_async_fixed_before_runs": K_ASYNC,
+        **{k: session[k] for k in ("steps", "seeds", "checkpoint_every", "budget_s", "tuning")},
+        "eval_tasks": limit,
+        "warm_start_accuracy": start_acc,
+        "cells": records,
+        "summary": summarise(records, K_ASYNC, session["budget_s"]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "vs_trl_quick" if args.quick else "vs_trl"
+    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(out))
+    plot(out, args.out / f"{stem}.png")
+    print(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""benchmarks/vs_trl.py's summary (targets, ratios per seed and their medians), its markdown table and plot.
+
+`summarise` is pure: it takes the cell records (one per run: system, loss, k, seed, s_per_step, curves of
+(seconds, held-out accuracy)) and returns the summary; it also writes each cell's `time_to_target_s`,
+`time_to_target_process_s` and `accuracy_at_budget` into the record. Cell names: "agent-rl k=K", "trl LOSS".
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from bench_stats import accuracy_at, median_or_none, ratio, speedup_per_seed, spread, time_to
+
+TARGET_SHARE = 0.9  # time to 90% of agent-rl k=0's final accuracy (paired by seed)
+GOAL_S_PER_STEP = 1.0  # agent-rl k=0 at or under TRL's s/step
+GOAL_SPEEDUP = 2.0  # agent-rl async reaching TRL's final accuracy >= 2x sooner
+
+
+def cell_name(r: dict) -> str:
+    return f"agent-rl k={r['k']}" if r["system"] == "agent-rl" else f"trl {r['loss']}"
+
+
+def _by_seed(records: list[dict], name: str, key: str) -> dict[int, float | None]:
+    return {r["seed"]: r[key] for r in records if cell_name(r) == name}
+
+
+def _seed_ratios(num: dict[int, float | None], den: dict[int, float | None]) -> dict[int, float | None]:
+    return {s: ratio(num.get(s), den.get(s)) for s in sorted(num)}
+
+
+def summarise(records: list[dict], k_async: int, budget_s: float) -> dict:
+    sync = "agent-rl k=0"
+    target = {s: TARGET_SHARE * a for s, a in _by_seed(records, sync, "final_accuracy").items()}
+    for r in records:
+        t = target.get(r["seed"])
+        r["target_accuracy"] = t
+        r["time_to_target_s"] = None if t is None else time_to(r["curve"], t)
+        r["time_to_target_process_s"] = None if t is None else time_to(r["curve_process"], t)
+        r["accuracy_at_budget"] = accuracy_at(r["curve"], budget_s)
+    names = list(dict.fromkeys(cell_name(r) for r in records))
+    per_cell = {}
+    for n in names:
+        rs = [r for r in records if cell_name(r) == n]
+        finals = [r["final_accuracy"] for r in rs]
+        per_cell[n] = {
+            "runs": len(rs),
+            "config": rs[0]["config"],
+            "s_per_step": spread(r["s_per_step"] for r in rs),
+            "train_seconds": spread(r["train_seconds"] for r in rs),
+            "process_wall_s": spread(r["process_wall_s"] for r in rs),
+            "cores_busy": spread(r["cores_busy"] for r in rs),
+            "final_accuracy_mean": statistics.mean(finals),
+            "final_accuracy_std": statistics.pstdev(finals),
+            "reached_target": sum(r["time_to_target_s"] is not None for r in rs),
+            "time_to_target_s": median_or_none(r["time_to_target_s"] for r in rs),
+            "time_to_target_process_s": median_or_none(r["time_to_target_process_s"] for r in rs),
+            "accuracy_at_budget_mean": statistics.mean(r["accuracy_at_budget"] for r in rs),
+        }
+        if "step_split_s" in rs[0]:
+            per_cell[n]["step_split_s"] = {
+                k: statistics.mean(r["step_split_s"][k] for r in rs) for k in rs[0]["step_split_s"]
+            }
+    out: dict = {"per_cell": per_cell, "target_share": TARGET_SHARE, "budget_s": budget_s}
+    async_name = f"agent-rl k={k_async}"
+    k0_step = _by_seed(records, sync, "s_per_step")
+    for trl in ("trl shipped", "trl closest"):
+        if trl not in per_cell:
+            continue
+        suffix = "" if trl == "trl shipped" else "_closest"
+        trl_step = _by_seed(records, trl, "s_per_step")
+        per_seed = _seed_ratios(k0_step, trl_step)
+        out[f"agent_rl_k0_over_trl_s_per_step{suffix}"] = median_or_none(per_seed.values())
+        out[f"agent_rl_k0_over_trl_s_per_step{suffix}_per_seed"] = list(per_seed.values())
+        per_seed = _seed_ratios(_by_seed(records, async_name, "s_per_step"), trl_step)
+        out[f"agent_rl_k{k_async}_over_trl_s_per_step{suffix}"] = median_or_none(per_seed.values())
+        # agent-rl async against TRL, to TRL's own final accuracy (paired by seed), training and process time
+        trl_final = _by_seed(records, trl, "final_accuracy")
+        for axis, key in (("", "curve"), ("_process", "curve_process")):
+            own, ours = {}, {}
+            for r in records:
+                goal = trl_final.get(r["seed"])
+                if goal is not None and cell_name(r) == trl:
+                    own[r["seed"]] = time_to(r[key], goal)
+                elif goal is not None and cell_name(r) == async_name:
+                    ours[r["seed"]] = time_to(r[key], goal)
+            per_seed = speedup_per_seed(own, ours)
+            present = [x for x in per_seed.values() if x is not None]
+            out[f"time_to_trl_final_speedup{axis}{suffix}"] = statistics.median(present) if present else None
+            out[f"time_to_trl_final_speedup{axis}{suffix}_per_seed"] = list(per_seed.values())
+    k0 = out.get("agent_rl_k0_over_trl_s_per_step")
+    speed = out.get("time_to_trl_final_speedup")
+    out["goals"] = {
+        "agent_rl_k0_at_or_under_trl_s_per_step": None if k0 is None else k0 <= GOAL_S_PER_STEP,
+        f"agent_rl_k{k_async}_reaches_trl_final_2x_sooner": None if speed is None else speed >= GOAL_SPEEDUP,
+    }
+    return out
+
+
+def markdown(out: dict) -> str:
+    def f(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    def sp(d, fmt="{:.2f}"):
+        return (
+            "-" if d["median"] is None else f"{f(d['median'], fmt)} ({f(d['min'], fmt)}-{f(d['max'], fmt)})"
+        )
+
+    s = out["summary"]
+    k = out["k_async_fixed_before_runs"]
+    seeds = lambda xs: ", ".join(f(x) for x in xs)  # noqa: E731
+    lines = [
+        "# agent-rl vs TRL GRPOTrainer on agent_arith (one invocation, interleaved; toy model)",
+        "",
+        f"`{out['command'].strip()}`, {out['date']}; {out['machine']}. {out['recipe']}, {out['steps']} steps, "
+        f"{out['seeds']} seed(s) per cell, checkpoints every {out['checkpoint_every']} steps scored by agent-rl's "
+        f"evaluator on {out['eval_tasks']} held-out tasks; warm start {out['warm_start_accuracy']:.3f}. "
+        f"agent-rl async k={k}, fixed before the runs.",
+        "",
+        f"- **agent-rl k=0 s/step over TRL's (as shipped): {f(s.get('agent_rl_k0_over_trl_s_per_step'))}** "
+        f"(per seed {seeds(s.get('agent_rl_k0_over_trl_s_per_step_per_seed', []))}; goal <= 1.0: "
+        f"{s['goals']['agent_rl_k0_at_or_under_trl_s_per_step']}); against TRL closest loss "
+        f"{f(s.get('agent_rl_k0_over_trl_s_per_step_closest'))}; agent-rl k={k} over TRL "
+        f"{f(s.get(f'agent_rl_k{k}_over_trl_s_per_step'))}.",
+        f"- **agent-rl k={k} reaches TRL's final accuracy {f(s.get('time_to_trl_final_speedup'))}x sooner** "
+        f"(training time; per seed {seeds(s.get('time_to_trl_final_speedup_per_seed', []))}; 0 = never reached; "
+        f"goal >= 2.0: {s['goals'][f'agent_rl_k{k}_reaches_trl_final_2x_sooner']}); whole-process time "
+        f"{f(s.get('time_to_trl_final_speedup_process'))}x; against TRL closest loss "
+        f"{f(s.get('time_to_trl_final_speedup_closest'))}x (process {f(s.get('time_to_trl_final_speedup_process_closest'))}x).",
+        "",
+        "| cell | configuration (tuned) | s/step median (min-max) | cores busy | training s | process s | "
+        f"final acc mean ± std | time to {int(100 * s['target_share'])}% of k=0 final: training s (process s), reached | "
+        f"acc at {s['budget_s']:.0f} training s | agent-rl step split s: wait / learner / weight sync / rest |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, c in s["per_cell"].items():
+        split = c.get("step_split_s")
+        split_s = (
+            "-"
+            if not split
+            else " / ".join(f"{split[x]:.2f}" for x in ("wait", "learner", "weight_sync", "rest"))
+        )
+        lines.append(
+            f"| {name} | {c['config']} | {sp(c['s_per_step'])} | {sp(c['cores_busy'])} | "
+            f"{sp(c['train_seconds'], '{:.0f}')} | {sp(c['process_wall_s'], '{:.0f}')} | "
+            f"{c['final_accuracy_mean']:.3f} ± {c['final_accuracy_std']:.3f} | "
+            f"{f(c['time_to_target_s'], '{:.0f}')} ({f(c['time_to_target_process_s'], '{:.0f}')}), "
+            f"{c['reached_target']}/{c['runs']} | {c['accuracy_at_budget_mean']:.3f} | {split_s} |"
+        )
+    lines += [
+        "",
+        "Per run:",
+        "",
+        "| cell | seed | s/step | final acc | time to target s | cores busy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["cells"]:
+        lines.append(
+            f"| {cell_name(r)} | {r['seed']} | {r['s_per_step']:.2f} | {r['final_accuracy']:.3f} | "
+            f"{f(r['time_to_target_s'], '{:.0f}')} | {f(r['cores_busy'])} |"
+        )
+    t = out["tuning"]
+    lines += [
+        "",
+        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step after the first step)"
+        + (f"; {t['note']}" if t.get("note") else "")
+        + ":",
+        "",
+    ]
+    lines += [f"- {n}: {v:.2f}" for n, v in t["median_s_per_step"].items()]
+    lines += [
+        "",
+        "s/step: median over the run's steps of one optimizer step's wall time (generation or waiting for the batch,",
+        "learner, weight push); cores busy: CPU seconds of the run's processes / their wall time; training s: sum of",
+        "step times; process s: whole process, start-up and checkpoint writes included. Times to target: the first",
+        "scored checkpoint at or above it, medians over seeds (given when most seeds got there). The agent-rl step",
+        "split: mean seconds per step waiting for the batch, in the learner, pushing weights, and the rest (logging,",
+        "the driver's own work between them).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors: dict[str, str] = {}
+    for ax, key, xlabel in zip(
+        axes,
+        ("curve", "curve_process"),
+        ("training wall time (s)", "whole-process wall time (s)"),
+        strict=True,
+    ):
+        for r in out["cells"]:
+            n = cell_name(r)
+            c = colors.setdefault(n, f"C{len(colors)}")
+            t, a = zip(*r[key], strict=True)
+            ax.plot(t, a, color=c, alpha=0.8, marker=".", label=n if r["seed"] == 0 else None)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out accuracy (agent-rl's evaluator)")
+    axes[0].legend()
+    fig.suptitle("agent_arith (tiny model, 2 cores): agent-rl vs TRL GRPOTrainer, every seed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
