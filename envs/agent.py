@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from envs import rewards
 from envs.datasets import DatasetReport, load_split
+from envs.loop_resources import shared_mcp_server
 from envs.spec import EnvSpec, load_callable
 from envs.tir import tool_output
 from envs.types import EnvError, Task
@@ -95,11 +97,13 @@ class AgentEnv:
     ):
         self.spec, self.tokenizer, self._entry, self._reward_fn = spec, tokenizer, entrypoint, reward_fn
         self.external = spec.external is not None  # run by an agent in another process (gateway/external.py)
-        self.tool_parser = (spec.agent or spec.external).tool_parser
-        self.reasoning_parser = (spec.agent or spec.external).reasoning_parser
+        cfg = spec.agent or spec.external or spec.verifiers
+        self.tool_parser, self.reasoning_parser = cfg.tool_parser, cfg.reasoning_parser
         self._sandbox_backend, self._limits, self._shared_sandbox = sandbox, limits, shared_sandbox
         self._task: Task | None = None
         self.sandbox: AgentSandbox | None = None
+        self._mcp: Any = None  # sandboxes.mcp_server.McpToolServer serving this episode's sandbox
+        self._mcp_id: str | None = None
 
     # -- what rollout workers read ----------------------------------------------------
     @property
@@ -142,7 +146,10 @@ class AgentEnv:
             self._sandbox_backend = self._shared_sandbox()
         self.sandbox = AgentSandbox(self.spec, self._limits, self._sandbox_backend)
         assert self.spec.agent is not None
-        out = await self._entry(self._task, client, self.sandbox, **self.spec.agent.kwargs)
+        kwargs = dict(self.spec.agent.kwargs)
+        if self.spec.agent.mcp_servers:
+            kwargs["mcp_servers"] = await self._mcp_urls()
+        out = await self._entry(self._task, client, self.sandbox, **kwargs)
         if isinstance(out, bool) or not isinstance(out, (int, float, str, type(None))):
             raise EnvError(
                 f"agent {self.spec.agent.import_path} returned {type(out).__name__}; "
@@ -155,6 +162,18 @@ class AgentEnv:
                 )
             return AgentOutcome(float(out), None)
         return AgentOutcome(await self.score(out), out)
+
+    async def _mcp_urls(self) -> dict[str, str]:
+        """name -> URL of each MCP server in `agent.mcp_servers`; the sandbox one is this episode's (unique URL)."""
+        urls: dict[str, str] = {}
+        for server in self.spec.agent.mcp_servers:
+            if server.url is not None:
+                urls[server.name] = server.url
+                continue
+            self._mcp = await shared_mcp_server()
+            self._mcp_id = self._mcp_id or uuid.uuid4().hex
+            urls[server.name] = self._mcp.register(self._mcp_id, self.sandbox.run)
+        return urls
 
     async def score(self, answer: str | None) -> float:
         """The env's reward for a final answer text (a \\boxed{} in it wins over the whole text)."""
@@ -179,6 +198,8 @@ class AgentEnv:
         return float(verdict.correct)
 
     async def close(self) -> None:
+        if self._mcp is not None:
+            self._mcp.unregister(self._mcp_id)
         if self.sandbox is not None:
             await self.sandbox.close()
 

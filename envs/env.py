@@ -16,16 +16,15 @@ per task and tokenizer, not once per episode (a group's n episodes share them).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from envs import rewards
 from envs.codec import Codec, codec
 from envs.datasets import DatasetReport, load_split
+from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, load_callable
 from envs.tir import ObservationFormatter, parse_turn, tool_output
 from envs.types import EnvError, Finish, StepInfo, StepResult, Task
@@ -67,30 +66,24 @@ def make_sandbox(spec: EnvSpec) -> Any:
     return sandboxes.create(spec.sandbox.backend, limits=make_limits(spec), **spec.sandbox.options)
 
 
-# Sandboxes made for envs created without one: one per event loop and sandbox config, so episodes stay cheap.
-_LOOP_SANDBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def shared_sandbox(spec: EnvSpec) -> Any:
     """The sandbox shared by this event loop's episodes of every spec with the same sandbox section."""
-    per_loop = _LOOP_SANDBOXES.setdefault(asyncio.get_running_loop(), {})
-    key = spec.sandbox.model_dump_json()
+    per_loop = loop_resources()
+    key = "sandbox:" + spec.sandbox.model_dump_json()
     if key not in per_loop:
         per_loop[key] = make_sandbox(spec)
     return per_loop[key]
 
 
-async def close_shared_sandboxes() -> None:
-    """Close the sandboxes envs made for this event loop (call at shutdown)."""
-    for sandbox in _LOOP_SANDBOXES.pop(asyncio.get_running_loop(), {}).values():
-        await sandbox.close()
-
-
 def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
     """A fresh episode. Without `sandbox`, the first code run uses the loop's shared sandbox for this spec."""
-    if spec.type in ("agent", "external"):  # an OpenAI-client agent runs the episode (envs/agent.py)
+    if spec.type == "verifiers":  # a verifiers environment's harness runs the episode (envs/verifiers_env.py)
+        from envs.verifiers_env import VerifiersEnv
+
+        return VerifiersEnv(
+            spec, tokenizer, sandbox, None, None, make_limits(spec), lambda: shared_sandbox(spec)
+        )
+    if spec.type in ("agent", "external"):  # an agent runs the episode through the gateway (envs/agent.py)
         from envs.agent import make_agent_env
 
         return make_agent_env(spec, tokenizer, sandbox, make_limits(spec), lambda: shared_sandbox(spec))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from envs.yamlio import load_model
 
@@ -215,6 +216,14 @@ class RewardConfig(Strict):
         return self
 
 
+class McpServerConfig(Strict):
+    """An MCP tool server the agent gets (by URL, streamable HTTP). Without `url`: the episode's own sandbox,
+    served by the run as a `python` tool (the env's limits and tool.session), at a URL of its own per episode."""
+
+    name: str = Field(min_length=1)
+    url: str | None = None
+
+
 class AgentConfig(Strict):
     """`type: agent`: an agent written against the OpenAI client runs each episode (envs/agent.py)."""
 
@@ -229,6 +238,17 @@ class AgentConfig(Strict):
     reasoning_parser: Literal["qwen3", "none"] = "none"
     """How the gateway splits reasoning off into `reasoning_content` (agent_rl/openai/reasoning.py):
     qwen3 for `<think>...</think>`. The trajectory keeps the sampled reasoning tokens either way."""
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """Passed to the entrypoint as `mcp_servers={name: url}` (e.g. `- {name: sandbox}`: the episode's sandbox
+    as an MCP server; `- {name: search, url: "http://..."}`: a server of your own). Needs `agent-rl[mcp]`."""
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_names(cls, v: tuple[McpServerConfig, ...]) -> tuple[McpServerConfig, ...]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MCP server names must be unique, got {names}")
+        return v
 
     @field_validator("import_path")
     @classmethod
@@ -257,6 +277,52 @@ class ExternalConfig(Strict):
     """As `agent.tool_parser`."""
     reasoning_parser: Literal["qwen3", "none"] = "none"
     """As `agent.reasoning_parser`."""
+
+
+VERIFIERS_INSTALL = (
+    "verifiers environments need verifiers: `make verifiers` (a venv of its own: verifiers 0.4 pins openai<3, the "
+    "agent frameworks need openai>=3), or pip install 'agent-rl[verifiers]' in a venv without agent-rl[frameworks]"
+)
+
+
+def env_config(raw: dict[str, Any]) -> Any:
+    """verifiers' validated env config for the YAML's `verifiers.env` (imports the taskset)."""
+    try:
+        from verifiers.v1.utils.loaders import resolve_env_config
+    except ModuleNotFoundError as e:
+        raise ValueError(VERIFIERS_INSTALL) from e
+    try:
+        return resolve_env_config(raw)
+    except Exception as e:  # pydantic's ValidationError, or the taskset module that does not import
+        raise ValueError(f"verifiers rejected env {raw}: {str(e).splitlines()[0]}") from None
+
+
+class VerifiersSplit(Strict):
+    skip: int = Field(0, ge=0)
+    """Tasks of the taskset's `load()` order to leave out first."""
+    limit: int | None = Field(None, ge=1)
+
+
+class VerifiersConfig(Strict):
+    """`type: verifiers`: a `verifiers` (0.4) environment: its taskset is the data, its harness runs each episode
+    (the model calls go through the run's recording gateway), its rewards are the reward (envs/verifiers_env.py)."""
+
+    env: dict[str, Any]
+    """verifiers' env config, as its TOML takes it, e.g. `{taskset: {id: my_taskset_module, ...}, agent: {harness:
+    {id: "null"}, runtime: {type: subprocess}}}`; validated by verifiers when the env loads."""
+    splits: dict[str, VerifiersSplit] = {"train": VerifiersSplit()}
+    """Split name -> a slice of the taskset (verifiers tasksets have no splits of their own)."""
+    model: str = "policy"
+    """The model name the harness sends (the gateway serves the policy under any name)."""
+    tool_parser: Literal["hermes", "qwen", "llama3_json", "none"] = "hermes"
+    """As `agent.tool_parser`."""
+    reasoning_parser: Literal["qwen3", "none"] = "none"
+    """As `agent.reasoning_parser`."""
+
+    @model_validator(mode="after")
+    def _loads(self) -> VerifiersConfig:
+        env_config(self.env)  # import the taskset and validate the config now, with a one-line error
+        return self
 
 
 def project_of(path: str | Path) -> Path | None:
@@ -301,10 +367,11 @@ def load_callable(import_path: str, near: str | Path | None = None) -> Any:
 
 class EnvSpec(Strict):
     name: str
-    type: Literal["simple-tir", "agent", "external"] = "simple-tir"
+    type: Literal["simple-tir", "agent", "external", "verifiers"] = "simple-tir"
     """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
     runs the episode through the recording gateway; turns: then budgets its chat completions."""
-    data: DataConfig
+    data: DataConfig | None = Field(None, validate_default=True)
+    """Required except for `type: verifiers` (its taskset is the data)."""
     prompt: PromptConfig = PromptConfig()
     tool: ToolConfig = ToolConfig()
     turns: TurnConfig = TurnConfig()
@@ -314,11 +381,19 @@ class EnvSpec(Strict):
     """n samples per prompt."""
     agent: AgentConfig | None = None
     external: ExternalConfig | None = None
+    verifiers: VerifiersConfig | None = None
     """type: external only; turns: budgets each episode's chat completions as for agents."""
     """type: agent only. turns.max_turns caps chat completions per episode, max_tokens_per_turn each one's
     max_tokens, max_response_tokens the episode's sampled tokens."""
     source_path: str | None = None
     """Set by envs.load: the YAML file (resolves data.root, shows up in errors)."""
+
+    @field_validator("data")
+    @classmethod
+    def _data_required(cls, v: DataConfig | None, info: ValidationInfo) -> DataConfig | None:
+        if v is None and info.data.get("type") != "verifiers":
+            raise PydanticCustomError("missing", "Field required")
+        return v
 
     @field_validator("source_path")
     @classmethod
@@ -337,9 +412,16 @@ class EnvSpec(Strict):
             raise ValueError(
                 "type: external needs an external: section (e.g. {port: 8900}), and only it has one"
             )
+        if (self.type == "verifiers") != (self.verifiers is not None):
+            raise ValueError(
+                "type: verifiers needs a verifiers: section ({env: {taskset: {id: ...}}}), and only it has one"
+            )
+        if self.type == "verifiers" and self.data is not None:
+            raise ValueError("type: verifiers takes its data from the taskset: remove data:")
         return self
 
     def data_root(self) -> Path:
+        assert self.data is not None
         return self.data.resolved_root(Path(self.source_path) if self.source_path else None)
 
     def __hash__(self) -> int:

@@ -27,6 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--run", default="", help="value of the containers' agent-rl.run label (docker)")
     serve.add_argument("--preload", default="", help="modules the fork-servers import once, comma-separated")
     serve.add_argument("--allow-unsafe", action="store_true", help="required for --backend unsafe-subprocess")
+    serve.add_argument(
+        "--mcp",
+        action="store_true",
+        help="serve an MCP tool server (a `python` tool) at /mcp instead of HTTP",
+    )
     build = sub.add_parser(
         "build-image", help="build the docker sandbox image offline from this host's Python"
     )
@@ -67,15 +72,32 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.preload and args.backend == "local":
         options["preload"] = args.preload.split(",")
     sandbox = sandboxes.create(args.backend, pool_size=args.pool_size, limits=limits, **options)
+    if args.mcp:  # fail on a missing `mcp` before starting the pool
+        from sandboxes.mcp_server import McpToolServer, plain_output
+
+        async def run(code: str) -> str:
+            return plain_output(await sandbox.run(code, limits=limits))
+
+        mcp = McpToolServer(default=run)
     await sandbox.start()
-    runner = web.AppRunner(SandboxService(sandbox, limits).app())
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    print(
-        f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{args.port}",
-        flush=True,
-    )
+    if args.mcp:
+        url = await mcp.start(args.host, args.port)
+        print(f"sandbox MCP server ({args.backend}, pool {args.pool_size}): {url}", flush=True)
+
+        async def cleanup() -> None:
+            await mcp.close()
+            await sandbox.close()
+
+    else:
+        runner = web.AppRunner(SandboxService(sandbox, limits).app())
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        print(
+            f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{args.port}",
+            flush=True,
+        )
+        cleanup = runner.cleanup
     # SIGTERM and SIGINT stop the service cleanly: the pool closes, so its containers are removed.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -84,6 +106,6 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await cleanup()  # the pool closes with the service, so its containers are removed
     print("sandbox service stopped", flush=True)
     return 0

@@ -7,7 +7,7 @@ the session (the agent's next call gets a 409) and the episode is abandoned like
 episode interrupted by a checkpoint restarts from scratch on resume: an agent's Python state cannot
 be saved. Engine failures after retries and agents that raise are infrastructure errors (the group
 is dropped and re-sampled, never scored 0); an agent that runs out of budget (409) without handling
-it scores 0 with finish reason `length`.
+it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
 """
 
 from __future__ import annotations
@@ -81,13 +81,16 @@ async def run_agent_episode(
             return False
         if session.stats.errors:
             raise AgentEpisodeError(f"episode {traj.uid}: engine failed: {session.stats.errors[-1]}") from e
-        if session.over is None:
+        cut = bool(session.calls) and session.calls[-1].finish_reason == "length"
+        if session.over is None and not cut:
             counters.agent_errors += 1
             why = f" after a 4xx ({session.stats.client_errors[-1]})" if session.stats.client_errors else ""
             raise AgentEpisodeError(
                 f"episode {traj.uid}: agent {who} raised {e!r}{why}; fix the agent"
             ) from e
-        finish = FinishReason.LENGTH  # the budget ran out and the agent did not handle the 409
+        # the budget ran out and the agent did not handle the 409, or it raised on a reply its token budget cut
+        # (the Agents SDK's Responses model raises on `incomplete`): the model's doing, scored 0
+        finish = FinishReason.LENGTH
     finally:
         gateway.close_session(sid)
         if client is not None:

@@ -19,3 +19,10 @@ async def rewrite_history(task, client, sandbox) -> str | None:
 
 def half(text: str, task) -> float:
     return 0.5
+
+
+async def give_up_after_one_reply(task, client, sandbox) -> str | None:
+    """Raises after its first reply, as frameworks do on a reply cut by max_tokens (the Agents SDK's Responses
+    model raises on `incomplete`)."""
+    r = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": task.problem}])
+    raise RuntimeError(f"cannot use a reply that finished with {r.choices[0].finish_reason!r}")

@@ -109,3 +109,15 @@ def test_agent_rl_train_runs_the_example_agent_through_the_async_loop(tool_model
     for r in records:
         assert math.isfinite(r["rollout/reward_mean"]) and r["rollout/agent_calls_per_episode"] >= 1
         assert "rollout/agent_splits" in r
+
+
+async def test_agent_that_raises_after_a_reply_cut_by_its_token_budget_scores_zero_not_an_error(tool_model):
+    spec = envs.load(DATA / "give_up_agent.yaml")
+    engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    try:
+        (group,), rollouts = await run_rollouts(spec, tool_model, engine, groups=1)
+    finally:
+        await engine.close()
+    assert rollouts.counters.errors == rollouts.counters.agent_errors == 0
+    for traj in group.trajectories:
+        assert traj.finish_reason.value == "length" and traj.reward == 0.0 and len(traj.response_ids) == 4

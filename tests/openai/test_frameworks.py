@@ -66,3 +66,39 @@ async def test_pydantic_ai_structured_output(fronts, front):
     result = await Agent(model, output_type=Verdict).run("Is 3 * 4 twelve?")
     assert isinstance(result.output, Verdict)
     check_recorded(fronts, front)
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_smolagents_tool_calling_agent_with_tool_choice_required(fronts, front):
+    """smolagents sends tool_choice="required" on every step (the grammar forces a call of one of its tools); its
+    final_answer here takes a boolean, so the forced call is short, and the agent returns what it parsed.
+    (smolagents' stock 2-3k-token system prompt does not fit the toy model's 256-token context: a short one.)"""
+    pytest.importorskip("smolagents")
+    import asyncio
+
+    from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
+
+    class FinalAnswer(Tool):
+        name = "final_answer"
+        description = "Give the final answer."
+        inputs = {"answer": {"type": "boolean", "description": "whether it is true"}}
+        output_type = "boolean"
+
+        def forward(self, answer: bool) -> bool:
+            return answer
+
+    llm = OpenAIServerModel(  # extra kwargs go into every request: one call per step (smolagents acts on one)
+        model_id="policy",
+        api_base=fronts.base_url(front),
+        api_key="x",
+        client_kwargs={"max_retries": 0},
+        parallel_tool_calls=False,
+    )
+    agent = ToolCallingAgent(tools=[FinalAnswer()], model=llm, max_steps=1, verbosity_level=0)
+    agent.prompt_templates["system_prompt"] = "Answer with the final_answer tool."
+    answer = await asyncio.to_thread(agent.run, "Is 3 * 4 twelve?")
+    assert isinstance(answer, bool), [
+        getattr(s, "error", None) for s in agent.memory.steps
+    ]  # the forced tool call parsed, and smolagents ran its tool on it
+    assert agent.memory.steps[-1].tool_calls[0].name == "final_answer"
+    check_recorded(fronts, front)
