@@ -5,7 +5,7 @@
 #   heldout  each baseline at its chosen lr and VCPO at the recipe's 5e-4, k in {0,4,8}, seeds 3-7
 #   ablate   ESS lr alone, OPOB alone and VCPO at every lr, k in {0,4,8}, seeds 3-7 (recipe lr first)
 #   report   benchmarks/results/stress/level_b_fair.{json,md,png} from the finished runs (each part ends with it)
-# JOBS=2 (runs at a time), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=10.
+# JOBS=2 (runs at a time), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=0 (no periodic eval: the final checkpoint is what is scored).
 # Every run is trained under nice -n 19, then its final checkpoint is evaluated (final_eval.json: the run counts
 # from then on) and the checkpoint is deleted. Run dirs: runs/stress_f_<method>_lr<lr>_k<k>_s<seed>.
 set -euo pipefail
@@ -14,7 +14,7 @@ PART=${1:?usage: benchmarks/stress/level_b_fair.sh select|heldout|ablate|report}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
 WARM=${WARM:-runs/tiny_tir/sft}
-EVAL_EVERY=${EVAL_EVERY:-10}
+EVAL_EVERY=${EVAL_EVERY:-0}
 PY=.venv/bin/python
 export WARM STEPS EVAL_EVERY PY
 [ -f "$WARM/model.safetensors" ] || { echo "no warm start at $WARM: run 'make run' first (or set WARM=DIR)" >&2; exit 2; }
