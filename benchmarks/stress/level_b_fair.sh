@@ -9,6 +9,7 @@
 # Every run is trained under nice -n 19, then its final checkpoint is evaluated (final_eval.json: the run counts
 # from then on) and the checkpoint is deleted. Run dirs: runs/stress_f_<method>_lr<lr>_k<k>_s<seed>.
 set -euo pipefail
+{  # braces: bash reads the whole script before running it, so editing the file mid-study is safe
 cd "$(dirname "$0")/../.."
 PART=${1:?usage: benchmarks/stress/level_b_fair.sh select|heldout|ablate|report}
 JOBS=${JOBS:-2}
@@ -47,3 +48,5 @@ if [ "$PART" != report ]; then
       done
 fi
 $PY -m benchmarks.stress.level_b_fair report
+exit
+}
