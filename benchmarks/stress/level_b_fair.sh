@@ -44,7 +44,9 @@ if [ "$PART" != report ]; then
   # one report every JOBS runs, so the tables fill in as the runs finish
   xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _ < "runs/level_b_fair_$PART.plan" | while read -r msg; do
         i=$((i + 1)); echo "[$i/$total] $msg"
-        [ $((i % JOBS)) -eq 0 ] && $PY -m benchmarks.stress.level_b_fair report > /dev/null || echo "report failed (the runs go on)"
+        if [ $((i % JOBS)) -eq 0 ]; then
+          $PY -m benchmarks.stress.level_b_fair report > /dev/null || echo "report failed (the runs go on)"
+        fi
       done
 fi
 $PY -m benchmarks.stress.level_b_fair report
