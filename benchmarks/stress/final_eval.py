@@ -1,6 +1,6 @@
 """Held-out accuracy of each stress run's *learner* policy at its last step (its final checkpoint).
 
-    .venv/bin/python -m benchmarks.stress.final_eval runs [--jobs 2]   # -> runs/<name>/final_eval.json
+    .venv/bin/python -m benchmarks.stress.final_eval runs [--jobs 2] [--glob 'stress_*']   # -> runs/<name>/final_eval.json
 
 Why: under `rollout.fixed_lag=k` the engines hold the weights of k versions ago, and the periodic eval runs
 on the engines, so the run's `eval/accuracy` at step t is the policy the learner had k steps earlier. The
@@ -46,8 +46,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs_dir")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--glob", default="stress_*", help="which run dirs (default stress_*)")
     args = ap.parse_args()
-    runs = sorted(p.parent for p in Path(args.runs_dir).glob("stress_*/metrics.jsonl"))
+    runs = sorted(p.parent for p in Path(args.runs_dir).glob(f"{args.glob}/metrics.jsonl"))
     with ThreadPoolExecutor(args.jobs) as pool:
         for i, line in enumerate(pool.map(evaluate, runs), 1):
             print(f"[{i}/{len(runs)}] {line}", flush=True)

@@ -1,0 +1,179 @@
+"""Level (b), lr-matched: every stabiliser at its best learning rate against VCPO, and VCPO's parts ablated.
+
+    benchmarks/stress/level_b_fair.sh select|heldout|ablate|report     (the runner; this module plans and reports)
+    .venv/bin/python -m benchmarks.stress.level_b_fair plan PART        # the runs PART still needs, one per line
+    .venv/bin/python -m benchmarks.stress.level_b_fair report           # -> benchmarks/results/stress/level_b_fair.*
+
+The design (issue 28): tiny_tir warm start, fixed lag k, void-turn masking off, 40 steps, scored by the final
+checkpoint's held-out accuracy (`final_eval`). Baselines (plain, tis, mis, m2po) run at each lr of LRS on the
+selection seeds at k = 4; each method's lr is the one with the highest mean there, and only that lr is scored on
+the held-out seeds at k in LAGS. VCPO runs at the recipe's lr (RECIPE_LR, no selection) and, with its two parts
+alone (ess_lr: the ESS-scaled lr on the GRPO baseline; opob: the OPOB baseline without lr scaling), at every lr of
+LRS on the held-out seeds. At k = 0 every IS weight is 1 and ESS/B = 1, so tis/mis/m2po/ess_lr make plain's update
+and opob makes VCPO's: those cells are plain's and VCPO's runs (`same_as`).
+
+Resumable: a run counts once its final_eval.json exists; the report also keeps the cells an earlier report wrote
+(level_b_fair.json), so a study can be finished in another session after its run dirs are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LRS = (5e-5, 1.5e-4, 5e-4)
+RECIPE_LR = 5e-4
+LAGS = (0, 4, 8)
+SELECT_LAG = 4
+SELECT_SEEDS = (0, 1, 2)
+HELDOUT_SEEDS = (3, 4, 5, 6, 7)
+BASELINES = ("plain", "tis", "mis", "m2po")
+ABLATIONS = ("ess_lr", "opob", "vcpo")
+WARM_START = 0.25  # held-out accuracy of the warm start; a run that ends below it collapsed
+SAME_AS_AT_K0 = {"tis": "plain", "mis": "plain", "m2po": "plain", "ess_lr": "plain", "opob": "vcpo"}
+OVERRIDES = {  # method -> recipe overrides (recipes/tiny_tir.yaml is VCPO: seq-TIS + proxy OPOB + sqrt ESS lr)
+    "plain": "algorithm.loss=reinforce algorithm.advantage=grpo algorithm.ess_lr_rule=none",
+    "tis": "algorithm.loss=tis_seq algorithm.advantage=grpo algorithm.ess_lr_rule=none",
+    "mis": "algorithm.loss=mis algorithm.advantage=grpo algorithm.ess_lr_rule=none",
+    "m2po": "algorithm.loss=m2po algorithm.advantage=grpo algorithm.ess_lr_rule=none",
+    "ess_lr": "algorithm.advantage=grpo",
+    "opob": "algorithm.ess_lr_rule=none",
+    "vcpo": "",
+}
+LABEL = {"plain": "plain REINFORCE", "tis": "TIS (seq)", "mis": "masking (MIS)", "m2po": "M2PO",
+         "ess_lr": "ESS lr alone", "opob": "OPOB alone", "vcpo": "VCPO"}  # fmt: skip
+NAME = re.compile(r"stress_f_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One finished run: the method, lr, lag and seed it ran, and its final checkpoint's held-out accuracy."""
+
+    method: str
+    lr: float
+    k: int
+    seed: int
+    final_accuracy: float
+
+    @property
+    def collapsed(self) -> bool:
+        return self.final_accuracy < WARM_START
+
+    def row(self) -> dict:
+        return asdict(self) | {"collapsed": self.collapsed}
+
+
+def run_name(method: str, lr: float, k: int, seed: int) -> str:
+    return f"stress_f_{method}_lr{lr:g}_k{k}_s{seed}"
+
+
+def read_cells(runs_dir: Path, earlier: Path | None = None) -> dict[tuple, Cell]:
+    """Every finished run (final_eval.json written) under runs_dir, plus the cells an earlier report kept;
+    a run dir wins over its kept copy. Keyed by (method, lr, k, seed)."""
+    cells: dict[tuple, Cell] = {}
+    if earlier is not None and earlier.is_file():
+        for c in json.loads(earlier.read_text())["cells"]:
+            cell = Cell(c["method"], float(c["lr"]), int(c["k"]), int(c["seed"]), float(c["final_accuracy"]))
+            cells[(cell.method, cell.lr, cell.k, cell.seed)] = cell
+    for path in sorted(runs_dir.glob("stress_f_*/final_eval.json")):
+        m = NAME.match(path.parent.name)
+        if m is None:
+            continue
+        acc = json.loads(path.read_text())["accuracy"]
+        if not math.isfinite(acc):
+            raise ValueError(f"{path}: field accuracy is {acc}; delete the file to re-evaluate the run")
+        method, lr, k, seed = m.group(1), float(m.group(2)), int(m.group(3)), int(m.group(4))
+        cells[(method, lr, k, seed)] = Cell(method, lr, k, seed, acc)
+    return cells
+
+
+def accuracies(
+    cells: dict[tuple, Cell], method: str, lr: float, k: int, seeds: tuple[int, ...]
+) -> list[float]:
+    """The finals of (method, lr, k) over these seeds that have run (k = 0 of a same-as method: its twin's)."""
+    if k == 0:
+        method = SAME_AS_AT_K0.get(method, method)
+    return [cells[key].final_accuracy for s in seeds if (key := (method, lr, k, s)) in cells]
+
+
+def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
+    """Each baseline's lr: the highest mean final at k = SELECT_LAG over the selection seeds (ties: the first lr
+    in LRS). None until every lr has every selection seed: a partial selection picks nothing. Held-out seeds
+    are never read here."""
+    chosen: dict[str, float | None] = {}
+    for method in BASELINES:
+        means = {}
+        for lr in LRS:
+            accs = accuracies(cells, method, lr, SELECT_LAG, SELECT_SEEDS)
+            if len(accs) == len(SELECT_SEEDS):
+                means[lr] = statistics.mean(accs)
+        chosen[method] = max(means, key=lambda lr: means[lr]) if len(means) == len(LRS) else None
+    return chosen
+
+
+def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]:
+    """The runs PART still needs, in priority order: (name, k, seed, overrides). Runs already finished and
+    k = 0 cells that are another method's run are left out."""
+    want: list[tuple[str, float, int, int]] = []
+    if part == "select":
+        want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in BASELINES]
+    elif part == "heldout":
+        chosen = select_lrs(cells)
+        picks = [("vcpo", RECIPE_LR)] + [(m, lr) for m, lr in chosen.items() if lr is not None]
+        want = [(m, lr, k, s) for k in (4, 8, 0) for s in HELDOUT_SEEDS for m, lr in picks]
+    elif part == "ablate":
+        chosen = [lr for lr in select_lrs(cells).values() if lr is not None]
+        order = [RECIPE_LR] + [lr for lr in LRS if lr in chosen and lr != RECIPE_LR]
+        order += [lr for lr in LRS if lr not in order]  # recipe lr, then the baselines' lrs, then the rest
+        want = [(m, lr, k, s) for lr in order for k in (4, 8, 0) for s in HELDOUT_SEEDS for m in ABLATIONS]
+    else:
+        raise ValueError(f"plan: part {part!r} is not one of select, heldout, ablate")
+    out, seen = [], set()
+    for method, lr, k, seed in want:
+        if k == 0:
+            method = SAME_AS_AT_K0.get(method, method)
+        key = (method, lr, k, seed)
+        if key in cells or key in seen:
+            continue
+        seen.add(key)
+        sets = " ".join(
+            f"--set {o}" for o in [f"learner.lr={lr:g}", "buffer.mask_void=false"] + OVERRIDES[method].split()
+        )
+        out.append((run_name(method, lr, k, seed), k, seed, sets))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["plan", "report"])
+    ap.add_argument("part", nargs="?", help="plan: select | heldout | ablate")
+    ap.add_argument("--runs", default="runs", type=Path)
+    ap.add_argument("--out", default="benchmarks/results/stress/level_b_fair.json", type=Path)
+    args = ap.parse_args(argv)
+    cells = read_cells(args.runs, args.out)
+    if args.command == "plan":
+        try:
+            runs = plan(args.part or "", cells)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        pending = [m for m, lr in select_lrs(cells).items() if lr is None]
+        if args.part == "heldout" and pending:
+            print(f"heldout: no lr chosen yet for {', '.join(pending)} (finish `level_b_fair.sh select` first); "
+                  "planning the others", file=sys.stderr)  # fmt: skip
+        for name, k, seed, sets in runs:
+            print(name, k, seed, sets)
+        print(f"{args.part}: {len(runs)} runs to go", file=sys.stderr)
+        return
+    from benchmarks.stress.level_b_fair_report import write
+
+    write(cells, args.out)
+
+
+if __name__ == "__main__":
+    main()

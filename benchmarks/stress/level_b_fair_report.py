@@ -1,0 +1,295 @@
+"""The lr-matched level (b) report: selection, held-out cells, the verdict per k (written by `level_b_fair report`).
+
+Statistics: mean and sample std over the seeds a cell has; standard error of a mean = std / sqrt(n); the
+standard error of a difference of two independent cells = sqrt(se_a² + se_b²) (the seeds of two methods are
+separate runs, not paired draws). The best baseline at each k is the one with the highest held-out mean at its
+chosen lr: that pick is made on the held-out seeds themselves, which favours the baselines, never VCPO.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks.stress.level_b_fair import (
+    ABLATIONS,
+    BASELINES,
+    HELDOUT_SEEDS,
+    LABEL,
+    LAGS,
+    LRS,
+    RECIPE_LR,
+    SAME_AS_AT_K0,
+    SELECT_LAG,
+    SELECT_SEEDS,
+    WARM_START,
+    Cell,
+    accuracies,
+    plan,
+    select_lrs,
+)  # fmt: skip
+
+
+def stats(accs: list[float]) -> dict:
+    """n, mean, std, se and collapses of one cell (mean/std/se None where the seeds cannot give them)."""
+    n = len(accs)
+    std = statistics.stdev(accs) if n > 1 else None
+    return {
+        "n": n, "mean": statistics.mean(accs) if n else None, "std": std,
+        "se": std / math.sqrt(n) if std is not None else None, "collapsed": sum(a < WARM_START for a in accs),
+    }  # fmt: skip
+
+
+def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
+    """a - b and its standard error (independent cells)."""
+    if a["mean"] is None or b["mean"] is None:
+        return None, None
+    se = math.sqrt(a["se"] ** 2 + b["se"] ** 2) if a["se"] is not None and b["se"] is not None else None
+    return a["mean"] - b["mean"], se
+
+
+def selection(cells: dict[tuple, Cell]) -> dict:
+    chosen = select_lrs(cells)
+    return {
+        m: {"chosen_lr": chosen[m],
+            "by_lr": {f"{lr:g}": stats(accuracies(cells, m, lr, SELECT_LAG, SELECT_SEEDS)) for lr in LRS}}
+        for m in BASELINES
+    }  # fmt: skip
+
+
+def heldout(cells: dict[tuple, Cell]) -> dict[str, dict]:
+    """Every (method, lr, k) on the held-out seeds, keyed 'method|lr|k'."""
+    out = {}
+    for m in BASELINES + ABLATIONS:
+        for lr in LRS:
+            for k in LAGS:
+                c = stats(accuracies(cells, m, lr, k, HELDOUT_SEEDS))
+                if c["n"]:
+                    out[f"{m}|{lr:g}|{k}"] = c | {"same_as": SAME_AS_AT_K0.get(m) if k == 0 else None}
+    return out
+
+
+def _cell(held: dict, m: str, lr: float | None, k: int) -> dict:
+    return held.get(f"{m}|{lr:g}|{k}", stats([])) if lr is not None else stats([])
+
+
+def summary(held: dict, chosen: dict[str, float | None]) -> dict[str, dict]:
+    """Per k: the best baseline at its chosen lr against VCPO at the recipe's lr, and what each part alone does."""
+    out = {}
+    for k in LAGS:
+        base = {m: _cell(held, m, chosen[m], k) for m in BASELINES}
+        ranked = [m for m in BASELINES if base[m]["mean"] is not None]
+        best = max(ranked, key=lambda m: base[m]["mean"]) if ranked else None
+        b = base[best] if best else stats([])
+        v = _cell(held, "vcpo", RECIPE_LR, k)
+        diff, se = difference(v, b)
+        s = {
+            "best_baseline": best, "best_baseline_lr": chosen[best] if best else None,
+            "best_baseline_mean": b["mean"], "best_baseline_se": b["se"], "best_baseline_n": b["n"],
+            "vcpo_lr": RECIPE_LR, "vcpo_mean": v["mean"], "vcpo_se": v["se"], "vcpo_n": v["n"],
+            "vcpo_minus_best_baseline": diff, "vcpo_minus_best_baseline_se": se,
+            "complete": all(chosen[m] is not None and base[m]["n"] == len(HELDOUT_SEEDS) for m in BASELINES)
+            and v["n"] == len(HELDOUT_SEEDS),
+        }  # fmt: skip
+        for part in ("ess_lr", "opob"):  # each part alone at the recipe's lr
+            p = _cell(held, part, RECIPE_LR, k)
+            s[f"{part}_mean"], s[f"{part}_se"], s[f"{part}_n"] = p["mean"], p["se"], p["n"]
+            s[f"{part}_minus_best_baseline"], s[f"{part}_minus_best_baseline_se"] = difference(p, b)
+            s[f"vcpo_minus_{part}"], s[f"vcpo_minus_{part}_se"] = difference(v, p)
+        vb = _cell(held, "vcpo", s["best_baseline_lr"], k)  # VCPO at the best baseline's own lr
+        s["vcpo_at_baseline_lr_mean"], s["vcpo_at_baseline_lr_se"] = vb["mean"], vb["se"]
+        s["vcpo_at_baseline_lr_minus_best_baseline"], s["vcpo_at_baseline_lr_minus_best_baseline_se"] = (
+            difference(vb, b)
+        )
+        out[str(k)] = s
+    return out
+
+
+def lr_text(lr: float) -> str:
+    """5e-4, 1.5e-4, 5e-5."""
+    return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
+
+
+def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
+    if mean is None:
+        return "missing"
+    txt = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return txt + (f" ± {se:.2f}" if se is not None else "")
+
+
+def verdict(s: dict, k: str) -> str:
+    """One plain sentence per k (what the numbers say, the gap in standard errors, which part carries it)."""
+    if s["vcpo_minus_best_baseline"] is None:
+        return f"- k={k}: not measured yet."
+    d, se = s["vcpo_minus_best_baseline"], s["vcpo_minus_best_baseline_se"]
+    z = d / se if se else math.inf
+    how = ("VCPO is ahead" if d > 0 else "VCPO is behind") + (
+        f" by {abs(d):.2f} ± {se:.2f} ({abs(z):.1f} standard errors"
+        if se
+        else f" by {abs(d):.2f} (no spread yet"
+    )
+    how += "; within 2 SE: not separated)" if abs(z) < 2 else ")"
+    text = (f"- k={k}: VCPO (lr {lr_text(RECIPE_LR)}) {_pm(s['vcpo_mean'], s['vcpo_se'])} vs the best baseline at its "
+            f"best lr, {LABEL[s['best_baseline']]} (lr {lr_text(s['best_baseline_lr'])}) "
+            f"{_pm(s['best_baseline_mean'], s['best_baseline_se'])}: {how}.")  # fmt: skip
+    parts = []
+    for part in ("ess_lr", "opob"):
+        if s[f"{part}_mean"] is not None:
+            parts.append(f"{LABEL[part]} {_pm(s[f'{part}_mean'], s[f'{part}_se'])} "
+                         f"({_pm(s[f'{part}_minus_best_baseline'], s[f'{part}_minus_best_baseline_se'], True)} vs the baseline)")  # fmt: skip
+    if parts:
+        text += " Alone at the same lr: " + "; ".join(parts) + "."
+    if s["vcpo_at_baseline_lr_mean"] is not None and s["best_baseline_lr"] != RECIPE_LR:
+        text += (f" VCPO at the baseline's lr: {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])} "
+                 f"({_pm(s['vcpo_at_baseline_lr_minus_best_baseline'], s['vcpo_at_baseline_lr_minus_best_baseline_se'], True)}).")  # fmt: skip
+    if not s["complete"]:
+        text += " (incomplete: not every cell has its 5 held-out seeds)"
+    return text
+
+
+def _fmt(c: dict) -> str:
+    if not c["n"]:
+        return "missing"
+    txt = f"{c['mean']:.2f}" + (f" ± {c['std']:.2f}" if c["std"] is not None else "")
+    txt += f" [{c['collapsed']}]" if c["collapsed"] else ""
+    return txt + ("" if c["n"] == len(HELDOUT_SEEDS) else f" ({c['n']}/{len(HELDOUT_SEEDS)})")
+
+
+def markdown(report: dict, missing: dict[str, list[str]]) -> str:
+    chosen = {m: v["chosen_lr"] for m, v in report["selection"].items()}
+    lines = [
+        "# Staleness study, level (b), lr-matched: every baseline at its best lr vs VCPO, and VCPO's parts "
+        "(`benchmarks/stress/level_b_fair.sh`)",
+        "",
+        f"{len(report['cells'])} runs. tiny_tir warm start (held-out {WARM_START}), tiny_arith, 8 prompts x 8 samples, "
+        f"40 steps, every batch exactly k versions stale (`rollout.fixed_lag`), void-turn masking off. Final = "
+        "held-out accuracy (100 tasks) of the final checkpoint. Each baseline's lr is chosen on seeds "
+        f"{','.join(map(str, SELECT_SEEDS))} at k={SELECT_LAG} from {', '.join(map(lr_text, LRS))}; every "
+        f"other number is over held-out seeds {','.join(map(str, HELDOUT_SEEDS))}. VCPO runs at the recipe's lr "
+        f"{lr_text(RECIPE_LR)} (no selection). Mean ± SE here, mean ± std in the tables below; [n] = collapsed seeds (below "
+        "the warm start); (n/5) = seeds run so far.",
+        "",
+        "## Verdict",
+        "",
+        "| k | best baseline (its lr) | VCPO (5e-4) | VCPO − best baseline | ESS lr alone (5e-4) | OPOB alone (5e-4) "
+        "| VCPO at the baseline's lr |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, s in report["summary"].items():
+        name = (
+            f"{LABEL[s['best_baseline']]} ({lr_text(s['best_baseline_lr'])}): " if s["best_baseline"] else ""
+        )
+        lines.append(
+            f"| {k} | {name}{_pm(s['best_baseline_mean'], s['best_baseline_se'])} | {_pm(s['vcpo_mean'], s['vcpo_se'])} "
+            f"| {_pm(s['vcpo_minus_best_baseline'], s['vcpo_minus_best_baseline_se'], True)} "
+            f"| {_pm(s['ess_lr_mean'], s['ess_lr_se'])} | {_pm(s['opob_mean'], s['opob_se'])} "
+            f"| {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])} |"
+        )
+    lines += ["", *[verdict(s, k) for k, s in report["summary"].items()], ""]
+    lines += [f"## lr selection (k={SELECT_LAG}, seeds {','.join(map(str, SELECT_SEEDS))}; mean ± std; **chosen**)", "",
+              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in LRS) + " |", "|---|" + "---|" * len(LRS)]  # fmt: skip
+    for m, v in report["selection"].items():
+        row = []
+        for lr in LRS:
+            c = v["by_lr"][f"{lr:g}"]
+            txt = _fmt(c).replace(f"/{len(HELDOUT_SEEDS)})", f"/{len(SELECT_SEEDS)})")
+            row.append(f"**{txt}**" if chosen[m] == lr else txt)
+        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    lines += ["", "## Held-out seeds: every (method, lr) run (mean ± std over seeds)", "",
+              "| method | lr | " + " | ".join(f"k={k}" for k in LAGS) + " |", "|---|---|" + "---|" * len(LAGS)]  # fmt: skip
+    for m in BASELINES + ABLATIONS:
+        for lr in LRS:
+            row = []
+            for k in LAGS:
+                c = report["heldout"].get(f"{m}|{lr:g}|{k}")
+                twin = SAME_AS_AT_K0.get(m) if k == 0 else None
+                row.append((f"(= {twin}) " if twin else "") + (_fmt(c) if c else "-"))
+            if any(not r.endswith("-") for r in row):
+                mark = (
+                    " (chosen)"
+                    if chosen.get(m) == lr
+                    else " (recipe)"
+                    if m == "vcpo" and lr == RECIPE_LR
+                    else ""
+                )
+                lines.append(f"| {LABEL[m]} | {lr_text(lr)}{mark} | " + " | ".join(row) + " |")
+    lines += ["", "## Every run (final accuracy by seed; * = collapsed)", "",
+              "| method | lr | k | " + " | ".join(f"s{s}" for s in SELECT_SEEDS + HELDOUT_SEEDS) + " |",
+              "|---|---|---|" + "---|" * (len(SELECT_SEEDS) + len(HELDOUT_SEEDS))]  # fmt: skip
+    by = {(c["method"], c["lr"], c["k"], c["seed"]): c for c in report["cells"]}
+    for m, lr, k in sorted({(c["method"], c["lr"], c["k"]) for c in report["cells"]}):
+        row = [by.get((m, lr, k, s)) for s in SELECT_SEEDS + HELDOUT_SEEDS]
+        lines.append(f"| {m} | {lr_text(lr)} | {k} | " + " | ".join(
+            "" if c is None else f"{c['final_accuracy']:.2f}{'*' if c['collapsed'] else ''}" for c in row) + " |")  # fmt: skip
+    lines += ["", "## Missing runs", ""]
+    for part, names in missing.items():
+        pending = (
+            ""
+            if part != "heldout" or all(chosen.values())
+            else " (and the baselines whose lr is not chosen yet)"
+        )
+        lines.append(f"- `benchmarks/stress/level_b_fair.sh {part}`: {len(names)} runs to go{pending}"
+                     + (f" (first: {', '.join(names[:3])})" if names else ""))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write(cells: dict[tuple, Cell], out: Path) -> dict:
+    """level_b_fair.{json,md,png} from every finished cell."""
+    sel = selection(cells)
+    held = heldout(cells)
+    report = {
+        "design": {"lrs": list(LRS), "recipe_lr": RECIPE_LR, "lags": list(LAGS), "select_lag": SELECT_LAG,
+                   "select_seeds": list(SELECT_SEEDS), "heldout_seeds": list(HELDOUT_SEEDS),
+                   "warm_start": WARM_START, "same_as_at_k0": SAME_AS_AT_K0, "steps": 40},
+        "cells": [c.row() for _, c in sorted(cells.items())],
+        "selection": sel,
+        "heldout": held,
+        "summary": summary(held, {m: v["chosen_lr"] for m, v in sel.items()}),
+    }  # fmt: skip
+    missing = {part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "ablate")}
+    report["missing"] = missing
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    text = markdown(report, missing)
+    out.with_suffix(".md").write_text(text)
+    _plot(report, out.with_suffix(".png"))
+    print(text)
+    return report
+
+
+def _plot(report: dict, png: Path) -> None:
+    """Final accuracy against lr, one panel per k (held-out seeds, mean ± SE), plus the selection panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(LAGS) + 1, figsize=(4.4 * (len(LAGS) + 1), 3.6), sharey=True)
+    methods = BASELINES + ABLATIONS
+    for ax, k in zip(axes[1:], LAGS, strict=True):
+        for i, m in enumerate(methods):
+            pts = [(lr, c) for lr in LRS if (c := report["heldout"].get(f"{m}|{lr:g}|{k}"))]
+            if pts:
+                ax.errorbar([lr for lr, _ in pts], [c["mean"] for _, c in pts], [c["se"] or 0 for _, c in pts],
+                            marker="o", color=f"C{i}", label=LABEL[m], capsize=2,
+                            linestyle="-" if m in ABLATIONS else ":")  # fmt: skip
+        ax.set_title(f"held-out seeds, k = {k}")
+    for i, m in enumerate(BASELINES):
+        by = report["selection"][m]["by_lr"]
+        pts = [(lr, by[f"{lr:g}"]) for lr in LRS if by[f"{lr:g}"]["n"]]
+        if pts:
+            axes[0].errorbar([lr for lr, _ in pts], [c["mean"] for _, c in pts], [c["se"] or 0 for _, c in pts],
+                             marker="o", color=f"C{i}", label=LABEL[m], capsize=2, linestyle=":")  # fmt: skip
+    axes[0].set_title(f"lr selection, k = {SELECT_LAG}, seeds 0-2")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.axhline(WARM_START, color="grey", linestyle=":", linewidth=1)
+    axes[0].set_ylabel("final held-out accuracy (mean ± SE)")
+    if axes[-1].get_legend_handles_labels()[0]:
+        axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

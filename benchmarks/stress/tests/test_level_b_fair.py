@@ -1,0 +1,155 @@
+"""The lr-matched level (b) study's planning and report logic, on hand-made run records (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stress.level_b_fair import (
+    BASELINES,
+    HELDOUT_SEEDS,
+    LRS,
+    RECIPE_LR,
+    SELECT_SEEDS,
+    Cell,
+    main,
+    plan,
+    read_cells,
+    run_name,
+    select_lrs,
+)  # fmt: skip
+from benchmarks.stress.level_b_fair_report import write
+
+
+def _finish(runs: Path, method: str, lr: float, k: int, seed: int, acc: float) -> None:
+    """A run as the runner leaves it: its dir with final_eval.json."""
+    d = runs / run_name(method, lr, k, seed)
+    d.mkdir(parents=True)
+    (d / "final_eval.json").write_text(json.dumps({"accuracy": acc, "tasks": 100, "seed": seed}))
+
+
+def _cells(rows: list[tuple[str, float, int, int, float]]) -> dict[tuple, Cell]:
+    return {(m, lr, k, s): Cell(m, lr, k, s, a) for m, lr, k, s, a in rows}
+
+
+def _selection(best: dict[str, float]) -> list[tuple]:
+    """Every baseline at every lr on the selection seeds at k=4; `best[m]` scores 0.7, the others 0.4."""
+    return [
+        (m, lr, 4, s, 0.7 if lr == best[m] else 0.4) for m in BASELINES for lr in LRS for s in SELECT_SEEDS
+    ]
+
+
+def test_the_lr_is_chosen_on_the_selection_seeds_only() -> None:
+    best = {"plain": LRS[0], "tis": LRS[1], "mis": LRS[2], "m2po": LRS[1]}
+    rows = _selection(best)
+    # held-out seeds at k=4 that would pick another lr for every method if they were read
+    rows += [
+        (m, lr, 4, s, 0.99 if lr != best[m] else 0.0) for m in BASELINES for lr in LRS for s in HELDOUT_SEEDS
+    ]
+    assert select_lrs(_cells(rows)) == best
+
+
+def test_a_method_with_a_selection_seed_missing_has_no_lr_yet() -> None:
+    rows = [
+        r
+        for r in _selection(dict.fromkeys(BASELINES, LRS[0]))
+        if not (r[0] == "tis" and r[1] == LRS[2] and r[3] == 2)
+    ]
+    chosen = select_lrs(_cells(rows))
+    assert chosen["tis"] is None and chosen["plain"] == LRS[0]
+    names = [n for n, *_ in plan("heldout", _cells(rows))]
+    assert not any("_tis_" in n for n in names) and any("_mis_" in n for n in names)
+
+
+def test_summary_picks_the_best_baseline_at_its_lr_and_the_difference_has_the_two_cells_standard_error(
+    tmp_path: Path,
+) -> None:
+    best = {"plain": LRS[0], "tis": LRS[1], "mis": LRS[1], "m2po": LRS[2]}
+    rows = _selection(best)
+    mis = [0.50, 0.60, 0.55, 0.65, 0.45]
+    vcpo = [0.70, 0.72, 0.60, 0.75, 0.68]
+    for i, s in enumerate(HELDOUT_SEEDS):
+        rows += [("plain", LRS[0], 4, s, 0.30), ("tis", LRS[1], 4, s, 0.40), ("m2po", LRS[2], 4, s, 0.35)]
+        rows += [("mis", LRS[1], 4, s, mis[i]), ("vcpo", RECIPE_LR, 4, s, vcpo[i])]
+        rows += [
+            ("mis", LRS[0], 4, s, 0.95)
+        ]  # mis at an lr it was not chosen at: never the baseline's number
+    report = write(_cells(rows), tmp_path / "level_b_fair.json")
+    s = report["summary"]["4"]
+    assert (s["best_baseline"], s["best_baseline_lr"]) == ("mis", LRS[1])
+    se = math.sqrt(statistics.variance(mis) / 5 + statistics.variance(vcpo) / 5)
+    assert s["vcpo_minus_best_baseline"] == pytest.approx(statistics.mean(vcpo) - statistics.mean(mis))
+    assert s["vcpo_minus_best_baseline_se"] == pytest.approx(se)
+    assert s["complete"] is True
+    assert (
+        report["summary"]["8"]["vcpo_minus_best_baseline"] is None
+        and report["summary"]["8"]["complete"] is False
+    )
+    on_disk = json.loads((tmp_path / "level_b_fair.json").read_text())
+    cell = on_disk["cells"][0]
+    assert set(cell) == {"method", "lr", "k", "seed", "final_accuracy", "collapsed"}
+    assert {
+        "best_baseline",
+        "best_baseline_lr",
+        "vcpo_minus_best_baseline",
+        "vcpo_minus_best_baseline_se",
+    } <= set(on_disk["summary"]["4"])
+
+
+def test_k0_cells_of_methods_that_make_plains_or_vcpos_update_are_those_runs() -> None:
+    rows = [("plain", LRS[0], 0, s, 0.5) for s in HELDOUT_SEEDS] + [
+        ("vcpo", LRS[0], 0, s, 0.6) for s in HELDOUT_SEEDS
+    ]
+    names = [n for n, *_ in plan("ablate", _cells(rows))]
+    assert not any(
+        f"_lr{LRS[0]:g}_k0_" in n for n in names
+    )  # ess_lr -> plain's runs, opob -> vcpo's: all done
+    assert run_name("vcpo", LRS[1], 0, 3) in names and not any(
+        n.startswith("stress_f_ess_lr") and "_k0_" in n for n in names
+    )
+
+
+def test_plan_skips_finished_runs_and_cells_an_earlier_report_kept(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "out" / "level_b_fair.json"
+    _finish(runs, "plain", LRS[0], 4, 0, 0.5)
+    (runs / run_name("tis", LRS[0], 4, 0)).mkdir(parents=True)  # started, never evaluated: still to run
+    write(read_cells(runs), out)
+    # a later session: the run dirs are gone; the report's cells still count
+    later = tmp_path / "later"
+    _finish(later, "mis", LRS[0], 4, 0, 0.6)
+    cells = read_cells(later, out)
+    names = [n for n, *_ in plan("select", cells)]
+    assert run_name("plain", LRS[0], 4, 0) not in names and run_name("mis", LRS[0], 4, 0) not in names
+    assert names[0] == run_name("tis", LRS[0], 4, 0) and len(names) == 3 * 4 * 3 - 2
+
+
+def test_a_run_dir_wins_over_the_kept_copy_and_the_report_marks_missing_cells(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "level_b_fair.json"
+    _finish(runs, "vcpo", RECIPE_LR, 4, 3, 0.2)
+    write(read_cells(runs), out)
+    rerun = tmp_path / "rerun"
+    _finish(rerun, "vcpo", RECIPE_LR, 4, 3, 0.7)
+    report = write(read_cells(rerun, out), out)
+    assert [c["final_accuracy"] for c in report["cells"]] == [0.7]
+    md = out.with_suffix(".md").read_text()
+    assert "0.70 (1/5)" in md  # a partial cell says how many held-out seeds it has
+    assert "| 8 | missing |" in md
+    assert "`benchmarks/stress/level_b_fair.sh select`: 36 runs to go" in md
+    assert out.with_suffix(".png").is_file()
+
+
+def test_a_collapsed_run_is_one_that_ends_below_the_warm_start() -> None:
+    assert Cell("plain", LRS[2], 8, 3, 0.1).row()["collapsed"] is True
+    assert Cell("plain", LRS[2], 8, 3, 0.3).row()["collapsed"] is False
+
+
+def test_bad_input_names_the_file_and_the_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _finish(tmp_path, "plain", LRS[0], 4, 0, float("nan"))
+    with pytest.raises(ValueError, match=r"final_eval.json: field accuracy is nan"):
+        read_cells(tmp_path)
+    with pytest.raises(SystemExit, match="part 'bogus' is not one of select, heldout, ablate"):
+        main(["plan", "bogus", "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "x.json")])
