@@ -275,13 +275,20 @@ def _run_cell(tree: Path, path: str, workers: int, args, tok: Path, profile: boo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+BEFORE = "14135f9"  # main just before the orchestration work of issue 23 landed: the "before" column
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every cell")
     p.add_argument("--steps", type=int, default=16, help="measured consumer steps (8 groups x 8), tir path")
     p.add_argument("--agent-steps", type=int, default=4, help="measured consumer steps, agent path")
     p.add_argument("--warm", type=int, default=2, help="consumer steps before measuring")
-    p.add_argument("--baseline", default="merge-base", help="git ref of the baseline tree ('none': skip)")
+    p.add_argument(
+        "--baseline",
+        default=BEFORE,
+        help=f"git ref of the baseline tree (default {BEFORE}: main before this work; 'merge-base': with main; 'none': skip)",
+    )
     p.add_argument("--workers", default="1,2", help="rollout process counts of the current tree")
     p.add_argument("--paths", default="tir,agent")
     p.add_argument("--cell", help=argparse.SUPPRESS)

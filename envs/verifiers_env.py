@@ -77,8 +77,6 @@ def _load(spec: EnvSpec) -> _Loaded:
 class VerifiersEnv(AgentEnv):
     """One verifiers episode per agent episode, its model calls through the episode's gateway client."""
 
-    needs_http = True  # verifiers' harness makes its own HTTP client from the client's base_url
-
     def _split(self, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
         splits = _load(self.spec).splits
         if split not in splits:

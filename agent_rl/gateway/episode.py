@@ -72,13 +72,8 @@ async def run_agent_episode(
         if env.external:  # an agent in another process claims the task over HTTP (external.py)
             stop = lambda: buffer.doomed(traj.group_id)  # noqa: E731
             outcome = await gateway.board.run(env, sid, env.spec.external.timeout_s, stop)
-        elif getattr(env, "needs_http", False):  # the env's agent opens its own connections to base_url
-            import openai
-
-            await gateway.ensure_started()
-            client = openai.AsyncOpenAI(base_url=gateway.base_url(sid), api_key="agent-rl", max_retries=0)
-            outcome = await env.run(client)
         else:
+            await gateway.ensure_started()  # an agent may open its own client from client.base_url
             client = gateway.client(sid)  # the official client, served in this process (gateway/inprocess.py)
             outcome = await env.run(client)
         reward = outcome.reward

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 _ROUTE = re.compile(r"/sessions/(?P<sid>[^/]+)/v1/(?P<route>chat/completions|models)")
-BASE = "http://gateway.in-process"  # never resolved: the transport answers or forwards every request itself
+BASE = "http://gateway.in-process"  # before the gateway's server runs: the transport answers or forwards all
 
 
 def _http() -> Any:
@@ -77,12 +77,16 @@ class InProcessTransport:
 
 
 def session_client(transport: InProcessTransport, sid: str) -> Any:
-    """An `openai.AsyncOpenAI` bound to session `sid` through `transport` (close it when the episode ends)."""
+    """An `openai.AsyncOpenAI` bound to session `sid` through `transport` (close it when the episode ends).
+
+    Its `base_url` is the gateway server's real session URL once the server runs (rollout episodes start it
+    first), so an agent that builds its own client from `client.base_url` (LangChain's ChatOpenAI, smolagents,
+    verifiers' harness) reaches the same session over HTTP; this client's own requests never leave the process."""
     import openai
 
     http = transport.http.AsyncClient(transport=transport, timeout=None)
     return openai.AsyncOpenAI(
-        base_url=f"{BASE}/sessions/{sid}/v1",
+        base_url=f"{transport.gateway.url or BASE}/sessions/{sid}/v1",
         api_key="agent-rl",
         max_retries=0,
         timeout=None,

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_rl.engines.api import EngineClient, EngineError, WeightGroupMember
+from agent_rl.engines.api import BadRequest, EngineClient, EngineError, WeightGroupMember
 from agent_rl.weights.group import GroupSpec, TensorMeta, WeightGroupError
 
 if TYPE_CHECKING:
@@ -101,7 +101,8 @@ def together(
 ) -> T:
     """Run `coro` on the loop and `fn` on a daemon thread at once; return fn's result once both finished.
 
-    The first failure is raised once its partner has also finished, or after `settle_s` (0: at once). A
+    The first failure is raised once its partner has also finished, or after `settle_s` (0, or the engines
+    refused the request: at once). A
     partner still blocked in the collective stays so until the group's timeout; it runs on a daemon thread,
     so it does not keep the process alive. Waiting for it lets a caller reuse the learner afterwards.
     """
@@ -116,7 +117,8 @@ def together(
 
     threading.Thread(target=run, name="weight-broadcast", daemon=True).start()
     done, _ = concurrent.futures.wait([remote, local], return_when=concurrent.futures.FIRST_EXCEPTION)
-    if len(done) < 2 and settle_s:
+    refused = remote in done and isinstance(remote.exception(), BadRequest)
+    if len(done) < 2 and settle_s and not refused:  # a refusal cannot succeed by regrouping: no point waiting
         done, _ = concurrent.futures.wait([remote, local], timeout=settle_s)
         if local not in done:  # the learner is still in the collective: it cannot be called again safely
             raise EngineError(
