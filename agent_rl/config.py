@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent_rl.engines.api import EngineOptions
 from envs.yamlio import ConfigError
 
 __all__ = ["ConfigError", "LearnerSpec", "Recipe", "load_recipe"]
@@ -41,8 +42,8 @@ class EngineConfig(Strict):
     count: int = Field(1, ge=1)
     """Number of engine replicas started here (embedded, or local vllm); external servers: one per url."""
     urls: tuple[str, ...] = ()
-    max_batch: int = Field(64, ge=1)
-    max_seq_len: int = Field(2048, ge=16)
+    max_batch: int = Field(EngineOptions.max_batch, ge=1)
+    max_seq_len: int = Field(EngineOptions.max_seq_len, ge=16)
     weight_sync: Literal["memory", "disk", "nccl"] = "memory"
     """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: torch.distributed
     broadcast from learner rank 0 into the engines (SGLang's weight group): NCCL on GPUs, gloo on CPU."""
@@ -54,6 +55,10 @@ class EngineConfig(Strict):
     (replicas can still be added or removed by hand: `agent-rl engines add|remove RUN_DIR`)."""
     server_args: tuple[str, ...] = ()
     """sglang without `urls`: extra `python -m sglang.launch_server` arguments for the servers Ray starts."""
+
+    def options(self, dtype: str) -> EngineOptions:
+        """What each embedded engine is built with (`dtype`: model.dtype)."""
+        return EngineOptions(self.max_batch, self.max_seq_len, dtype)
 
     @property
     def started_here(self) -> int:

@@ -160,10 +160,7 @@ class RayStarter:
             )
         else:
             self.kind = "embedded"
-            self.kw = dict(
-                max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype,
-                threads=max(1, int(self.role.cpus)),
-            )  # fmt: skip
+            self.kw = dict(opts=eng.options(model.dtype), threads=max(1, int(self.role.cpus)))
         self._pending: Any = None
 
     async def start(self, i: int) -> Replica:
@@ -212,7 +209,7 @@ class LocalStarter:
 
     def __init__(self, p: Plan, eng: EngineConfig, model: ModelConfig, *, seed: int):
         self.pins = p.cores.engines if p.cores is not None else (None,)
-        self.kw = dict(max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype)
+        self.kw = dict(opts=eng.options(model.dtype))
         self.model, self.seed = model.path, seed
 
     async def start(self, i: int) -> Replica:
@@ -267,9 +264,7 @@ async def start_engines(
     if eng.type == "embedded" and eng.started_here == 1 and p.cores is None and not p.engine_actors:
         from agent_rl.engines.embedded.engine import EmbeddedEngine
 
-        client = EmbeddedEngine(
-            model.path, max_batch=eng.max_batch, max_seq_len=eng.max_seq_len, dtype=model.dtype, seed=seed
-        )
+        client = EmbeddedEngine(model.path, eng.options(model.dtype), seed=seed)
         return Engines(client)
     if eng.urls:
         cls = SGLangClient if eng.type == "sglang" else VLLMClient

@@ -38,10 +38,10 @@ PROMPT = "What is 3 * 4? Reply as JSON with the answer and whether you are confi
 
 
 async def sample(model_dir: str, n: int, seed: int, constrained: bool, max_tokens: int):
-    from agent_rl.engines.api import Constraint, SamplingParams
+    from agent_rl.engines.api import Constraint, EngineOptions, SamplingParams
     from agent_rl.engines.embedded.engine import EmbeddedEngine
 
-    eng = EmbeddedEngine(model_dir, max_batch=n, max_seq_len=512, seed=seed)
+    eng = EmbeddedEngine(model_dir, EngineOptions(max_batch=n, max_seq_len=512), seed=seed)
     try:
         tok = eng.scheduler.tokenizer
         text = PROMPT

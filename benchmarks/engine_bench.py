@@ -132,6 +132,7 @@ def client_side(name: str, client, pid: int | None = None) -> Side:
 async def run_model(name: str, model_dir: Path, args) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.client import VLLMClient
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.launch import launch_embedded
@@ -143,11 +144,15 @@ async def run_model(name: str, model_dir: Path, args) -> list[dict]:
     out = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        engine = EmbeddedEngine(model_dir, max_batch=max_batch, max_seq_len=seq, dtype=args.dtype)
+        engine = EmbeddedEngine(
+            model_dir, EngineOptions(max_batch=max_batch, max_seq_len=seq, dtype=args.dtype)
+        )
         sides = [hf_side(hf, pad), client_side("engine", engine)]
         stop = [engine.close]
         if name == "tiny":
-            srv = launch_embedded(str(model_dir), max_batch=max_batch, max_seq_len=seq, threads=threads)
+            srv = launch_embedded(
+                str(model_dir), EngineOptions(max_batch=max_batch, max_seq_len=seq), threads=threads
+            )
             http = srv.client()
             sides.append(client_side("engine_http", http, srv.process.pid))
             stop += [http.close, lambda srv=srv: asyncio.to_thread(srv.stop)]

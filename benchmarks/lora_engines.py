@@ -67,6 +67,7 @@ async def timed_batch(client, reqs, tag: str) -> tuple[float, int]:
 
 
 async def run(args: argparse.Namespace) -> dict:
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.client import VLLMClient
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.vllm_local import launch_vllm
@@ -76,7 +77,10 @@ async def run(args: argparse.Namespace) -> dict:
     rng = random.Random(0)
     reqs = [([rng.randrange(3, vocab) for _ in range(rng.randint(40, 60))], 48) for _ in range(args.batch)]
     adapter = random_adapter(args.model_dir, args.rank)
-    embedded = EmbeddedEngine(args.model_dir, max_batch=args.batch, max_seq_len=256)
+    embedded = EmbeddedEngine(
+        args.model_dir,
+        EngineOptions(max_batch=args.batch, max_seq_len=256),
+    )
     server = launch_vllm(
         args.model_dir, venv=args.vllm_venv, max_model_len=256, threads=args.threads, lora_rank=args.rank,
         logprobs_mode="processed_logprobs",

@@ -54,7 +54,7 @@ def random_model(arch: str, out: Path, tokenizer_dir: Path, *, seed: int = 0) ->
 def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int = 0) -> dict[str, float]:
     """One learner step on engine samples of `model_dir` (weights and learner forward in `dtype`)."""
     from agent_rl.config import Recipe
-    from agent_rl.engines.api import SamplingParams
+    from agent_rl.engines.api import EngineOptions, SamplingParams
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.learners.torch_learner import build_learner
     from agent_rl.types import Group, Trajectory
@@ -67,7 +67,9 @@ def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int
             "algorithm": {"opob_mode": "proxy"},
         }
     )  # fmt: skip
-    engine = EmbeddedEngine(model_dir, max_batch=samples, max_seq_len=256, dtype=dtype, seed=seed)
+    engine = EmbeddedEngine(
+        model_dir, EngineOptions(max_batch=samples, max_seq_len=256, dtype=dtype), seed=seed
+    )
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.scheduler.model.cfg.vocab_size
     prompts = [torch.randint(3, vocab, (12,), generator=gen).tolist() for _ in range(2)]

@@ -15,7 +15,10 @@ _WHERE = {
     "vcpo.losses": ("LOSSES", "LossInputs", "LossOutput", "LossSpec", "get_loss"),
     "vcpo.step": ("Step", "StepConfig", "StepMetrics", "VCPOStep"),
     "vcpo.importance": (
-        "effective_sample_size", "ess_lr_scale", "sequence_log_weights", "truncated_log_weights",
+        "effective_sample_size",
+        "ess_lr_scale",
+        "sequence_log_weights",
+        "truncated_log_weights",
     ),  # fmt: skip
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}

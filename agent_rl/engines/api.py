@@ -32,6 +32,19 @@ class BadRequest(EngineError, ValueError):
 
 
 @dataclass(frozen=True)
+class EngineOptions:
+    """What an embedded engine is built with (in-process, `agent-rl serve`, a launched server). The one place
+    these defaults live: `engines:` in a recipe (config.EngineConfig) and `serve`'s flags read them from here."""
+
+    max_batch: int = 64
+    """Requests decoded together (KV-cache slots)."""
+    max_seq_len: int = 2048
+    """Prompt + output tokens per request."""
+    dtype: str = "float32"
+    """Weights and KV cache: float32, bfloat16 or float16."""
+
+
+@dataclass(frozen=True)
 class Constraint:
     """What the sampled text must match, named as SGLang's sampling_params name it: `json_schema` (a JSON
     schema as a string), `ebnf` (a grammar in xgrammar's EBNF) or `structural_tag` (free text in which a

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.client import SGLangClient
 
 READY = re.compile(r"agent-rl engine serving .* on (http://\S+)")
@@ -50,11 +51,9 @@ class EmbeddedServerHandle:
 
 def launch_server(
     model_dir: str | Path,
+    opts: EngineOptions = EngineOptions(),
     *,
     port: int = 0,
-    max_batch: int = 64,
-    max_seq_len: int = 2048,
-    dtype: str = "float32",
     seed: int = 0,
     threads: int = 0,
     cores: tuple[int, ...] | None = None,
@@ -64,8 +63,8 @@ def launch_server(
 ) -> EmbeddedServerHandle:
     cmd = [
         sys.executable, "-m", "agent_rl.engines.embedded.server", str(model_dir),
-        "--host", host, "--port", str(port), "--max-batch", str(max_batch),
-        "--max-seq-len", str(max_seq_len), "--dtype", dtype, "--seed", str(seed), "--threads", str(threads),
+        "--host", host, "--port", str(port), "--max-batch", str(opts.max_batch),
+        "--max-seq-len", str(opts.max_seq_len), "--dtype", opts.dtype, "--seed", str(seed), "--threads", str(threads),
         "--exit-with-parent",
     ]  # fmt: skip
     if cores:
@@ -159,11 +158,9 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 def launch_embedded(
     model_dir: str,
+    opts: EngineOptions = EngineOptions(),
     *,
     port: int = 0,
-    max_batch: int = 64,
-    max_seq_len: int = 2048,
-    dtype: str = "float32",
     seed: int = 0,
     threads: int = 0,
     cores: tuple[int, ...] | None = None,
@@ -174,10 +171,8 @@ def launch_embedded(
     """
     return launch_server(
         model_dir,
+        opts,
         port=port,
-        max_batch=max_batch,
-        max_seq_len=max_seq_len,
-        dtype=dtype,
         seed=seed,
         threads=threads,
         cores=cores,

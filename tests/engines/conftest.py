@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 
@@ -17,7 +18,7 @@ def hf_model(tiny_model_dir):
 
 @pytest.fixture
 async def engine(tiny_model_dir):
-    eng = EmbeddedEngine(tiny_model_dir, max_batch=8, max_seq_len=256, seed=0)
+    eng = EmbeddedEngine(tiny_model_dir, EngineOptions(max_batch=8, max_seq_len=256), seed=0)
     yield eng
     await eng.close()
 
@@ -26,7 +27,7 @@ async def engine(tiny_model_dir):
 def server(tiny_model_dir):
     from agent_rl.engines.launch import launch_embedded
 
-    handle = launch_embedded(str(tiny_model_dir), max_batch=64, max_seq_len=512, threads=1)
+    handle = launch_embedded(str(tiny_model_dir), EngineOptions(max_batch=64, max_seq_len=512), threads=1)
     yield handle
     handle.stop()
 

@@ -6,7 +6,7 @@ import asyncio
 
 import torch
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.sampling import filtered_logprobs
 
@@ -54,7 +54,10 @@ async def test_greedy_equals_transformers_generate_greedy(engine, hf_model):
 
 
 async def test_bfloat16_logprobs_close_to_fp32_forward(tiny_model_dir, hf_logprobs):
-    eng = EmbeddedEngine(tiny_model_dir, max_batch=2, max_seq_len=128, dtype="bfloat16")
+    eng = EmbeddedEngine(
+        tiny_model_dir,
+        EngineOptions(max_batch=2, max_seq_len=128, dtype="bfloat16"),
+    )
     try:
         g = await eng.generate(
             PROMPTS[2], SamplingParams(max_new_tokens=16, ignore_eos=True, seed=0), request_id="b"

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from agent_rl.engines.api import BadRequest, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 PROMPT = [7, 8, 9, 10, 11, 12, 13]
@@ -150,7 +150,10 @@ async def test_stop_token_id_and_eos_end_generation(engine):
 
 
 async def test_max_new_tokens_and_full_context_finish_with_length(tiny_model_dir):
-    eng = EmbeddedEngine(tiny_model_dir, max_batch=2, max_seq_len=32)
+    eng = EmbeddedEngine(
+        tiny_model_dir,
+        EngineOptions(max_batch=2, max_seq_len=32),
+    )
     try:
         a = await eng.generate(PROMPT, SamplingParams(max_new_tokens=5, ignore_eos=True), request_id="a")
         b = await eng.generate(PROMPT, SamplingParams(max_new_tokens=100, ignore_eos=True), request_id="b")

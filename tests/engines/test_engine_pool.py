@@ -8,7 +8,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from agent_rl.engines.api import EngineError, EngineUnavailable, Generation, SamplingParams
+from agent_rl.engines.api import EngineError, EngineOptions, EngineUnavailable, Generation, SamplingParams
 from agent_rl.engines.client import SGLangClient
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.server import build_app
@@ -39,7 +39,13 @@ def free_port() -> int:
 
 @pytest.fixture
 async def two_engines(tiny_model_dir):
-    engines = [EmbeddedEngine(tiny_model_dir, max_batch=8, max_seq_len=256) for _ in range(2)]
+    engines = [
+        EmbeddedEngine(
+            tiny_model_dir,
+            EngineOptions(max_batch=8, max_seq_len=256),
+        )
+        for _ in range(2)
+    ]
     yield engines
     for e in engines:
         await e.close()

@@ -19,9 +19,10 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def served(tool_model):
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.launch import launch_embedded
 
-    handle = launch_embedded(str(tool_model), max_batch=16, max_seq_len=512, threads=1)
+    handle = launch_embedded(str(tool_model), EngineOptions(max_batch=16, max_seq_len=512), threads=1)
     yield handle
     handle.stop()
 
@@ -229,11 +230,15 @@ async def test_bad_request_names_the_param_in_one_line(client):
 async def test_unknown_fields_are_ignored_with_one_warning_per_field(tool_model, caplog):
     from aiohttp import web
 
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.embedded.server import build_app
     from agent_rl.openai import protocol
 
-    engine = EmbeddedEngine(tool_model, max_batch=4, max_seq_len=256)
+    engine = EmbeddedEngine(
+        tool_model,
+        EngineOptions(max_batch=4, max_seq_len=256),
+    )
     runner = web.AppRunner(build_app(engine, str(tool_model), served_model_name="tiny"))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

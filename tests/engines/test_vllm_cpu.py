@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.client import VLLMClient
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.vllm_local import launch_vllm
@@ -44,7 +44,13 @@ def vllm_url(tiny_model_dir):
 
 @pytest.fixture
 async def both(vllm_url, tiny_model_dir):
-    client, engine = VLLMClient(vllm_url), EmbeddedEngine(tiny_model_dir, max_batch=4, max_seq_len=512)
+    client, engine = (
+        VLLMClient(vllm_url),
+        EmbeddedEngine(
+            tiny_model_dir,
+            EngineOptions(max_batch=4, max_seq_len=512),
+        ),
+    )
     yield client, engine
     await client.close()
     await engine.close()

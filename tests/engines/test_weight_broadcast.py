@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import torch
 
-from agent_rl.engines.api import BadRequest, EngineError, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineError, EngineOptions, SamplingParams
 from agent_rl.engines.client import SGLangClient
 from agent_rl.engines.launch import EmbeddedServerHandle
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
@@ -49,7 +49,7 @@ def joined(tiny_model_dir) -> Iterator[Joined]:
     """A fresh server (its weights change here) that has joined a learner rank's group: world 2, engine rank 1."""
     from agent_rl.engines.launch import launch_embedded
 
-    server = launch_embedded(str(tiny_model_dir), max_batch=4, max_seq_len=128, threads=1)
+    server = launch_embedded(str(tiny_model_dir), EngineOptions(max_batch=4, max_seq_len=128), threads=1)
     rank = _rank(tiny_model_dir)
     group = f"test-{uuid.uuid4().hex[:8]}"
 
@@ -189,7 +189,10 @@ async def test_in_process_engine_is_refused_for_broadcast_sync(tiny_model_dir):
 
     loop = LoopThread()
     try:
-        engine = EmbeddedEngine(tiny_model_dir, max_batch=1, max_seq_len=32)
+        engine = EmbeddedEngine(
+            tiny_model_dir,
+            EngineOptions(max_batch=1, max_seq_len=32),
+        )
         with pytest.raises(EngineError, match="weight_sync: memory"):
             WeightBroadcast(engine, loop)
         await engine.close()
@@ -241,7 +244,9 @@ def test_learner_rank0_broadcast_replaces_a_different_engines_weights(kind, tmp_
     engine_dir = build_tiny(tmp_path / "engine", sample_corpus(), seed=1, **TINY)
     learner = _learner(kind, learner_dir)
     try:
-        with launch_embedded(str(engine_dir), max_batch=2, max_seq_len=64, threads=1) as server:
+        with launch_embedded(
+            str(engine_dir), EngineOptions(max_batch=2, max_seq_len=64), threads=1
+        ) as server:
             after = asyncio.run(_join_and_push(learner, server.client()))
     finally:
         learner.close()

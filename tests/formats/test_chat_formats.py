@@ -17,7 +17,7 @@ import json
 import pytest
 from families import overfit
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.prompt import PromptBuilder
@@ -160,7 +160,10 @@ async def test_round_trip_through_the_gateway_keeps_the_sampled_tokens(family, t
     model_dir = trained(family)
     first, second, tool_parser, reasoning_parser = FORMATS[family]
     tok = tokenizer(model_dir)
-    engine = EmbeddedEngine(model_dir, max_batch=4, max_seq_len=512)
+    engine = EmbeddedEngine(
+        model_dir,
+        EngineOptions(max_batch=4, max_seq_len=512),
+    )
     gw = Gateway(engine, tok, max_seq_len=512, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     await gw.start()
     gw.open("ep", sampling=SamplingParams(temperature=0.0))
@@ -208,7 +211,10 @@ async def test_serve_returns_reasoning_content_and_tool_calls(trained):
 
     model_dir = trained("qwen3")
     args = parse_args([str(model_dir), "--tool-parser", "hermes", "--reasoning-parser", "qwen3"])
-    engine = EmbeddedEngine(model_dir, max_batch=4, max_seq_len=512)
+    engine = EmbeddedEngine(
+        model_dir,
+        EngineOptions(max_batch=4, max_seq_len=512),
+    )
     app = build_app(
         engine, str(model_dir), tool_parser=args.tool_parser, reasoning_parser=args.reasoning_parser
     )

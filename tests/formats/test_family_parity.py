@@ -13,7 +13,7 @@ import asyncio
 import pytest
 import torch
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.openai import chat
 
@@ -58,7 +58,10 @@ async def test_engine_logprobs_equal_hf_forward(family, dtype, family_dir, rende
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     prompts = list(rendered(family))
     prompts.append(prompts[0])  # the same prompt again: served from the cached prefix of a slot
-    eng = EmbeddedEngine(model_dir, max_batch=4, max_seq_len=256, dtype=dtype)
+    eng = EmbeddedEngine(
+        model_dir,
+        EngineOptions(max_batch=4, max_seq_len=256, dtype=dtype),
+    )
     try:
         gens = await asyncio.gather(
             *(

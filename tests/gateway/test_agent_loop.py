@@ -14,6 +14,7 @@ from recorder import Recorder
 import envs
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, RolloutConfig
+from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.rollout.workers import PromptSource, Rollouts
 
@@ -49,7 +50,7 @@ async def run_rollouts(spec, model_dir, engine_client, *, groups: int):
 
 async def test_example_agent_keeps_token_identity_and_versions_across_a_mid_episode_weight_update(tool_model):
     spec = envs.load(DATA / "example_agent.yaml")
-    engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     # the update lands in the middle of an episode's second chat completion (after its tool ran)
     rec = Recorder(engine, when=lambda rid: rid.split("/")[1].startswith("1."), after=2)
     try:
@@ -77,7 +78,7 @@ async def test_example_agent_keeps_token_identity_and_versions_across_a_mid_epis
 
 async def test_agent_that_rewrites_history_splits_and_the_forks_share_the_episode_reward(tiny_model_dir):
     spec = envs.load(DATA / "rewriting_agent.yaml")
-    engine = EmbeddedEngine(tiny_model_dir, max_batch=8, max_seq_len=512, seed=0)
+    engine = EmbeddedEngine(tiny_model_dir, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     try:
         (group,), rollouts = await run_rollouts(spec, tiny_model_dir, engine, groups=1)
     finally:
@@ -113,7 +114,7 @@ def test_agent_rl_train_runs_the_example_agent_through_the_async_loop(tool_model
 
 async def test_agent_that_raises_after_a_reply_cut_by_its_token_budget_scores_zero_not_an_error(tool_model):
     spec = envs.load(DATA / "give_up_agent.yaml")
-    engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     try:
         (group,), rollouts = await run_rollouts(spec, tool_model, engine, groups=1)
     finally:

@@ -93,9 +93,10 @@ def test_agent_rl_gateway_serves_sessions_opened_over_http_with_sampling_and_bud
     import openai
     import requests
 
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.launch import launch_embedded
 
-    engine = launch_embedded(str(tool_model), max_batch=4, max_seq_len=512, threads=1)
+    engine = launch_embedded(str(tool_model), EngineOptions(max_batch=4, max_seq_len=512), threads=1)
     record = tmp_path / "sessions.jsonl"
     gw = subprocess.Popen(
         [sys.executable, "-m", "agent_rl.cli", "gateway", "--engines", engine.url, "--tokenizer", str(tool_model),

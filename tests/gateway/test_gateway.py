@@ -9,7 +9,7 @@ import pytest
 from recorder import Recorder
 from tool_model import CODE, FINAL, TOOLS, conversation
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.gateway.assemble import assemble
 from agent_rl.gateway.server import Gateway, SessionLimits
@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture
 async def engine(tool_model):
-    eng = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    eng = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     yield eng
     await eng.close()
 

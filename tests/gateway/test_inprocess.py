@@ -8,7 +8,7 @@ import json
 import pytest
 from tool_model import CODE, FINAL, QUESTION, TOOLS, conversation
 
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.gateway.record import SessionLimits
 from agent_rl.gateway.server import Gateway
@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture
 async def engine(tool_model):
-    eng = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    eng = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     yield eng
     await eng.close()
 

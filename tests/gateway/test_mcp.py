@@ -61,10 +61,11 @@ async def test_agent_gets_its_episode_sandbox_as_an_mcp_server_through_the_rollo
     from test_agent_loop import run_rollouts
     from transformers import AutoTokenizer
 
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.embedded.engine import EmbeddedEngine
 
     spec = envs.load(DATA / "mcp_agent.yaml")
-    engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=512, seed=0)
+    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=512), seed=0)
     try:
         (group,), rollouts = await run_rollouts(spec, tool_model, engine, groups=1)
     finally:
@@ -90,6 +91,7 @@ async def test_agents_sdk_mcp_server_streamable_http_through_the_gateway(tool_mo
     from transformers import AutoTokenizer
 
     import sandboxes
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.gateway.server import Gateway
     from sandboxes.mcp_server import McpToolServer, plain_output
@@ -104,7 +106,7 @@ async def test_agents_sdk_mcp_server_streamable_http_through_the_gateway(tool_mo
     server = McpToolServer()
     await server.start()
     url = server.register("e1", run)
-    engine = EmbeddedEngine(tool_model, max_batch=4, max_seq_len=512, seed=0)
+    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=4, max_seq_len=512), seed=0)
     gw = Gateway(engine, AutoTokenizer.from_pretrained(tool_model), max_seq_len=512, max_retries=0)
     await gw.start()
     gw.open("s1")

@@ -12,7 +12,7 @@ import torch
 from learner_helpers import make_groups, recipe_for
 
 from agent_rl import checkpoint
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.learners.torch_learner import TorchLearner, build_learner
 from agent_rl.weights.adapters import Adapter
 
@@ -104,7 +104,10 @@ def test_embedded_engine_follows_every_adapter_push_exactly(tiny_model_dir: Path
     from agent_rl.engines.embedded.engine import EmbeddedEngine
 
     learner = _lora_learner(tiny_model_dir)
-    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, max_seq_len=128)
+    engine = EmbeddedEngine(
+        tiny_model_dir,
+        EngineOptions(max_batch=2, max_seq_len=128),
+    )
     prompt = [5, 17, 42, 7]
     try:
         base_params = {k: v.clone() for k, v in engine.scheduler.model.named_parameters()}
@@ -142,7 +145,7 @@ def test_adapter_over_http_sglang_endpoints(tiny_model_dir: Path, tmp_path: Path
     learner.step(make_groups(tiny_model_dir, n_groups=2, n=2))
     adapter = learner.adapter()
     assert adapter is not None
-    server = launch_embedded(str(tiny_model_dir), max_batch=2, max_seq_len=128, threads=1)
+    server = launch_embedded(str(tiny_model_dir), EngineOptions(max_batch=2, max_seq_len=128), threads=1)
     client = server.client()
     prompt = [5, 17, 42, 7]
 

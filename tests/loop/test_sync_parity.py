@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 import envs
 from agent_rl import checkpoint
-from agent_rl.engines.api import SamplingParams
+from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.learners import build as build_learner
 from agent_rl.rollout.workers import _seed
@@ -47,7 +47,9 @@ async def _plain_batch(recipe, uids_by_task: dict[str, list[str]]) -> list[Group
     spec = envs.load(recipe.envs.train)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.path)
     sandbox = envs.make_sandbox(spec)
-    engine = EmbeddedEngine(recipe.model.path, max_batch=8, max_seq_len=recipe.engines.max_seq_len, seed=0)
+    engine = EmbeddedEngine(
+        recipe.model.path, EngineOptions(max_batch=8, max_seq_len=recipe.engines.max_seq_len), seed=0
+    )
     tasks = {t.id: t for t in envs.make(spec, tokenizer, sandbox).tasks("train")}
     groups = []
     try:

@@ -47,11 +47,12 @@ async def fronts(strict_model):
     from aiohttp import web
     from transformers import AutoTokenizer
 
+    from agent_rl.engines.api import EngineOptions
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.embedded.server import build_app
     from agent_rl.gateway.server import Gateway
 
-    engine = EmbeddedEngine(tool_model, max_batch=8, max_seq_len=256, seed=0)
+    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=256), seed=0)
     runner = web.AppRunner(build_app(engine, str(tool_model), served_model_name="policy"))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

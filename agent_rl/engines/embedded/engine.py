@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agent_rl.engines.api import BadRequest, EngineError, Generation, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineError, EngineOptions, Generation, SamplingParams
 from agent_rl.engines.embedded.lora import MergedAdapter
 from agent_rl.engines.embedded.sampling import TopList
 from agent_rl.engines.embedded.scheduler import Output, Request, Scheduler
@@ -34,18 +34,8 @@ class EmbeddedEngine:
 
     resumes_constraints = True  # a constrained request continued after an abort resumes its grammar
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        max_batch: int = 64,
-        max_seq_len: int = 2048,
-        dtype: str = "float32",
-        seed: int = 0,
-    ):
-        self.scheduler = Scheduler(
-            model_dir, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, seed=seed
-        )
+    def __init__(self, model_dir: str | Path, opts: EngineOptions = EngineOptions(), *, seed: int = 0):
+        self.scheduler = Scheduler(model_dir, opts, seed=seed)
         self.lora = MergedAdapter()  # touched on the engine thread only
         self._cv = threading.Condition()
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []

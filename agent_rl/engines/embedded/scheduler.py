@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from agent_rl.engines.api import BadRequest, FinishReason, Generation, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineOptions, FinishReason, Generation, SamplingParams
 from agent_rl.engines.embedded import constrained
 from agent_rl.engines.embedded.cache import KVCache
 from agent_rl.engines.embedded.model import load_model
@@ -78,15 +78,8 @@ class SlotState:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        max_batch: int = 64,
-        max_seq_len: int = 2048,
-        dtype: str = "float32",
-        seed: int = 0,
-    ):
+    def __init__(self, model_dir: str | Path, opts: EngineOptions = EngineOptions(), *, seed: int = 0):
+        max_batch, max_seq_len, dtype = opts.max_batch, opts.max_seq_len, opts.dtype
         self.model_dir = str(model_dir)
         self.model = load_model(model_dir, dtype=dtype, max_seq_len=max_seq_len)
         cfg = self.model.cfg

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.lora_routes import check_lora_path
 from agent_rl.engines.embedded.scheduler import Output
@@ -217,9 +218,7 @@ def build_app(
 async def serve(args: argparse.Namespace) -> None:
     engine = EmbeddedEngine(
         args.model_dir,
-        max_batch=args.max_batch,
-        max_seq_len=args.max_seq_len,
-        dtype=args.dtype,
+        EngineOptions(max_batch=args.max_batch, max_seq_len=args.max_seq_len, dtype=args.dtype),
         seed=args.seed,
     )
     app = build_app(
@@ -269,11 +268,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("model_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on start)")
-    p.add_argument("--max-batch", type=int, default=64, help="concurrent sequences (KV-cache slots)")
+    default = EngineOptions()
     p.add_argument(
-        "--max-seq-len", type=int, default=2048, help="context length per sequence (prompt + output)"
+        "--max-batch", type=int, default=default.max_batch, help="concurrent sequences (KV-cache slots)"
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=default.max_seq_len,
+        help="context length per sequence (prompt + output)",
+    )
+    p.add_argument("--dtype", default=default.dtype, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--served-model-name", default=None, help="OpenAI model id (default: MODEL_DIR as given)")
     p.add_argument(
         "--tool-parser",
