@@ -6,7 +6,7 @@
 #   ablate   ESS lr alone, OPOB alone and VCPO at every lr, k in {0,4,8}, seeds 3-7 (recipe lr first)
 #   report   benchmarks/results/stress/level_b_fair.{json,md,png} from the finished runs (each part ends with it)
 # JOBS=2 (runs at a time), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=0 (no periodic eval: the final checkpoint is what is scored).
-# Every run is trained under nice -n 19, then its final checkpoint is evaluated (final_eval.json: the run counts
+# Every run is trained under nice -n $NICE (default 19), then its final checkpoint is evaluated (final_eval.json: the run counts
 # from then on) and the checkpoint is deleted. Run dirs: runs/stress_f_<method>_lr<lr>_k<k>_s<seed>.
 set -euo pipefail
 {  # braces: bash reads the whole script before running it, so editing the file mid-study is safe
@@ -17,7 +17,8 @@ STEPS=${STEPS:-40}
 WARM=${WARM:-runs/tiny_tir/sft}
 EVAL_EVERY=${EVAL_EVERY:-0}
 PY=.venv/bin/python
-export WARM STEPS EVAL_EVERY PY
+NICE=${NICE:-19}
+export WARM STEPS EVAL_EVERY PY NICE
 [ -f "$WARM/model.safetensors" ] || { echo "no warm start at $WARM: run 'make run' first (or set WARM=DIR)" >&2; exit 2; }
 run() {  # name lag seed [--set ...]
   local name=$1 lag=$2 seed=$3
@@ -26,12 +27,12 @@ run() {  # name lag seed [--set ...]
   if ! { [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] \
          && [ -e "runs/$name/checkpoints/latest" ]; }; then
     rm -rf "runs/$name"
-    OMP_NUM_THREADS=1 nice -n 19 $PY -m agent_rl.cli train recipes/tiny_tir.yaml --set model.path="$WARM" \
+    OMP_NUM_THREADS=1 nice -n "$NICE" $PY -m agent_rl.cli train recipes/tiny_tir.yaml --set model.path="$WARM" \
       --set rollout.fixed_lag="$lag" --set train.seed="$seed" --set train.steps="$STEPS" --set name="$name" \
       --set logging.tensorboard=false --set checkpoint.every=0 --set eval.every="$EVAL_EVERY" "$@" \
       > "runs/$name.log" 2>&1 || { echo "FAILED $name (runs/$name.log)"; return 0; }
   fi
-  nice -n 19 $PY -m benchmarks.stress.final_eval runs --jobs 1 --glob "$name" | tail -1
+  nice -n "$NICE" $PY -m benchmarks.stress.final_eval runs --jobs 1 --glob "$name" | tail -1
   [ -f "runs/$name/final_eval.json" ] && rm -rf "runs/$name/checkpoints"
   return 0
 }
