@@ -3,7 +3,7 @@
 # Usage: benchmarks/stress/level_b_fair.sh PART    (run the parts in this order; each resumes where it stopped)
 #   select   plain/tis/mis/m2po x lr {5e-5, 1.5e-4, 5e-4} at k=4, seeds 0-2 (36 runs): picks each method's lr
 #   heldout  each baseline at its chosen lr and VCPO at the recipe's 5e-4, k in {0,4,8}, seeds 3-7
-#   ablate   ESS lr alone, OPOB alone and VCPO at every lr, k in {0,4,8}, seeds 3-7 (recipe lr first)
+#   ablate   VCPO, ESS lr alone and OPOB alone at every lr, k in {0,4,8}, seeds 3-7 (the baselines' chosen lrs first)
 #   report   benchmarks/results/stress/level_b_fair.{json,md,png} from the finished runs (each part ends with it)
 # JOBS=2 (runs at a time), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=0 (no periodic eval: the final checkpoint is what is scored).
 # Every run is trained under nice -n $NICE (default 19), then its final checkpoint is evaluated (final_eval.json: the run counts

@@ -108,8 +108,11 @@ def test_agent_rl_train_runs_the_example_agent_through_the_async_loop(tool_model
     assert [r["step"] for r in records] == list(range(recipe.train.steps))
     assert records[-1]["learner/version"] == recipe.train.steps
     for r in records:
-        assert math.isfinite(r["rollout/reward_mean"]) and r["rollout/agent_calls_per_episode"] >= 1
-        assert "rollout/agent_splits" in r
+        assert math.isfinite(r["rollout/reward_mean"]) and "rollout/agent_splits" in r
+    # Per-episode rates cover the episodes that ended during the step; at k=2 the last steps' batches may
+    # all have been sampled earlier (none ended: the rates read 0), so check the steps where some did.
+    ended = [r for r in records if r["rollout/episode_seconds"] > 0]
+    assert ended and all(r["rollout/agent_calls_per_episode"] >= 1 for r in ended)
 
 
 async def test_agent_that_raises_after_a_reply_cut_by_its_token_budget_scores_zero_not_an_error(tool_model):
