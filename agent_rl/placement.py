@@ -228,6 +228,9 @@ def apply(p: Plan) -> bool:
             ray.init(address=p.address, **quiet)
         else:  # a private local instance, not a shared cluster (address="local": never a stale one's)
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            # Ray starts its workers at nice 15; here they are our engine replicas and learner ranks, which
+            # would lose the CPU to the driver and to anything else on the machine. Same priority as the driver.
+            os.environ.setdefault("RAY_worker_niceness", "0")
             kinds = {k: 1000.0 for k in p.node_kinds}  # one machine plays every kind of node
             ray.init(address="local", include_dashboard=False, resources=kinds or None, **quiet)
     node = p.role("rollout").node

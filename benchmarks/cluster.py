@@ -36,6 +36,9 @@ class LocalCluster:
         # Ray's memory monitor kills workers when the machine is near full; on a shared machine that is mostly
         # other people's memory, and a killed worker would read as one of the faults under test.
         os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # noqa: SIM112 (Ray reads this exact name)
+        # Ray starts workers at nice 15: beside two CPU burners (the suite's load test) a fresh clone's engine
+        # servers and learner ranks then took minutes to start and a 3-step run passed its 600 s limit.
+        os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112
         from ray.cluster_utils import Cluster
 
         t0 = time.monotonic()

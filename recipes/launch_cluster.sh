@@ -20,6 +20,9 @@ set -euo pipefail
 usage="usage: $0 head KIND | join HEAD_IP KIND | train RECIPE [agent-rl train args] | stop"
 cmd=${1:?$usage}
 shift
+# Ray starts its workers at nice 15; on these nodes the workers are the job (engine servers, learner ranks), so
+# they run at the priority of everything else. Export RAY_worker_niceness yourself to choose otherwise.
+export RAY_worker_niceness=${RAY_worker_niceness:-0}
 case "$cmd" in
   head) ray start --head --port 6379 --resources "{\"${1:?$usage}\": 1}" ;;
   join) ray start --address "${1:?$usage}:6379" --resources "{\"${2:?$usage}\": 1}" ;;
