@@ -30,7 +30,8 @@ ray.shutdown()
 
 
 def test_ray_workers_of_a_local_instance_run_at_the_drivers_priority(tiny_model_dir, tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}  # the product's default, not ours
+    # the product's default, not one this shell exported
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(ROOT / "recipes" / "tiny_tir_smoke.yaml"), str(tiny_model_dir),
          str(tmp_path / "run")],
