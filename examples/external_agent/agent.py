@@ -6,7 +6,8 @@ It claims a task from the training run's gateway (`POST /tasks/claim`), answers 
 OpenAI function-calling loop against the session's `base_url` (a `python` tool it runs itself, in a
 subprocess with a time limit), and closes the session with its final answer, which the run scores and
 trains on. It only needs `openai` and the standard library: the same loop works from any language.
-It stops when the gateway goes away (the run ended).
+Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the gateway goes away
+(the run ended).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -78,12 +80,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("gateway", help="the training run's gateway URL")
     p.add_argument("--max-turns", type=int, default=2)
     p.add_argument("--log", default=None, help="append each episode's received log-probs as a JSON line")
+    p.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the gateway to come up")
     args = p.parse_args(argv)
+    up_by = time.monotonic() + args.wait_s
+    seen = False  # the gateway answered once: from then on, not reaching it means the run is over
+    waiting = False
     while True:
         try:
             claim = post(args.gateway + "/tasks/claim", {"wait_s": 5})
-        except (urllib.error.URLError, ConnectionError):
-            return 0  # the run is over
+        except urllib.error.HTTPError as e:  # a server answered, with no task
+            if seen:
+                return 0  # the run is shutting down
+            print(f"{args.gateway}/tasks/claim: {e}: is this a training run's gateway?", file=sys.stderr)
+            return 1
+        except (urllib.error.URLError, ConnectionError) as e:
+            if seen:
+                return 0  # the run is over
+            if time.monotonic() > up_by:
+                print(
+                    f"no gateway at {args.gateway} after {args.wait_s:g} s ({e}): is the run started?",
+                    file=sys.stderr,
+                )
+                return 1
+            if not waiting:
+                print(f"waiting for the gateway at {args.gateway}", flush=True)
+                waiting = True
+            time.sleep(0.5)  # the run is still starting (the gateway opens with its first episode)
+            continue
+        seen = True
         if claim is None:
             continue
         log: list = []

@@ -4,6 +4,7 @@ the tokens, log-probs and versions it sampled; `agent-rl gateway` serves session
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -51,8 +52,12 @@ group_size: 2
             str(log),
         ],
         cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        # the agent is up before the run's gateway (as a user starting it first would have it): it waits
+        assert agent.stdout.readline().startswith("waiting for the gateway at"), "the agent did not wait"
         recipe = load_recipe(
             ROOT / "recipes" / "agent_arith_smoke.yaml",
             [
@@ -67,7 +72,15 @@ group_size: 2
             ],
         )
         run_dir = train(recipe)
-        assert agent.wait(timeout=60) == 0  # it stops by itself when the run's gateway goes away
+        try:  # it stops by itself when the run's gateway goes away
+            rc = agent.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            agent.send_signal(
+                signal.SIGINT
+            )  # its KeyboardInterrupt traceback (stderr, below) says where it hung
+            agent.wait(10)
+            pytest.fail("the external agent did not stop within 60 s of the run's end")
+        assert rc == 0
     finally:
         if agent.poll() is None:
             agent.kill()
