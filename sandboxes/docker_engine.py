@@ -98,9 +98,10 @@ class Labels:
 
 
 def our_containers(client: Any, **labels: str) -> list[Any]:
-    """Containers (running or not) with our label, and these label values when given."""
+    """Containers (running or not) with our label, and these label values when given. One removed (`--rm`)
+    between docker-py's listing and its inspect of each is left out, not an error."""
     wanted = [LABEL] + [f"{k}={v}" for k, v in labels.items()]
-    return client.containers.list(all=True, filters={"label": wanted})
+    return client.containers.list(all=True, filters={"label": wanted}, ignore_removed=True)
 
 
 def remove_orphans(client: Any) -> list[str]:

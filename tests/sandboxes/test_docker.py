@@ -164,7 +164,9 @@ def test_orphans_whose_owner_is_gone_are_removed_at_start(docker_host: str) -> N
         sandboxes.create("docker", image=TEST_IMAGE, docker_host=docker_host)  # sweeps at start
         left = {
             c.labels[LABEL_OWNER]
-            for c in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run}"})
+            for c in client.containers.list(
+                all=True, filters={"label": f"{LABEL_RUN}={run}"}, ignore_removed=True
+            )
         }
         assert left == {owner_id(), foreign_owner}
     finally:
