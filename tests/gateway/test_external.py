@@ -75,9 +75,8 @@ group_size: 2
         try:  # it stops by itself when the run's gateway goes away
             rc = agent.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            agent.send_signal(
-                signal.SIGINT
-            )  # its KeyboardInterrupt traceback (stderr, below) says where it hung
+            # its KeyboardInterrupt traceback (stderr, below) says where it hung
+            agent.send_signal(signal.SIGINT)
             agent.wait(10)
             pytest.fail("the external agent did not stop within 60 s of the run's end")
         assert rc == 0

@@ -139,7 +139,7 @@ def test_containers_of_a_killed_owner_remove_themselves(docker_host: str) -> Non
 def test_orphans_whose_owner_is_gone_are_removed_at_start(docker_host: str) -> None:
     import docker
 
-    from sandboxes.docker_engine import LABEL, LABEL_OWNER, LABEL_RUN, owner_id
+    from sandboxes.docker_engine import LABEL, LABEL_OWNER, LABEL_RUN, our_containers, owner_id
     from sandboxes.image import image_python
 
     client = docker.DockerClient(base_url=docker_host)
@@ -162,12 +162,7 @@ def test_orphans_whose_owner_is_gone_are_removed_at_start(docker_host: str) -> N
     try:
         assert _count(client, run) == 4
         sandboxes.create("docker", image=TEST_IMAGE, docker_host=docker_host)  # sweeps at start
-        left = {
-            c.labels[LABEL_OWNER]
-            for c in client.containers.list(
-                all=True, filters={"label": f"{LABEL_RUN}={run}"}, ignore_removed=True
-            )
-        }
+        left = {c.labels[LABEL_OWNER] for c in our_containers(client, **{LABEL_RUN: run})}
         assert left == {owner_id(), foreign_owner}
     finally:
         for c in started:
