@@ -122,6 +122,10 @@ def main_train(argv: list[str] | None = None) -> int:
         recipe = rundir.load_saved(Path(args.resume))
     else:
         recipe = load_recipe(args.recipe, args.set, check_model=True)
+    from agent_rl.learners.memory import check_recipe  # before anything loads: will the learner's step fit?
+
+    if (warning := check_recipe(recipe)) is not None:
+        print(f"{args.recipe or args.resume}: {warning}", file=sys.stderr, flush=True)
     if args.dry_run:
         import envs
 
