@@ -129,12 +129,8 @@ def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]
         want = [(m, lr, k, s) for k in (4, 8, 0) for s in HELDOUT_SEEDS for m, lr in picks]
     elif part == "ablate":
         chosen = [lr for lr in select_lrs(cells).values() if lr is not None]
-        order = sorted({lr for lr in chosen if lr != RECIPE_LR}, key=lambda lr: -chosen.count(lr)) + [
-            RECIPE_LR
-        ]
-        order += [
-            lr for lr in LRS if lr not in order
-        ]  # the lrs most baselines chose first, the recipe lr, the rest
+        order = sorted({lr for lr in chosen if lr != RECIPE_LR}, key=lambda lr: -chosen.count(lr)) + [RECIPE_LR]
+        order += [lr for lr in LRS if lr not in order]  # the lrs most baselines chose first, the recipe lr, the rest
         # VCPO first at each lr: "VCPO at the baseline's lr" says whether the gap was the learning rate
         methods = ("vcpo", *(m for m in ABLATIONS if m != "vcpo"))
         want = [(m, lr, k, s) for lr in order for k in (4, 8, 0) for m in methods for s in HELDOUT_SEEDS]
