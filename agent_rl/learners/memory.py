@@ -189,8 +189,8 @@ def _per_layer_token_bytes(d: ModelDims, s: Setup) -> int:
         if bf16:
             return 26 * h + 8 + 4 * q + 4 * kv + 4 * a + 8 * f
         return 24 * h + 8 + 8 * q + 8 * kv + 4 * a + 16 * f
-    if bf16:
-        return 22 * h + 8 + 8 * q + 10 * f + 16 * hd
+    if bf16:  # RoPE: one cos/sin pair for q and k (fp32: a pair each)
+        return 22 * h + 8 + 8 * q + 10 * f + 8 * hd
     return 24 * h + 8 + 16 * q + 20 * f + 16 * hd
 
 
