@@ -268,6 +268,24 @@ def setup_for(cell: Cell, device: str):
     )
 
 
+def capacity(device: str) -> dict[str, Any]:
+    """The memory model's longest trajectory for each learner setup on the 0.5B shape, on this device's memory."""
+    from agent_rl.learners import memory as mm
+
+    mem = mm.device_memory()
+    dims = mm.ModelDims.from_config(QWEN25_05B | {"model_type": "qwen2"})
+    setups = {}
+    for backend in ("torch", "megatron"):
+        for opob in ("exact", "proxy") if backend == "torch" else ("exact",):
+            for recompute in (False, True):
+                cell = Cell(
+                    backend, 1, 2, recompute=recompute, opob=opob, micro_batch_tokens=MICRO_BATCH_TOKENS
+                )  # type: ignore[arg-type]
+                name = cell.name.rsplit(" ", 1)[0]
+                setups[name] = mm.max_trajectory_tokens(dims, setup_for(cell, device), mem.bytes)
+    return {"memory": mem.name, "memory_gib": mem.bytes / mm.GiB, "max_trajectory_tokens": setups}
+
+
 def ratios_to_anchor(rows: list[dict]) -> None:
     anchors = {(r["length"], r["rows"], r["recompute"]): r for r in rows if r["backend"] == "anchor"}
     for r in rows:
@@ -359,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             plan = [replace(c, repeats=1, micro_batch_tokens=256) for c in plan]
         cells = run_cells(plan, big, device, budget_s=args.budget_s, start=start, liger=liger)
     meta["elapsed_s"] = time.monotonic() - start
-    return {"meta": meta, "correctness": checks, "cells": cells}
+    return {"meta": meta, "correctness": checks, "cells": cells, "capacity": capacity(device)}
 
 
 def _f(x: Any, fmt: str) -> str:
@@ -387,9 +405,15 @@ def markdown(res: dict[str, Any]) -> str:
     for r in res["cells"]:
         lines.append(
             f"| {r['name']} | {r['status']} | {_f(r.get('step_s'), '.2f')} | {_f(r.get('tokens_per_s'), ',.0f')} | "
-            f"{_f(r.get('mfu'), '.1%')} | {_f(r.get('peak_gib'), '.1f')} | {_f(r.get('estimate_gib'), '.1f')} | "
+            f"{_f(r.get('mfu'), '.1%')} | {_f(r.get('peak_gib'), '.1f')} | {_f(r.get('estimate_gib'), '.2f')} | "
             f"{_f(r.get('tokens_per_s_vs_anchor'), '.2f')} | {_f(r.get('peak_vs_anchor'), '.2f')} | {r.get('reason', '')} |"
         )
+    cap = res["capacity"]
+    lines += [
+        "", f"## Longest trajectory the memory model allows: 0.5B shape, bf16, {cap['memory']} ({cap['memory_gib']:.1f} GiB)",
+        "", "| learner setup | tokens |", "|---|---|",
+        *(f"| {k} | {v:,} |" for k, v in cap["max_trajectory_tokens"].items()),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
