@@ -30,18 +30,33 @@ STEM = "learner_memory_cpu"
 def run_table(
     out: Path, *, commit: str, lengths: tuple[int, ...] = LENGTHS, limit: int = LIMIT_BYTES
 ) -> dict:
+    """Measure every (learner, length) cell of `commit` not yet in the results file, each in a fresh process,
+    saving after each: an interrupted run continues where it stopped when started again on the same commit."""
     from gpu_learners import setup_for
 
     from agent_rl.learners import memory as mm
 
+    path = out / f"{STEM}.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    run = next((r for r in runs if r["commit"] == commit), None)
+    if run is None:
+        run = {"commit": commit, "rows": []}
+        runs.append(run)
+    done = {(r["backend"], r["length"]) for r in run["rows"] if r.get("status") in ("ok", "skipped")}
+    run["rows"] = [r for r in run["rows"] if (r["backend"], r["length"]) in done]
     start = time.monotonic()
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model(Path(tmp) / "model", CPU_TABLE)
         dims = mm.ModelDims.from_model_dir(model_dir)
+        run |= {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "shape": CPU_TABLE,
+            "machine": f"{platform.machine()} {platform.processor()}, 2 torch threads", "params": dims.params,
+            "batch": "2 trajectories (one group, rewards 1/0), vcpo + exact OPOB, fp32",
+        }  # fmt: skip
         for backend in ("torch", "megatron"):
-            cases, planned = [], []
             for length in lengths:
+                if (backend, length) in done:
+                    continue
                 cell = Cell(backend, length, 2, dtype="float32", repeats=1)  # type: ignore[arg-type]
                 est = mm.step_memory(dims, setup_for(cell, "cpu"), length)
                 row = {"backend": backend, "length": length, "estimate_mib": est.total / 2**20,
@@ -52,38 +67,30 @@ def run_table(
                         "reason": f"memory model: {est.describe()} > {limit / 2**30:.0f} GiB limit",
                     }
                 else:
-                    cases.append({"model_dir": str(model_dir), "cell": _fields(cell)})
-                    planned.append(row)
-                rows.append(row)
-            print(
-                f"[{time.monotonic() - start:6.1f} s] {backend}: measuring {[r['length'] for r in planned]}",
-                flush=True,
-            )
-            for row, res in zip(planned, measure(cases), strict=True):
-                row |= {"status": "ok", "peak_mib": res["peak_bytes"] / 2**20}
-                row["estimate_over_measured"] = row["estimate_mib"] / row["peak_mib"]
+                    print(f"[{time.monotonic() - start:6.1f} s] {backend} {length} tokens", flush=True)
+                    (res,) = measure(
+                        [{"model_dir": str(model_dir), "cell": _fields(cell)}], timeout_s=4 * 3600
+                    )
+                    row |= {"status": "ok", "peak_mib": res["peak_bytes"] / 2**20}
+                    row["estimate_over_measured"] = row["estimate_mib"] / row["peak_mib"]
+                run["rows"].append(row)
+                _save(out, runs)
     for backend in ("torch", "megatron"):
         prev = None
-        for row in (r for r in rows if r["backend"] == backend):
+        for row in sorted((r for r in run["rows"] if r["backend"] == backend), key=lambda r: r["length"]):
             if row.get("status") == "ok" and prev is not None and prev.get("status") == "ok":
                 row["growth_per_doubling"] = row["peak_mib"] / prev["peak_mib"]
             prev = row
-    run = {
-        "commit": commit, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()} {platform.processor()}, 2 torch threads", "shape": CPU_TABLE,
-        "params": dims.params, "batch": "2 trajectories (one group, rewards 1/0), vcpo + exact OPOB, fp32",
-        "elapsed_s": time.monotonic() - start, "rows": rows,
-    }  # fmt: skip
-    path = out / f"{STEM}.json"
-    runs = [
-        r for r in (json.loads(path.read_text())["runs"] if path.exists() else []) if r["commit"] != commit
-    ]
-    res = {"runs": [*runs, run]}
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2) + "\n")
-    (out / f"{STEM}.md").write_text(markdown(res))
+    run["rows"].sort(key=lambda r: (r["backend"] != "torch", r["length"]))
+    _save(out, runs)
     print(f"wrote {path} and .md", flush=True)
-    return res
+    return {"runs": runs}
+
+
+def _save(out: Path, runs: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{STEM}.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    (out / f"{STEM}.md").write_text(markdown({"runs": runs}))
 
 
 def _fields(cell: Cell) -> dict[str, Any]:
