@@ -58,7 +58,7 @@ def run_table(
                 if (backend, length) in done:
                     continue
                 cell = Cell(backend, length, 2, dtype="float32", repeats=1)  # type: ignore[arg-type]
-                est = mm.step_memory(dims, setup_for(cell, "cpu"), length)
+                est = mm.step_memory(dims, setup_for(cell, "cpu", dims), length)
                 row = {"backend": backend, "length": length, "estimate_mib": est.total / 2**20,
                        "estimate_terms": {t.name: t.bytes / 2**20 for t in est.terms}}  # fmt: skip
                 if est.total > limit:

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _learner_bench import QWEN25_05B, SMALL, Cell, Rank, batch, timed_steps, write_model  # noqa: E402
+from _learner_bench import QWEN25_05B, SMALL, Cell, Rank, batch, recipe, timed_steps, write_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -218,7 +218,7 @@ def run_cell(
     row: dict[str, Any] = cell.as_dict()
     dims = mm.ModelDims.from_model_dir(model_dir)
     if cell.backend != "anchor":
-        est = mm.step_memory(dims, setup_for(cell, device), cell.length)
+        est = mm.step_memory(dims, setup_for(cell, device, dims), cell.length)
         row["estimate_gib"] = est.total / mm.GiB
         if est.total > memory:
             return row | {
@@ -252,20 +252,11 @@ def run_cell(
     return row
 
 
-def setup_for(cell: Cell, device: str):
+def setup_for(cell: Cell, device: str, dims):
+    """The memory model's view of a cell: through the recipe a user would write for it, as `agent-rl train` sees it."""
     from agent_rl.learners import memory as mm
 
-    return mm.Setup(
-        backend=cell.backend,  # type: ignore[arg-type]
-        compute_dtype=cell.dtype,
-        recompute="full" if cell.recompute else "none",
-        attention="fused" if cell.backend == "torch" else mm.megatron_attention(device.split(":")[0]),
-        lora_rank=8 if cell.lora else None,
-        opob=cell.opob,
-        micro_batch_rows=cell.micro_batch_rows,
-        packed=cell.backend == "megatron",
-        device="cuda" if device.startswith("cuda") else "cpu",
-    )
+    return mm.setup_of(recipe(Path("model"), cell), dims, "cuda" if device.startswith("cuda") else "cpu")
 
 
 def capacity(device: str) -> dict[str, Any]:
@@ -282,7 +273,7 @@ def capacity(device: str) -> dict[str, Any]:
                     backend, 1, 2, recompute=recompute, opob=opob, micro_batch_tokens=MICRO_BATCH_TOKENS
                 )  # type: ignore[arg-type]
                 name = cell.name.rsplit(" ", 1)[0]
-                setups[name] = mm.max_trajectory_tokens(dims, setup_for(cell, device), mem.bytes)
+                setups[name] = mm.max_trajectory_tokens(dims, setup_for(cell, device, dims), mem.bytes)
     return {"memory": mem.name, "memory_gib": mem.bytes / mm.GiB, "max_trajectory_tokens": setups}
 
 

@@ -312,8 +312,8 @@ def megatron_attention(device: str) -> Literal["fused", "eager"]:
     return "fused"
 
 
-def setup_of(recipe: Recipe, device: Literal["cpu", "cuda"]) -> Setup:
-    """The memory-relevant settings of a recipe's learner on `device`."""
+def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) -> Setup:
+    """The memory-relevant settings of a recipe's learner for the model `dims` on `device`."""
     lc, ac = recipe.learner, recipe.algorithm
     gc = lc.gradient_checkpointing
     recompute = "full" if gc in (True, "full") else ("selective" if gc == "selective" else "none")
@@ -363,7 +363,7 @@ def check_recipe(recipe: Recipe, memory: DeviceMemory | None = None) -> str | No
         dims = ModelDims.from_model_dir(recipe.model.path)
     except ValueError as e:
         return f"note: learner memory not estimated: {e}"
-    setup = setup_of(recipe, device)
+    setup = setup_of(recipe, dims, device)
     longest = recipe.engines.max_seq_len
     est = step_memory(dims, setup, longest)
     if est.total <= memory.bytes or recipe.learner.tp * recipe.learner.cp > 1:

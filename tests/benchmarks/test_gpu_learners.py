@@ -55,16 +55,22 @@ def test_every_planned_cell_is_recorded_with_a_status(smoke: tuple[dict, str]) -
     assert {"date", "commit", "device", "versions", "budget_s", "elapsed_s"} <= set(res["meta"])
 
 
-def test_torch_and_anchor_cells_measure_tokens_per_second_and_compare_with_the_anchor(smoke: tuple[dict, str]) -> None:
+def test_torch_and_anchor_cells_measure_tokens_per_second_and_compare_with_the_anchor(
+    smoke: tuple[dict, str],
+) -> None:
     cells = smoke[0]["cells"]
     for r in cells:
         if r["backend"] in ("torch", "anchor"):
             assert r["status"] == "ok" and r["tokens_per_s"] > 0 and r["step_s"] > 0, r
-            assert r["peak_gib"] is None and r["mfu"] is None  # CPU: no CUDA peak, no dense bf16 peak to divide by
+            assert (
+                r["peak_gib"] is None and r["mfu"] is None
+            )  # CPU: no CUDA peak, no dense bf16 peak to divide by
         if r["backend"] != "anchor":
             assert r["estimate_gib"] > 0  # the memory model's estimate beside every learner cell
     proxy = next(r for r in cells if r["name"].startswith("torch proxy +ckpt") and not r["lora"])
-    anchor = next(r for r in cells if r["backend"] == "anchor" and r["length"] == proxy["length"] and r["recompute"])
+    anchor = next(
+        r for r in cells if r["backend"] == "anchor" and r["length"] == proxy["length"] and r["recompute"]
+    )
     assert proxy["tokens_per_s_vs_anchor"] == pytest.approx(proxy["tokens_per_s"] / anchor["tokens_per_s"])
 
 

@@ -62,7 +62,9 @@ def test_lora_parameters_equal_peft_adapters(tmp_path: Path) -> None:
 def _saved_activation_bytes(fn, model: torch.nn.Module) -> int:
     """Bytes of the distinct storages autograd saves for backward while fn() runs, weights (and autocast's
     copies of them: a parameter's shape, or its transpose) left out."""
-    weight_shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
+    weight_shapes = {tuple(p.shape) for p in model.parameters()} | {
+        tuple(p.shape)[::-1] for p in model.parameters()
+    }
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -87,7 +89,7 @@ def test_per_layer_activations_are_what_autograd_saves(tmp_path: Path, backend: 
         rank = Rank(model_dir, Cell(backend, tokens, 2, dtype=dtype), "cpu")  # type: ignore[arg-type]
         b = batch(2, tokens, SMALL["vocab_size"])
         saved[layers] = _saved_activation_bytes(
-            lambda: rank.logprobs(b.input_ids[:1], b.attention_mask[:1]), rank.model
+            lambda rank=rank, b=b: rank.logprobs(b.input_ids[:1], b.attention_mask[:1]), rank.model
         )
     dims = mm.ModelDims.from_config(SMALL | {"model_type": "qwen2"})
     setup = mm.Setup(backend=backend, compute_dtype=dtype)  # type: ignore[arg-type]
@@ -126,7 +128,7 @@ def test_estimate_is_within_25_percent_of_the_measured_peak(small_model: Path, b
     results = measure([{"model_dir": str(small_model), "cell": _fields(c)} for c in cells])
     dims = mm.ModelDims.from_model_dir(small_model)
     for cell, res in zip(cells, results, strict=True):
-        est = mm.step_memory(dims, setup_for(cell, "cpu"), cell.length).total
+        est = mm.step_memory(dims, setup_for(cell, "cpu", dims), cell.length).total
         assert 0.75 <= est / res["peak_bytes"] <= 1.25, (cell.name, est, res["peak_bytes"])
 
 
@@ -187,7 +189,8 @@ def _recipe(model_dir: Path, **learner):
 
 def test_check_recipe_warns_with_the_numbers_and_what_to_change(small_model: Path) -> None:
     recipe = _recipe(small_model)
-    need = mm.step_memory(mm.ModelDims.from_model_dir(small_model), mm.setup_of(recipe, "cuda"), 65536).total
+    dims = mm.ModelDims.from_model_dir(small_model)
+    need = mm.step_memory(dims, mm.setup_of(recipe, dims, "cuda"), 65536).total
     small_gpu = mm.DeviceMemory("cuda:0 (test)", need // 2)
     warning = mm.check_recipe(recipe, small_gpu)
     assert warning is not None and "65536-token trajectory (engines.max_seq_len)" in warning
