@@ -28,7 +28,12 @@ STEM = "learner_memory_cpu"
 
 
 def run_table(
-    out: Path, *, commit: str, lengths: tuple[int, ...] = LENGTHS, limit: int = LIMIT_BYTES
+    out: Path,
+    *,
+    commit: str,
+    lengths: tuple[int, ...] = LENGTHS,
+    backends: tuple[str, ...] = ("torch", "megatron"),
+    limit: int = LIMIT_BYTES,
 ) -> dict:
     """Measure every (learner, length) cell of `commit` not yet in the results file, each in a fresh process,
     saving after each: an interrupted run continues where it stopped when started again on the same commit."""
@@ -53,7 +58,7 @@ def run_table(
             "machine": f"{platform.machine()} {platform.processor()}, 2 torch threads", "params": dims.params,
             "batch": "2 trajectories (one group, rewards 1/0), vcpo + exact OPOB, fp32",
         }  # fmt: skip
-        for backend in ("torch", "megatron"):
+        for backend in backends:
             for length in lengths:
                 if (backend, length) in done:
                     continue

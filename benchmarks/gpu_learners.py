@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cpu-memory", action="store_true", help="the CPU peak-memory table (learner_memory_cpu.*)"
     )
+    ap.add_argument("--backends", default="torch,megatron", help="--cpu-memory: the learners to measure")
     ap.add_argument("--no-liger", action="store_true", help="the anchor without Liger (plain cross-entropy)")
     ap.add_argument(
         "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_memory:
         from _memory_table import run_table
 
-        run_table(args.out, commit=args.commit or git_commit())
+        run_table(args.out, commit=args.commit or git_commit(), backends=tuple(args.backends.split(",")))
         return 0
     if args.cpu_smoke:
         args.device = "cpu"
