@@ -137,8 +137,10 @@ class Anchor:
         )
         self.model.to(device).train()
         self.model.config.use_cache = False
-        if cell.recompute:
-            self.model.gradient_checkpointing_enable()
+        if (
+            cell.recompute
+        ):  # transformers 5 renamed it; older releases have gradient_checkpointing_enable only
+            getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
         cuda = device.startswith("cuda")
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
         self.cell, self.device = cell, device
