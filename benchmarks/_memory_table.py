@@ -80,12 +80,15 @@ def run_table(
                     row["estimate_over_measured"] = row["estimate_mib"] / row["peak_mib"]
                 run["rows"].append(row)
                 _save(out, runs)
-    for backend in ("torch", "megatron"):
-        prev = None
-        for row in sorted((r for r in run["rows"] if r["backend"] == backend), key=lambda r: r["length"]):
-            if row.get("status") == "ok" and prev is not None and prev.get("status") == "ok":
-                row["growth_per_doubling"] = row["peak_mib"] / prev["peak_mib"]
-            prev = row
+        for row in run["rows"]:  # every row's estimate from this memory model (a rerun refreshes them)
+            cell = Cell(row["backend"], row["length"], 2, dtype="float32", repeats=1)
+            est = mm.step_memory(dims, setup_for(cell, "cpu", dims), row["length"])
+            row |= {
+                "estimate_mib": est.total / 2**20,
+                "estimate_terms": {t.name: t.bytes / 2**20 for t in est.terms},
+            }
+            if row.get("status") == "ok":
+                row["estimate_over_measured"] = row["estimate_mib"] / row["peak_mib"]
     run["rows"].sort(key=lambda r: (r["backend"] != "torch", r["length"]))
     _save(out, runs)
     print(f"wrote {path} and .md", flush=True)
@@ -121,10 +124,16 @@ def markdown(res: dict) -> str:
             "| learner | tokens | measured MiB | estimate MiB | estimate / measured | growth per doubling | note |",
             "|---|---|---|---|---|---|---|",
         ]  # fmt: skip
+        ok = {(r["backend"], r["length"]): r["peak_mib"] for r in run["rows"] if r.get("status") == "ok"}
         for r in run["rows"]:
+            growth = (
+                ok.get((r["backend"], r["length"]), 0) / ok[(r["backend"], r["length"] // 2)]
+                if ((r["backend"], r["length"]) in ok and (r["backend"], r["length"] // 2) in ok)
+                else None
+            )
             lines.append(
                 f"| {r['backend']} | {r['length']} | {_f(r.get('peak_mib'), ',.0f')} | {r['estimate_mib']:,.0f} | "
-                f"{_f(r.get('estimate_over_measured'), '.2f')} | {_f(r.get('growth_per_doubling'), '.2f')} | {r.get('reason', '')} |"
+                f"{_f(r.get('estimate_over_measured'), '.2f')} | {_f(growth, '.2f')} | {r.get('reason', '')} |"
             )
         lines.append("")
     return "\n".join(lines)

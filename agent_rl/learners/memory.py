@@ -227,8 +227,9 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
 
     # Phase 2: the backward pass. Alive throughout: what the layers keep (all their activations, or with full
     # recompute only each layer's input); on top, at its start the log-prob workspace, later one layer's backward
-    # (under full recompute: that layer's activations recomputed) and the gradients it produces, about the size
-    # of its activations, plus three [heads, S, S] gradients through an eager attention's softmax.
+    # (under full recompute: that layer's activations recomputed) and the gradients it holds at once, those of
+    # one of its two blocks (attention or MLP): about half its activations, plus three [heads, S, S] gradients
+    # through an eager attention's softmax.
     a_layer = _per_layer_token_bytes(d, s) * t
     scores = score_grads = 0
     if s.attention == "eager":  # megatron packs a micro-batch into one sequence: one [S_total]^2 block
@@ -236,7 +237,7 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         scores = d.heads * seq * seq * seqs * _score_bytes(s)
         # in its backward: the gradients of the probabilities, of the masked scores and of the scaled scores
         score_grads = 3 * d.heads * seq * seq * seqs * (2 if bf16 and s.device == "cpu" else 4)
-    layer_backward = a_layer + score_grads
+    layer_backward = a_layer // 2 + score_grads
     if s.recompute == "none":
         acts = [Term("activations", d.layers * a_layer), Term("attention_scores", d.layers * scores)]
     elif s.recompute == "selective":  # megatron: core attention recomputed in backward, the rest kept
