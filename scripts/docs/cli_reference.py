@@ -3,8 +3,8 @@
 `agent-rl` builds its own parser for `validate` and `plot` (agent_rl/cli.py: `build_parser`); every other
 subcommand is delegated to a module whose `main(argv)` builds its parser and calls `parse_args` first. To read
 those parsers without running anything, `parsers()` calls each `main` with `ArgumentParser.parse_args`
-replaced by a function that raises with the parser in hand (the parse never happens). The page is generated
-at build time by the MkDocs hook (scripts/docs/hooks.py), so it cannot go stale; tests/test_docs_reference.py
+replaced by a function that raises with the parser in hand (the parse never happens). scripts/docs/generate.py
+writes the page; a stale one fails the docs build and tests/test_readme_figures.py; tests/test_docs_reference.py
 checks that every subcommand and flag is on it and that the docs' commands use only flags that exist.
 """
 
@@ -100,7 +100,8 @@ def _usage(parser: argparse.ArgumentParser, prog: str) -> str:
 
 def _default(action: argparse.Action) -> str:
     d = action.default
-    if d is None or d is argparse.SUPPRESS or isinstance(action, argparse._StoreTrueAction) or d is False:
+    flag_only = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
+    if d is None or d is argparse.SUPPRESS or d is False or d == "" or isinstance(action, flag_only):
         return ""
     if d == sys.executable:
         return "the running Python"
@@ -154,7 +155,7 @@ def markdown() -> str:
     lines = [
         "# Command line",
         "",
-        "Generated from the parsers of `agent-rl` (scripts/docs/cli_reference.py) each time the site is built.",
+        "Generated from the parsers of `agent-rl` by `python -m scripts.docs.generate` (a test fails when it is stale).",
         "A mistake prints one line and exits 2; `--debug` anywhere on the line (or `AGENT_RL_DEBUG=1`) keeps the",
         "traceback. [The command line guide](../guides/command-line.md) explains the run directory and errors.",
         "",

@@ -2,18 +2,22 @@
 
 Every field of `Recipe` and of each section under it gets a row: its dotted key, type, default and
 description. Descriptions are the field docstrings (`use_attribute_docstrings` on config.Strict) or
-`Field(description=...)`. A field without one stops the build (`missing_descriptions`, also a test), so a field
-added later cannot reach the page undocumented. The page is generated at build time by the MkDocs hook.
+`Field(description=...)`. A field without one stops the generator (`missing_descriptions`, also a test), so a field
+added later cannot reach the page undocumented. scripts/docs/generate.py writes the page.
 """
 
 from __future__ import annotations
 
+import ast
 import enum
+import inspect
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -93,6 +97,26 @@ def default_of(field: FieldInfo) -> str:
     return _value(field.default)
 
 
+@cache
+def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The docstring under each field of a model's own class body (for models that do not turn on pydantic's
+    `use_attribute_docstrings`, e.g. envs/spec.py's)."""
+    out: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+        except (OSError, TypeError):
+            continue
+        for stmt, nxt in zip(body, body[1:], strict=False):
+            doc = nxt.value if isinstance(nxt, ast.Expr) else None
+            named = isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+            if named and isinstance(doc, ast.Constant) and isinstance(doc.value, str):
+                out[stmt.target.id] = inspect.cleandoc(doc.value)  # type: ignore[union-attr]
+    return out
+
+
 def rows(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[Row]:
     """Every field, depth first: a section's own row, then the fields inside it."""
     if model is None:
@@ -105,7 +129,7 @@ def rows(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[Row
             key,
             type_name(field.annotation),
             default_of(field),
-            field.description,
+            field.description or attribute_docstrings(model).get(name),
             prefix.rstrip("."),
         )
         for suffix, sub in _models_in(field.annotation):
@@ -134,8 +158,8 @@ def markdown(model: type[BaseModel] | None = None) -> str:
     lines = [
         "# Recipe schema",
         "",
-        "Generated from the pydantic models in `agent_rl/config.py` (scripts/docs/recipe_reference.py) each time",
-        "the site is built: every field, its type, its default and its description. Unknown keys are errors,",
+        "Generated from the pydantic models in `agent_rl/config.py` by `python -m scripts.docs.generate` (a test",
+        "fails when this page is stale): every field, its type, its default and its description. Unknown keys are errors,",
         "values are validated once when the recipe loads and frozen after. `agent-rl validate RECIPE` checks a",
         "file; `--set dotted.key=value` on `agent-rl train` and `agent-rl eval` overrides one field. The",
         "environment files a recipe names (`envs.train`, `envs.eval`) have a schema of their own:",
@@ -161,7 +185,7 @@ def env_markdown() -> str:
     lines = [
         "# Environment schema",
         "",
-        "Generated from the pydantic models in `envs/spec.py` each time the site is built. An environment",
+        "Generated from the pydantic models in `envs/spec.py` by `python -m scripts.docs.generate`. An environment",
         "file declares its data, prompt, protocol, budgets, sandbox and reward; [Environments](../guides/environments.md)",
         "explains them. `agent-rl validate ENV.yaml` checks a file.",
         "",
