@@ -112,7 +112,7 @@ class RolloutConfig(Strict):
     """Agent calls under a constraint (response_format, tool_choice): the behaviour log-prob the learner gets.
     unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
     the mask is part of the environment); masked: that of the masked distribution sampled from (the weights
-    then carry each token's mask log-normaliser). README, "Constrained decoding"."""
+    then carry each token's mask log-normaliser). docs/guides/openai-gateway.md, "Constrained decoding"."""
     workers: int = Field(1, ge=1, le=256)
     """Rollout processes. 1: episodes run on the driver's event loop (in-process). N > 1: they are sharded over
     N local processes (agent_rl/rollout/sharded.py), each with its own envs, sandbox and gateway, talking to the
