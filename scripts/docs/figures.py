@@ -164,7 +164,7 @@ def main_job_headline() -> str:
     return (
         f"held-out accuracy **{b['accuracy']:.2f} → {a['accuracy']:.2f}** on {a['tasks']} tasks "
         f"(tool use {b['tool_use_rate']:.2f} → {a['tool_use_rate']:.2f}), {r['minutes_total']:.1f} min end to end "
-        f"on {r['machine']}"
+        f"on {r['machine']} under a load average of {str(r['load_average_at_start']).split()[0]} from other jobs"
     )
 
 

@@ -29,7 +29,14 @@ ROWS = (
 )
 
 
-def record(root: Path, name: str, command: str, started: str | None, load_start: str | None) -> dict:
+def record(
+    root: Path,
+    name: str,
+    command: str,
+    started: str | None,
+    load_start: str | None,
+    commit: str | None = None,
+) -> dict:
     report = json.loads((root / "report.json").read_text())
     text = (root / "report.txt").read_text()
     m = re.search(r"RL ([\d.]+) min; total ([\d.]+) min", text)
@@ -37,12 +44,12 @@ def record(root: Path, name: str, command: str, started: str | None, load_start:
         raise SystemExit(
             f"{root / 'report.txt'}: no 'RL N min; total N min' line: is it a pipeline's report?"
         )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     out = {
         "command": command,
         "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "started": started,
-        "commit": commit.stdout.strip() or None,
+        "commit": commit or head.stdout.strip() or None,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_average_at_start": load_start,
         "load_average_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -85,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--command", required=True, help="the command that ran it, as a user would type it")
     p.add_argument("--started", default=None, help="when it started (UTC)")
     p.add_argument("--load-start", default=None, help="the load average when it started")
+    p.add_argument("--commit", default=None, help="the commit the run ran (default: HEAD now)")
     args = p.parse_args(argv)
-    out = record(args.root, args.name, args.command, args.started, args.load_start)
+    out = record(args.root, args.name, args.command, args.started, args.load_start, args.commit)
     print(f"wrote benchmarks/results/{args.name}.json and .md ({out['minutes_total']} min run)")
     return 0
 
