@@ -3,7 +3,7 @@
     .venv/bin/python -m scripts.docs.record_run runs/tiny_tir --name main_job --command "make run"
 
 writes benchmarks/results/NAME.json (the report as the run wrote it, plus when, where and from which commit it
-ran) and NAME.md (the report's own text and a table), so the docs and the README quote the run from a file and
+ran), NAME.md (the report's own text and a table) and NAME.png (the RL stage's curves), so the docs and the README quote the run from a file and
 never by hand. `--started` and `--load-start` carry what the caller saw when the run began.
 """
 
@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,9 @@ def record(
         "report": report,
         "report_text": text.strip(),
     }
+    curves = next(root.glob("*/curves.png"), None)  # agent-rl plot of the RL stage, when the pipeline drew it
+    if curves is not None:
+        shutil.copyfile(curves, RESULTS / f"{name}.png")
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(out))
     return out
