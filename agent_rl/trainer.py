@@ -108,7 +108,8 @@ def main_train(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the recipe, write its resolved config and print the placement plan; train nothing",
+        help="validate the recipe, write its resolved config and print the placement plan; train nothing "
+        "(train and --dry-run both warn first when the learner's step on the longest trajectory cannot fit)",
     )
     args = p.parse_args(argv)
     address = placement.cluster_address(args.address)  # --address, else $RAY_ADDRESS (as Ray's own tools)
