@@ -89,6 +89,8 @@ def run_table(
             }
             if row.get("status") == "ok":
                 row["estimate_over_measured"] = row["estimate_mib"] / row["peak_mib"]
+            elif row.get("status") == "skipped":
+                row["reason"] = f"memory model: {est.describe()} > {limit / 2**30:.0f} GiB limit"
     run["rows"].sort(key=lambda r: (r["backend"] != "torch", r["length"]))
     _save(out, runs)
     print(f"wrote {path} and .md", flush=True)
