@@ -147,7 +147,15 @@ def test_hermes_parser_reads_calls_and_leaves_unparseable_output_as_text() -> No
         '<tool_call>{"name": "a", "arguments": {}</tool_call>',  # bad JSON
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
         '<tool_call>{"name": "a", "arguments": {}}',  # never closed
-        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"',  # second cut off
     ):
         out = parse_hermes(bad)
         assert out.tool_calls == () and out.content == bad
+    # complete calls before one cut off: kept, the unfinished one reported apart (chat.message keeps them only
+    # when max_tokens cut the reply)
+    cut = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b"'
+    out = parse_hermes(cut)
+    assert (
+        [c.name for c in out.tool_calls] == ["a"]
+        and out.partial == '<tool_call>{"name": "b"'
+        and out.content is None
+    )

@@ -1,25 +1,38 @@
-"""One embedded engine on the tool model behind both OpenAI fronts: `agent-rl serve`'s routes and the gateway."""
+"""One embedded engine on the tool model behind the OpenAI fronts: `agent-rl serve`'s routes, the gateway, and a
+second gateway that reaches the same engine through SGLang's native API with the real `SGLangClient`
+(`gateway_sglang_api`): an engine that, as SGLang does, reports no unmasked log-probs for constrained calls."""
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 
 class Fronts:
-    def __init__(self, engine, gateway, serve_url: str):
-        self.engine, self.gateway, self.serve_url = engine, gateway, serve_url
-        self.n = 0
+    def __init__(self, engine, gateway, sglang_gateway, serve_url: str):
+        self.engine, self.serve_url = engine, serve_url
+        self.gateways = {"gateway": gateway, "gateway_sglang_api": sglang_gateway}
+        self.gateway, self.n = gateway, 0
 
     def base_url(self, front: str) -> str:
-        """serve's /v1, or a fresh gateway session's base URL."""
+        """serve's /v1, or a fresh session's base URL on the gateway `front` names."""
         if front == "serve":
             return self.serve_url + "/v1"
         self.n += 1
+        self.gateway = self.gateways[front]
         self.gateway.open(f"s{self.n}")
         return self.gateway.base_url(f"s{self.n}")
 
     def session(self):
         return self.gateway.sessions[f"s{self.n}"]
+
+    async def close(self, reward: float = 1.0) -> tuple[int, dict]:
+        """POST /sessions/{sid}/close of the last session (as an agent in another process closes it)."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.gateway.url}/sessions/s{self.n}/close", json={"reward": reward}) as r,
+        ):
+            return r.status, await r.json()
 
 
 RAISE = (
@@ -48,6 +61,7 @@ async def fronts(strict_model):
     from transformers import AutoTokenizer
 
     from agent_rl.engines.api import EngineOptions
+    from agent_rl.engines.client import SGLangClient
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.engines.embedded.server import build_app
     from agent_rl.gateway.server import Gateway
@@ -56,9 +70,16 @@ async def fronts(strict_model):
     runner = web.AppRunner(build_app(engine, str(tool_model), served_model_name="policy"))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    gw = Gateway(engine, AutoTokenizer.from_pretrained(tool_model), max_seq_len=256, max_retries=0)
+    tok = AutoTokenizer.from_pretrained(tool_model)
+    gw = Gateway(engine, tok, max_seq_len=256, max_retries=0)
     await gw.start()
-    yield Fronts(engine, gw, f"http://127.0.0.1:{runner.addresses[0][1]}")
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    sglang = SGLangClient(url)
+    sglang_gw = Gateway(sglang, tok, max_seq_len=256, max_retries=0)
+    await sglang_gw.start()
+    yield Fronts(engine, gw, sglang_gw, url)
+    await sglang_gw.close()
+    await sglang.close()
     await gw.close()
     await runner.cleanup()
     await engine.close()
