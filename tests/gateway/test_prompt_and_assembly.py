@@ -159,3 +159,22 @@ def test_hermes_parser_reads_calls_and_leaves_unparseable_output_as_text() -> No
         and out.partial == '<tool_call>{"name": "b"'
         and out.content is None
     )
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_a_call_cut_by_max_tokens_leaves_the_complete_calls_and_finish_reason_length(parser) -> None:
+    from agent_rl.openai.tool_parsers import get_parser
+
+    first = {
+        "hermes": '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n',
+        "llama3_json": '{"name": "a", "parameters": {"x": 1}}; ',
+    }[parser]
+    cut = first + {"hermes": '<tool_call>{"name": "b", "argu', "llama3_json": '{"name": "b", "param'}[parser]
+    length = chat.choice(0, cut, "length", get_parser(parser), None)
+    assert length["finish_reason"] == "length"
+    assert [c["function"]["name"] for c in length["message"]["tool_calls"]] == ["a"]
+    assert json.loads(length["message"]["tool_calls"][0]["function"]["arguments"]) == {"x": 1}
+    # an unfinished call the budget did not cut (the model stopped there) is no call: the text, as before
+    stop = chat.choice(0, cut, "stop", get_parser(parser), None)
+    assert stop["finish_reason"] == "stop" and "tool_calls" not in stop["message"]
+    assert stop["message"]["content"] == cut

@@ -4,6 +4,8 @@ second gateway that reaches the same engine through SGLang's native API with the
 
 from __future__ import annotations
 
+import contextlib
+
 import aiohttp
 import pytest
 
@@ -54,9 +56,25 @@ def strict_model(tool_model, tmp_path_factory):
     return out
 
 
-@pytest.fixture
-async def fronts(strict_model):
-    tool_model = strict_model
+@pytest.fixture(scope="session")
+def two_calls_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model over-fitted to answer the question with two tool calls in one reply (tests/tool_model.py)."""
+    import torch
+    from tool_model import TWO_CALLS, build_tool_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_tool_model(
+            tiny_model_dir, tmp_path_factory.mktemp("two_calls_model"), first_reply=TWO_CALLS
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.asynccontextmanager
+async def serve_fronts(model_dir):
+    """`serve`'s routes, a gateway, and a gateway over SGLang's API, all on one embedded engine of `model_dir`."""
     from aiohttp import web
     from transformers import AutoTokenizer
 
@@ -66,20 +84,34 @@ async def fronts(strict_model):
     from agent_rl.engines.embedded.server import build_app
     from agent_rl.gateway.server import Gateway
 
-    engine = EmbeddedEngine(tool_model, EngineOptions(max_batch=8, max_seq_len=256), seed=0)
-    runner = web.AppRunner(build_app(engine, str(tool_model), served_model_name="policy"))
+    engine = EmbeddedEngine(model_dir, EngineOptions(max_batch=8, max_seq_len=256), seed=0)
+    runner = web.AppRunner(build_app(engine, str(model_dir), served_model_name="policy"))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    tok = AutoTokenizer.from_pretrained(tool_model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
     gw = Gateway(engine, tok, max_seq_len=256, max_retries=0)
     await gw.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     sglang = SGLangClient(url)
     sglang_gw = Gateway(sglang, tok, max_seq_len=256, max_retries=0)
     await sglang_gw.start()
-    yield Fronts(engine, gw, sglang_gw, url)
-    await sglang_gw.close()
-    await sglang.close()
-    await gw.close()
-    await runner.cleanup()
-    await engine.close()
+    try:
+        yield Fronts(engine, gw, sglang_gw, url)
+    finally:
+        await sglang_gw.close()
+        await sglang.close()
+        await gw.close()
+        await runner.cleanup()
+        await engine.close()
+
+
+@pytest.fixture
+async def fronts(strict_model):
+    async with serve_fronts(strict_model) as f:
+        yield f
+
+
+@pytest.fixture
+async def two_calls_fronts(two_calls_model):
+    async with serve_fronts(two_calls_model) as f:
+        yield f

@@ -93,7 +93,10 @@ async def test_values_the_engine_refuses_are_400s_found_when_the_request_is_read
     assert e.value.body["param"] == "temperature" and "-1" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:  # the grammar ends at EOS: refused before sampling
         await c.chat.completions.create(
-            model="policy", messages=[USER], response_format={"type": "json_object"}, extra_body={"ignore_eos": True}
+            model="policy",
+            messages=[USER],
+            response_format={"type": "json_object"},
+            extra_body={"ignore_eos": True},
         )
     assert e.value.body["param"] == "ignore_eos"
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
@@ -133,7 +136,10 @@ async def test_a_server_bug_is_a_500_with_its_traceback_in_the_log_never_a_clien
 
     monkeypatch.setattr(structured, "for_chat", broken)
     c = client(fronts, front)
-    with caplog.at_level("ERROR", logger="agent_rl.openai.errors"), pytest.raises(openai.InternalServerError) as e:
+    with (
+        caplog.at_level("ERROR", logger="agent_rl.openai.errors"),
+        pytest.raises(openai.InternalServerError) as e,
+    ):
         if api == "chat":
             await c.chat.completions.create(model="policy", messages=[USER], max_tokens=4)
         else:
