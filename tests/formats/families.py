@@ -59,7 +59,7 @@ def qwen_tokenizer(out: Path) -> Path:
 
 
 FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
-MISTRAL_WINDOW = 16  # sliding_window of the Mistral model: the parity prompts are longer than this
+MISTRAL_WINDOW = 6  # sliding_window of the Mistral model: every parity prompt is longer (9+ tokens)
 
 
 def family_model(family: str, tokenizer_dir: Path, out: Path, *, seed: int = 0) -> Path:
