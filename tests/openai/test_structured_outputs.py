@@ -161,34 +161,3 @@ def test_qwen_is_the_hermes_format_for_constrained_decoding():
         assert structured.for_chat(req(**kw), "qwen").constraint is not None
     with pytest.raises(ValueError, match="use hermes or qwen"):
         structured.for_chat(req(tools=tools, tool_choice="required"), "llama3_json")
-
-
-async def test_a_gateway_with_the_qwen_parser_forces_a_call(fronts):
-    from transformers import AutoTokenizer
-
-    from agent_rl.gateway.server import Gateway
-
-    gw = Gateway(
-        fronts.engine,
-        AutoTokenizer.from_pretrained(fronts.engine.scheduler.model_dir),
-        max_seq_len=256,
-        tool_parser="qwen",
-    )
-    await gw.start()
-    try:
-        gw.open("q")
-        c = openai.AsyncOpenAI(base_url=gw.base_url("q"), api_key="x", max_retries=0)
-        r = await c.chat.completions.create(
-            model="policy",
-            messages=conversation(),
-            tools=TOOLS,
-            tool_choice="required",
-            temperature=0,
-            max_tokens=80,
-        )
-        assert (
-            r.choices[0].finish_reason == "tool_calls"
-            and r.choices[0].message.tool_calls[0].function.name == "python"
-        )
-    finally:
-        await gw.close()
