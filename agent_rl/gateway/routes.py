@@ -73,9 +73,7 @@ def _failed(s: Session, e: Exception, where: str) -> tuple[int, dict]:
     """The reply to a request of session `s` that raised `e`, recorded on the session by whose fault it was."""
     if isinstance(e, SessionOver):
         return 409, error_body(409, str(e), code="session_over")
-    if isinstance(
-        e, EngineFailed
-    ):  # engine down after retries: the agent gets a 502, the episode records why
+    if isinstance(e, EngineFailed):  # engine down after retries: a 502, and the episode records why
         s.stats.errors.append(str(e))
         return 502, error_body(502, str(e))
     reply = client_error(e, where)

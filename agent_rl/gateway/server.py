@@ -291,9 +291,8 @@ class Gateway:
             if unmasked is not None and gen.unmasked_logprobs is not None:
                 unmasked += gen.unmasked_logprobs
             elif c is not None and gen.token_ids:
-                unmasked = (
-                    None  # the engine reports only the masked log-probs: the learner gets those (counted)
-                )
+                # the engine reports only the masked log-probs (SGLang, vLLM): the learner gets those, counted
+                unmasked = None
                 if not self.warned_masked:
                     self.warned_masked = True
                     log.warning(
