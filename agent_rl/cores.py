@@ -62,7 +62,7 @@ def assign(
     engine_pool = tuple(explicit.get("engine", cpus[: max(1, len(cpus) - n_learn)]))
     # The driver (and the sandbox processes it starts) is not pinned by default: its load comes in bursts
     # (tool calls, HTTP, tokenizing) that the kernel fits into the engine's and learner's idle time. Pinned
-    # to either core it slowed that core's process on tiny_chain (benchmarks/async_vs_sync.py, README).
+    # to either core it slowed that core's process on tiny_chain (benchmarks/async_vs_sync.py, docs/benchmarks/async-vs-sync.md).
     rollout = tuple(explicit.get("rollout", cpus))
     return CoreMap(
         engines=_split(engine_pool, engines),

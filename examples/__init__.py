@@ -1,1 +1,1 @@
-"""Examples: agents and scripts a user starts from (see README)."""
+"""Examples: agents and scripts a user starts from (docs/guides/agent-frameworks.md)."""

@@ -1,4 +1,4 @@
-"""The recording gateway: train an agent written against the OpenAI client (see README, "Training an agent ...").
+"""The recording gateway: train an agent written against the OpenAI client (docs/guides/openai-gateway.md, "Training an agent").
 
 server.py   OpenAI-compatible endpoint per episode in front of any engine client; records every call
 prompt.py   chat messages -> prompt ids (the prefix-extension rule: an agent that only appends never forks)

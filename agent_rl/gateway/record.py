@@ -37,7 +37,7 @@ class Call:
     def behaviour(self, constrained: str = "unmasked") -> tuple[float, ...]:
         """The log-probs the learner takes as log mu: under a constraint, `unmasked` (the default) gives the
         full-vocabulary policy's log-prob of each token (the mask counts as part of the environment), `masked`
-        the log-prob of the masked distribution sampled from (README, "Constrained decoding"). An engine that
+        the log-prob of the masked distribution sampled from (docs/guides/openai-gateway.md, "Constrained decoding"). An engine that
         reports no unmasked log-probs (`masked_fallback`) gets the masked ones under either setting."""
         if constrained == "masked" or self.unmasked_logprobs is None:
             return self.logprobs

@@ -8,7 +8,7 @@ sampler draws from that masked distribution (temperature, top-k, top-p after the
 orders them), and `advance` feeds the drawn token to the matcher. The log-prob the engine returns is
 the one of the masked distribution actually sampled from; `advance` also returns the same token's
 log-prob under the same settings without the mask (`Generation.unmasked_logprobs`), so the learner
-can tell the mask's log-normaliser apart (see README, "Constrained decoding").
+can tell the mask's log-normaliser apart (docs/guides/openai-gateway.md, "Constrained decoding").
 
 xgrammar (a core dependency) is imported on the first constrained request.
 """
