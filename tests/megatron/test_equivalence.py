@@ -64,9 +64,9 @@ def case(request):
 
 @pytest.fixture(scope="module")
 def torch_run(model_dir, batches, case):
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build
 
-    learner = build_learner(recipe(model_dir, case[1]).learner_spec)
+    learner = build(recipe(model_dir, case[1]).learner_spec)
     metrics = [dict(learner.step(b)) for b in batches]
     return metrics, learner.hf_state_dict()
 
@@ -74,12 +74,10 @@ def torch_run(model_dir, batches, case):
 @pytest.fixture(scope="module")
 def megatron_run(case, model_dir, batches, tmp_path_factory):
     """Two steps, then a checkpoint round trip: save, step, load, step again."""
-    from agent_rl.learners.megatron import build_megatron_learner
+    from agent_rl.learners import build
 
     layout, algorithm = case
-    learner = build_megatron_learner(
-        recipe(model_dir, algorithm, backend="megatron", **layout).learner_spec, in_process=False
-    )
+    learner = build(recipe(model_dir, algorithm, backend="megatron", **layout).learner_spec, pool="processes")
     try:
         metrics = [dict(learner.step(b)) for b in batches]
         weights = learner.hf_state_dict()
@@ -144,10 +142,10 @@ def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_pa
 
     batch = collate(batches[0]).policy
     out = tmp_path / "norms.pt"
-    from agent_rl.learners._dp import _free_port
+    from agent_rl.learners._pool import free_port
 
     torch.multiprocessing.spawn(
-        trajectory_grad_norms_worker, args=(2, _free_port(), str(model_dir), True, batch, str(out)), nprocs=2
+        trajectory_grad_norms_worker, args=(2, free_port(), str(model_dir), True, batch, str(out)), nprocs=2
     )
     got = torch.load(out)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -163,13 +161,13 @@ def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_pa
 
 
 def test_all_masked_batch_is_skipped_like_the_torch_learner(model_dir, batches):
-    from agent_rl.learners.megatron import build_megatron_learner
+    from agent_rl.learners import build
 
     groups = copy.deepcopy(batches[0])
     for g in groups:
         for t in g.trajectories:
             t.masked = True
-    learner = build_megatron_learner(recipe(model_dir, backend="megatron").learner_spec, in_process=False)
+    learner = build(recipe(model_dir, backend="megatron").learner_spec, pool="processes")
     try:
         before = learner.hf_state_dict()
         m = learner.step(groups)

@@ -1,82 +1,34 @@
-"""Data-parallel ranks as worker processes: one `TorchRank` each, stepping in lockstep.
+"""Learner ranks as local worker processes (spawned), one rank each, stepping in lockstep.
 
-Each worker joins a torch.distributed group (gloo on CPU, NCCL on GPU) and then serves
-calls from the facade over a pipe: the facade sends every rank its own argument, waits
-for every answer, and re-raises the first rank's error with its traceback.
+Each worker builds its rank (which joins the ranks' torch.distributed group: gloo on CPU, NCCL on GPU) and
+then serves calls from the facade over a pipe: the facade sends every rank its own argument, waits for every
+answer, and re-raises the first rank's error with its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent_rl.errors import UserError
-from agent_rl.learners._torch_rank import RankSpec
-
-
-class RankError(RuntimeError):
-    """A learner rank failed; the message carries the rank's traceback."""
-
-
-class RankLost(RankError, UserError):
-    """A learner rank's process (or its node) died: not a bug of the run, one line for the user."""
-
-
-LOST_HINT = (
-    "; continue from the last checkpoint with --resume RUN_DIR once there is room for the learner again"
+from agent_rl.learners._pool import (
+    LOST_HINT,
+    Device,
+    RankBuilder,
+    RankError,
+    RankLost,
+    free_port,
+    rank_device,
 )
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def join_rank_group(rank: int, world: int, init_method: str, device: str | None = None) -> str:
-    """Join the learner's default process group at `init_method` (tcp://rank-0-host:port): NCCL when this rank
-    has a GPU (`device`, default: GPU `rank` when every rank of this machine has one), else gloo. Returns the
-    rank's device."""
-    import torch.distributed as dist
-
-    if device is None:
-        device = f"cuda:{rank}" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "cpu"
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
-    dist.init_process_group(
-        "nccl" if device.startswith("cuda") else "gloo",
-        init_method=init_method,
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(minutes=30),
-    )
-    return device
-
-
-def build_torch_rank(
-    spec: RankSpec, rank: int, world: int, init_method: str, device: str | None = None
-) -> Any:
-    """Join the process group and build this rank's TorchRank."""
-    import torch.distributed as dist
-
-    from agent_rl.learners._torch_rank import TorchRank
-
-    device = join_rank_group(rank, world, init_method, device)
-    return TorchRank(spec, dp_group=dist.group.WORLD, device=device)
-
-
-RankBuilder = Callable[[Any, int, int, str, str | None], Any]
-"""(spec, rank, world, init_method, device or None) -> the rank object whose methods the pool calls; module-level
-(pickled). init_method is tcp://host:port of rank 0's node; device None: chosen by the local rule."""
+if TYPE_CHECKING:
+    from agent_rl.learners.kind import RankKind
 
 
 def _serve(
@@ -85,6 +37,7 @@ def _serve(
     rank: int,
     world: int,
     init_method: str,
+    device: str,
     conn: Connection,
     threads: int,
     cores: tuple[int, ...] | None = None,
@@ -99,7 +52,7 @@ def _serve(
     else:
         torch.set_num_threads(threads)
     try:
-        worker = build(spec, rank, world, init_method, None)
+        worker = build(spec, rank, world, init_method, device)
         conn.send(("ok", None))
     except Exception:
         conn.send(("err", traceback.format_exc()))
@@ -121,28 +74,37 @@ def _serve(
     os._exit(0)
 
 
-class RankPool:
-    """`world` spawned processes, each running one rank; `call` runs a method on all of them.
+class ProcessPool:
+    """`kind.world` spawned processes, each running one rank; `call` runs a method on all of them.
 
-    `cores`: one tuple of core ids per rank (placement.topology: processes); each rank pins itself to them."""
+    `cores`: one tuple of core ids per rank (placement.topology: processes); each rank pins itself to them.
+    `device` (learner.device): each rank's device is chosen here, as `rank_device` says for this machine."""
 
     def __init__(
-        self,
-        spec: Any,
-        world: int,
-        build: RankBuilder = build_torch_rank,
-        cores: Sequence[tuple[int, ...]] | None = None,
+        self, kind: RankKind, *, device: Device = "auto", cores: Sequence[tuple[int, ...]] | None = None
     ):
         ctx = torch.multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"  # every rank on this machine
+        world = kind.world
+        init_method = f"tcp://127.0.0.1:{free_port()}"  # every rank on this machine
         threads = max(1, (os.cpu_count() or 1) // world)
+        devices = [rank_device(device, rank, world) for rank in range(world)]
         self._conns: list[Connection] = []
         self._procs = []
         for rank in range(world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_serve,
-                args=(build, spec, rank, world, init_method, child, threads, cores[rank] if cores else None),
+                args=(
+                    kind.build,
+                    kind.spec,
+                    rank,
+                    world,
+                    init_method,
+                    devices[rank],
+                    child,
+                    threads,
+                    cores[rank] if cores else None,
+                ),
                 daemon=True,
             )
             proc.start()
