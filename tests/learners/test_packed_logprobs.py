@@ -186,3 +186,20 @@ def test_a_learner_step_never_makes_a_float32_tokens_by_vocab_tensor(tiny_model_
     with _LargestVocabTensor(vocab) as seen:
         learner.step(groups)
     assert 0 < seen.rows <= chunk, f"a float32 [{seen.rows}, {vocab}] tensor (chunk {chunk}, {tokens} tokens)"
+
+
+@pytest.mark.slow  # inductor compiles C++ for the forward and the backward: minutes on 2 cores
+def test_the_compiled_decoder_gives_the_eager_log_probs_and_gradients() -> None:
+    model = _qwen(torch.float32)
+    ids, am = _batch(96, [14, 9, 5])
+    out = {}
+    for compiled in (False, True):
+        f = HFLogprobs(model, pack=True, compile=compiled)
+        model.zero_grad()
+        lp = f.logprobs(model, ids, am)
+        (lp * am).sum().backward()
+        out[compiled] = lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    # inductor fuses and reorders fp32 arithmetic: the float32 bound of the packed-vs-alone test
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-3)
+    for n, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][n], g, rtol=0, atol=1e-3 * max(1.0, float(g.abs().max())))

@@ -54,7 +54,8 @@ def _recipe(model_dir: Path, opob_mode: str) -> Recipe:
             "model": {"path": str(model_dir)},
             "envs": {"train": "tiny_arith.yaml"},
             "train": {"steps": 4, "batch_prompts": 2},
-            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2},
+            # device cpu: the rows are compared with log-probs of the HF model computed here, on the CPU
+            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2, "device": "cpu"},
             "algorithm": {"opob_mode": opob_mode},
         }
     )
