@@ -83,7 +83,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
         hidden, weight, bias, targets = ctx.saved_tensors
         chunk, mm_dtype, out_dtype = ctx.chunk, ctx.mm_dtype, ctx.out_dtype
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        d_h = torch.zeros_like(hidden) if need_h else None
+        d_h = torch.empty_like(hidden) if need_h else None  # every row is written below
         d_w = torch.zeros_like(weight, dtype=softmax_dtype(weight.dtype)) if need_w else None
         d_b = torch.zeros_like(bias, dtype=softmax_dtype(bias.dtype)) if need_b else None
         with torch.autocast(hidden.device.type, enabled=False):
