@@ -70,7 +70,7 @@ def test_linear_logprobs_under_bf16_autocast_run_the_matmul_in_bf16_and_the_soft
         lp = linear_logprobs(hidden, weight, targets, chunk_tokens=6)
         ref_logits = torch.nn.functional.linear(hidden, weight)  # what nn.Linear does under autocast
     assert lp.dtype == torch.float32 and ref_logits.dtype == torch.bfloat16
-    want = ref_logits.float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    want = ref_logits.detach().float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
     # both round the same fp32-accumulated dot products to bf16; chunking may change the accumulation order:
     # one bf16 ulp (2^-8 relative) of the largest logit, twice (the target's logit and the log-sum-exp)
     bound = 2 * 2**-8 * float(ref_logits.detach().float().abs().max())
