@@ -51,6 +51,7 @@ class HFLogprobs:
                 "the model's own logits (upcast to fp32 chunk by chunk), without packing",
                 type(base).__name__,
             )
+        self.compiled = compile
         self._run = torch.compile(self.decoder, dynamic=True) if compile else self.decoder
 
     def logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -109,10 +110,13 @@ class HFLogprobs:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
             lengths = am.sum(-1)
             cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
-            longest = int(lengths.max())
+            bounds = tuple(cu.tolist())  # one device sync here, not one per layer
+            longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+            # compiled: Python ints in the call would specialise the graph on every new set of lengths
+            plain = {} if self.compiled else {"packed_bounds": bounds}
             out = self._run(
                 input_ids=input_ids[am][None], position_ids=positions[am][None],
-                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
+                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest, **plain,
             )  # fmt: skip
         else:
             out = self._run(input_ids=input_ids)

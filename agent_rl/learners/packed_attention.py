@@ -33,15 +33,17 @@ def _attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     cu_seq_lens_q: torch.Tensor | None = None,
+    packed_bounds: tuple[int, ...] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    """`packed_bounds`: cu_seq_lens_q as Python ints, when the caller has them (no device sync per layer)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if cu_seq_lens_q is None or attention_mask is not None:
+    if (cu_seq_lens_q is None and packed_bounds is None) or attention_mask is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
-    bounds = cu_seq_lens_q.tolist()
+    bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
     parts = [
         sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs)[0]
         for s, e in zip(bounds[:-1], bounds[1:], strict=True)
