@@ -133,9 +133,13 @@ def test_checkpoint_load_restores_weights_version_and_next_step(megatron_run):
         assert resumed["metrics"][key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-9), key
 
 
-def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_path):
+def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_path, monkeypatch):
     """Each trajectory's ‖∇ mean_t log π‖ under TP=2+SP (SP norm grads summed over TP, TP-duplicates
     counted once) equals the HF model's, and so do its log-probs."""
+    # The workers build CPU shards over gloo, but megatron's rank code (init_model_parallel) picks CUDA by
+    # torch.cuda.is_available(): on a GPU machine the TP collectives and RNG tracker went to CUDA. Hide the
+    # GPU from the spawned workers (they inherit the environment); the HF reference runs on the CPU too.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     from transformers import AutoModelForCausalLM
 
     from vcpo.logprobs import logprobs_of
