@@ -1,6 +1,8 @@
-"""Torch learner step: padded vs packed micro-batches, full vs chunked log-probs, torch.compile on/off.
+"""Torch learner step against the transformers anchor: padded vs packed micro-batches, full vs chunked
+log-probs, torch.compile on/off.
 
     nice -n 15 .venv/bin/python benchmarks/torch_learner_speed.py [--quick] [--repeats 2] [--smollm DIR]
+        [--smollm-lengths 512 1024] [--smollm-repeats 2]
 
 One VCPO step (proxy OPOB, whole groups per micro-batch) of `TorchRank`, each cell in a fresh subprocess
 (peak RSS is that process's), one torch thread, the same weights and batch in every cell of a size:
@@ -8,8 +10,15 @@ One VCPO step (proxy OPOB, whole groups per micro-batch) of `TorchRank`, each ce
   lengths are L, 3L/4, L/2, L/4 tokens for L = 1k, 2k, 4k, 8k (what multi-turn lengths look like: a
   micro-batch of one group padded to its longest row is 37.5 % padding);
 - smollm2: SmolLM2-135M-Instruct (`agent-rl prepare smollm2 --out DIR`, 30 layers, hidden 576, vocab
-  49152, tied embeddings), 1 group x 4 trajectories at L = 512 and 1024.
-Variants: `old` = right-padded rows, the model's [B, T, vocab] logits log-softmaxed whole in fp32 (the
+  49152, tied embeddings), 1 group x 4 trajectories at L = 512 and 1024 (`--smollm-lengths`; no compile cell: compiling the
+  30-layer decoder takes longer than the rest of the run on 2 shared cores).
+Variants: `anchor` = what a user gets from the well-kept stack (issue 33's anchor, on CPU): a transformers
+training step on the same batch and micro-batches (right-padded rows, `attn_implementation="sdpa"`,
+`labels` with -100 off the sampled tokens so transformers' own `ForCausalLMLoss` computes the loss, fp32,
+fused AdamW). Liger's fused linear cross-entropy is not in it: liger-kernel's kernels are Triton GPU kernels
+with no CPU path, so on CPU the anchor is transformers' own loss (the [tokens, vocab] logits upcast to fp32).
+The anchor computes less than a VCPO step (no importance ratios, no OPOB Σp²): a ratio >= 1 means the
+learner's extra work is paid for. `old` = right-padded rows, the model's [B, T, vocab] logits log-softmaxed whole in fp32 (the
 learner's log-probs before this change, copied here as `_old_logprobs`); `padded+chunked`;
 `packed+chunked` (the default now); `packed+chunked+compile` (at the smallest and largest size only:
 compiling takes minutes per process on 2 cores). Tokens/s counts real tokens over the step's CPU seconds
@@ -35,6 +44,7 @@ OUT = ROOT / "benchmarks" / "results"
 PARTIAL = OUT / "torch_learner_speed.partial.json"
 MODELS = ROOT / "runs" / "bench_models"
 VARIANTS = {  # name -> (pack, logprob_chunk_tokens, compile); "old" swaps in the log-probs of before (below)
+    "anchor": (False, 0, False),  # transformers' own training step (run_anchor), not the learner
     "old": (False, 1024, False),
     "padded+chunked": (False, 1024, False),
     "packed+chunked": (True, 1024, False),
@@ -67,6 +77,32 @@ def _rss_mib() -> float:
     return float("nan")
 
 
+def _anchor_step(cell: dict):
+    """The anchor: a transformers training step (SDPA, `labels` -> transformers' `ForCausalLMLoss`, fused AdamW)
+    over the learner's micro-batches (rows of `micro_batch_size`, trailing padding cut as the learner does)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        cell["model_dir"], attn_implementation="sdpa", dtype=torch.float32
+    )
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
+
+    def step(batch, micro_batch_size: int = 4) -> None:
+        opt.zero_grad(set_to_none=True)
+        n = batch.size
+        for lo in range(0, n, micro_batch_size):
+            mb = batch.select(torch.arange(lo, min(lo + micro_batch_size, n)))
+            labels = mb.input_ids.masked_fill(mb.loss_mask <= 0, -100)
+            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=labels)
+            (out.loss * (mb.size / n)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return model, opt, step
+
+
 def run_cell(cell: dict) -> dict:
     """In the subprocess: build the rank, step once to warm up, then `repeats` timed steps from the same state."""
     import torch
@@ -85,11 +121,15 @@ def run_cell(cell: dict) -> dict:
         step=StepConfig(loss="vcpo", advantage="opob", opob_mode="proxy", micro_batch_size=4),
         pack=pack, logprob_chunk_tokens=chunk, compile=compile_,
     )  # fmt: skip
-    rank = TorchRank(spec)
+    if cell["variant"] == "anchor":
+        model, optimizer, step = _anchor_step(cell)
+    else:
+        rank = TorchRank(spec)
+        model, optimizer, step = rank.model, rank.optimizer, rank.step
     if cell["variant"] == "old":
         rank._lp.logprobs = _old_logprobs  # type: ignore[method-assign]
         rank._lp.proxy = lambda m, i, a: _old_logprobs(m, i, a, proxy=True)  # type: ignore[method-assign]
-    vocab = rank.model.config.vocab_size
+    vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     groups = []
     for gi in range(cell["groups"]):
@@ -105,15 +145,15 @@ def run_cell(cell: dict) -> dict:
         groups.append(Group(f"g{gi}", trajs))
     batch = collate(groups, sort_by_length=True).policy
     tokens = int(batch.attention_mask.sum())
-    init = {k: v.clone() for k, v in rank.model.state_dict().items()}
-    opt_init = rank.optimizer.state_dict()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_init = optimizer.state_dict()
     rss_before = _rss_mib()
     cpu, wall = [], []
     for _ in range(cell["repeats"] + 1):
-        rank.model.load_state_dict(init)
-        rank.optimizer.load_state_dict(opt_init)
+        model.load_state_dict(init)
+        optimizer.load_state_dict(opt_init)
         t0, c0 = time.perf_counter(), time.process_time()
-        rank.step(batch)
+        step(batch)
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -147,7 +187,7 @@ def _cells(args: argparse.Namespace, tiny: Path, smollm: Path | None) -> list[di
         if "compile" not in v or n in (sizes[0], sizes[-1])  # compiling takes minutes per process here
     ]
     if smollm is not None:
-        for n in [512] if args.quick else [512, 1024]:
+        for n in args.smollm_lengths:
             cells += [
                 {
                     "model": "smollm2",
@@ -155,9 +195,9 @@ def _cells(args: argparse.Namespace, tiny: Path, smollm: Path | None) -> list[di
                     "length": n,
                     "groups": 1,
                     "variant": v,
-                    "repeats": args.repeats,
+                    "repeats": args.smollm_repeats,
                 }  # fmt: skip
-                for v in ("old", "packed+chunked", *(("packed+chunked+compile",) if n == 512 else ()))
+                for v in ("anchor", "old", "packed+chunked")  # compile: tens of minutes per process here
             ]
     return cells
 
@@ -169,9 +209,11 @@ def _key(cell: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="1k and 2k tokens (tiny), 512 (smollm2)")
+    ap.add_argument("--quick", action="store_true", help="tiny: 1k and 2k tokens only")
     ap.add_argument("--smollm", type=Path, default=None, help="a prepared SmolLM2 dir (default: prepare one)")
     ap.add_argument("--no-smollm", action="store_true")
+    ap.add_argument("--smollm-lengths", type=int, nargs="+", default=[512, 1024], help="longest trajectory L")
+    ap.add_argument("--smollm-repeats", type=int, default=2, help="timed steps per smollm2 cell")
     ap.add_argument("--cell", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cell:
@@ -218,21 +260,27 @@ def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
     rows, ratios = [], {}
     for key, r in results.items():
         c = r["cell"]
-        base = results.get(_key({**c, "variant": "old"}))
         if "error" in r:
             rows.append(
-                f"| {c['model']} | {c['length']} | {c['variant']} | failed: {r['error'][:80]} | | | | |"
+                f"| {c['model']} | {c['length']} | {c['variant']} | failed: {r['error'][:80]} | | | | | | | |"
             )
             continue
-        speed = peak = ""
-        if base and "error" not in base and c["variant"] != "old":
-            s = r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
-            m = r["step_peak_over_model_mib"] / max(base["step_peak_over_model_mib"], 1e-9)
-            ratios[key] = {"tokens_per_s_vs_old": s, "step_memory_vs_old": m}
-            speed, peak = f"{s:.2f}x", f"{m:.2f}x"
+        cols = []
+        for ref_name in ("anchor", "old"):
+            ref = results.get(_key({**c, "variant": ref_name}))
+            if ref is None or "error" in ref or c["variant"] in (ref_name, "anchor"):
+                cols += ["", ""]
+                continue
+            s = r["tokens_per_cpu_s"] / ref["tokens_per_cpu_s"]
+            m = r["step_peak_over_model_mib"] / max(ref["step_peak_over_model_mib"], 1e-9)
+            ratios.setdefault(key, {}).update(
+                {f"tokens_per_s_vs_{ref_name}": s, f"step_memory_vs_{ref_name}": m}
+            )
+            cols += [f"{s:.2f}x", f"{m:.2f}x"]
         rows.append(
-            f"| {c['model']} | {c['length']} | {c['variant']} | {r['tokens_per_cpu_s']:.0f} | {speed} | "
-            f"{r['peak_rss_mib']:.0f} | {r['step_peak_over_model_mib']:.0f} | {peak} | {r['warmup_wall_s']:.1f} |"
+            f"| {c['model']} | {c['length']} | {c['variant']} | {r['tokens_per_cpu_s']:.0f} | {cols[0]} | {cols[2]} | "
+            f"{r['peak_rss_mib']:.0f} | {r['step_peak_over_model_mib']:.0f} | {cols[1]} | {cols[3]} | "
+            f"{r['warmup_wall_s']:.1f} |"
         )
     meta = {
         "date": time.strftime("%Y-%m-%d"),
@@ -241,24 +289,27 @@ def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
         "torch": torch.__version__,
         "torch_threads": 1,
         "repeats": args.repeats,
+        "smollm_repeats": args.smollm_repeats,
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
     }  # fmt: skip
     (OUT / "torch_learner_speed.json").write_text(
         json.dumps({"config": meta, "cells": results, "ratios": ratios}, indent=2)
     )
     md = [
-        "# Torch learner step: packing, chunked log-probs, torch.compile",
+        "# Torch learner step against a transformers training step: packing, chunked log-probs, torch.compile",
         "",
         f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, torch {meta['torch']}, 1 torch thread, "
-        f"median of {args.repeats} steps after a warm-up; one VCPO step (proxy OPOB, a group per micro-batch), "
+        f"median of {args.repeats} steps (smollm2: {args.smollm_repeats}) after a warm-up; one VCPO step (proxy OPOB, a group per micro-batch), "
         "each cell a fresh process. `benchmarks/torch_learner_speed.py`.",
         "",
         "Tokens/s = real tokens / CPU seconds of the step. Step memory = peak RSS minus RSS after the model and "
-        "optimizer were built. Ratios against `old` (padded rows, whole fp32 log-softmax) of the same size.",
+        "optimizer were built. Ratios against the `anchor` (a transformers training step: SDPA, transformers' own "
+        "loss, fused AdamW; Liger has no CPU kernels) and against `old` (the learner before: padded rows, whole "
+        "fp32 log-softmax), same batch and size.",
         "",
-        "| model | tokens per trajectory (longest) | variant | tokens/s | vs old | peak RSS MiB | step memory MiB | "
-        "vs old | warm-up step s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | tokens per trajectory (longest) | variant | tokens/s | vs anchor | vs old | peak RSS MiB | "
+        "step memory MiB | vs anchor | vs old | warm-up step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
     ]
