@@ -255,33 +255,9 @@ def main() -> None:
 
 
 def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
+    """benchmarks/results/torch_learner_speed.{json,md}."""
     import torch
 
-    rows, ratios = [], {}
-    for key, r in results.items():
-        c = r["cell"]
-        if "error" in r:
-            rows.append(
-                f"| {c['model']} | {c['length']} | {c['variant']} | failed: {r['error'][:80]} | | | | | | | |"
-            )
-            continue
-        cols = []
-        for ref_name in ("anchor", "old"):
-            ref = results.get(_key({**c, "variant": ref_name}))
-            if ref is None or "error" in ref or c["variant"] in (ref_name, "anchor"):
-                cols += ["", ""]
-                continue
-            s = r["tokens_per_cpu_s"] / ref["tokens_per_cpu_s"]
-            m = r["step_peak_over_model_mib"] / max(ref["step_peak_over_model_mib"], 1e-9)
-            ratios.setdefault(key, {}).update(
-                {f"tokens_per_s_vs_{ref_name}": s, f"step_memory_vs_{ref_name}": m}
-            )
-            cols += [f"{s:.2f}x", f"{m:.2f}x"]
-        rows.append(
-            f"| {c['model']} | {c['length']} | {c['variant']} | {r['tokens_per_cpu_s']:.0f} | {cols[0]} | {cols[2]} | "
-            f"{r['peak_rss_mib']:.0f} | {r['step_peak_over_model_mib']:.0f} | {cols[1]} | {cols[3]} | "
-            f"{r['warmup_wall_s']:.1f} |"
-        )
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": platform.platform(),
@@ -292,15 +268,58 @@ def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
         "smollm_repeats": args.smollm_repeats,
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
     }  # fmt: skip
-    (OUT / "torch_learner_speed.json").write_text(
-        json.dumps({"config": meta, "cells": results, "ratios": ratios}, indent=2)
-    )
+    report = {"config": meta, "cells": results, "ratios": ratios(results)}
+    (OUT / "torch_learner_speed.json").write_text(json.dumps(report, indent=2))
+    md = markdown(report)
+    (OUT / "torch_learner_speed.md").write_text(md)
+    print(md)
+
+
+def ratios(results: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Each cell's tokens/s and step memory over those of the `anchor` and of `old` of the same model and size."""
+    out: dict[str, dict[str, float]] = {}
+    for key, r in results.items():
+        if "error" in r or r["cell"]["variant"] == "anchor":
+            continue
+        for ref_name in ("anchor", "old"):
+            ref = results.get(_key({**r["cell"], "variant": ref_name}))
+            if ref is None or "error" in ref or r["cell"]["variant"] == ref_name:
+                continue
+            out.setdefault(key, {}).update({
+                f"tokens_per_s_vs_{ref_name}": r["tokens_per_cpu_s"] / ref["tokens_per_cpu_s"],
+                f"step_memory_vs_{ref_name}": r["step_peak_over_model_mib"] / max(ref["step_peak_over_model_mib"], 1e-9),
+            })  # fmt: skip
+    return out
+
+
+def markdown(report: dict) -> str:
+    """The results page, from the JSON alone (tests/test_docs_results.py renders it again)."""
+    meta, results, rat = report["config"], report["cells"], report["ratios"]
+    rows = []
+    for key, r in results.items():
+        c = r["cell"]
+        if "error" in r:
+            rows.append(
+                f"| {c['model']} | {c['length']} | {c['variant']} | failed: {r['error'][:80]} | | | | | | | |"
+            )
+            continue
+        q = rat.get(key, {})
+
+        def x(name: str, q=q) -> str:
+            return f"{q[name]:.2f}x" if name in q else ""
+
+        rows.append(
+            f"| {c['model']} | {c['length']} | {c['variant']} | {r['tokens_per_cpu_s']:.0f} | "
+            f"{x('tokens_per_s_vs_anchor')} | {x('tokens_per_s_vs_old')} | {r['peak_rss_mib']:.0f} | "
+            f"{r['step_peak_over_model_mib']:.0f} | {x('step_memory_vs_anchor')} | {x('step_memory_vs_old')} | "
+            f"{r['warmup_wall_s']:.1f} |"
+        )
     md = [
         "# Torch learner step against a transformers training step: packing, chunked log-probs, torch.compile",
         "",
         f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, torch {meta['torch']}, 1 torch thread, "
-        f"median of {args.repeats} steps (smollm2: {args.smollm_repeats}) after a warm-up; one VCPO step (proxy OPOB, a group per micro-batch), "
-        "each cell a fresh process. `benchmarks/torch_learner_speed.py`.",
+        f"median of {meta['repeats']} steps (smollm2: {meta['smollm_repeats']}) after a warm-up; one VCPO step "
+        "(proxy OPOB, a group per micro-batch), each cell a fresh process. `benchmarks/torch_learner_speed.py`.",
         "",
         "Tokens/s = real tokens / CPU seconds of the step. Step memory = peak RSS minus RSS after the model and "
         "optimizer were built. Ratios against the `anchor` (a transformers training step: SDPA, transformers' own "
@@ -313,8 +332,7 @@ def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
         *rows,
         "",
     ]
-    (OUT / "torch_learner_speed.md").write_text("\n".join(md))
-    print("\n".join(md))
+    return "\n".join(md)
 
 
 if __name__ == "__main__":
