@@ -16,14 +16,15 @@ Variants: `anchor` = what a user gets from the well-kept stack (issue 33's ancho
 training step on the same batch and micro-batches (right-padded rows, `attn_implementation="sdpa"`,
 `labels` with -100 off the sampled tokens so transformers' own `ForCausalLMLoss` computes the loss, fp32,
 fused AdamW). Liger's fused linear cross-entropy is not in it: liger-kernel's kernels are Triton GPU kernels
-with no CPU path, so on CPU the anchor is transformers' own loss (the [tokens, vocab] logits upcast to fp32).
+with no CPU path (linkedin/Liger-Kernel#51: "completely triton based"; Triton ships no CPU backend), so on CPU the anchor is transformers' own loss (the [tokens, vocab] logits upcast to fp32).
 The anchor computes less than a VCPO step (no importance ratios, no OPOB Σp²): a ratio >= 1 means the
 learner's extra work is paid for. `old` = right-padded rows, the model's [B, T, vocab] logits log-softmaxed whole in fp32 (the
 learner's log-probs before this change, copied here as `_old_logprobs`); `padded+chunked`;
 `packed+chunked` (the default now); `packed+chunked+compile` (at the smallest and largest size only:
 compiling takes minutes per process on 2 cores). Tokens/s counts real tokens over the step's CPU seconds
 (this process's, robust to other load on a shared machine; wall seconds too), median of `--repeats`
-steps after one warm-up step (which includes compiling, reported apart). Cells already in benchmarks/results/torch_learner_speed.partial.json are not rerun (resumable);
+steps after one warm-up step (which includes compiling, reported apart). `--report-only` writes the report
+from the cells measured so far. Cells already in benchmarks/results/torch_learner_speed.partial.json are not rerun (resumable);
 writes benchmarks/results/torch_learner_speed.{json,md}.
 """
 
@@ -214,6 +215,11 @@ def main() -> None:
     ap.add_argument("--no-smollm", action="store_true")
     ap.add_argument("--smollm-lengths", type=int, nargs="+", default=[512, 1024], help="longest trajectory L")
     ap.add_argument("--smollm-repeats", type=int, default=2, help="timed steps per smollm2 cell")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the cells measured so far (the rest: not run)",
+    )
     ap.add_argument("--cell", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cell:
@@ -231,7 +237,7 @@ def main() -> None:
         smollm = prepare_smollm2(args.smollm or MODELS / "smollm2")
     done: dict[str, dict] = json.loads(PARTIAL.read_text()) if PARTIAL.is_file() else {}
     cells = _cells(args, tiny, smollm)
-    for i, cell in enumerate(cells):
+    for i, cell in enumerate([] if args.report_only else cells):
         key = _key(cell)
         if key in done:
             continue
@@ -251,7 +257,13 @@ def main() -> None:
             )
         OUT.mkdir(parents=True, exist_ok=True)
         PARTIAL.write_text(json.dumps(done, indent=1))
-    write_report({_key(c): done[_key(c)] for c in cells}, args)
+    write_report(
+        {
+            _key(c): done.get(_key(c), {"cell": c, "error": "not run (--report-only before it ran)"})
+            for c in cells
+        },
+        args,
+    )
 
 
 def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
