@@ -311,9 +311,8 @@ def markdown(report: dict) -> str:
     for key, r in results.items():
         c = r["cell"]
         if "error" in r:
-            rows.append(
-                f"| {c['model']} | {c['length']} | {c['variant']} | failed: {r['error'][:80]} | | | | | | | |"
-            )
+            msg = r["error"] if r["error"].startswith("not run") else f"failed: {r['error'][:80]}"
+            rows.append(f"| {c['model']} | {c['length']} | {c['variant']} | {msg} | | | | | | | |")
             continue
         q = rat.get(key, {})
 
