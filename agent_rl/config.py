@@ -228,23 +228,30 @@ class LearnerConfig(Strict):
     """Also cap a micro-batch at this many real tokens (a longer trajectory gets one of its own), so memory
     follows tokens, not rows, when lengths vary: verl's dynamic batch size. The update is unchanged."""
     pack_sequences: bool | None = None
-    """Megatron: run each micro-batch as one packed sequence (THD with Transformer Engine, a block-causal
-    mask on CPU) instead of right-padded rows. Default on for megatron; the torch learner pads."""
+    """Run each micro-batch's trajectories as one packed sequence instead of right-padded rows; no token attends
+    across trajectories. Megatron: THD with Transformer Engine, a block-causal mask on CPU. Torch: position ids
+    restart per trajectory, causal SDPA per trajectory (flash-attention 2's variable-length kernel where
+    installed). Default (None): on for both."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (torch learner; `pip install 'agent-rl[lora]'`)."""
     mismatch_threshold: float = Field(0.1, gt=0)
     """rollout/logprob_mismatch_frac: share of trained tokens of the current version whose |log π − log μ|
     (learner vs engine, same weights) is above this."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """torch: tokens per chunk of the output head and log-softmax (forward and backward); one chunk's logits
+    are this x vocab in fp32, and no [tokens, vocab] fp32 tensor is ever made."""
+    compile: bool = False
+    """torch: run the decoder under torch.compile (dynamic shapes); see docs for where it pays."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where each rank computes. auto: a GPU of its own when every learner rank on the machine can have one
+    (Ray: when placement.learner.gpus gives it one), else the CPU; cuda: a GPU or an error; cpu: never a GPU
+    (e.g. to compare against a CPU reference, or to leave the GPU to the engines)."""
 
     @model_validator(mode="after")
     def _parallelism_needs_megatron(self) -> LearnerConfig:
         if self.backend == "torch" and (self.tp > 1 or self.sp or self.cp > 1):
             raise ValueError(
                 "tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)"
-            )
-        if self.backend == "torch" and self.pack_sequences:
-            raise ValueError(
-                "learner.pack_sequences needs learner.backend: megatron (the torch learner pads rows, sorted by length)"
             )
         if self.backend == "megatron" and self.lora is not None:
             raise ValueError(
@@ -275,6 +282,15 @@ class LearnerConfig(Strict):
                     "it (it checkpoints whole layers with gradient_checkpointing: true): remove it"
                 )
             return self
+        torch_only = {
+            "logprob_chunk_tokens": "its chunked log-softmax; megatron's is vocab-parallel",
+            "compile": "torch.compile of its decoder",
+        }
+        for name, what in torch_only.items():
+            if getattr(self, name) != defaults[name].default:
+                raise ValueError(
+                    f"learner.{name} configures the torch learner ({what}); megatron ignores it: remove it"
+                )
         full = self.gradient_checkpointing in (True, "full")
         for name, used in (
             ("recompute_method", full),

@@ -29,7 +29,7 @@ from agent_rl.config import MonitorConfig
 from vcpo.monitor import CollapseMonitor, CollapseWarning, MonitorThresholds, StepSignals
 
 if TYPE_CHECKING:
-    from agent_rl.learners.torch_learner import TorchLearner
+    from agent_rl.learners.facade import RankLearner
     from agent_rl.weights.publish import Publisher
 
 SIGNAL_KEYS = {  # StepSignals field -> the learner's metric
@@ -132,7 +132,7 @@ class LoopMonitor:
         return self.bound
 
     def rollback(
-        self, run_dir: Path, learner: TorchLearner, publisher: Publisher, warning: CollapseWarning
+        self, run_dir: Path, learner: RankLearner, publisher: Publisher, warning: CollapseWarning
     ) -> Path:
         """Restore the newest checkpoint taken before the unhealthy window began, lr x rollback_lr_factor.
         Returns the checkpoint used. The caller pushes the weights and tells the buffer the new version."""

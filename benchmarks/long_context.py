@@ -127,13 +127,13 @@ def _worker(rank: int, world: int, port: int, spec, lengths: list[int], repeats:
 
 def run_layout(spec, lengths: list[int], repeats: int, worker=_worker) -> list[dict]:
     """Rows from `worker(rank, world, port, spec, lengths, repeats, out)` in spec.world gloo processes."""
-    from agent_rl.learners._dp import _free_port
+    from agent_rl.learners._pool import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         world = spec.world
         torch.multiprocessing.spawn(
-            worker, args=(world, _free_port(), spec, lengths, repeats, str(out)), nprocs=world, join=True
+            worker, args=(world, free_port(), spec, lengths, repeats, str(out)), nprocs=world, join=True
         )
         return json.loads(out.read_text())
 

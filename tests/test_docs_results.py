@@ -57,6 +57,9 @@ def _level_b_fair(tmp: Path) -> str:
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "vs_trl.md": lambda tmp: __import__("vs_trl_report").markdown(_load("vs_trl.json")),
+    "torch_learner_speed.md": lambda tmp: __import__("torch_learner_speed").markdown(
+        _load("torch_learner_speed.json")
+    ),
     "vs_trl_quick.md": lambda tmp: __import__("vs_trl_report").markdown(_load("vs_trl_quick.json")),
     "orchestration.md": lambda tmp: __import__("orchestration")._markdown(_load("orchestration.json")),
     "sandbox_bench.md": _via_path("sandbox_bench", "write_markdown", "sandbox_bench.json"),

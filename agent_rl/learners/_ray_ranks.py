@@ -1,11 +1,10 @@
 """Learner ranks as Ray actors, for runs where Ray is up (a cluster, or GPUs to share out).
 
-Same interface as `RankPool`, for both learners (`build`: the torch or the Megatron rank). Every rank
-sits in a placement-group bundle of the `learner` role (its CPUs, GPUs and node kind): a torch learner's
-ranks in one PACK group; a Megatron learner's in one STRICT_PACK group per model-parallel group, so the
-tp*cp ranks of a replica share a node (tensor-parallel traffic stays on the node's links) and replicas
-may sit on different nodes. The process group meets at rank 0's node address (`hosts.node_ip`),
-never at 127.0.0.1; NCCL where the actor got a GPU, gloo otherwise.
+Any rank kind (`kind.build`). Every rank sits in a placement-group bundle of the `learner` role (its CPUs,
+GPUs and node kind): ranks that need no shared node (`role.group` 1, the torch learner's) in one PACK group;
+otherwise one STRICT_PACK group per `role.group` consecutive ranks (Megatron's tp*cp), so tensor-parallel
+traffic stays on a node's links and replicas may sit on different nodes. The process group meets at rank 0's
+node address (`ray_room.node_ip`), never at 127.0.0.1; NCCL where the actor got a GPU, gloo otherwise.
 """
 
 from __future__ import annotations
@@ -13,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent_rl.hosts import record
-from agent_rl.learners._dp import LOST_HINT, RankBuilder, RankError, RankLost, build_torch_rank
+from agent_rl.errors import UserError
+from agent_rl.learners._pool import LOST_HINT, Device, RankBuilder, RankError, RankLost
+from agent_rl.ray_room import record
 
 if TYPE_CHECKING:
+    from agent_rl.learners.kind import RankKind
     from agent_rl.placement import Role
 
 
@@ -30,46 +31,40 @@ class _RayRank:
 
     def address(self) -> str:
         """tcp://this node's address:a free port, for the process group's rendezvous (rank 0 hosts it)."""
-        import socket
-
-        from agent_rl.hosts import node_ip
+        from agent_rl.learners._pool import free_port
+        from agent_rl.ray_room import node_ip
 
         host = node_ip()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        return f"tcp://{host}:{port}"
+        return f"tcp://{host}:{free_port(host)}"
 
-    def setup(self, init_method: str, rank: int, world: int) -> str:
+    def setup(self, init_method: str, rank: int, world: int, device: Device) -> str:
         import ray
         import torch
 
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()  # Ray set CUDA_VISIBLE_DEVICES to its GPU
-        self.worker = self.build(self.spec, rank, world, init_method, "cuda:0" if gpu else "cpu")
+        if device == "cuda" and not gpu:
+            raise UserError(
+                f"learner.device: cuda, but learner rank {rank}'s Ray actor has no GPU: set placement.learner.gpus"
+            )
+        self.worker = self.build(
+            self.spec, rank, world, init_method, "cuda:0" if gpu and device != "cpu" else "cpu"
+        )
         return ray.get_runtime_context().get_node_id()
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
 
 
-class RayRankPool:
-    """`world` Ray actors, one rank each, placed as the `learner` role says; `group` consecutive ranks share a
-    node (Megatron's tp*cp)."""
+class RayPool:
+    """`kind.world` Ray actors, one rank each, placed as the `learner` role says; `role.group` consecutive ranks
+    share a node."""
 
-    def __init__(
-        self,
-        spec: Any,
-        world: int,
-        *,
-        role: Role,
-        build: RankBuilder = build_torch_rank,
-        group: int = 1,
-        timeout_s: float = 600.0,
-    ):
+    def __init__(self, kind: RankKind, *, role: Role, device: Device = "auto", timeout_s: float = 600.0):
         import ray
 
-        from agent_rl.hosts import actor_options, reserve
+        from agent_rl.ray_room import actor_options, reserve
 
+        world, group = kind.world, role.group
         self._actors: list[Any] = []
         if group > 1:  # one node per model-parallel group
             self._pgs = [
@@ -83,11 +78,12 @@ class RayRankPool:
         actor = ray.remote(_RayRank)
         threads = max(1, int(role.cpus))
         self._actors = [
-            actor.options(**actor_options(role, pg, i)).remote(build, spec, threads) for pg, i in slots
+            actor.options(**actor_options(role, pg, i)).remote(kind.build, kind.spec, threads)
+            for pg, i in slots
         ]
         init_method = self._get([self._actors[0].address.remote()])[0]
         self.nodes: list[str] = self._get(
-            [a.setup.remote(init_method, r, world) for r, a in enumerate(self._actors)]
+            [a.setup.remote(init_method, r, world, device) for r, a in enumerate(self._actors)]
         )
         for rank, node in enumerate(self.nodes):
             record("learner", rank, node)

@@ -18,9 +18,10 @@ import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
 from agent_rl.learners._schedule import build_scheduler
+from agent_rl.learners.hf_logprobs import HFLogprobs
 from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
-from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
+from vcpo.logprobs import CHUNK_TOKENS
 from vcpo.step import RowResults, Step, StepConfig
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ class RankSpec:
     step: StepConfig
     seed: int
     lora: LoraConfig | None = None  # train adapters only (learners/lora.py)
+    pack: bool = True  # a micro-batch's trajectories as one packed row (hf_logprobs.py); False: padded rows
+    logprob_chunk_tokens: int = CHUNK_TOKENS  # tokens per chunk of the output head + log-softmax
+    compile: bool = False  # torch.compile the decoder (dynamic shapes)
 
 
 class TorchRank:
@@ -68,6 +72,9 @@ class TorchRank:
             model = lora.wrap(model, spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
         model.train()
         self.model = model
+        self._lp = HFLogprobs(
+            model, pack=spec.pack, chunk_tokens=spec.logprob_chunk_tokens, compile=spec.compile
+        )
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
         # No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -99,13 +106,13 @@ class TorchRank:
         with torch.autocast(
             self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
         ):
-            return logprobs_of(model, input_ids, attention_mask)
+            return self._lp.logprobs(model, input_ids, attention_mask)
 
     def _proxy(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         with torch.autocast(
             self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
         ):
-            return logit_grad_proxy_of(model, input_ids, attention_mask)
+            return self._lp.proxy(model, input_ids, attention_mask)
 
     def step(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer update on this rank's share; every rank must call it (collectives inside)."""

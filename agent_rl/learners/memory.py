@@ -324,12 +324,15 @@ def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) ->
         compute_dtype=lc.dtype,
         recompute=recompute,  # type: ignore[arg-type]
         attention="fused" if lc.backend == "torch" else megatron_attention(device),
+        # the torch learner's log-probs: chunked (vcpo.logprobs.linear_logprobs), learner.logprob_chunk_tokens
+        logprobs="chunked" if lc.backend == "torch" else "full",
+        logprob_chunk_tokens=lc.logprob_chunk_tokens if lc.backend == "torch" else Setup.logprob_chunk_tokens,
         lora_rank=lc.lora.rank if lc.lora is not None else None,
         lora_targets=tuple(lc.lora.target_modules) if lc.lora is not None else LORA_TARGETS,
         opob=opob,  # type: ignore[arg-type]
         micro_batch_rows=lc.micro_batch_size,
         micro_batch_tokens=lc.micro_batch_tokens,
-        packed=lc.backend == "megatron" and lc.pack_sequences is not False,
+        packed=lc.pack_sequences is not False,  # on by default for both learners
         device=device,
     )
 

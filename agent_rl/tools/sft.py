@@ -51,6 +51,9 @@ class SftConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0)
     dtype: Literal["float32", "bfloat16"] = "float32"
     gradient_checkpointing: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: a GPU when torch sees one, else the CPU. A recipe whose results are quoted for the CPU pins cpu:
+    the same data and seed on a GPU round differently, and a small model's SFT carries that far."""
     tensorboard: bool = False
     progress: bool = True
 
@@ -227,7 +230,11 @@ def run_sft(model_dir: str | Path, data_path: str | Path, out_dir: str | Path, *
     tok = AutoTokenizer.from_pretrained(cfg.model_dir)
     examples, truncated = load_examples(cfg.data_path, tok, cfg.max_len)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        from agent_rl.errors import UserError
+
+        raise UserError("agent-rl sft --device cuda: torch sees no GPU; use --device auto or cpu")
+    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32).to(device)
     if cfg.gradient_checkpointing:
         # transformers 5 renamed it; older releases only have gradient_checkpointing_enable
@@ -310,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="autocast dtype")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: a GPU if torch sees one"
+    )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a = p.parse_args(argv)
@@ -330,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grad_clip=a.grad_clip,
             dtype=a.dtype,
             gradient_checkpointing=a.gradient_checkpointing,
+            device=a.device,
             tensorboard=a.tensorboard,
             progress=a.progress,
         )

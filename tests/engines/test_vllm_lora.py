@@ -62,10 +62,10 @@ async def test_vllm_follows_every_adapter_push(vllm_lora_url, tiny_model_dir, tm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "learners"))
     from learner_helpers import make_groups, recipe_for
 
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build
     from vcpo.logprobs import logprobs_of
 
-    learner = build_learner(recipe_for(tiny_model_dir, learner={"lora": LORA, "lr": 1e-2}).learner_spec)
+    learner = build(recipe_for(tiny_model_dir, learner={"lora": LORA, "lr": 1e-2}).learner_spec)
     client = VLLMClient(vllm_lora_url)
     prompt, seen = [5, 6, 7, 8, 9], []
     sp = SamplingParams(max_new_tokens=12, seed=1, ignore_eos=True)
@@ -80,7 +80,7 @@ async def test_vllm_follows_every_adapter_push(vllm_lora_url, tiny_model_dir, tm
             out = await client.generate(prompt, sp, request_id=f"r{v}")
             ids = torch.tensor([prompt + out.token_ids])
             with torch.no_grad():
-                want = logprobs_of(learner._local.model, ids, torch.ones_like(ids))[0, len(prompt) :].tolist()
+                want = logprobs_of(learner.local.model, ids, torch.ones_like(ids))[0, len(prompt) :].tolist()
             assert out.versions == [v] * len(out.token_ids)
             assert out.logprobs == pytest.approx(want, abs=1e-4)
             seen.append(out.logprobs)

@@ -208,14 +208,12 @@ TINY = dict(vocab_size=320, hidden=64, layers=2, heads=4, kv_heads=2, intermedia
 def _learner(kind: str, model_dir):
     if kind == "megatron_tp2":
         pytest.importorskip("megatron.core", reason="megatron-core not installed")
-        from agent_rl.learners.megatron import build_megatron_learner
+        from agent_rl.learners import build
 
-        return build_megatron_learner(
-            _recipe(model_dir, backend="megatron", tp=2).learner_spec, in_process=False
-        )
-    from agent_rl.learners.torch_learner import build_learner
+        return build(_recipe(model_dir, backend="megatron", tp=2).learner_spec, pool="processes")
+    from agent_rl.learners import build
 
-    return build_learner(_recipe(model_dir, dp=2).learner_spec)
+    return build(_recipe(model_dir, dp=2).learner_spec)
 
 
 def _recipe(model_dir, **learner):

@@ -205,7 +205,7 @@ def test_torch_learner_logprobs_on_mistral_equal_the_engines(family_dir, rendere
     """The torch learner (transformers underneath: its Mistral applies the window) computes, for trajectories the
     engine sampled past the window, the engine's log-probs: no train-inference mismatch from the window."""
     from agent_rl.config import Recipe
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build as build_learner
     from agent_rl.types import Group, Trajectory
 
     model_dir = family_dir("mistral")
@@ -239,7 +239,8 @@ def test_torch_learner_logprobs_on_mistral_equal_the_engines(family_dir, rendere
             "model": {"path": str(model_dir)},
             "envs": {"train": "tiny_arith.yaml"},
             "train": {"steps": 1, "batch_prompts": 1},
-            "learner": {"lr": 1e-4, "weight_decay": 0.0, "micro_batch_size": 3},
+            # device cpu: compared with the embedded engine's log-probs, computed on the CPU
+            "learner": {"lr": 1e-4, "weight_decay": 0.0, "micro_batch_size": 3, "device": "cpu"},
         }
     )
     learner = build_learner(recipe.learner_spec)

@@ -11,6 +11,11 @@ import torch
 from agent_rl.config import Recipe
 from agent_rl.types import Group, Trajectory
 
+CPU = {"device": "cpu"}
+"""learner.device for tests that compare the learner with a reference computed on the CPU in the test (an HF
+model loaded here, the embedded engine, a checkpoint reloaded, another learner whose ranks get no GPU): with a
+GPU present the learner would take it (device auto), and the test is about the comparison, not the device."""
+
 
 @functools.lru_cache(maxsize=2)
 def _load(model_dir: str) -> torch.nn.Module:
@@ -98,3 +103,13 @@ def recipe_for(
             "algorithm": algorithm or {},
         }
     )
+
+
+def first_gradient(learner_dir: Path) -> dict[str, torch.Tensor]:
+    """The gradient of a learner's first (and only) step, read back from its checkpoint's AdamW state: after one
+    step exp_avg = (1 - beta1) g exactly (the moments start at 0), with g clipped and data-parallel-summed, i.e.
+    what the step computed, defined up to float rounding (unlike the weights: Adam's first update is
+    ~lr * g / |g|, so an element whose gradient is near 0 moves by up to lr under any rounding difference)."""
+    opt = torch.load(learner_dir / "optimizer.pt", weights_only=True)["optimizer"]
+    beta1 = opt["param_groups"][0]["betas"][0]
+    return {str(i): s["exp_avg"] / (1 - beta1) for i, s in opt["state"].items()}

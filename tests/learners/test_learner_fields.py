@@ -15,8 +15,9 @@ VALUES: dict[str, object] = {
     "warmup_steps": 3, "dtype": "bfloat16", "dp": 2, "tp": 2, "sp": True, "cp": 2,
     "gradient_checkpointing": True, "recompute_method": "block", "recompute_num_layers": 2,
     "recompute_modules": ["mlp"], "micro_batch_size": 2, "micro_batch_tokens": 64,
-    "pack_sequences": {"torch": True, "megatron": False},  # torch always pads; megatron packs by default
-    "lora": {"torch": {"rank": 4}, "megatron": {"rank": 4}}, "mismatch_threshold": 0.2,
+    "pack_sequences": False,  # both pack by default
+    "lora": {"torch": {"rank": 4}, "megatron": {"rank": 4}}, "mismatch_threshold": 0.2, "device": "cpu",
+    "logprob_chunk_tokens": 256, "compile": True,
 }  # fmt: skip
 # What a field needs to be in effect at all (alone it is refused: e.g. recompute_method without recompute).
 NEEDS = {
@@ -33,14 +34,15 @@ def built_from(backend: str, sets: dict[str, object]) -> object:
         f"learner.{k}={v}" for k, v in sets.items()
     ]
     recipe = load_recipe(GOOD, args)
-    threshold = recipe.learner_spec.learner.mismatch_threshold  # the learner's own (a metric), not its ranks'
+    lc = recipe.learner_spec.learner
+    facade = lc.mismatch_threshold, lc.device  # the facade's (a metric) and the pool's (where ranks compute)
     if backend == "torch":
         from agent_rl.learners.torch_learner import rank_spec
 
-        return rank_spec(recipe.learner_spec), recipe.learner.dp, threshold
+        return rank_spec(recipe.learner_spec), recipe.learner.dp, facade
     from agent_rl.learners.megatron import megatron_spec
 
-    return megatron_spec(recipe.learner_spec), threshold
+    return megatron_spec(recipe.learner_spec), facade
 
 
 def test_every_field_has_a_value_here():

@@ -9,31 +9,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_helpers import make_groups, recipe_for
+from learner_helpers import CPU, make_groups, recipe_for
 
 from agent_rl import checkpoint
 from agent_rl.engines.api import EngineOptions, SamplingParams
-from agent_rl.learners.torch_learner import TorchLearner, build_learner
+from agent_rl.learners import build
+from agent_rl.learners.facade import RankLearner
 from agent_rl.weights.adapters import Adapter
 
 LORA = {"rank": 4, "alpha": 8.0}
 
 
-def _lora_learner(model_dir: Path, **algorithm) -> TorchLearner:
-    return build_learner(
-        recipe_for(model_dir, learner={"lora": LORA}, algorithm=algorithm or None).learner_spec
-    )  # type: ignore[return-value]
+def _lora_learner(model_dir: Path, **algorithm) -> RankLearner:
+    # CPU: these tests compare the learner with CPU references (the embedded engine, exports reloaded here)
+    return build(
+        recipe_for(model_dir, learner={"lora": LORA, **CPU}, algorithm=algorithm or None).learner_spec
+    )
 
 
-def _state(learner: TorchLearner) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in learner._local.model.state_dict().items()}  # type: ignore[union-attr]
+def _state(learner: RankLearner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in learner.local.model.state_dict().items()}
 
 
 @pytest.mark.parametrize("opob_mode", ["exact", "proxy"])
 def test_lora_step_changes_only_adapter_weights(tiny_model_dir: Path, opob_mode: str) -> None:
     learner = _lora_learner(tiny_model_dir, opob_mode=opob_mode)
     before = _state(learner)
-    trainable = [n for n, p in learner._local.model.named_parameters() if p.requires_grad]  # type: ignore[union-attr]
+    trainable = [n for n, p in learner.local.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     m = learner.step(make_groups(tiny_model_dir, n_groups=2, n=2))
     after = _state(learner)
@@ -60,7 +62,7 @@ def test_lora_exports_merged_hf_and_peft_adapter(tiny_model_dir: Path, tmp_path:
     )
     ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
     with torch.no_grad():
-        want = learner._local.model(ids).logits  # type: ignore[union-attr]
+        want = learner.local.model(ids).logits
         merged = AutoModelForCausalLM.from_pretrained(ckpt / "hf", dtype=torch.float32)(ids).logits
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         base_logits = base(ids).logits
@@ -91,12 +93,12 @@ def _engine_logprobs(engine, prompt: list[int], n: int = 12) -> tuple[list[int],
     return out.token_ids, out.logprobs
 
 
-def _learner_logprobs(learner: TorchLearner, prompt: list[int], tokens: list[int]) -> list[float]:
+def _learner_logprobs(learner: RankLearner, prompt: list[int], tokens: list[int]) -> list[float]:
     from vcpo.logprobs import logprobs_of
 
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
-        return logprobs_of(learner._local.model, ids, torch.ones_like(ids))[0, len(prompt) :].tolist()  # type: ignore[union-attr]
+        return logprobs_of(learner.local.model, ids, torch.ones_like(ids))[0, len(prompt) :].tolist()
 
 
 def test_embedded_engine_follows_every_adapter_push_exactly(tiny_model_dir: Path) -> None:

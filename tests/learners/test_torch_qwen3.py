@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_helpers import make_groups, recipe_for
+from learner_helpers import CPU, make_groups, recipe_for
 
 from agent_rl import checkpoint
-from agent_rl.learners.torch_learner import build_learner
+from agent_rl.learners import build
 from benchmarks.mismatch import random_model
 
 
@@ -22,11 +22,12 @@ def test_tiny_qwen3_trains_one_step_and_its_export_reloads(
     from transformers import AutoModelForCausalLM
 
     model_dir = random_model("qwen3", tmp_path / "qwen3", tiny_model_dir)
-    learner = build_learner(recipe_for(model_dir, learner={"lora": lora}).learner_spec)
+    # CPU: the export is compared with the learner's own logits after a reload on the CPU
+    learner = build(recipe_for(model_dir, learner={"lora": lora, **CPU}).learner_spec)
     assert (
-        type(learner._local.model.get_base_model() if lora else learner._local.model).__name__
+        type(learner.local.model.get_base_model() if lora else learner.local.model).__name__
         == "Qwen3ForCausalLM"
-    )  # type: ignore[union-attr]
+    )
     before = {k: v.clone() for k, v in learner.hf_state_dict().items()}
     assert any(".q_norm." in k for k in before) and any(".k_norm." in k for k in before)
     m = learner.step(make_groups(model_dir, n_groups=2, n=2))
@@ -39,6 +40,6 @@ def test_tiny_qwen3_trains_one_step_and_its_export_reloads(
     ids = torch.tensor([[5, 17, 42, 7, 99]])
     with torch.no_grad():
         reloaded = AutoModelForCausalLM.from_pretrained(ckpt / "hf", dtype=torch.float32)(ids).logits
-        want = learner._local.model(ids).logits  # type: ignore[union-attr]
+        want = learner.local.model(ids).logits
     assert type(AutoModelForCausalLM.from_pretrained(ckpt / "hf")).__name__ == "Qwen3ForCausalLM"
     assert torch.allclose(reloaded, want, atol=1e-5)

@@ -163,7 +163,7 @@ def test_rollback_restores_weights_and_optimizer_state_lowers_the_lr_and_moves_v
 
     recipe = smoke_recipe("monitor.on_warning=rollback", "monitor.window=2", "monitor.min_unhealthy=1")
     learner = build(recipe.learner_spec)
-    rank = learner._local  # dp=1: the rank lives in this process
+    rank = learner.local  # dp=1: the rank lives in this process
     run_dir = tmp_path / "run"
     sync = LaggedPublisher(None, None, mode="memory", lag=2, scratch=tmp_path / "w")  # type: ignore[arg-type]
     for step in range(2):

@@ -64,9 +64,9 @@ def case(request):
 
 @pytest.fixture(scope="module")
 def torch_run(model_dir, batches, case):
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build
 
-    learner = build_learner(recipe(model_dir, case[1]).learner_spec)
+    learner = build(recipe(model_dir, case[1]).learner_spec)
     metrics = [dict(learner.step(b)) for b in batches]
     return metrics, learner.hf_state_dict()
 
@@ -74,12 +74,10 @@ def torch_run(model_dir, batches, case):
 @pytest.fixture(scope="module")
 def megatron_run(case, model_dir, batches, tmp_path_factory):
     """Two steps, then a checkpoint round trip: save, step, load, step again."""
-    from agent_rl.learners.megatron import build_megatron_learner
+    from agent_rl.learners import build
 
     layout, algorithm = case
-    learner = build_megatron_learner(
-        recipe(model_dir, algorithm, backend="megatron", **layout).learner_spec, in_process=False
-    )
+    learner = build(recipe(model_dir, algorithm, backend="megatron", **layout).learner_spec, pool="processes")
     try:
         metrics = [dict(learner.step(b)) for b in batches]
         weights = learner.hf_state_dict()
@@ -135,19 +133,23 @@ def test_checkpoint_load_restores_weights_version_and_next_step(megatron_run):
         assert resumed["metrics"][key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-9), key
 
 
-def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_path):
+def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_path, monkeypatch):
     """Each trajectory's ‖∇ mean_t log π‖ under TP=2+SP (SP norm grads summed over TP, TP-duplicates
     counted once) equals the HF model's, and so do its log-probs."""
+    # The workers build CPU shards over gloo, but megatron's rank code (init_model_parallel) picks CUDA by
+    # torch.cuda.is_available(): on a GPU machine the TP collectives and RNG tracker went to CUDA. Hide the
+    # GPU from the spawned workers (they inherit the environment); the HF reference runs on the CPU too.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     from transformers import AutoModelForCausalLM
 
     from vcpo.logprobs import logprobs_of
 
     batch = collate(batches[0]).policy
     out = tmp_path / "norms.pt"
-    from agent_rl.learners._dp import _free_port
+    from agent_rl.learners._pool import free_port
 
     torch.multiprocessing.spawn(
-        trajectory_grad_norms_worker, args=(2, _free_port(), str(model_dir), True, batch, str(out)), nprocs=2
+        trajectory_grad_norms_worker, args=(2, free_port(), str(model_dir), True, batch, str(out)), nprocs=2
     )
     got = torch.load(out)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -163,13 +165,13 @@ def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_pa
 
 
 def test_all_masked_batch_is_skipped_like_the_torch_learner(model_dir, batches):
-    from agent_rl.learners.megatron import build_megatron_learner
+    from agent_rl.learners import build
 
     groups = copy.deepcopy(batches[0])
     for g in groups:
         for t in g.trajectories:
             t.masked = True
-    learner = build_megatron_learner(recipe(model_dir, backend="megatron").learner_spec, in_process=False)
+    learner = build(recipe(model_dir, backend="megatron").learner_spec, pool="processes")
     try:
         before = learner.hf_state_dict()
         m = learner.step(groups)

@@ -40,16 +40,13 @@ def test_qwen3_round_trip_is_exact(qwen3_dir, tp, te):
 
 @pytest.mark.parametrize("layout", [{}, {"tp": 2}, {"tp": 2, "sp": True}], ids=["tp1", "tp2", "tp2-sp"])
 def test_qwen3_megatron_step_equals_torch_learner(qwen3_dir, layout):
-    from agent_rl.learners.megatron import build_megatron_learner
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build
 
     groups = make_groups(qwen3_dir, 0)
-    ref_learner = build_learner(recipe(qwen3_dir).learner_spec)
+    ref_learner = build(recipe(qwen3_dir).learner_spec)
     ref = dict(ref_learner.step(groups))
     ref_w = ref_learner.hf_state_dict()
-    learner = build_megatron_learner(
-        recipe(qwen3_dir, backend="megatron", **layout).learner_spec, in_process=False
-    )
+    learner = build(recipe(qwen3_dir, backend="megatron", **layout).learner_spec, pool="processes")
     try:
         got = dict(learner.step(groups))
         got_w = learner.hf_state_dict()

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from agent_rl.config import Recipe
-from agent_rl.learners.megatron import MegatronNotInstalled, build_megatron_learner
+from agent_rl.learners import build
+from agent_rl.learners.megatron import MegatronNotInstalled
 
 
 def test_megatron_backend_without_megatron_core_names_the_extra(monkeypatch, tmp_path):
@@ -24,4 +25,4 @@ def test_megatron_backend_without_megatron_core_names_the_extra(monkeypatch, tmp
         }
     )
     with pytest.raises(MegatronNotInstalled, match=r"pip install 'agent-rl\[gpu\]'.*megatron-core"):
-        build_megatron_learner(recipe.learner_spec)
+        build(recipe.learner_spec)

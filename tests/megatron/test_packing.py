@@ -65,7 +65,7 @@ def test_packing_refuses_left_padded_rows():
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed: pip install 'agent-rl[gpu]'")
 @pytest.mark.parametrize("world,sp", [(1, False), (2, True)], ids=["tp1", "tp2-sp"])
 def test_packed_logprobs_and_gradients_equal_the_padded_batch(world, sp, tmp_path):
-    from agent_rl.learners._dp import _free_port
+    from agent_rl.learners._pool import free_port
 
     model_dir = build_tiny_dir(tmp_path / "model")
     batch = collate(make_groups(model_dir, seed=0)).policy
@@ -73,7 +73,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_batch(world, sp, tmp_pat
     assert int(lengths.min()) < int(lengths.max())  # rows really differ in length
     out = tmp_path / "packed.pt"
     torch.multiprocessing.spawn(
-        packed_vs_padded_worker, args=(world, _free_port(), str(model_dir), sp, batch, str(out)), nprocs=world
+        packed_vs_padded_worker, args=(world, free_port(), str(model_dir), sp, batch, str(out)), nprocs=world
     )
     got = torch.load(out)
     (lp_pad, norm_pad), (lp_pack, norm_pack) = got[False], got[True]

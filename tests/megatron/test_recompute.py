@@ -23,7 +23,7 @@ def spec_recompute(model_dir, **learner):
 
 @pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2-sp"])
 def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path):
-    from agent_rl.learners._dp import _free_port
+    from agent_rl.learners._pool import free_port
 
     model_dir = build_tiny_dir(tmp_path / "model")  # 2 layers
     settings = {
@@ -42,7 +42,7 @@ def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path)
     out = tmp_path / "saved.pt"
     torch.multiprocessing.spawn(
         saved_activations_worker,
-        args=(tp, _free_port(), str(model_dir), tp > 1, settings, batch, str(out)),
+        args=(tp, free_port(), str(model_dir), tp > 1, settings, batch, str(out)),
         nprocs=tp,
     )
     got = torch.load(out)

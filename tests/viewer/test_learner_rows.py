@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent_rl.config import Recipe
-from agent_rl.learners.torch_learner import build_learner
+from agent_rl.learners import build
 from agent_rl.types import Group, Trajectory
 from vcpo.logprobs import logprobs_of
 
@@ -54,7 +54,8 @@ def _recipe(model_dir: Path, opob_mode: str) -> Recipe:
             "model": {"path": str(model_dir)},
             "envs": {"train": "tiny_arith.yaml"},
             "train": {"steps": 4, "batch_prompts": 2},
-            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2},
+            # device cpu: the rows are compared with log-probs of the HF model computed here, on the CPU
+            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2, "device": "cpu"},
             "algorithm": {"opob_mode": opob_mode},
         }
     )
@@ -66,7 +67,7 @@ def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
 ) -> None:
     groups = _groups(tiny_model_dir)
     before = _model(tiny_model_dir)  # the weights the step computes its log-probs with
-    learner = build_learner(_recipe(tiny_model_dir, opob_mode).learner_spec)
+    learner = build(_recipe(tiny_model_dir, opob_mode).learner_spec)
     metrics = learner.step(groups)
     rows = learner.trained_rows()
     assert set(rows) == {t.uid for g in groups for t in g.trajectories}
@@ -93,11 +94,11 @@ def test_trained_rows_are_the_current_logprobs_and_weights_of_each_uid(
 @pytest.mark.slow
 def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Path) -> None:
     groups = _groups(tiny_model_dir)
-    one = build_learner(_recipe(tiny_model_dir, "proxy").learner_spec)
+    one = build(_recipe(tiny_model_dir, "proxy").learner_spec)
     one.step(groups)
     expected = one.trained_rows()
     one.close()
-    two = build_learner(
+    two = build(
         _recipe(tiny_model_dir, "proxy")
         .model_copy(update={"learner": _recipe(tiny_model_dir, "proxy").learner.model_copy(update={"dp": 2})})
         .learner_spec
@@ -120,7 +121,6 @@ def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Pa
 @pytest.mark.megatron
 def test_megatron_tp2_sp_rows_equal_the_torch_learners(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core not installed: pip install 'agent-rl[dev]'")
-    from agent_rl.learners.megatron import build_megatron_learner
     from agent_rl.tools.tiny import build_tiny, sample_corpus
 
     # vocabulary and heads divisible by tp=2, as Megatron needs
@@ -136,15 +136,15 @@ def test_megatron_tp2_sp_rows_equal_the_torch_learners(tmp_path: Path) -> None:
     )
     groups = _groups(model_dir)
     base = _recipe(model_dir, "exact")
-    torch_learner = build_learner(base.learner_spec)
+    torch_learner = build(base.learner_spec)
     torch_learner.step(groups)
     expected = torch_learner.trained_rows()
     torch_learner.close()
-    learner = build_megatron_learner(
+    learner = build(
         base.model_copy(
             update={"learner": base.learner.model_copy(update={"backend": "megatron", "tp": 2, "sp": True})}
         ).learner_spec,
-        in_process=False,
+        pool="processes",
     )
     try:
         learner.step(groups)

@@ -1,0 +1,85 @@
+"""Attention over packed trajectories without a [tokens, tokens] mask: causal SDPA one document at a time.
+
+transformers (5.x) packs by position ids: with no attention mask and position ids that restart at 0,
+`masking_utils` builds a block-diagonal causal mask for SDPA/eager. That mask is N x N (N = the packed
+tokens), and SDPA with an arbitrary mask computes every block of the N x N scores: measured on this CPU,
+a packed micro-batch of 4 sorted trajectories stepped 2x slower than the same rows padded
+(benchmarks/torch_learner_speed.py). Only variable-length kernels skip the empty blocks, and
+flash-attention 2 (transformers' `flash_attention_2`, which reads the same `cu_seq_lens_q` we pass) is a
+CUDA-only extra.
+
+So this registers an attention implementation through transformers' own extension points
+(`AttentionInterface` and `AttentionMaskInterface`, see transformers' attention_interface docs) that,
+given the document boundaries (`cu_seq_lens_q`, FlashAttention's name for them), runs torch's
+`scaled_dot_product_attention` with `is_causal=True` on each document's slice: work Σ L_i², memory O(N),
+and no token attends across documents. Without boundaries (every other call: tests, evaluation) it is
+transformers' SDPA unchanged, masks included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+NAME = "agent_rl_packed_sdpa"
+
+
+def _attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    packed_bounds: tuple[int, ...] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """`packed_bounds`: cu_seq_lens_q as Python ints, when the caller has them (no device sync per layer)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (cu_seq_lens_q is None and packed_bounds is None) or attention_mask is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
+    bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
+    parts = [
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs)[0]
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+    ]  # each [1, L_i, heads, head_dim]: causal within its document only
+    return torch.cat(parts, dim=1), None
+
+
+def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """No mask without padding (the attention is causal per document); transformers' SDPA mask otherwise."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> None:
+    """Make NAME known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, _mask)
+
+
+def use_packed_attention(model: nn.Module) -> bool:
+    """Switch `model` (a transformers model using SDPA with full attention in every layer) to NAME; False (the
+    model untouched) where it uses another implementation or sliding windows: there transformers' own packing
+    applies (flash-attention 2 varlen, or the block-diagonal mask)."""
+    config = model.config
+    sliding = getattr(config, "sliding_window", None) is not None and (
+        getattr(config, "use_sliding_window", True)
+        or "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    )
+    if config._attn_implementation != "sdpa" or sliding:
+        return False
+    register()
+    model.set_attn_implementation(NAME)
+    return True
