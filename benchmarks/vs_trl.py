@@ -366,8 +366,10 @@ def plan(args: argparse.Namespace) -> str:
     )
 
 
-def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
-    """The tuning pass and the timed cells, interleaved over seeds; what scoring needs, as a dict."""
+def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file: Path) -> None:
+    """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
+    after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
+    (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
     load = os.getloadavg()
     cands = candidates()
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
@@ -378,22 +380,12 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
         *(Config("trl", loss, 0, trl.threads, micro_batches=trl.micro_batches) for loss in TRL_LOSSES),
     ]
     log("cells: " + "; ".join(f"{c.name} ({c.label})" for c in cells))
-    runs, total = [], len(cells) * args.seeds
-    for seed in range(args.seeds):
-        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
-        for c in order:
-            log(f"[{len(runs) + 1}/{total}] {c.name} seed {seed}")
-            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
-            runs.append(train(c, seed, model, d, args.steps, args.every, trl_py))
-            log(f"  {runs[-1].process_wall_s:.0f} s")
-    load_end = os.getloadavg()
-    return {
+    session = {
         "command": "benchmarks/vs_trl.py " + relative_args(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average "
-        f"{load[0]:.2f} at start, {load_end[0]:.2f} after the runs (other users of the machine included)",
         "steps": args.steps,
-        "seeds": args.seeds,
+        "seeds_planned": args.seeds,
+        "seeds": 0,
         "checkpoint_every": args.every,
         "budget_s": args.budget_s,
         "tuning": {
@@ -403,8 +395,24 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
             "cores_busy": tuned["cores_busy"],
             "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
         },
-        "runs": [str(r.dir) for r in runs],
+        "runs": [],
     }
+    total = len(cells) * args.seeds
+    for seed in range(args.seeds):
+        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
+        for c in order:
+            log(f"[{len(session['runs']) + 1}/{total}] {c.name} seed {seed}")
+            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
+            run = train(c, seed, model, d, args.steps, args.every, trl_py)
+            log(f"  {run.process_wall_s:.0f} s")
+            session["runs"].append({"dir": str(run.dir), "seed": seed})
+            session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
+            load_end = os.getloadavg()
+            session["machine"] = (
+                f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
+                f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
+            )
+            session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
 def relative_args() -> str:
@@ -478,12 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
     session_file = args.work / "session.json"
     if not args.score_only:
-        session = run_cells(args, model, trl_py)
-        session_file.write_text(json.dumps(session, indent=2) + "\n")
+        run_cells(args, model, trl_py, session_file)
     elif not session_file.is_file():
         raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
     session = json.loads(session_file.read_text())
-    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in session["runs"]]
+    if session["seeds"] == 0:
+        raise SystemExit(f"{session_file}: no seed has all its cells yet; nothing to score")
+    done = [r["dir"] for r in session["runs"] if r["seed"] < session["seeds"]]  # complete seeds only
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in done]
     log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
     start_acc, accs = score_all(runs, model, limit, args.score_jobs, args.work / "scores.json")
     records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]
@@ -493,7 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": session["machine"],
         "recipe": str(RECIPE.relative_to(ROOT)),
         "k_async_fixed_before_runs": K_ASYNC,
-        **{k: session[k] for k in ("steps", "seeds", "checkpoint_every", "budget_s", "tuning")},
+        **{
+            k: session[k]
+            for k in ("steps", "seeds", "seeds_planned", "checkpoint_every", "budget_s", "tuning")
+        },
         "eval_tasks": limit,
         "warm_start_accuracy": start_acc,
         "cells": records,

@@ -202,7 +202,7 @@ def markdown(out: dict) -> str:
         "# agent-rl vs TRL GRPOTrainer on agent_arith (one invocation, interleaved; toy model)",
         "",
         f"`{out['command'].strip()}`, {out['date']}; {out['machine']}. {out['recipe']}, {out['steps']} steps, "
-        f"{out['seeds']} seed(s) per cell, checkpoints every {out['checkpoint_every']} steps scored by agent-rl's "
+        f"{out['seeds']} seed(s) per cell{planned(out)}, checkpoints every {out['checkpoint_every']} steps scored by agent-rl's "
         f"evaluator on {out['eval_tasks']} held-out tasks; warm start {out['warm_start_accuracy']:.3f}. "
         f"agent-rl async k={k}, fixed before the runs.",
         "",
@@ -291,6 +291,16 @@ def markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
+def planned(out: dict) -> str:
+    """' (of N planned: ...)' when the invocation was stopped before all its seeds were run."""
+    n = out.get("seeds_planned")
+    if not n or n == out["seeds"]:
+        return ""
+    return (
+        f" (of {n} planned: the invocation was stopped before the rest, and only complete seeds are scored)"
+    )
+
+
 def headline_lines(out: dict) -> list[str]:
     """The headline bullet: agent-rl against the fastest TRL cell to the target, cores busy beside each figure
     (nothing for a results file written before the headline existed)."""
@@ -307,9 +317,11 @@ def headline_lines(out: dict) -> list[str]:
         for c in h["trl_cells_by_time_to_target"]
     )
     lines = []
+    k = out["k_async_fixed_before_runs"]
     for name, d in ((n, h[n]) for n in h if n.startswith("agent-rl k=")):
+        bold = "**Headline: " if name == f"agent-rl k={k}" else "**"
         lines.append(
-            f"- **Headline: {name} (cores busy {f(busy[name])}) reaches {h['target']} "
+            f"- {bold}{name} (cores busy {f(busy[name])}) reaches {h['target']} "
             f"{f(d['speedup_train'])}x sooner than the fastest TRL cell to it, {h['against']} "
             f"({h['against_config']}, cores busy {f(busy[h['against']])})**, in training time (per seed "
             f"{', '.join(f(x) for x in d['speedup_train_per_seed'])}; 0 = never reached; medians "

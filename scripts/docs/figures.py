@@ -238,7 +238,8 @@ def vs_trl_caveats() -> str:
     if (s["seeds"], s["steps"]) != FULL_VS_TRL:
         out.append(
             f"- {s['seeds']} seed(s) × {s['steps']} steps: not the full set ({FULL_VS_TRL[0]} seeds × "
-            f"{FULL_VS_TRL[1]} steps), which `make bench-trl` runs."
+            f"{FULL_VS_TRL[1]} steps), which `nice -n 15 .venv/bin/python benchmarks/vs_trl.py` (or `make bench-trl`) "
+            "runs; it reuses the finished runs of an earlier invocation in `runs/bench_vs_trl`."
         )
     return "\n".join(out)
 
