@@ -318,8 +318,10 @@ def headline_lines(out: dict) -> list[str]:
     )
     lines = []
     k = out["k_async_fixed_before_runs"]
+    tuned = out["tuning"].get("same_invocation") and out["tuning"]["steps"] > 0
+    head = "Headline: " if tuned else "Not the fair headline (no tuning pass in this invocation): "
     for name, d in ((n, h[n]) for n in h if n.startswith("agent-rl k=")):
-        bold = "**Headline: " if name == f"agent-rl k={k}" else "**"
+        bold = "**" + (head if name == f"agent-rl k={k}" else "")
         lines.append(
             f"- {bold}{name} (cores busy {f(busy[name])}) reaches {h['target']} "
             f"{f(d['speedup_train'])}x sooner than the fastest TRL cell to it, {h['against']} "

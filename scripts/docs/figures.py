@@ -118,6 +118,11 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}×"
 
 
+def _vs_trl_tuned(s: dict) -> bool:
+    """Whether the vs_trl results carry a tuning pass of the invocation that measured."""
+    return s["tuning"].get("steps", 0) > 0 and bool(s["tuning"].get("same_invocation"))
+
+
 def vs_trl_headline() -> str:
     """agent-rl async against the TRL cell that reached the target soonest, cores busy beside each figure."""
     s = load("vs_trl.json")
@@ -129,18 +134,19 @@ def vs_trl_headline() -> str:
         )
     k = s["k_async_fixed_before_runs"]
     d, busy, trl = h[f"agent-rl k={k}"], h["cores_busy"], h["against"]
-    tuned = s["tuning"].get("steps", 0) > 0 and s["tuning"].get("same_invocation")
+    untuned = (
+        ""
+        if _vs_trl_tuned(s)
+        else "**not yet the fair measurement**: the recorded run had no tuning pass in its invocation (each system "
+        "at a configuration from an earlier pass) and no TRL cell with a constant lr; from its runs, "
+    )
     return (
-        f"agent-rl k={k} (cores busy {busy[f'agent-rl k={k}']:.2f}) reaches {h['target']} "
+        f"{untuned}agent-rl k={k} (cores busy {busy[f'agent-rl k={k}']:.2f}) reaches {h['target']} "
         f"**{_ratio(d['speedup_train'])} sooner** in training time than TRL's fastest cell to it "
         f"({trl.removeprefix('trl ')}: {h['against_config']}, cores busy {busy[trl]:.2f}); "
         f"{_ratio(d['speedup_process'])} in whole-process time, {_ratio(d['speedup_cpu'])} in CPU time "
-        f"(time to it × cores busy). {s['seeds']} seeds × {s['steps']} steps, each system configured by "
-        + (
-            "a tuning pass in the same invocation."
-            if tuned
-            else "an earlier tuning pass (none in this invocation)."
-        )
+        f"(time to it × cores busy). {s['seeds']} seeds × {s['steps']} steps"
+        + (", each system configured by a tuning pass in the same invocation." if not untuned else ".")
     )
 
 
@@ -207,13 +213,40 @@ def vs_trl_caveats() -> str:
     k = s["k_async_fixed_before_runs"]
     chosen = {n: c["label"] for n, c in t["chosen"].items()}
     trl = {c.split(": ", 1)[1]: v for c, v in t["median_s_per_step"].items() if c.startswith("trl: ")}
-    out = [
-        f"- The measured invocation (`{s['command']}`, {s['date']}; {s['machine']}) ran its own tuning pass first "
-        f"({t['steps']} steps per candidate, the candidates interleaved): TRL fastest with {chosen['trl']} "
-        f"({trl[chosen['trl']]:.2f} s/step; "
-        + ", ".join(f"{c} {v:.2f}" for c, v in trl.items() if c != chosen["trl"])
-        + f"), agent-rl k=0 with {chosen['agent-rl k=0']}, k={k} with {chosen[f'agent-rl k={k}']} "
-        "(every candidate in the results file).",
+    if _vs_trl_tuned(s):
+        out = [
+            f"- The measured invocation (`{s['command']}`, {s['date']}; {s['machine']}) ran its own tuning pass "
+            f"first ({t['steps']} steps per candidate, the candidates interleaved): TRL fastest with {chosen['trl']} "
+            f"({trl[chosen['trl']]:.2f} s/step; "
+            + ", ".join(f"{c} {v:.2f}" for c, v in trl.items() if c != chosen["trl"])
+            + f"), agent-rl k=0 with {chosen['agent-rl k=0']}, k={k} with {chosen[f'agent-rl k={k}']} "
+            "(every candidate in the results file)."
+        ]
+    else:
+        out = [
+            f"- The measured invocation (`{s['command']}`, {s['date']}) ran no tuning pass: its configurations came "
+            f"from an earlier pass on a loaded machine (TRL: {chosen['trl']}). The script now always runs the pass "
+            "first and refuses `--tune-steps 0`."
+        ]
+        quick = load("vs_trl_quick.json")["tuning"]
+        q = {
+            c.split(": ", 1)[1]: v
+            for c, v in quick.get("median_s_per_step", {}).items()
+            if c.startswith("trl:")
+        }
+        if q:
+            best = min(q, key=q.get)
+            out.append(
+                f"- The only tuning pass on record (`vs_trl_quick.json`, {quick['steps']} steps per candidate) had "
+                f"TRL fastest with {best} ({q[best]:.2f} s/step against "
+                + ", ".join(f"{c} {v:.2f}" for c, v in q.items() if c != best)
+                + ")."
+            )
+        if "trl shipped-constant-lr" not in cells:
+            out.append(
+                "- It has no TRL cell with TRL's default loss and a constant lr (the lr schedule apart)."
+            )
+    out += [
         "- TRL cells by median training time to the target ("
         + h["target"]
         + "): "

@@ -25,10 +25,21 @@ def data() -> dict:
     return json.loads(RESULTS.read_text())
 
 
+_DATA = json.loads(RESULTS.read_text())
+UNTUNED = not (_DATA["tuning"].get("steps", 0) > 0 and _DATA["tuning"].get("same_invocation"))
+# Strict: once a tuned run's results land these must pass, and the marker must go (XPASS fails).
+OPEN = pytest.mark.xfail(
+    UNTUNED,
+    strict=True,
+    reason="vs_trl.json is still the 2026-11-26 run without a tuning pass: run `make bench-trl` (issue 39)",
+)
+
+
 def _tuning_group(cell: str) -> str:
     return "trl" if cell.startswith("trl ") else cell
 
 
+@OPEN
 def test_vs_trl_results_carry_the_tuning_pass_of_the_same_invocation(data: dict) -> None:
     t = data["tuning"]
     assert t["steps"] >= 2 and t.get("same_invocation") is True, (
@@ -45,13 +56,22 @@ def test_vs_trl_results_carry_the_tuning_pass_of_the_same_invocation(data: dict)
         assert r["config"] == t["chosen"][_tuning_group(cell_name(r))]["label"], cell_name(r)
 
 
-def test_vs_trl_has_the_three_trl_cells_and_the_recipes_30_steps_or_says_it_has_not(data: dict) -> None:
+@OPEN
+def test_vs_trl_has_the_three_trl_cells(data: dict) -> None:
     names = {cell_name(r) for r in data["cells"]}
     assert {"trl shipped", "trl shipped-constant-lr", "trl closest"} <= names
-    from scripts.docs.figures import vs_trl_caveats
+
+
+def test_the_docs_say_what_the_measurement_lacks(data: dict) -> None:
+    from scripts.docs.figures import vs_trl_caveats, vs_trl_headline
 
     if (data["steps"], data["seeds"]) != (30, 3):
         assert "not the full set" in vs_trl_caveats()
+    if UNTUNED:
+        assert vs_trl_headline().startswith("**not yet the fair measurement**")
+        assert "ran no tuning pass" in vs_trl_caveats()
+    if "trl shipped-constant-lr" not in {cell_name(r) for r in data["cells"]}:
+        assert "no TRL cell with TRL's default loss and a constant lr" in vs_trl_caveats()
 
 
 def test_vs_trl_summary_and_headline_are_what_its_runs_give(data: dict) -> None:
