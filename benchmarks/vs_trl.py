@@ -415,6 +415,11 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
             session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
+def complete_runs(session: dict) -> list[str]:
+    """The run directories of the seeds that have all their cells (a stopped invocation's last seed may not)."""
+    return [r["dir"] for r in session["runs"] if r["seed"] < session["seeds"]]
+
+
 def relative_args() -> str:
     """This invocation's arguments with paths inside the repository written relative to it (results carry no
     machine's paths)."""
@@ -492,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     session = json.loads(session_file.read_text())
     if session["seeds"] == 0:
         raise SystemExit(f"{session_file}: no seed has all its cells yet; nothing to score")
-    done = [r["dir"] for r in session["runs"] if r["seed"] < session["seeds"]]  # complete seeds only
-    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in done]
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in complete_runs(session)]
     log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
     start_acc, accs = score_all(runs, model, limit, args.score_jobs, args.work / "scores.json")
     records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]
