@@ -350,7 +350,8 @@ def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, tr
 def plan(args: argparse.Namespace) -> str:
     """What an invocation runs, and a rough length from the step times of the last full measurement
     (benchmarks/results/vs_trl.json: about 1.4-1.8 s/step, ~7 s of start-up a process, on a quiet machine)."""
-    s_per_step, startup_s, eval_s = 1.8, 8.0, 12.0  # eval_s: one checkpoint on 100 tasks, one thread
+    # eval_s: one checkpoint on 100 tasks, one thread: a guess (no run recorded how long its scoring took)
+    s_per_step, startup_s, eval_s = 1.8, 8.0, 12.0
     cands = candidates()
     n_tune = sum(len(c) for c in cands.values())
     n_cells = (2 + len(TRL_LOSSES)) * args.seeds
@@ -362,7 +363,9 @@ def plan(args: argparse.Namespace) -> str:
         f"tuning pass: {n_tune} candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: "
         f"{2 + len(TRL_LOSSES)} x {args.seeds} seed(s) x {args.steps} steps (~{cells_s / 60:.0f} min); scoring: "
         f"{n_evals} evaluations (~{score_s / 60:.0f} min); ~{(tune_s + cells_s + score_s) / 60:.0f} min in all on a "
-        "quiet machine (a loaded one: up to 2-3x)"
+        "quiet machine, plus the warm start's SFT the first time (cached in --work). A shared machine takes "
+        "longer: under `nice -n 15` beside un-niced jobs, many times longer (2026-11-27, load 30-48 on 2 cores: "
+        "the warm start's SFT ran at ~75 s/step, 750 steps)"
     )
 
 
