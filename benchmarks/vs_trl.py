@@ -158,6 +158,11 @@ class Run:
         )
 
 
+class RunFailed(SystemExit):
+    """A training process exited with an error: ends the invocation, except in the tuning pass, which records
+    the candidate as failed (with its log) and goes on."""
+
+
 def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
     """Run `cmd` pinned to CORES; (start time, wall seconds, CPU seconds of it and all its children)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -169,7 +174,7 @@ def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
+        raise RunFailed(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return start, wall, cpu
 
@@ -333,18 +338,39 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
 def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path) -> dict:
     """Run every candidate for `steps` steps (seed 0, interleaved); per cell, the fastest by median s/step
     after step 1, with each candidate's cores busy."""
-    seen, busy = {}, {}
+    seen: dict[str, float | None] = {}
+    busy: dict[str, float | None] = {}
+    failed: dict[str, str] = {}
     order = interleaved(cands)
     for n, (name, c) in enumerate(order):
+        key = f"{name}: {c.label}"
         d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
-        log(f"tune [{n + 1}/{len(order)}] {name}: {c.label}")
-        run = train(c, 0, model, d, steps, steps, trl_py)
+        log(f"tune [{n + 1}/{len(order)}] {key}")
+        try:
+            run = train(c, 0, model, d, steps, steps, trl_py)
+        except RunFailed as e:
+            seen[key], busy[key] = None, None
+            failed[key] = str(e).replace(f"{ROOT}/", "")
+            log(f"  failed, left out of the choice: {failed[key]}")
+            continue
         times = sorted(r["step_seconds"] for r in step_records(run)[1:])
-        seen[f"{name}: {c.label}"] = times[len(times) // 2]
-        busy[f"{name}: {c.label}"] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
-        log(f"  median {seen[f'{name}: {c.label}']:.2f} s/step")
-    chosen = {name: min(cs, key=lambda c, n=name: seen[f"{n}: {c.label}"]) for name, cs in cands.items()}
-    return {"chosen": chosen, "s_per_step": seen, "cores_busy": busy}
+        seen[key] = times[len(times) // 2]
+        busy[key] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
+        log(f"  median {seen[key]:.2f} s/step")
+    return {"chosen": choose(cands, seen), "s_per_step": seen, "cores_busy": busy, "failed": failed}
+
+
+def choose(cands: dict[str, list[Config]], seen: dict[str, float | None]) -> dict[str, Config]:
+    """Per cell, the candidate with the lowest median s/step among those that ran (None: failed)."""
+    out = {}
+    for name, cs in cands.items():
+        ran = [c for c in cs if seen.get(f"{name}: {c.label}") is not None]
+        if not ran:
+            raise SystemExit(
+                f"tuning pass: every candidate of {name} failed; see their logs under --work/tune"
+            )
+        out[name] = min(ran, key=lambda c, n=name: seen[f"{n}: {c.label}"])
+    return out
 
 
 def plan(args: argparse.Namespace) -> str:
@@ -396,6 +422,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
             "same_invocation": True,
             "median_s_per_step": tuned["s_per_step"],
             "cores_busy": tuned["cores_busy"],
+            "failed": tuned["failed"],
             "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
         },
         "runs": [],

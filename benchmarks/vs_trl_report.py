@@ -273,8 +273,10 @@ def markdown(out: dict) -> str:
     ]
     if not t["median_s_per_step"]:
         lines.append("- none ran in this invocation")
+    failed = t.get("failed", {})
     lines += [
-        f"- {'**' + n + '**' if n in chosen else n}: {v:.2f} s/step"
+        f"- {'**' + n + '**' if n in chosen else n}: "
+        + (f"failed ({failed.get(n, 'no time recorded')})" if v is None else f"{v:.2f} s/step")
         + (f", cores busy {busy[n]:.2f}" if busy.get(n) is not None else "")
         for n, v in t["median_s_per_step"].items()
     ]

@@ -218,7 +218,11 @@ def vs_trl_caveats() -> str:
             f"- The measured invocation (`{s['command']}`, {s['date']}; {s['machine']}) ran its own tuning pass "
             f"first ({t['steps']} steps per candidate, the candidates interleaved): TRL fastest with {chosen['trl']} "
             f"({trl[chosen['trl']]:.2f} s/step; "
-            + ", ".join(f"{c} {v:.2f}" for c, v in trl.items() if c != chosen["trl"])
+            + ", ".join(
+                f"{c} " + ("failed" if v is None else f"{v:.2f}")
+                for c, v in trl.items()
+                if c != chosen["trl"]
+            )
             + f"), agent-rl k=0 with {chosen['agent-rl k=0']}, k={k} with {chosen[f'agent-rl k={k}']} "
             "(every candidate in the results file)."
         ]

@@ -60,3 +60,15 @@ def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFi
     assert vs_trl.main(["--plan"]) == 0
     out = capsys.readouterr().out
     assert "tuning pass: 14 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+
+
+def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
+    cands = vs_trl.candidates()
+    seen = {f"{n}: {c.label}": float(i + 1) for n, cs in cands.items() for i, c in enumerate(cs)}
+    seen["trl: 1 thread(s), 1 micro-batch(es)"] = None  # failed: never chosen, however it would have done
+    chosen = vs_trl.choose(cands, seen)
+    assert chosen["trl"].label == "1 thread(s), 2 micro-batch(es)"
+    assert chosen["agent-rl k=0"].label == "1 thread(s), inprocess"
+    seen |= dict.fromkeys((k for k in seen if k.startswith("trl: ")), None)
+    with pytest.raises(SystemExit, match="every candidate of trl failed"):
+        vs_trl.choose(cands, seen)
