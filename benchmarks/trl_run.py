@@ -1,6 +1,6 @@
 """One TRL run of benchmarks/vs_trl.py: `GRPOTrainer(tools=[python])` on agent_arith, in TRL's own venv.
 
-    .venv-trl/bin/python benchmarks/trl_run.py --model DIR --out DIR --steps 30 --seed 0 --loss shipped|closest
+    .venv-trl/bin/python benchmarks/trl_run.py --model DIR --out DIR --steps 30 --seed 0 --loss shipped|shipped-constant-lr|closest
 
 Run by benchmarks/vs_trl.py (one process per run, as a user runs TRL); needs `bash scripts/setup_trl.sh`.
 What is the same as agent-rl's agent_arith run (recipes/agent_arith.yaml on envs/tiny_arith_agent.yaml):
@@ -33,11 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENV = ROOT / "envs" / "tiny_arith_agent.yaml"
 
-# TRL's loss as shipped (its defaults) and the setting closest to agent-rl's at k=0: VCPO on-policy is
-# -A_i * mean_t log pi per trajectory, averaged over trajectories (TRL's "grpo" aggregation), rewards not
-# divided by the group's std, no KL term, a constant lr (agent-rl's default schedule) with no warmup.
+# TRL's loss as shipped (its defaults: dapo, rewards / group std, linear lr decay to 0 over max_steps); the
+# same with a constant lr, as agent-rl's default schedule (so the lr schedule and the loss are measured apart);
+# and the setting closest to agent-rl's at k=0: VCPO on-policy is -A_i * mean_t log pi per trajectory, averaged
+# over trajectories (TRL's "grpo" aggregation), rewards not divided by the group's std, no KL term, constant lr.
 LOSSES = {
     "shipped": {},
+    "shipped-constant-lr": {"lr_scheduler_type": "constant", "warmup_steps": 0},
     "closest": {
         "loss_type": "grpo",
         "scale_rewards": "none",

@@ -1,6 +1,7 @@
 """agent-rl against Hugging Face TRL's GRPOTrainer on the same job, the same 2 cores, one invocation.
 
     bash scripts/setup_trl.sh                       # once: TRL 1.16 in .venv-trl (or `make bench-trl`)
+    .venv/bin/python benchmarks/vs_trl.py --plan          # what it would run, and an estimate of how long
     .venv/bin/python benchmarks/vs_trl.py [--quick] [--seeds 3] [--steps 30]
 
 Job: agent_arith (recipes/agent_arith.yaml: the OpenAI function-calling agent of examples/arith_agent on
@@ -12,18 +13,26 @@ rotated order, so machine noise hits all alike):
 - agent-rl k=0: the recipe at buffer.max_staleness=0 (synchronous, on-policy);
 - agent-rl k=2: the recipe as it is (async, k=2). K_ASYNC is fixed here, before any run: it is never
   picked after the runs by which k did best;
-- TRL shipped: GRPOTrainer(tools=[python]) with TRL's default loss (dapo, rewards scaled by the group std);
+- TRL shipped: GRPOTrainer(tools=[python]) with TRL's defaults (loss dapo, rewards scaled by the group std,
+  lr decayed linearly to 0 over the run's steps);
+- TRL shipped-constant-lr: the same with a constant lr, as agent-rl's (the schedule measured apart from the loss);
 - TRL closest: the TRL loss closest to agent-rl's at k=0 (loss_type=grpo, scale_rewards=none, beta=0,
   constant lr): see benchmarks/trl_run.py.
 Same for both systems: weights and tokenizer, prompts and their order (agent-rl's PromptSource(seed)),
 8 prompts x 8 samples, lr 2e-4, --steps steps, token budgets, sandbox, reward, fp32.
 
-"As fast as it goes": before the cells, a short tuning pass (--tune-steps steps per candidate, the same
-seed) runs every candidate configuration of each system and keeps the fastest median s/step:
-TRL {1, 2} torch threads x {1, 4} micro-batches; agent-rl k=0 {in-process with 1 or 2 torch threads, the
-processes topology}; agent-rl k=2 {in-process with 1 thread, processes}. Both systems also skip what costs
-and does not train: agent-rl without the trajectory log and in-training eval, TRL without gradient
-checkpointing. The chosen configurations are in the results.
+"As fast as it goes": before the cells, in the same invocation, a tuning pass (--tune-steps steps per
+candidate, seed 0, the candidates of all systems interleaved) runs every candidate configuration and keeps the
+fastest median s/step: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
+cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
+or 2 torch threads, the processes topology}. Both systems also skip what costs and does not train: agent-rl
+without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
+and the chosen configurations are in the results; there is no way to write vs_trl.json without the pass.
+
+Headline: agent-rl k=2 against the TRL cell that reaches the target soonest (the target: 90% of agent-rl
+k=0's final accuracy, per seed), in training time, whole-process time and CPU time, with each cell's cores busy
+beside it (benchmarks/vs_trl_report.py). Resumable: a run whose .run.json is in --work for the same
+configuration, seed and steps is not run again, and scores are cached in --work/scores.json.
 
 Scoring: after all runs, every checkpoint of every run (every --every steps and the last) by agent-rl's
 evaluator (agent_rl.evaluate.evaluate, what `agent-rl eval RECIPE --checkpoint DIR` runs) on the recipe's
@@ -89,21 +98,33 @@ class Config:
         return ", ".join(bits)
 
 
+TRL_THREADS, TRL_MICRO_BATCHES = (1, 2), (1, 2, 4, 8)  # the micro-batches divide the 64 samples of a step
+TRL_LOSSES = ("shipped", "shipped-constant-lr", "closest")  # one cell each (benchmarks/trl_run.py LOSSES)
+
+
 def candidates() -> dict[str, list[Config]]:
-    """Every configuration the tuning pass tries, per cell."""
-    trl = [Config("trl", "shipped", 0, t, micro_batches=m) for t in (1, 2) for m in (1, 4)]
-    return {
-        "agent-rl k=0": [
-            Config("agent-rl", "vcpo", 0, 1, "inprocess"),
-            Config("agent-rl", "vcpo", 0, 2, "inprocess"),
-            Config("agent-rl", "vcpo", 0, None, "processes"),
-        ],
-        f"agent-rl k={K_ASYNC}": [
-            Config("agent-rl", "vcpo", K_ASYNC, 1, "inprocess"),
-            Config("agent-rl", "vcpo", K_ASYNC, None, "processes"),
-        ],
-        "trl": trl,  # the loss does not change the cost of a step: one tuning for both TRL cells
+    """Every configuration the tuning pass tries, per cell ("trl": one tuning for the three TRL cells)."""
+    trl = [Config("trl", "shipped", 0, t, micro_batches=m) for t in TRL_THREADS for m in TRL_MICRO_BATCHES]
+    agent = {
+        f"agent-rl k={k}": [
+            Config("agent-rl", "vcpo", k, 1, "inprocess"),
+            Config("agent-rl", "vcpo", k, 2, "inprocess"),
+            Config("agent-rl", "vcpo", k, None, "processes"),
+        ]
+        for k in (0, K_ASYNC)
     }
+    return agent | {"trl": trl}
+
+
+def interleaved(cands: dict[str, list[Config]]) -> list[tuple[str, Config]]:
+    """The tuning pass's order: one candidate of each cell in turn, so a burst of load hits no system alone."""
+    queues = {name: list(configs) for name, configs in cands.items()}
+    out = []
+    while any(queues.values()):
+        for name, q in queues.items():
+            if q:
+                out.append((name, q.pop(0)))
+    return out
 
 
 @dataclass
@@ -114,11 +135,12 @@ class Run:
     start_time: float = 0.0  # time.time() at process start
     process_wall_s: float = 0.0
     cpu_s: float | None = 0.0  # None: not recorded
+    steps: int | None = None  # None: not recorded (runs saved before resuming existed)
 
     def save(self) -> None:
         """What only this process saw (start, wall and CPU time) beside the run, so scoring can be redone."""
         info = {"config": asdict(self.config), "seed": self.seed, "start_time": self.start_time}
-        info |= {"process_wall_s": self.process_wall_s, "cpu_s": self.cpu_s}
+        info |= {"process_wall_s": self.process_wall_s, "cpu_s": self.cpu_s, "steps": self.steps}
         self.dir.with_suffix(".run.json").write_text(json.dumps(info) + "\n")
 
     @classmethod
@@ -132,7 +154,13 @@ class Run:
             info["start_time"],
             info["process_wall_s"],
             info["cpu_s"],
+            info.get("steps"),
         )
+
+
+class RunFailed(SystemExit):
+    """A training process exited with an error: ends the invocation, except in the tuning pass, which records
+    the candidate as failed (with its log) and goes on."""
 
 
 def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
@@ -146,12 +174,25 @@ def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
+        raise RunFailed(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return start, wall, cpu
 
 
+def finished(run_dir: Path, config: Config, seed: int, steps: int) -> Run | None:
+    """The run already in `run_dir` when it finished with this configuration, seed and steps (resuming)."""
+    info = run_dir.with_suffix(".run.json")
+    if not info.is_file():
+        return None
+    run = Run.load(info)
+    return run if (run.config, run.seed, run.steps) == (config, seed, steps) else None
+
+
 def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, every: int, trl_py: Path) -> Run:
+    done = finished(run_dir, config, seed, steps)
+    if done is not None:
+        log(f"  {run_dir.name}: finished in an earlier invocation, reused")
+        return done
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -179,7 +220,7 @@ def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, eve
             env["OMP_NUM_THREADS"] = str(config.threads)
         cmd = train_command(RECIPE, sets)
     start, wall, cpu = run_process(cmd, env, run_dir.parent / f"{run_dir.name}.log")
-    run = Run(config, seed, run_dir, start, wall, cpu)
+    run = Run(config, seed, run_dir, start, wall, cpu, steps)
     run.save()
     return run
 
@@ -228,21 +269,39 @@ def score(model: Path, limit: int, checkpoint: Path | None) -> float:
     ).accuracy
 
 
-def score_all(runs: list[Run], model: Path, limit: int, jobs: int) -> tuple[float, list[dict[int, float]]]:
-    """The warm start and every checkpoint of every run, `jobs` evaluations at a time (after all timed runs)."""
+def score_all(
+    runs: list[Run], model: Path, limit: int, jobs: int, cache: Path
+) -> tuple[float, list[dict[int, float]]]:
+    """The warm start and every checkpoint of every run, `jobs` evaluations at a time (after all timed runs).
+    Scores are kept in `cache` (keyed by checkpoint, its time on disk and the task limit), so an interrupted
+    scoring resumes."""
     from concurrent.futures import ProcessPoolExecutor
 
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+
+    def key(ck: Path | None) -> str:
+        return f"{limit}|warm start" if ck is None else f"{limit}|{ck}|{saved_at(ck):.3f}"
+
     work = [(i, s, ck) for i, run in enumerate(runs) for s, ck in sorted(checkpoints(run).items())]
+    acc: list[dict[int, float]] = [{} for _ in runs]
     with ProcessPoolExecutor(jobs) as pool:
-        start = pool.submit(score, model, limit, None)
-        futures = [(i, s, pool.submit(score, model, limit, ck)) for i, s, ck in work]
-        acc: list[dict[int, float]] = [{} for _ in runs]
-        for n, (i, s, fut) in enumerate(futures):
-            acc[i][s] = fut.result()
+        start = pool.submit(score, model, limit, None) if key(None) not in known else None
+        futures = [
+            (i, s, ck, None if key(ck) in known else pool.submit(score, model, limit, ck))
+            for i, s, ck in work
+        ]
+        for n, (i, s, ck, fut) in enumerate(futures):
+            if fut is not None:
+                known[key(ck)] = fut.result()
+                cache.write_text(json.dumps(known, indent=1) + "\n")
+            acc[i][s] = known[key(ck)]
             log(
                 f"scored {n + 1}/{len(futures)}: {runs[i].config.name} seed {runs[i].seed} step {s}: {acc[i][s]:.3f}"
             )
-        return start.result(), acc
+        if start is not None:
+            known[key(None)] = start.result()
+            cache.write_text(json.dumps(known, indent=1) + "\n")
+    return known[key(None)], acc
 
 
 def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
@@ -277,67 +336,124 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
 
 
 def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path) -> dict:
-    """Run every candidate for `steps` steps (seed 0); per cell, the fastest by median s/step after step 1."""
-    chosen, seen = {}, {}
-    for name, configs in cands.items():
-        for c in configs:
-            d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
-            log(f"tune {name}: {c.label}")
+    """Run every candidate for `steps` steps (seed 0, interleaved); per cell, the fastest by median s/step
+    after step 1, with each candidate's cores busy."""
+    seen: dict[str, float | None] = {}
+    busy: dict[str, float | None] = {}
+    failed: dict[str, str] = {}
+    order = interleaved(cands)
+    for n, (name, c) in enumerate(order):
+        key = f"{name}: {c.label}"
+        d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
+        log(f"tune [{n + 1}/{len(order)}] {key}")
+        try:
             run = train(c, 0, model, d, steps, steps, trl_py)
-            times = sorted(r["step_seconds"] for r in step_records(run)[1:])
-            seen[f"{name}: {c.label}"] = times[len(times) // 2]
-            log(f"  median {seen[f'{name}: {c.label}']:.2f} s/step")
-        chosen[name] = min(configs, key=lambda c: seen[f"{name}: {c.label}"])
-    return {"chosen": chosen, "s_per_step": seen}
+        except RunFailed as e:
+            seen[key], busy[key] = None, None
+            failed[key] = str(e).replace(f"{ROOT}/", "")
+            log(f"  failed, left out of the choice: {failed[key]}")
+            continue
+        times = sorted(r["step_seconds"] for r in step_records(run)[1:])
+        seen[key] = times[len(times) // 2]
+        busy[key] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
+        log(f"  median {seen[key]:.2f} s/step")
+    return {"chosen": choose(cands, seen), "s_per_step": seen, "cores_busy": busy, "failed": failed}
 
 
-def run_cells(args: argparse.Namespace, model: Path, trl_py: Path) -> dict:
-    """The tuning pass and the timed cells, interleaved over seeds; what scoring needs, as a dict."""
+def choose(cands: dict[str, list[Config]], seen: dict[str, float | None]) -> dict[str, Config]:
+    """Per cell, the candidate with the lowest median s/step among those that ran (None: failed)."""
+    out = {}
+    for name, cs in cands.items():
+        ran = [c for c in cs if seen.get(f"{name}: {c.label}") is not None]
+        if not ran:
+            raise SystemExit(
+                f"tuning pass: every candidate of {name} failed; see their logs under --work/tune"
+            )
+        out[name] = min(ran, key=lambda c, n=name: seen[f"{n}: {c.label}"])
+    return out
+
+
+def plan(args: argparse.Namespace) -> str:
+    """What an invocation runs, and a rough length from the step times of the last full measurement
+    (benchmarks/results/vs_trl.json: about 1.4-1.8 s/step, ~7 s of start-up a process, on a quiet machine)."""
+    # eval_s: one checkpoint on 100 tasks, one thread: a guess (no run recorded how long its scoring took)
+    s_per_step, startup_s, eval_s = 1.8, 8.0, 12.0
+    cands = candidates()
+    n_tune = sum(len(c) for c in cands.values())
+    n_cells = (2 + len(TRL_LOSSES)) * args.seeds
+    n_evals = n_cells * (-(-args.steps // args.every)) + 1
+    tune_s = n_tune * (startup_s + args.tune_steps * s_per_step)
+    cells_s = n_cells * (startup_s + args.steps * s_per_step)
+    score_s = n_evals * eval_s * (args.eval_limit or 100) / 100 / max(1, min(args.score_jobs, 2))
+    return (
+        f"tuning pass: {n_tune} candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: "
+        f"{2 + len(TRL_LOSSES)} x {args.seeds} seed(s) x {args.steps} steps (~{cells_s / 60:.0f} min); scoring: "
+        f"{n_evals} evaluations (~{score_s / 60:.0f} min); ~{(tune_s + cells_s + score_s) / 60:.0f} min in all on a "
+        "quiet machine, plus the warm start's SFT the first time (cached in --work). A shared machine takes "
+        "longer: under `nice -n 15` beside un-niced jobs, many times longer (2026-11-27, load 30-48 on 2 cores: "
+        "the warm start's SFT ran at ~75 s/step, 750 steps)"
+    )
+
+
+def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file: Path) -> None:
+    """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
+    after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
+    (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
     load = os.getloadavg()
     cands = candidates()
-    if args.tune_steps:
-        tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
-    else:  # without the tuning pass: the choices the tuning passes of 2026-11-25 supported (README)
-        k2 = cands[f"agent-rl k={K_ASYNC}"][1]  # processes
-        chosen = {
-            "agent-rl k=0": cands["agent-rl k=0"][0],
-            f"agent-rl k={K_ASYNC}": k2,
-            "trl": cands["trl"][0],
-        }
-        tuned = {"chosen": chosen, "s_per_step": {}}
+    tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
     trl = tuned["chosen"]["trl"]
     cells = [
         tuned["chosen"]["agent-rl k=0"],
         tuned["chosen"][f"agent-rl k={K_ASYNC}"],
-        trl,
-        Config("trl", "closest", 0, trl.threads, micro_batches=trl.micro_batches),
+        *(Config("trl", loss, 0, trl.threads, micro_batches=trl.micro_batches) for loss in TRL_LOSSES),
     ]
     log("cells: " + "; ".join(f"{c.name} ({c.label})" for c in cells))
-    runs, total = [], len(cells) * args.seeds
-    for seed in range(args.seeds):
-        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
-        for c in order:
-            log(f"[{len(runs) + 1}/{total}] {c.name} seed {seed}")
-            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
-            runs.append(train(c, seed, model, d, args.steps, args.every, trl_py))
-            log(f"  {runs[-1].process_wall_s:.0f} s")
-    load_end = os.getloadavg()
-    return {
-        "command": "benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
+    session = {
+        "command": "benchmarks/vs_trl.py " + relative_args(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average "
-        f"{load[0]:.2f} at start, {load_end[0]:.2f} after the runs (other users of the machine included)",
         "steps": args.steps,
-        "seeds": args.seeds,
+        "seeds_planned": args.seeds,
+        "seeds": 0,
         "checkpoint_every": args.every,
         "budget_s": args.budget_s,
         "tuning": {
             "steps": args.tune_steps,
+            "same_invocation": True,
             "median_s_per_step": tuned["s_per_step"],
+            "cores_busy": tuned["cores_busy"],
+            "failed": tuned["failed"],
             "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
         },
-        "runs": [str(r.dir) for r in runs],
+        "runs": [],
     }
+    total = len(cells) * args.seeds
+    for seed in range(args.seeds):
+        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
+        for c in order:
+            log(f"[{len(session['runs']) + 1}/{total}] {c.name} seed {seed}")
+            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
+            run = train(c, seed, model, d, args.steps, args.every, trl_py)
+            log(f"  {run.process_wall_s:.0f} s")
+            session["runs"].append({"dir": str(run.dir), "seed": seed})
+            session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
+            load_end = os.getloadavg()
+            session["machine"] = (
+                f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
+                f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
+            )
+            session_file.write_text(json.dumps(session, indent=2) + "\n")
+
+
+def complete_runs(session: dict) -> list[str]:
+    """The run directories of the seeds that have all their cells (a stopped invocation's last seed may not)."""
+    return [r["dir"] for r in session["runs"] if r["seed"] < session["seeds"]]
+
+
+def relative_args() -> str:
+    """This invocation's arguments with paths inside the repository written relative to it (results carry no
+    machine's paths)."""
+    return " ".join(sys.argv[1:]).replace(f"{ROOT}/", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=5, help="checkpoint (and so scoring) interval in steps")
     p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
     p.add_argument(
-        "--tune-steps", type=int, default=5, help="steps per candidate in the tuning pass (0: skip)"
+        "--tune-steps",
+        type=int,
+        default=5,
+        help="steps per candidate in the tuning pass (at least 2: the first step is not timed)",
+    )
+    p.add_argument(
+        "--plan", action="store_true", help="print what would run and a length estimate; run nothing"
     )
     p.add_argument(
         "--budget-s",
@@ -377,6 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         args.eval_limit = args.eval_limit or 20
         if args.work == p.get_default("work"):
             args.work = ROOT / "runs" / "bench_vs_trl_quick"
+    if args.tune_steps < 2:
+        raise SystemExit(
+            f"--tune-steps {args.tune_steps}: the results carry the tuning pass of the invocation that measures, "
+            "and it needs at least 2 steps per candidate (the first is not timed); use 2 or more (default 5)"
+        )
+    if args.plan:
+        print(plan(args))
+        return 0
     trl_py = args.trl_venv / "bin" / "python"
     if not trl_py.is_file():
         raise SystemExit(f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh` first")
@@ -391,23 +521,26 @@ def main(argv: list[str] | None = None) -> int:
     model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
     session_file = args.work / "session.json"
     if not args.score_only:
-        session = run_cells(args, model, trl_py)
-        session_file.write_text(json.dumps(session, indent=2) + "\n")
+        run_cells(args, model, trl_py, session_file)
     elif not session_file.is_file():
         raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
     session = json.loads(session_file.read_text())
-    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in session["runs"]]
+    if session["seeds"] == 0:
+        raise SystemExit(f"{session_file}: no seed has all its cells yet; nothing to score")
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in complete_runs(session)]
     log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
-    start_acc, accs = score_all(runs, model, limit, args.score_jobs)
+    start_acc, accs = score_all(runs, model, limit, args.score_jobs, args.work / "scores.json")
     records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]
     out = {
-        "command": session["command"]
-        + (" (scored by: " + " ".join(sys.argv[1:]) + ")" if args.score_only else ""),
+        "command": session["command"] + (" (scored by: " + relative_args() + ")" if args.score_only else ""),
         "date": session["date"],
         "machine": session["machine"],
         "recipe": str(RECIPE.relative_to(ROOT)),
         "k_async_fixed_before_runs": K_ASYNC,
-        **{k: session[k] for k in ("steps", "seeds", "checkpoint_every", "budget_s", "tuning")},
+        **{
+            k: session[k]
+            for k in ("steps", "seeds", "seeds_planned", "checkpoint_every", "budget_s", "tuning")
+        },
         "eval_tasks": limit,
         "warm_start_accuracy": start_acc,
         "cells": records,

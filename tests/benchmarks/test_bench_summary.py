@@ -33,10 +33,10 @@ def test_median_needs_most_seeds_and_speedup_counts_a_miss_as_zero() -> None:
     assert spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
 
 
-def _cell(system, loss, k, seed, s_per_step, curve, process_offset=5.0) -> dict:
+def _cell(system, loss, k, seed, s_per_step, curve, process_offset=5.0, cores_busy=1.5) -> dict:
     return {
         "system": system, "loss": loss, "k": k, "seed": seed, "config": "x", "s_per_step": s_per_step,
-        "train_seconds": curve[-1][0], "process_wall_s": curve[-1][0] + 10, "cores_busy": 1.5,
+        "train_seconds": curve[-1][0], "process_wall_s": curve[-1][0] + 10, "cores_busy": cores_busy,
         "curve": curve, "curve_process": [(t + process_offset if t else 0.0, a) for t, a in curve],
         "final_accuracy": curve[-1][1],
     }  # fmt: skip
@@ -79,3 +79,63 @@ def test_an_async_run_that_never_reaches_trl_final_counts_as_no_speedup() -> Non
     s = summarise(cells, 2, budget_s=25.0)
     assert s["time_to_trl_final_speedup"] == 0.0
     assert s["goals"]["agent_rl_k2_reaches_trl_final_2x_sooner"] is False
+
+
+def _three_trl_cells(seed: int, shipped: list, constant: list, closest: list) -> list[dict]:
+    return [
+        _cell("trl", "shipped", 0, seed, 2.0, shipped, cores_busy=1.0),
+        _cell("trl", "shipped-constant-lr", 0, seed, 2.0, constant, cores_busy=1.0),
+        _cell("trl", "closest", 0, seed, 2.0, closest, cores_busy=1.0),
+    ]
+
+
+def test_the_headline_is_against_the_trl_cell_that_reaches_the_target_soonest() -> None:
+    cells = []
+    for seed in range(3):
+        cells += [
+            _cell("agent-rl", "vcpo", 0, seed, 2.0, [(0.0, 0.1), (30.0, 0.3), (60.0, 0.5)], cores_busy=1.0),
+            _cell("agent-rl", "vcpo", 2, seed, 1.0, [(0.0, 0.1), (15.0, 0.3), (30.0, 0.5)], cores_busy=2.0),
+            # target 0.45 (90% of k=0's 0.5): shipped never, constant lr at 45 s, closest at 60 s
+            *_three_trl_cells(
+                seed,
+                [(0.0, 0.1), (40.0, 0.3), (80.0, 0.4)],
+                [(0.0, 0.1), (45.0, 0.46), (90.0, 0.47)],
+                [(0.0, 0.1), (60.0, 0.45), (90.0, 0.6)],
+            ),
+        ]
+    h = summarise(cells, 2, budget_s=25.0)["headline"]
+    assert h["against"] == "trl shipped-constant-lr"  # not the weakest (shipped) nor the best final (closest)
+    assert [c["cell"] for c in h["trl_cells_by_time_to_target"]] == [
+        "trl shipped-constant-lr", "trl closest", "trl shipped"
+    ]  # fmt: skip
+    k2 = h["agent-rl k=2"]
+    assert k2["speedup_train"] == pytest.approx(45 / 30) and k2["speedup_train_per_seed"] == [1.5] * 3
+    assert k2["speedup_process"] == pytest.approx(50 / 35)  # 5 s of start-up on both curves
+    # CPU time: process time to the target x cores busy, 50 x 1.0 against 35 x 2.0
+    assert k2["speedup_cpu"] == pytest.approx(50 / 70)
+    assert h["cores_busy"] == {"agent-rl k=0": 1.0, "agent-rl k=2": 2.0, **dict.fromkeys(
+        ("trl shipped", "trl shipped-constant-lr", "trl closest"), 1.0)}  # fmt: skip
+    assert h["agent-rl k=0"]["speedup_train"] == pytest.approx(45 / 60)
+    text = markdown(
+        {"summary": summarise(cells, 2, 25.0), "cells": cells, "command": "c", "date": "d", "machine": "m",
+         "recipe": "r", "steps": 3, "seeds": 3, "checkpoint_every": 1, "eval_tasks": 10,
+         "warm_start_accuracy": 0.1, "k_async_fixed_before_runs": 2,
+         "tuning": {"steps": 5, "same_invocation": True, "median_s_per_step": {"trl: a": 1.0, "trl: b": 2.0},
+                    "cores_busy": {"trl: a": 0.9}, "chosen": {"trl": {"label": "a"}}}}
+    )  # fmt: skip
+    assert "1.50x sooner than the fastest TRL cell to it, trl shipped-constant-lr" in text
+    assert "- **trl: a**: 1.00 s/step, cores busy 0.90" in text and "- trl: b: 2.00 s/step" in text
+
+
+def test_when_no_trl_cell_reaches_the_target_the_headline_takes_the_best_trl_to_its_own_final() -> None:
+    cells = [
+        _cell("agent-rl", "vcpo", 0, 0, 2.0, [(0.0, 0.1), (30.0, 0.9)]),
+        _cell("agent-rl", "vcpo", 2, 0, 1.0, [(0.0, 0.1), (10.0, 0.5), (20.0, 0.9)]),
+        *_three_trl_cells(0, [(0.0, 0.1), (40.0, 0.3)], [(0.0, 0.1), (40.0, 0.5)], [(0.0, 0.1), (40.0, 0.4)]),
+    ]
+    h = summarise(cells, 2, budget_s=25.0)["headline"]
+    assert (
+        h["against"] == "trl shipped-constant-lr"
+        and "final accuracy of trl shipped-constant-lr" in h["target"]
+    )
+    assert h["agent-rl k=2"]["speedup_train"] == pytest.approx(40 / 10)

@@ -1,0 +1,74 @@
+"""benchmarks/vs_trl.py's orchestration without running anything: the tuning pass's candidates and their
+interleaved order, resuming a finished run, scoring only complete seeds, and refusing an untuned invocation."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import vs_trl  # noqa: E402
+
+
+def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topologies() -> None:
+    cands = vs_trl.candidates()
+    trl = {(c.threads, c.micro_batches) for c in cands["trl"]}
+    assert trl == {(t, m) for t in (1, 2) for m in (1, 2, 4, 8)}
+    assert all(64 % m == 0 for _, m in trl)  # each divides the 64 samples of a step
+    for k in (0, vs_trl.K_ASYNC):
+        assert {(c.topology, c.threads) for c in cands[f"agent-rl k={k}"]} == {
+            ("inprocess", 1), ("inprocess", 2), ("processes", None)
+        }  # fmt: skip
+
+
+def test_tuning_candidates_are_interleaved_across_cells() -> None:
+    cands = vs_trl.candidates()
+    order = vs_trl.interleaved(cands)
+    assert sorted(map(str, (c for _, c in order))) == sorted(
+        map(str, (c for cs in cands.values() for c in cs))
+    )
+    # while every cell has candidates left, no cell runs twice in a row
+    rounds = min(len(cs) for cs in cands.values())
+    head = [name for name, _ in order[: rounds * len(cands)]]
+    assert all(a != b for a, b in zip(head, head[1:], strict=False))
+
+
+def test_a_finished_run_is_reused_only_for_the_same_configuration_seed_and_steps(tmp_path: Path) -> None:
+    c = vs_trl.Config("trl", "closest", 0, 1, micro_batches=4)
+    run = vs_trl.Run(c, 1, tmp_path / "trl_closest_s1", 1.0, 30.0, 31.0, steps=30)
+    run.save()
+    assert vs_trl.finished(run.dir, c, 1, 30) == run
+    assert vs_trl.finished(run.dir, c, 1, 15) is None
+    assert vs_trl.finished(run.dir, c, 2, 30) is None
+    assert vs_trl.finished(run.dir, vs_trl.Config("trl", "closest", 0, 1, micro_batches=8), 1, 30) is None
+
+
+def test_a_stopped_invocation_is_scored_on_its_complete_seeds_only() -> None:
+    session = {
+        "seeds": 1,
+        "runs": [{"dir": f"d{seed}{i}", "seed": seed} for seed in (0, 1) for i in range(5)][:8],
+    }
+    assert vs_trl.complete_runs(session) == [f"d0{i}" for i in range(5)]
+
+
+def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit, match="--tune-steps 0: the results carry the tuning pass"):
+        vs_trl.main(["--tune-steps", "0", "--plan"])
+    assert vs_trl.main(["--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "tuning pass: 14 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+
+
+def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
+    cands = vs_trl.candidates()
+    seen = {f"{n}: {c.label}": float(i + 1) for n, cs in cands.items() for i, c in enumerate(cs)}
+    seen["trl: 1 thread(s), 1 micro-batch(es)"] = None  # failed: never chosen, however it would have done
+    chosen = vs_trl.choose(cands, seen)
+    assert chosen["trl"].label == "1 thread(s), 2 micro-batch(es)"
+    assert chosen["agent-rl k=0"].label == "1 thread(s), inprocess"
+    seen |= dict.fromkeys((k for k in seen if k.startswith("trl: ")), None)
+    with pytest.raises(SystemExit, match="every candidate of trl failed"):
+        vs_trl.choose(cands, seen)
