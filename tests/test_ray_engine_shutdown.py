@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import placement
+from agent_rl import hosts, placement
 from agent_rl.config import load_recipe
 from agent_rl.engines.api import SamplingParams
 from agent_rl.loop_thread import LoopThread
@@ -39,7 +39,7 @@ def test_two_ray_engine_actors_generate_and_close_quietly(tiny_model_dir, monkey
         assert plan.needs_ray and placement.apply(plan)  # Ray is up: apply joins it
         loop = LoopThread()
         with caplog.at_level(logging.WARNING):
-            engines = loop.call(placement.start_engines(plan, recipe.engines, recipe.model, seed=0))
+            engines = loop.call(hosts.start_engines(plan, recipe.engines, recipe.model, seed=0))
             assert len(engines.handles) == 2
             gen = loop.call(
                 engines.client.generate([5, 6, 7], SamplingParams(max_new_tokens=4), request_id="r")

@@ -185,7 +185,7 @@ async def test_update_outside_a_weight_update_session_is_refused(joined):
 async def test_in_process_engine_is_refused_for_broadcast_sync(tiny_model_dir):
     from agent_rl.engines.embedded.engine import EmbeddedEngine
     from agent_rl.loop_thread import LoopThread
-    from agent_rl.weights.broadcast import WeightBroadcast
+    from agent_rl.weight_sync.broadcast import WeightBroadcast
 
     loop = LoopThread()
     try:
