@@ -111,14 +111,13 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
     from agent_rl.tools.sft import run_sft
     from agent_rl.tools.tiny import build_tiny
     from envs.tiny_chain import corpus, teacher_traces
-    from examples.pipeline import sft_row
 
     base = work / "base"
     if not (base / "config.json").is_file():
         build_tiny(base, corpus(), seed=0, **MODEL)
-    rows = [sft_row(t) for t in teacher_traces(traces, seed=7, tool_rate=SFT_TOOL_RATE)]
+    rows = [t.sft_row() for t in teacher_traces(traces, seed=7, tool_rate=SFT_TOOL_RATE)]
     drill = teacher_traces(drills, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.3)
-    rows += [sft_row(t, train_first_token=False) for t in drill]
+    rows += [t.sft_row(train_first_token=False) for t in drill]
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_sft(base, data, sft_dir, **SFT)

@@ -24,7 +24,11 @@ def test_two_ray_engine_actors_generate_and_close_quietly(tiny_model_dir, monkey
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a private local instance: without address="local", ray.init joins the cluster a dead `ray start` left
+    # in Ray's temp dir (and then refuses num_cpus)
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     try:
         recipe = load_recipe(
             ROOT / "recipes" / "tiny_tir_smoke.yaml",
