@@ -47,14 +47,15 @@ def _groups(model_dir: Path) -> list[Group]:
     return groups
 
 
-def _recipe(model_dir: Path, opob_mode: str) -> Recipe:
+def _recipe(model_dir: Path, opob_mode: str, **learner) -> Recipe:
+    """Validated from scratch, learner fields included: a model_copy would keep the cached learner_spec."""
     return Recipe.model_validate(
         {
             "name": "rows-test",
             "model": {"path": str(model_dir)},
             "envs": {"train": "tiny_arith.yaml"},
             "train": {"steps": 4, "batch_prompts": 2},
-            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2},
+            "learner": {"lr": 1e-3, "weight_decay": 0.0, "micro_batch_size": 2, **learner},
             "algorithm": {"opob_mode": opob_mode},
         }
     )
@@ -97,11 +98,7 @@ def test_data_parallel_ranks_report_the_same_rows_as_one_rank(tiny_model_dir: Pa
     one.step(groups)
     expected = one.trained_rows()
     one.close()
-    two = build_learner(
-        _recipe(tiny_model_dir, "proxy")
-        .model_copy(update={"learner": _recipe(tiny_model_dir, "proxy").learner.model_copy(update={"dp": 2})})
-        .learner_spec
-    )
+    two = build_learner(_recipe(tiny_model_dir, "proxy", dp=2).learner_spec)
     try:
         two.step(groups)
         rows = two.trained_rows()
@@ -141,10 +138,7 @@ def test_megatron_tp2_sp_rows_equal_the_torch_learners(tmp_path: Path) -> None:
     expected = torch_learner.trained_rows()
     torch_learner.close()
     learner = build_megatron_learner(
-        base.model_copy(
-            update={"learner": base.learner.model_copy(update={"backend": "megatron", "tp": 2, "sp": True})}
-        ).learner_spec,
-        in_process=False,
+        _recipe(model_dir, "exact", backend="megatron", tp=2, sp=True).learner_spec, in_process=False
     )
     try:
         learner.step(groups)
