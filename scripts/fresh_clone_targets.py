@@ -1,0 +1,151 @@
+"""Every make target the README and docs/ document, run from a fresh clone of HEAD, as a new user would.
+
+    python3 scripts/fresh_clone_targets.py                   # all of RUN, one after another (~1.5-3 h)
+    python3 scripts/fresh_clone_targets.py --targets test,run
+    python3 scripts/fresh_clone_targets.py --nice 15 --keep  # lower priority; keep the clone afterwards
+
+The clone goes to a fresh temporary folder, beside a link named `shared` to this checkout's ../shared (the
+data sets the tests read), and starts with nothing built: each target installs what it needs, as on a user's
+machine. The targets run in order, each under `nice`; every one's output goes to its own log, and a table of
+pass/fail and wall time per target to runs/fresh-clone/<commit>.md (and .json), rewritten after every target
+so an interrupted run keeps what finished. Exits non-zero if a target failed.
+
+RUN and NOT_RUN are the one list of documented targets: tests/test_documented_targets.py checks that every
+`make X` the README and docs/ mention is in one of them, and that each is a target of the Makefile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Run from a fresh clone, in this order (the quick ones first, so a broken install shows early).
+RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs")
+# Documented, but not run here, and why.
+NOT_RUN = {
+    "install": "every target above runs it first",
+    "system-deps": "every target above that needs it runs it first",
+    "verifiers": "make test runs it first",
+    "docs-serve": "serves the site until stopped (make docs builds the same pages)",
+    "test-latest": "installs the newest versions the registry has today: a drift check, not reproducible",
+    "test-docker": "the docker-marked tests run in make test (they start a private dockerd)",
+    "test-megatron": "the megatron-marked tests run in make test",
+    "test-cpus": "the suite four times (threads x kernel sets); run by hand, docs/_incoming/testing.md",
+    "bench": "every benchmark, hours; each writes its own results file",
+    "bench-trl": "the TRL comparison, about an hour, in its own venv",
+    "trl-venv": "bench-trl's venv",
+    "lock": "re-resolves requirements.lock against the registry (changes the file)",
+    "lint": "ruff; make test runs ruff check",
+}
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _row(target: str, rc: int | None, seconds: float, log: Path) -> dict:
+    return {"target": target, "passed": rc == 0, "rc": rc, "minutes": round(seconds / 60, 1), "log": str(log)}
+
+
+def _write(out: Path, head: dict, rows: list[dict]) -> None:
+    out.with_suffix(".json").write_text(json.dumps({**head, "targets": rows}, indent=2) + "\n")
+    lines = [
+        f"# make targets from a fresh clone of {head['commit']} ({head['date']})",
+        "",
+        f"{head['machine']}; `nice -n {head['nice']}`; load average {head['load_start']} at the start.",
+        "",
+        "| target | result | wall time (min) |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        result = "pass" if r["passed"] else f"FAIL (exit {r['rc']}; log {r['log']})"
+        lines.append(f"| make {r['target']} | {result} | {r['minutes']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--targets", default=",".join(RUN), help=f"comma-separated, in order (default {','.join(RUN)})"
+    )
+    p.add_argument("--nice", type=int, default=15, help="niceness of every target (default 15)")
+    p.add_argument("--keep", action="store_true", help="keep the clone (default: removed at the end)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "fresh-clone", help="results folder")
+    args = p.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    unknown = [t for t in targets if t not in RUN]
+    if unknown:
+        p.error(f"--targets: {unknown} not in RUN {RUN} (scripts/fresh_clone_targets.py)")
+    shared = (ROOT.parent / "shared").resolve()
+    if not shared.is_dir():
+        print(
+            f"warning: {ROOT.parent / 'shared'} not found: tests that read ../shared will skip",
+            file=sys.stderr,
+        )
+
+    commit = _git("rev-parse", "HEAD")
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        print("note: uncommitted changes are not in the clone (it is HEAD)", file=sys.stderr)
+    top = Path(tempfile.mkdtemp(prefix="agent-rl-fresh-"))
+    clone = top / "agent-rl"
+    (top / "shared").symlink_to(shared, target_is_directory=True)
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    _git("checkout", "--quiet", commit, cwd=clone)
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / commit[:12]
+    logs = args.out / f"{commit[:12]}-logs"
+    logs.mkdir(exist_ok=True)
+    head = {
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {_cpu_name()}",
+        "nice": args.nice,
+        "load_start": round(os.getloadavg()[0], 2),
+        "clone": str(clone),
+    }
+    print(f"fresh clone of {commit[:12]} in {clone}; results: {out}.md", flush=True)
+    rows: list[dict] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "PYTEST"))}
+    try:
+        for target in targets:
+            log = logs / f"{target}.log"
+            print(f"[{time.strftime('%H:%M:%S')}] make {target} (log {log}) ...", flush=True)
+            t0 = time.monotonic()
+            with open(log, "w") as f:
+                rc = subprocess.run(
+                    ["nice", "-n", str(args.nice), "make", target], cwd=clone, stdout=f, stderr=subprocess.STDOUT,
+                    env=env,
+                ).returncode  # fmt: skip
+            rows.append(_row(target, rc, time.monotonic() - t0, log))
+            print(f"[{time.strftime('%H:%M:%S')}] make {target}: {'pass' if rc == 0 else f'FAIL (exit {rc})'} "
+                  f"in {rows[-1]['minutes']} min", flush=True)  # fmt: skip
+            _write(out, head, rows)
+    finally:
+        if not args.keep:
+            shutil.rmtree(top, ignore_errors=True)
+    print(out.with_suffix(".md").read_text())
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
