@@ -35,11 +35,14 @@ class HTTPEngine:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False  # after close(): no new session (one opened then would never be closed)
         self.version = 0  # last version pushed through this client
         self.lora_name: str | None = None  # LoRA: the adapter requests sample with (weights/adapters.py)
         self._lora_dir: Path | None = None  # memory-mode adapter written for the server, kept while loaded
 
     def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise EngineUnavailable(f"{self.url}: this client was closed")
         if self._session is None or self._session.closed:
             # No connection cap: hundreds of concurrent generations are normal for a rollout worker.
             self._session = aiohttp.ClientSession(
@@ -98,6 +101,7 @@ class HTTPEngine:
             return False
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
 
