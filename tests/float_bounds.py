@@ -26,12 +26,23 @@ def drift(n: int, depth: int, scale: float, *, eps: float = EPS32, sigmas: float
     return depth * sigmas * math.sqrt(n) * (eps / 2) * scale
 
 
-# Log-probs of the tests' tiny model (agent_rl.tools.tiny: 2 layers, hidden 128, intermediate 512, vocab 512,
-# contexts up to 512 tokens) in float32, computed twice (engine vs Hugging Face forward, cached vs uncached
-# decode, another batch or thread count): the longest reduction has n = 512 terms (attention over the context,
-# the MLP's down projection, the vocabulary's log-sum-exp); a log-prob passes through depth = 17 of them
-# (per layer: norm, q/k/v, scores, attention sum, output projection, norm, gate/up, down; then the final norm,
-# lm_head, log-softmax); its logits have magnitude <= 8 (the log-probs of a near-uniform 512-way distribution
-# are ~ -6.2). drift(512, 17, 8) = 7.3e-4. A real difference (another token, another weight version, a wrong
-# position or mask) moves log-probs by 1e-2 or more.
-TINY_LOGPROB_ATOL = drift(512, 17, 8.0)
+def logprob_atol(logit_scale: float = 8.0) -> float:
+    """Log-probs of the tests' tiny models (agent_rl.tools.tiny: 2 layers, hidden 128, intermediate 512, vocab
+    512, contexts up to 512 tokens) in float32, computed twice (engine vs Hugging Face forward, cached vs
+    uncached decode, another batch or thread count): the longest reduction has n = 512 terms (attention over
+    the context, the MLP's down projection, the vocabulary's log-sum-exp); a log-prob passes through depth = 17
+    of them (per layer: norm, q/k/v, scores, attention sum, output projection, norm, gate/up, down; then the
+    final norm, lm_head, log-softmax), with logits of magnitude `logit_scale` (at most ~8 for the random tiny
+    model, whose log-probs are ~ -6.2; larger for a model over-fitted to an answer: pass its largest |logit|)."""
+    return drift(512, 17, max(8.0, logit_scale))
+
+
+# drift(512, 17, 8) = 7.3e-4. A real difference (another token, another weight version, a wrong position or
+# mask) moves log-probs by 1e-2 or more (one version apart in the kill-resume test: 1.3e-2).
+TINY_LOGPROB_ATOL = logprob_atol()
+
+
+def sum_atol(n: int, atol: float = TINY_LOGPROB_ATOL) -> float:
+    """A sum of n per-token differences, each within `atol` (a four-sigma bound on independent rounding):
+    four sigmas of their random walk, √n·atol (a sequence's log importance weight: Σ_t log π − log μ)."""
+    return math.sqrt(n) * atol

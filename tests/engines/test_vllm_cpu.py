@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from float_bounds import TINY_LOGPROB_ATOL
 
 from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.client import VLLMClient
@@ -77,7 +78,7 @@ async def test_vllm_greedy_tokens_and_logprobs_equal_the_embedded_engines(both):
     v = await client.generate(PROMPT, GREEDY, request_id="g")
     e = await engine.generate(PROMPT, GREEDY, request_id="g")
     assert v.token_ids == e.token_ids and v.finish_reason == "length"
-    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= TINY_LOGPROB_ATOL
 
 
 async def test_vllm_stop_string_output_includes_the_stop_tokens(both):
@@ -139,7 +140,7 @@ async def test_vllm_weight_reload_matches_the_embedded_engine_and_stamps_the_ver
     v = await client.generate(PROMPT, GREEDY, request_id="w")
     e = await engine.generate(PROMPT, GREEDY, request_id="w")
     assert v.token_ids == e.token_ids and v.versions == [4] * len(v.token_ids)
-    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(v.logprobs, e.logprobs, strict=True)) <= TINY_LOGPROB_ATOL
     original = {n: p.detach().clone() for n, p in hf_model.named_parameters()}
     # The module-scoped server goes back to the fixture's weights.
     await client.update_weights(version=5, tensors=original)
