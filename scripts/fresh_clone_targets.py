@@ -8,7 +8,9 @@ The clone goes to a fresh temporary folder, beside a link named `shared` to this
 data sets the tests read), and starts with nothing built: each target installs what it needs, as on a user's
 machine. The targets run in order, each under `nice`; every one's output goes to its own log, and a table of
 pass/fail and wall time per target to runs/fresh-clone/<commit>.md (and .json), rewritten after every target
-so an interrupted run keeps what finished. Exits non-zero if a target failed.
+so an interrupted run keeps what finished. Every target runs with PYTHONWARNINGS=always::ResourceWarning, and
+the table counts the resource warnings each printed (unclosed sessions, files, event loops; leaked semaphores;
+tasks destroyed while pending), which a user reads as bugs. Exits non-zero if a target failed.
 
 RUN and NOT_RUN are the one list of documented targets: tests/test_documented_targets.py checks that every
 `make X` the README and docs/ mention is in one of them, and that each is a target of the Makefile.
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESOURCE_WARNING = re.compile(
+    r"ResourceWarning|Unclosed|unclosed|leaked semaphore|Task was destroyed but it is pending"
+)
 
 # Run from a fresh clone, in this order (the quick ones first, so a broken install shows early).
 RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs")
@@ -36,6 +42,7 @@ NOT_RUN = {
     "install": "every target above runs it first",
     "system-deps": "every target above that needs it runs it first",
     "verifiers": "make test runs it first",
+    "smollm": "make test, test-slow and run-real run it first",
     "docs-serve": "serves the site until stopped (make docs builds the same pages)",
     "test-latest": "installs the newest versions the registry has today: a drift check, not reproducible",
     "test-docker": "the docker-marked tests run in make test (they start a private dockerd)",
@@ -54,7 +61,13 @@ def _git(*args: str, cwd: Path = ROOT) -> str:
 
 
 def _row(target: str, rc: int | None, seconds: float, log: Path) -> dict:
-    return {"target": target, "passed": rc == 0, "rc": rc, "minutes": round(seconds / 60, 1), "log": str(log)}
+    warned = [
+        ln.strip() for ln in log.read_text(errors="replace").splitlines() if RESOURCE_WARNING.search(ln)
+    ]
+    return {
+        "target": target, "passed": rc == 0, "rc": rc, "minutes": round(seconds / 60, 1), "log": str(log),
+        "resource_warnings": len(warned), "first_warning": warned[0][:200] if warned else None,
+    }  # fmt: skip
 
 
 def _write(out: Path, head: dict, rows: list[dict]) -> None:
@@ -64,12 +77,15 @@ def _write(out: Path, head: dict, rows: list[dict]) -> None:
         "",
         f"{head['machine']}; `nice -n {head['nice']}`; load average {head['load_start']} at the start.",
         "",
-        "| target | result | wall time (min) |",
-        "|---|---|---|",
+        "| target | result | wall time (min) | resource warnings |",
+        "|---|---|---|---|",
     ]
     for r in rows:
         result = "pass" if r["passed"] else f"FAIL (exit {r['rc']}; log {r['log']})"
-        lines.append(f"| make {r['target']} | {result} | {r['minutes']} |")
+        warned = str(r["resource_warnings"]) + (
+            f" (first: `{r['first_warning']}`)" if r["first_warning"] else ""
+        )
+        lines.append(f"| make {r['target']} | {result} | {r['minutes']} | {warned} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -116,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fresh clone of {commit[:12]} in {clone}; results: {out}.md", flush=True)
     rows: list[dict] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "PYTEST"))}
+    env["PYTHONWARNINGS"] = (
+        "always::ResourceWarning"  # shown, not raised: the run goes on and the table counts them
+    )
     try:
         for target in targets:
             log = logs / f"{target}.log"
