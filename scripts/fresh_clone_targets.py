@@ -81,7 +81,13 @@ def _write(out: Path, head: dict, rows: list[dict]) -> None:
         "|---|---|---|---|",
     ]
     for r in rows:
-        result = "pass" if r["passed"] else f"FAIL (exit {r['rc']}; log {r['log']})"
+        result = (
+            "not in this commit's Makefile"
+            if r["rc"] is None
+            else "pass"
+            if r["passed"]
+            else f"FAIL (exit {r['rc']}; log {r['log']})"
+        )
         warned = str(r["resource_warnings"]) + (
             f" (first: `{r['first_warning']}`)" if r["first_warning"] else ""
         )
@@ -136,8 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         "always::ResourceWarning"  # shown, not raised: the run goes on and the table counts them
     )
     try:
+        defined = set(
+            re.findall(r"^([a-z][a-z0-9-]*)\s*:(?!=)", (clone / "Makefile").read_text(), re.MULTILINE)
+        )
         for target in targets:
             log = logs / f"{target}.log"
+            if (
+                target not in defined
+            ):  # documented by a branch not merged here yet (make docs): said, not failed
+                log.write_text(f"make {target}: not a target of this commit's Makefile\n")
+                rows.append(_row(target, None, 0.0, log))
+                print(f"make {target}: not in this commit's Makefile, skipped", flush=True)
+                _write(out, head, rows)
+                continue
             print(f"[{time.strftime('%H:%M:%S')}] make {target} (log {log}) ...", flush=True)
             t0 = time.monotonic()
             with open(log, "w") as f:
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(top, ignore_errors=True)
     print(out.with_suffix(".md").read_text())
-    return 0 if all(r["passed"] for r in rows) else 1
+    return 0 if all(r["passed"] or r["rc"] is None for r in rows) else 1
 
 
 def _cpu_name() -> str:
