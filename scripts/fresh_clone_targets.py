@@ -8,7 +8,8 @@ The clone goes to a fresh temporary folder, beside a link named `shared` to this
 data sets the tests read), and starts with nothing built: each target installs what it needs, as on a user's
 machine. The targets run in order, each under `nice`; every one's output goes to its own log, and a table of
 pass/fail and wall time per target to runs/fresh-clone/<commit>.md (and .json), rewritten after every target
-so an interrupted run keeps what finished. Every target runs with PYTHONWARNINGS=always::ResourceWarning, and
+so an interrupted run keeps what finished. Beside the wall time, the CPU time of the target's whole process tree
+(the processes it waited for): on a machine shared with other jobs, the better guide to an idle one's time. Every target runs with PYTHONWARNINGS=always::ResourceWarning, and
 the table counts the resource warnings each printed (unclosed sessions, files, event loops; leaked semaphores;
 tasks destroyed while pending), which a user reads as bugs. Exits non-zero if a target failed.
 
@@ -23,6 +24,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -60,7 +62,7 @@ def _git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def _row(target: str, rc: int | None, seconds: float, log: Path) -> dict:
+def _row(target: str, rc: int | None, seconds: float, log: Path, cpu_s: float | None = None) -> dict:
     warned = [
         ln.strip()
         for ln in log.read_text(errors="replace").splitlines()
@@ -68,6 +70,7 @@ def _row(target: str, rc: int | None, seconds: float, log: Path) -> dict:
     ]
     return {
         "target": target, "passed": rc == 0, "rc": rc, "minutes": round(seconds / 60, 1), "log": str(log),
+        "cpu_minutes": None if cpu_s is None else round(cpu_s / 60, 1),
         "resource_warnings": len(warned), "first_warning": warned[0][:200] if warned else None,
     }  # fmt: skip
 
@@ -79,8 +82,8 @@ def _write(out: Path, head: dict, rows: list[dict]) -> None:
         "",
         f"{head['machine']}; `nice -n {head['nice']}`; load average {head['load_start']} at the start.",
         "",
-        "| target | result | wall time (min) | resource warnings |",
-        "|---|---|---|---|",
+        "| target | result | wall time (min) | CPU time (min) | resource warnings |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         result = (
@@ -93,7 +96,9 @@ def _write(out: Path, head: dict, rows: list[dict]) -> None:
         warned = str(r["resource_warnings"]) + (
             f" (first: `{r['first_warning']}`)" if r["first_warning"] else ""
         )
-        lines.append(f"| make {r['target']} | {result} | {r['minutes']} | {warned} |")
+        lines.append(
+            f"| make {r['target']} | {result} | {r['minutes']} | {r.get('cpu_minutes')} | {warned} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -111,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.recount:
         done = json.loads(args.recount.read_text())
-        rows = [_row(r["target"], r["rc"], r["minutes"] * 60, Path(r["log"])) for r in done.pop("targets")]
+        rows = [
+            _row(r["target"], r["rc"], r["minutes"] * 60, Path(r["log"]), (r.get("cpu_minutes") or 0) * 60)
+            for r in done.pop("targets")
+        ]
         _write(args.recount.with_suffix(""), done, rows)
         print(args.recount.with_suffix(".md").read_text())
         return 0
@@ -167,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
                 _write(out, head, rows)
                 continue
             print(f"[{time.strftime('%H:%M:%S')}] make {target} (log {log}) ...", flush=True)
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), _children_cpu()
             with open(log, "w") as f:
                 rc = subprocess.run(
                     ["nice", "-n", str(args.nice), "make", target], cwd=clone, stdout=f, stderr=subprocess.STDOUT,
                     env=env,
                 ).returncode  # fmt: skip
-            rows.append(_row(target, rc, time.monotonic() - t0, log))
+            rows.append(_row(target, rc, time.monotonic() - t0, log, _children_cpu() - cpu0))
             print(f"[{time.strftime('%H:%M:%S')}] make {target}: {'pass' if rc == 0 else f'FAIL (exit {rc})'} "
                   f"in {rows[-1]['minutes']} min", flush=True)  # fmt: skip
             _write(out, head, rows)
@@ -182,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(top, ignore_errors=True)
     print(out.with_suffix(".md").read_text())
     return 0 if all(r["passed"] or r["rc"] is None for r in rows) else 1
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished process this one waited for, theirs included: a measure
+    of a target's work that a machine shared with other jobs does not inflate the way it does wall time."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _cpu_name() -> str:
