@@ -258,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check in under 10 minutes: a smaller warm start, 1 seed, k in {0,2}, 8 steps; "
-        "writes async_vs_sync_quick.* (accuracies are not meaningful)",
+        help="machinery check (make test runs it): a small warm start, 1 seed, k in {0,2}, 4 steps, "
+        "checkpoints every 2, 10 eval tasks; writes async_vs_sync_quick.* (accuracies are not meaningful)",
     )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="steps of the sync runs")
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 8, 4, "0,2", 20
+        args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 4, 2, "0,2", 10
         if args.work == p.get_default("work"):
             args.work = ROOT / "runs" / "bench_async_vs_sync_quick"
     ks = [int(k) for k in args.ks.split(",")]
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
     args.work.mkdir(parents=True, exist_ok=True)
     log("warm start: tiny model + SFT on tiny_chain teacher traces (cached)")
-    model = warm_start(args.work, *((600, 600) if args.quick else (SFT_TRACES, SFT_DRILL)))
+    model = warm_start(args.work, *((300, 300) if args.quick else (SFT_TRACES, SFT_DRILL)))
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 
