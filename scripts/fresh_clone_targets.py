@@ -26,6 +26,7 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = _git("rev-parse", "HEAD")
     if _git("status", "--porcelain", "--untracked-files=no"):
         print("note: uncommitted changes are not in the clone (it is HEAD)", file=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its clone (finally)
     top = Path(tempfile.mkdtemp(prefix="agent-rl-fresh-"))
     clone = top / "agent-rl"
     (top / "shared").symlink_to(shared, target_is_directory=True)
