@@ -12,8 +12,6 @@ from float_bounds import TINY_LOGPROB_ATOL, drift
 
 from agent_rl.engines.api import BadRequest, Constraint, SamplingParams
 
-pytest.importorskip("xgrammar")
-
 SCHEMA = {
     "type": "object",
     "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
