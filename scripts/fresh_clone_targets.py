@@ -50,7 +50,7 @@ NOT_RUN = {
     "test-latest": "installs the newest versions the registry has today: a drift check, not reproducible",
     "test-docker": "the docker-marked tests run in make test (they start a private dockerd)",
     "test-megatron": "the megatron-marked tests run in make test",
-    "test-cpus": "the suite four times (threads x kernel sets); run by hand, docs/_incoming/testing.md",
+    "test-cpus": "the suite four times (threads x kernel sets); run by hand, docs/tests.md",
     "bench": "every benchmark, hours; each writes its own results file",
     "bench-trl": "the TRL comparison, about an hour, in its own venv",
     "trl-venv": "bench-trl's venv",
