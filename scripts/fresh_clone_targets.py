@@ -39,7 +39,7 @@ RESOURCE_WARNING = re.compile(
 )
 
 # Run from a fresh clone, in this order (the quick ones first, so a broken install shows early).
-RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs")
+RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs")  # test-slow covers test-heavy
 # Documented, but not run here, and why.
 NOT_RUN = {
     "install": "every target above runs it first",
@@ -48,6 +48,7 @@ NOT_RUN = {
     "smollm": "make test, test-slow and run-real run it first",
     "docs-serve": "serves the site until stopped (make docs builds the same pages)",
     "test-latest": "installs the newest versions the registry has today: a drift check, not reproducible",
+    "test-heavy": "a part of make test-slow, which runs",
     "test-docker": "the docker-marked tests run in make test (they start a private dockerd)",
     "test-megatron": "the megatron-marked tests run in make test",
     "test-cpus": "the suite four times (threads x kernel sets); run by hand, docs/tests.md",

@@ -1,6 +1,6 @@
 """`benchmarks/async_vs_sync.py --quick` runs end to end and writes the result shape the README relies on.
 
-Slow (a small SFT warm start and four 4-6-step training runs): `make test` and `make test-slow` run it."""
+Slow (a small SFT warm start and four 4-6-step training runs): `make test-heavy` and `make test-slow` run it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy
 def test_quick_benchmark_writes_cells_and_a_summary(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
