@@ -135,7 +135,9 @@ def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path) -> None:
     groups = make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.02)
     one = build_learner(recipe_for(tiny_model_dir).learner_spec)
     m1 = one.step(groups)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a private local instance: without address="local", ray.init joins a cluster an earlier test or a dead
+    # `ray start` left in Ray's temp dir, and refuses num_cpus (make test-slow, after tests/cluster, did)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         two = build_learner(recipe_for(tiny_model_dir, learner={"dp": 2}).learner_spec)
         m2 = two.step(groups)
