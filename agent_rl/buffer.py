@@ -123,7 +123,7 @@ class RolloutBuffer:
         The task is drawn only once the slot is there (no await in between), so a checkpoint
         never sees a prompt that left the data-set cursor without entering the buffer."""
         while not self.can_admit():
-            await self._wait()
+            await self.changed()
         gid = self.try_admit(next_task())
         assert gid is not None
         return gid
@@ -378,9 +378,6 @@ class RolloutBuffer:
     def _notify(self) -> None:
         self._wake.set()
         self._wake = asyncio.Event()
-
-    async def _wait(self) -> None:
-        await self._wake.wait()
 
     async def changed(self) -> None:
         """Return at the buffer's next change (a report, a batch taken, a new version or bound)."""

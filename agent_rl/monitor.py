@@ -30,7 +30,7 @@ from vcpo.monitor import CollapseMonitor, CollapseWarning, MonitorThresholds, St
 
 if TYPE_CHECKING:
     from agent_rl.learners.facade import RankLearner
-    from agent_rl.weights.publish import Publisher
+    from agent_rl.weight_sync.publish import Publisher
 
 SIGNAL_KEYS = {  # StepSignals field -> the learner's metric
     "ess_ratio": "vcpo/ess_ratio",

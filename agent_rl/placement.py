@@ -16,23 +16,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_rl import cores
-from agent_rl.config import (
-    EngineConfig,
-    LearnerConfig,
-    LoraConfig,
-    ModelConfig,
-    PlacementConfig,
-    RoleResources,
-)
+from agent_rl.config import EngineConfig, LearnerConfig, PlacementConfig, RoleResources
 from agent_rl.cores import CoreMap
 from agent_rl.errors import UserError
-
-if TYPE_CHECKING:
-    from agent_rl.engines.elastic import Engines
 
 log = logging.getLogger(__name__)
 NODE_SHARE = 0.001  # of a node kind's custom resource, per process: any number of processes fit one node
@@ -252,18 +241,3 @@ def ray_up() -> bool:
     except ImportError:
         return False
     return ray.is_initialized()
-
-
-async def start_engines(
-    p: Plan,
-    eng: EngineConfig,
-    model: ModelConfig,
-    *,
-    seed: int,
-    run_dir: Path | None = None,
-    lora: LoraConfig | None = None,
-) -> Engines:
-    """The engines the plan says, started where it says (agent_rl.hosts); see hosts.start_engines."""
-    from agent_rl import hosts
-
-    return await hosts.start_engines(p, eng, model, seed=seed, run_dir=run_dir, lora=lora)

@@ -24,8 +24,8 @@ from agent_rl.loop_thread import LoopThread
 from agent_rl.rollout import build_rollouts
 from agent_rl.rollout.workers import PromptSource, Rollouts
 from agent_rl.types import Group
-from agent_rl.weights import make_publisher
-from agent_rl.weights.publish import Publisher
+from agent_rl.weight_sync import make_publisher
+from agent_rl.weight_sync.publish import Publisher
 
 
 class Runtime:
@@ -66,7 +66,7 @@ class Runtime:
                 self.learner = build(recipe.learner_spec, rank_cores=cores)
                 self._stack.callback(self.learner.close)
             self.engines = self.loop.call(
-                placement.start_engines(
+                hosts.start_engines(
                     self.plan, recipe.engines, self.model, seed=recipe.train.seed, lora=recipe.learner.lora
                 )
             )

@@ -111,14 +111,13 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
     from agent_rl.tools.sft import run_sft
     from agent_rl.tools.tiny import build_tiny
     from envs.tiny_chain import corpus, teacher_traces
-    from examples.pipeline import sft_row
 
     base = work / "base"
     if not (base / "config.json").is_file():
         build_tiny(base, corpus(), seed=0, **MODEL)
-    rows = [sft_row(t) for t in teacher_traces(traces, seed=7, tool_rate=SFT_TOOL_RATE)]
+    rows = [t.sft_row() for t in teacher_traces(traces, seed=7, tool_rate=SFT_TOOL_RATE)]
     drill = teacher_traces(drills, seed=8, tool_rate=1.0, easy_fraction=0.0, chain_fraction=0.3)
-    rows += [sft_row(t, train_first_token=False) for t in drill]
+    rows += [t.sft_row(train_first_token=False) for t in drill]
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_sft(base, data, sft_dir, **SFT)
@@ -259,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check in under 10 minutes: a smaller warm start, 1 seed, k in {0,2}, 8 steps; "
-        "writes async_vs_sync_quick.* (accuracies are not meaningful)",
+        help="machinery check (make test runs it): a small warm start, 1 seed, k in {0,2}, 4 steps, "
+        "checkpoints every 2, 10 eval tasks; writes async_vs_sync_quick.* (accuracies are not meaningful)",
     )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="steps of the sync runs")
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 8, 4, "0,2", 20
+        args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 4, 2, "0,2", 10
         if args.work == p.get_default("work"):
             args.work = ROOT / "runs" / "bench_async_vs_sync_quick"
     ks = [int(k) for k in args.ks.split(",")]
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
     args.work.mkdir(parents=True, exist_ok=True)
     log("warm start: tiny model + SFT on tiny_chain teacher traces (cached)")
-    model = warm_start(args.work, *((600, 600) if args.quick else (SFT_TRACES, SFT_DRILL)))
+    model = warm_start(args.work, *((300, 300) if args.quick else (SFT_TRACES, SFT_DRILL)))
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 

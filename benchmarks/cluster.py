@@ -46,8 +46,12 @@ class LocalCluster:
             initialize_head=True,
             head_node_args={"num_cpus": self.head_cpus, "include_dashboard": False},
         )
-        for name, (kind, cpus) in self.nodes.items():
-            self.add(name, kind, cpus)
+        try:
+            for name, (kind, cpus) in self.nodes.items():
+                self.add(name, kind, cpus)
+        except BaseException:
+            self.shutdown()  # a node that did not come up: stop those that did (no `with` block will)
+            raise
         self.start_s = time.monotonic() - t0
 
     @property

@@ -36,6 +36,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from bench_paths import portable
 
 OUTPUT_LENGTHS = (16, 48, 96, 128)
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,7 +256,7 @@ def write_markdown(result: dict, path: Path) -> None:
                 f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r['engine_over_transformers']}x |"
             )
             lines.append(line)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(portable("\n".join(lines) + "\n"))
 
 
 def main() -> None:
@@ -330,7 +331,7 @@ def main() -> None:
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(portable(json.dumps(result, indent=2) + "\n"))
     write_markdown(result, args.out.with_suffix(".md"))
     print(f"wrote {args.out.with_suffix('.json')} and .md")
 

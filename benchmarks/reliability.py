@@ -48,6 +48,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench_paths import portable
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FORKSERVER = b"/opt/agent-rl/forkserver.py"
@@ -713,7 +715,7 @@ def write_markdown(report: dict) -> None:
         ]
     if report.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()), ""]
-    (RESULTS / "reliability.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "reliability.md").write_text(portable("\n".join(lines) + "\n"))
 
 
 def main() -> None:
@@ -741,7 +743,7 @@ def main() -> None:
     if args.report_only:
         report = json.loads((RESULTS / "reliability.json").read_text())
         report["summary"] = summarize(report.get("faults", []))
-        (RESULTS / "reliability.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (RESULTS / "reliability.json").write_text(portable(json.dumps(report, indent=2, default=str) + "\n"))
         write_markdown(report)
         return
     work = args.work.resolve()
@@ -769,7 +771,7 @@ def main() -> None:
     def save() -> None:
         report["summary"] = summarize(report["faults"])
         RESULTS.mkdir(exist_ok=True)
-        out_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        out_json.write_text(portable(json.dumps(report, indent=2, default=str) + "\n"))
         write_markdown(report)
 
     redone: set[str] = set()

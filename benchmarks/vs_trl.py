@@ -61,6 +61,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # the env's agent (examples/) imports from the root
 from _agent_arith import warm_start  # noqa: E402
+from bench_paths import portable  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
@@ -548,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "vs_trl_quick" if args.quick else "vs_trl"
-    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(out))
+    (args.out / f"{stem}.json").write_text(portable(json.dumps(out, indent=2) + "\n"))
+    (args.out / f"{stem}.md").write_text(portable(markdown(out)))
     plot(out, args.out / f"{stem}.png")
     print(markdown(out))
     return 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import rewards
-from envs.datasets import DatasetReport, load_split
+from envs.datasets import DatasetReport, env_split
 from envs.loop_resources import shared_mcp_server
 from envs.spec import EnvSpec, load_callable
 from envs.tir import tool_output
@@ -121,16 +121,10 @@ class AgentEnv:
         return self.spec.turns.max_tokens_per_turn
 
     def tasks(self, split: str) -> tuple[Task, ...]:
-        return self._split(split)[0]
+        return env_split(self.spec, split)[0]
 
     def data_report(self, split: str) -> DatasetReport:
-        return self._split(split)[1]
-
-    def _split(self, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
-        sources = self.spec.data.splits
-        if split not in sources:
-            raise EnvError(f"env {self.spec.name!r} has no split {split!r}; it has {sorted(sources)}")
-        return load_split(sources[split], self.spec.data_root())
+        return env_split(self.spec, split)[1]
 
     # -- episode ------------------------------------------------------------------------
     def reset(self, task: Task) -> list[int]:

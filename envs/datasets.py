@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.rewards import gsm8k_answer
-from envs.spec import DATA_ENV_VAR, DataSource
+from envs.spec import DATA_ENV_VAR, DataSource, EnvSpec
 from envs.types import EnvError, Task
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,14 @@ def _dedupe(tasks: list[Task]) -> tuple[list[Task], int, int]:
 
 
 @functools.lru_cache(maxsize=64)
+def env_split(spec: EnvSpec, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
+    """An env's split by name (its `data.splits`), with what the loader fixed or dropped."""
+    sources = spec.data.splits
+    if split not in sources:
+        raise EnvError(f"env {spec.name!r} has no split {split!r}; it has {sorted(sources)}")
+    return load_split(sources[split], spec.data_root())
+
+
 def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], DatasetReport]:
     """Tasks of one split (cached per source and root: envs are made per episode and must be cheap)."""
     if source.generator == "tiny_arith":

@@ -23,7 +23,7 @@ from typing import Any
 
 from envs import rewards
 from envs.codec import Codec, codec
-from envs.datasets import DatasetReport, load_split
+from envs.datasets import DatasetReport, env_split
 from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, load_callable
 from envs.tir import ObservationFormatter, parse_turn, tool_output
@@ -119,17 +119,11 @@ class Env:
 
     # -- data -----------------------------------------------------------------------------
     def tasks(self, split: str) -> tuple[Task, ...]:
-        return self._split(split)[0]
+        return env_split(self.spec, split)[0]
 
     def data_report(self, split: str) -> DatasetReport:
         """What the loader fixed or dropped in this split."""
-        return self._split(split)[1]
-
-    def _split(self, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
-        sources = self.spec.data.splits
-        if split not in sources:
-            raise EnvError(f"env {self.spec.name!r} has no split {split!r}; it has {sorted(sources)}")
-        return load_split(sources[split], self.spec.data_root())
+        return env_split(self.spec, split)[1]
 
     # -- engine-facing properties ----------------------------------------------------------
     @property

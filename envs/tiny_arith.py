@@ -98,6 +98,21 @@ class Trace:
             parts.append(s.text if s.kind == "model" else observation_template.replace("{output}", s.text))
         return "".join(parts)
 
+    def sft_row(self, train_first_token: bool = True) -> dict[str, Any]:
+        """The trace as an `agent-rl sft` row: model pieces trained, tool output as context only.
+        train_first_token=False makes the opening fence context too (a drill: the row teaches what follows
+        the decision to use the tool, not the decision)."""
+        fence = "```"  # the tool branch's first token
+        pieces: list[dict[str, Any]] = []
+        for s in self.segments:
+            if s.kind == "observation":
+                pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
+            elif not pieces and not train_first_token and s.text.startswith(fence):
+                pieces += [{"text": fence, "train": False}, {"text": s.text[len(fence) :], "train": True}]
+            else:
+                pieces.append({"text": s.text, "train": True})
+        return {"prompt": self.prompt, "response": pieces}
+
 
 def guess(value: int, rng: random.Random) -> int:
     """A plausible wrong answer: the leading two digits kept, the rest random."""

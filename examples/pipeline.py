@@ -19,26 +19,10 @@ from agent_rl.trainer import train
 from agent_rl.viewer.plot import plot_run
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-FENCE = "```"  # the tool branch's first token
 
 
 def stage(name: str) -> None:
     print(f"\n=== {name} [{time.strftime('%H:%M:%S')}]", flush=True)
-
-
-def sft_row(trace, train_first_token: bool = True) -> dict:
-    """A tiny_arith teacher trace (`envs.tiny_arith.Trace`) as an `agent-rl sft` row: model pieces trained,
-    tool output as context only. train_first_token=False makes the opening fence context too (a drill: the
-    row teaches what follows the decision to use the tool, not the decision)."""
-    pieces: list[dict] = []
-    for s in trace.segments:
-        if s.kind == "observation":
-            pieces.append({"text": "```output\n" + s.text + "\n```\n", "train": False})
-        elif not pieces and not train_first_token and s.text.startswith(FENCE):
-            pieces += [{"text": FENCE, "train": False}, {"text": s.text[len(FENCE) :], "train": True}]
-        else:
-            pieces.append({"text": s.text, "train": True})
-    return {"prompt": trace.prompt, "response": pieces}
 
 
 def run(

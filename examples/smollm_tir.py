@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agent_rl.config import load_recipe
 from envs.tiny_arith import teacher_traces
-from examples.pipeline import RECIPES, run, sft_row
+from examples.pipeline import RECIPES, run
 
 SFT_TRACES, SFT_DRILL, SFT_TOOL_RATE, SFT_SEED, SFT_DRILL_SEED = 96, 32, 0.3, 7, 8
 SFT = dict(epochs=1, lr=1e-4, batch_size=8, max_len=128, warmup_steps=2)
@@ -54,11 +54,11 @@ def write_sft_data(base: Path, path: Path) -> None:
         )
 
     rows = [
-        sft_row(chat(t))
+        chat(t).sft_row()
         for t in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE, easy_fraction=0.2)
     ]
     drills = teacher_traces(SFT_DRILL, seed=SFT_DRILL_SEED, tool_rate=1.0, easy_fraction=0.0)
-    rows += [sft_row(chat(t), train_first_token=False) for t in drills]
+    rows += [chat(t).sft_row(train_first_token=False) for t in drills]
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 

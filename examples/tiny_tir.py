@@ -14,7 +14,7 @@ import torch
 from agent_rl.config import load_recipe
 from agent_rl.tools.tiny import build_tiny
 from envs.tiny_arith import corpus, teacher_traces
-from examples.pipeline import RECIPES, run, sft_row
+from examples.pipeline import RECIPES, run
 
 # Warm start: the teacher uses the tool on 30% of the hard problems and guesses on the rest. The
 # drill traces (all tool use, first token context-only) teach the tool branch itself, copying the
@@ -28,9 +28,9 @@ MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 def write_sft_data(base: Path, path: Path) -> None:
     """Decision traces (tool on SFT_TOOL_RATE of hard problems) plus tool-branch drills, shuffled by the SFT."""
-    rows = [sft_row(tr) for tr in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE)]
+    rows = [tr.sft_row() for tr in teacher_traces(SFT_TRACES, seed=SFT_SEED, tool_rate=SFT_TOOL_RATE)]
     drills = teacher_traces(SFT_DRILL, seed=SFT_DRILL_SEED, tool_rate=1.0, easy_fraction=0.0)
-    rows += [sft_row(tr, train_first_token=False) for tr in drills]
+    rows += [tr.sft_row(train_first_token=False) for tr in drills]
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 

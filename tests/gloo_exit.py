@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import sys
 
@@ -20,4 +21,6 @@ def exit_worker() -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit skips multiprocessing's finalizers: semaphores made here would be reported leaked at exit
+    multiprocessing.util._run_finalizers(0)
     os._exit(0)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 import agent_rl.runtime
-import agent_rl.weights.publish
+import agent_rl.weight_sync.publish
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Scheduler
-from agent_rl.weights.publish import Publisher
+from agent_rl.weight_sync.publish import Publisher
 
 
 def push_mid_turn(mp: pytest.MonkeyPatch) -> None:
@@ -56,7 +56,7 @@ def push_mid_turn(mp: pytest.MonkeyPatch) -> None:
 
     mp.setattr(Scheduler, "has_work", parked_has_work)
     mp.setattr(agent_rl.runtime, "RolloutBuffer", Buffer)
-    mp.setattr(agent_rl.weights.publish, "Publisher", Sync)
+    mp.setattr(agent_rl.weight_sync.publish, "Publisher", Sync)
 
 
 def push_mid_turn_servers(mp: pytest.MonkeyPatch, control: Path) -> None:

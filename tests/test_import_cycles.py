@@ -1,6 +1,7 @@
 """No two modules of agent_rl/, envs/, sandboxes/ or vcpo/ import each other, directly or around a circle,
-counting imports inside functions (a lazy import still ties the two files together for a reader).
-Imports under `if TYPE_CHECKING:` are annotations only and are not counted."""
+counting imports inside functions (a lazy import still ties the two files together for a reader); and no two
+packages either (agent_rl/engines/ and agent_rl/weights/, say), where a package is the folder its modules
+sit in. Imports under `if TYPE_CHECKING:` are annotations only and are not counted."""
 
 from __future__ import annotations
 
@@ -110,6 +111,42 @@ def test_no_import_cycles_in_agent_rl_envs_sandboxes_vcpo():
     cycles = _cycles(graph)
     assert not cycles, (
         "modules that import each other (untie them: a lower module both use, or a parameter):\n"
+        + "\n".join(" <-> ".join(c) for c in cycles)
+    )
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with every module below the top level folded into its folder (agent_rl.engines.pool
+    -> agent_rl.engines; agent_rl.engines.embedded.engine -> agent_rl.engines.embedded). Modules directly
+    under a top-level package (agent_rl.hosts) stay nodes of their own: the module rule covers them. A
+    package importing its own subpackage (a facade choosing a backend) is not counted."""
+
+    def node(module: str) -> str:
+        parts = module.split(".")
+        if (ROOT.joinpath(*parts)).is_dir() or len(parts) <= 2:
+            return module
+        return ".".join(parts[:-1])
+
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        a = node(module)
+        out.setdefault(a, set()).update(b for d in deps if (b := node(d)) != a and not b.startswith(a + "."))
+    return out
+
+
+def test_the_package_graph_folds_modules_into_their_folders():
+    graph = {"agent_rl.engines.pool": {"agent_rl.weights.group"}, "agent_rl.weights.group": set()}
+    graph |= {"agent_rl.weights.broadcast": {"agent_rl.engines.api"}, "agent_rl.engines.api": set()}
+    assert _cycles(_package_graph(graph)) == [["agent_rl.engines", "agent_rl.weights"]]
+    assert _cycles(_package_graph({"agent_rl.hosts": {"agent_rl.engines.api"}})) == []
+
+
+def test_no_two_packages_import_each_other():
+    """A folder is one layer: if engines/ imports weights/, weights/ must not import engines/ (wire types
+    both use go below both)."""
+    cycles = _cycles(_package_graph(_graph()))
+    assert not cycles, (
+        "packages that import each other (move what both use below both, or the code that uses both above):\n"
         + "\n".join(" <-> ".join(c) for c in cycles)
     )
 

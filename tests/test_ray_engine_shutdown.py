@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import placement
+from agent_rl import hosts, placement
 from agent_rl.config import load_recipe
 from agent_rl.engines.api import SamplingParams
 from agent_rl.loop_thread import LoopThread
@@ -24,7 +24,11 @@ def test_two_ray_engine_actors_generate_and_close_quietly(tiny_model_dir, monkey
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a private local instance: without address="local", ray.init joins the cluster a dead `ray start` left
+    # in Ray's temp dir (and then refuses num_cpus)
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     try:
         recipe = load_recipe(
             ROOT / "recipes" / "tiny_tir_smoke.yaml",
@@ -39,7 +43,7 @@ def test_two_ray_engine_actors_generate_and_close_quietly(tiny_model_dir, monkey
         assert plan.needs_ray and placement.apply(plan)  # Ray is up: apply joins it
         loop = LoopThread()
         with caplog.at_level(logging.WARNING):
-            engines = loop.call(placement.start_engines(plan, recipe.engines, recipe.model, seed=0))
+            engines = loop.call(hosts.start_engines(plan, recipe.engines, recipe.model, seed=0))
             assert len(engines.handles) == 2
             gen = loop.call(
                 engines.client.generate([5, 6, 7], SamplingParams(max_new_tokens=4), request_id="r")

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 import envs
-from agent_rl import placement
+from agent_rl import hosts, placement
 from agent_rl.cli import main
 from agent_rl.config import load_recipe
 from agent_rl.engines.client import SGLangClient, VLLMClient
 from agent_rl.engines.pool import EnginePool
 from agent_rl.learners.torch_learner import rank_spec
 from agent_rl.loop_thread import LoopThread
-from agent_rl.weights import make_publisher
+from agent_rl.weight_sync import make_publisher
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
@@ -74,7 +74,7 @@ def test_recipe_dry_run_builds_the_graph_with_gpu_parts_at_their_protocol_bounda
         cls = SGLangClient if recipe.engines.type == "sglang" else VLLMClient
         if recipe.engines.urls:  # the engines as train() starts them for external servers: one client per url
             engines = asyncio.run(
-                placement.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
+                hosts.start_engines(plan, recipe.engines, recipe.model, seed=recipe.train.seed)
             )
             pool = engines.client
             assert isinstance(pool, EnginePool) and all(type(m.engine) is cls for m in pool.members)

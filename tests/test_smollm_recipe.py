@@ -9,7 +9,7 @@ import pytest
 
 from agent_rl.config import load_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,14 @@ class HTTPEngine:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False  # after close(): no new session (one opened then would never be closed)
         self.version = 0  # last version pushed through this client
         self.lora_name: str | None = None  # LoRA: the adapter requests sample with (weights/adapters.py)
         self._lora_dir: Path | None = None  # memory-mode adapter written for the server, kept while loaded
 
     def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise EngineUnavailable(f"{self.url}: this client was closed")
         if self._session is None or self._session.closed:
             # No connection cap: hundreds of concurrent generations are normal for a rollout worker.
             self._session = aiohttp.ClientSession(
@@ -98,6 +101,7 @@ class HTTPEngine:
             return False
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
 
@@ -196,16 +200,8 @@ class SGLangClient(HTTPEngine):
     async def update_weights(
         self, *, version: int, path: str | None = None, tensors: Mapping[str, Any] | None = None
     ) -> None:
-        if (path is None) == (tensors is None):
-            raise BadRequest("update_weights needs exactly one of path= or tensors=")
-        tmp = write_shm_checkpoint(tensors) if tensors is not None else None
-        try:
-            r = await self.request(
-                "POST", "/update_weights_from_disk", self.update_body(str(tmp or path), version)
-            )
-        finally:
-            if tmp is not None:
-                remove_checkpoint(tmp)
+        with weights_dir(path, tensors) as d:
+            r = await self.request("POST", "/update_weights_from_disk", self.update_body(d, version))
         if not r.get("success", False):
             raise EngineError(f"{self.url}: update_weights_from_disk failed: {r.get('message')}")
         self.version = version
@@ -400,15 +396,26 @@ class VLLMClient(HTTPEngine):
     async def update_weights(
         self, *, version: int, path: str | None = None, tensors: Mapping[str, Any] | None = None
     ) -> None:
-        if (path is None) == (tensors is None):
-            raise BadRequest("update_weights needs exactly one of path= or tensors=")
-        tmp = write_shm_checkpoint(tensors) if tensors is not None else None
-        try:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp or path)}}
-            await self.request("POST", "/collective_rpc", rpc)
-        finally:
-            if tmp is not None:
-                remove_checkpoint(tmp)
+        with weights_dir(path, tensors) as d:
+            await self.request(
+                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": d}}
+            )
         await self.request("POST", "/reset_prefix_cache")  # cached keys were computed by the old weights
         await self.request("POST", "/update_weight_version", {"new_version": str(version)})
         self.version = version
+
+
+@contextlib.contextmanager
+def weights_dir(path: str | None, tensors: Mapping[str, Any] | None) -> Iterator[str]:
+    """The directory a server reloads from: `path`, or `tensors` written to /dev/shm for the call (removed
+    after it, whatever the server answered)."""
+    if (path is None) == (tensors is None):
+        raise BadRequest("update_weights needs exactly one of path= or tensors=")
+    if tensors is None:
+        yield str(path)
+        return
+    tmp = write_shm_checkpoint(tensors)
+    try:
+        yield str(tmp)
+    finally:
+        remove_checkpoint(tmp)

@@ -8,6 +8,7 @@ answer, and re-raises the first rank's error with its traceback.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util
 import os
 import sys
 import traceback
@@ -71,6 +72,9 @@ def _serve(
     # aborts the process ("terminate called without an active exception"); everything is sent.
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit skips multiprocessing's finalizers: named semaphores this process made (tqdm's lock, for the
+    # model-loading bar) would stay registered, and the resource tracker warns of them as leaked at exit.
+    multiprocessing.util._run_finalizers(0)
     os._exit(0)
 
 

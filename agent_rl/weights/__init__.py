@@ -1,32 +1,9 @@
-"""Publishing the learner's weights to the engines.
+"""Weights as files, shared memory and a broadcast group: the formats and transports that learners and
+engines both use (neither side's code; nothing here imports agent_rl.engines or agent_rl.learners).
 
-publish.py    the publisher the loop uses: memory | disk | broadcast, chosen once per run
-lagged.py     rollout.fixed_lag (research): engines sample with weights exactly k versions old
-broadcast.py  the broadcast path: learner rank 0 -> engine processes (SGLang's weight-group protocol)
-group.py      the wire protocol of that group (rendezvous, tensor metadata, send/receive)
 tensors.py    reading safetensors dirs, in-place copies into a model, /dev/shm hand-off
+adapters.py   LoRA adapters: PEFT's tensor names and on-disk format
+group.py      the wire protocol of the broadcast group (rendezvous, tensor metadata, send/receive)
+
+Publishing them to the engines during a run (memory | disk | broadcast) is agent_rl/weight_sync/.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agent_rl.config import EngineConfig
-    from agent_rl.engines.api import EngineClient
-    from agent_rl.loop_thread import LoopThread
-    from agent_rl.weights.publish import Publisher
-
-
-def make_publisher(
-    eng: EngineConfig, fixed_lag: int | None, engine: EngineClient, loop: LoopThread, *, scratch: Path
-) -> Publisher:
-    """The run's publisher: `engines.weight_sync` and `engines.sync_every`; `rollout.fixed_lag` -> lagged."""
-    if fixed_lag is None:
-        from agent_rl.weights.publish import Publisher
-
-        return Publisher(engine, loop, mode=eng.weight_sync, every=eng.sync_every, scratch=scratch)
-    from agent_rl.weights.lagged import LaggedPublisher
-
-    return LaggedPublisher(engine, loop, mode=eng.weight_sync, lag=fixed_lag, scratch=scratch)

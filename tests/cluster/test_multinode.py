@@ -149,6 +149,7 @@ def test_a_driver_started_on_a_node_of_the_wrong_kind_is_refused_in_one_line(
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy
 def test_megatron_tp2_ranks_share_the_trainer_node_and_train_over_gloo(cluster, tiny_model_dir, tmp_path):
     pytest.importorskip("megatron.core")
     run = tmp_path / "run"
@@ -165,6 +166,7 @@ def test_megatron_tp2_ranks_share_the_trainer_node_and_train_over_gloo(cluster, 
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy
 def test_engines_lost_grown_into_a_new_node_drained_and_added_by_hand_while_training(
     cluster, tiny_model_dir, tmp_path
 ):
@@ -231,6 +233,7 @@ def engines_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy
 def test_losing_the_learner_node_stops_in_one_line_and_resume_uses_every_prompt_as_often(
     cluster, tiny_model_dir, tmp_path
 ):

@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 import torch
+from float_bounds import TINY_LOGPROB_ATOL
 
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.client import SGLangClient
@@ -127,8 +128,9 @@ async def test_256_concurrent_requests_complete_with_correct_independent_outputs
         assert len(g.token_ids) == lengths[i] and g.finish_reason == "length"
         rows = lp[i, len(p) - 1 : len(p) - 1 + lengths[i]]
         chosen = rows.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        assert (chosen - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
-        assert (rows.max(-1).values - chosen).max().item() <= 1e-4  # greedy: nothing beats the chosen token
+        assert (chosen - torch.tensor(g.logprobs)).abs().max().item() <= TINY_LOGPROB_ATOL
+        # greedy: nothing beats the chosen token by more than rounding (a near tie may go either way)
+        assert (rows.max(-1).values - chosen).max().item() <= TINY_LOGPROB_ATOL
 
 
 async def test_client_disconnect_drops_the_request(server):

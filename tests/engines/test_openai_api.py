@@ -12,6 +12,7 @@ import logging
 import aiohttp
 import pytest
 import torch
+from float_bounds import logprob_atol
 from tool_model import CODE, FINAL, QUESTION, TOOLS, conversation
 
 openai = pytest.importorskip("openai")
@@ -152,10 +153,14 @@ async def test_n_2_returns_two_seeded_choices_and_counts_both_in_usage(client):
     assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
     again = await client.chat.completions.create(n=2, seed=11, logprobs=True, **kw)
     assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
-    tokens = [[t.token for t in c.logprobs.content] for c in r.choices]
-    assert tokens[0] != tokens[1]  # seed + index: different streams
-    c = await client.completions.create(model=model, prompt="Compute", n=2, max_tokens=4, seed=3)
-    assert len(c.choices) == 2 and c.usage.completion_tokens <= 8
+    # Choice i samples with seed + i: the tokens of a single request with that seed. Checked on a raw prompt
+    # outside the over-fitted conversation, where the model is uncertain (after the chat template's assistant
+    # turn it starts its tool call whatever the seed, so two choices there are alike on some CPUs' kernels).
+    kw = dict(model=model, prompt="Compute", max_tokens=8, temperature=1.0)
+    c = await client.completions.create(n=2, seed=3, **kw)
+    alone = [(await client.completions.create(n=1, seed=3 + i, **kw)).choices[0].text for i in (0, 1)]
+    assert [x.text for x in c.choices] == alone
+    assert c.usage.completion_tokens <= 16
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -184,12 +189,18 @@ async def test_top_logprobs_are_the_top_of_the_sampled_distribution_checked_agai
     with torch.no_grad():
         logits = hf(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].float()
     ref = torch.log_softmax(logits / temperature, dim=-1)
+    atol = logprob_atol(
+        float(logits.abs().max()) / temperature
+    )  # tests/float_bounds.py (an over-fitted model)
     for i, entry in enumerate(content):
-        values, ids = torch.topk(ref[i], 5)
         got_ids = [int(a.token.removeprefix("token_id:")) for a in entry.top_logprobs]
-        assert got_ids == ids.tolist()
-        assert [a.logprob for a in entry.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
-        assert entry.logprob == pytest.approx(ref[i, out[i]].item(), abs=1e-4)
+        got = [a.logprob for a in entry.top_logprobs]
+        assert got == sorted(got, reverse=True) and len(set(got_ids)) == 5
+        # each is the reference's log-prob of that token, and no token left out beats one listed: the top 5 up
+        # to rounding (tokens within atol of each other may trade places)
+        assert got == pytest.approx(ref[i, got_ids].tolist(), abs=atol)
+        assert float(torch.topk(ref[i], 5).values[-1]) <= got[-1] + 2 * atol
+        assert entry.logprob == pytest.approx(ref[i, out[i]].item(), abs=atol)
 
 
 async def test_completions_logprobs_n_lists_n_alternatives_per_token(client):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from float_bounds import TINY_LOGPROB_ATOL
 
 from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.client import VLLMClient
@@ -82,7 +83,7 @@ async def test_vllm_follows_every_adapter_push(vllm_lora_url, tiny_model_dir, tm
             with torch.no_grad():
                 want = logprobs_of(learner.local.model, ids, torch.ones_like(ids))[0, len(prompt) :].tolist()
             assert out.versions == [v] * len(out.token_ids)
-            assert out.logprobs == pytest.approx(want, abs=1e-4)
+            assert out.logprobs == pytest.approx(want, abs=TINY_LOGPROB_ATOL)  # tests/float_bounds.py
             seen.append(out.logprobs)
         assert seen[0] != seen[1]
     finally:

@@ -134,7 +134,9 @@ def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path, tmp_path: Path) -> N
     one = build(recipe_for(tiny_model_dir, learner=CPU).learner_spec)  # CPU: as the two actors (no GPU asked)
     m1 = one.step(groups)
     one.save(tmp_path / "one")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a private local instance: without address="local", ray.init joins a cluster an earlier test or a dead
+    # `ray start` left in Ray's temp dir, and refuses num_cpus (make test-slow, after tests/cluster, did)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         two = build(recipe_for(tiny_model_dir, learner={"dp": 2, **CPU}).learner_spec)
         assert type(two.pool).__name__ == "RayPool"

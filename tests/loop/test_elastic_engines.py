@@ -7,7 +7,7 @@ import json
 import threading
 from pathlib import Path
 
-from agent_rl import placement
+from agent_rl import hosts, placement
 from agent_rl.cli import main
 from agent_rl.engines import elastic
 from agent_rl.engines.api import SamplingParams
@@ -28,7 +28,7 @@ def test_replicas_are_added_listed_and_removed_through_the_run_dir(smoke_recipe,
     plan = placement.plan(recipe.engines, recipe.learner, recipe.placement)
     loop = LoopThread()
     run = tmp_path / "run"
-    engines = loop.call(placement.start_engines(plan, recipe.engines, recipe.model, seed=0, run_dir=run))
+    engines = loop.call(hosts.start_engines(plan, recipe.engines, recipe.model, seed=0, run_dir=run))
     try:
         before = [m["name"] for m in json.loads((run / "engines" / "members.json").read_text())["members"]]
         answers: dict[str, tuple[bool, str]] = {}

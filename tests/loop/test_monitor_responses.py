@@ -158,7 +158,7 @@ def test_rollback_restores_weights_and_optimizer_state_lowers_the_lr_and_moves_v
     smoke_recipe: Callable[..., Recipe], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from agent_rl.learners import build
-    from agent_rl.weights.lagged import LaggedPublisher
+    from agent_rl.weight_sync.lagged import LaggedPublisher
     from vcpo.monitor import CollapseWarning
 
     recipe = smoke_recipe("monitor.on_warning=rollback", "monitor.window=2", "monitor.min_unhealthy=1")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from float_bounds import TINY_LOGPROB_ATOL, sum_atol
 
 from agent_rl.metrics import read_metrics
 from agent_rl.trainer import train
@@ -34,9 +35,10 @@ def test_training_on_local_vllm_servers_is_on_policy_at_k0_and_versioned(smoke_r
     assert [r["learner/version"] for r in metrics] == [1, 2, 3]
     for r in metrics:
         # vLLM sampled with the weights the learner had (reloaded from disk each step), and its processed
-        # log-probs are the learner's: every importance weight is 1 up to float error
-        assert r["vcpo/ess_ratio"] > 0.999, r
-        assert abs(r["vcpo/kl_behavior_current"]) < 1e-4, r
+        # log-probs are the learner's: every importance weight is 1 up to float error. Log-weights within
+        # ε = sum_atol(512) (512-token contexts) give ESS/B >= 1 − ε² (ESS/B ≈ 1 − Var(log w)).
+        assert r["vcpo/ess_ratio"] >= 1 - sum_atol(512) ** 2, r
+        assert abs(r["vcpo/kl_behavior_current"]) <= TINY_LOGPROB_ATOL, r  # a mean of per-token log-ratios
     for step, line in enumerate((run_dir / "batches.jsonl").read_text().splitlines()):
         for runs in json.loads(line)["versions"]:
             assert [v for v, _ in runs] == [step], f"step {step}: k=0 trains only the current version: {runs}"

@@ -11,9 +11,9 @@ import torch
 
 from agent_rl.engines.api import BadRequest
 from agent_rl.loop_thread import LoopThread
+from agent_rl.weight_sync.lagged import LaggedPublisher
+from agent_rl.weight_sync.publish import Publisher
 from agent_rl.weights.group import Endpoint, GroupSpec, TensorMeta
-from agent_rl.weights.lagged import LaggedPublisher
-from agent_rl.weights.publish import Publisher
 
 
 class FakeLearnerWeights:

@@ -15,6 +15,17 @@ class Fronts:
         self.engine, self.serve_url = engine, serve_url
         self.gateways = {"gateway": gateway, "gateway_sglang_api": sglang_gateway}
         self.gateway, self.n = gateway, 0
+        self.clients: list = []
+
+    def client(self, front: str):
+        """An AsyncOpenAI client on `front` (see base_url), closed with the fronts, in the test's own event loop: one
+        left to the garbage collector closes itself in whatever loop runs then, after its own has closed (asyncio's
+        "Task exception was never retrieved ... AsyncClient.aclose() ... Event loop is closed", in a later test)."""
+        import openai
+
+        c = openai.AsyncOpenAI(base_url=self.base_url(front), api_key="x", max_retries=0)
+        self.clients.append(c)
+        return c
 
     def base_url(self, front: str) -> str:
         """serve's /v1, or a fresh session's base URL on the gateway `front` names."""
@@ -95,9 +106,12 @@ async def serve_fronts(model_dir):
     sglang = SGLangClient(url)
     sglang_gw = Gateway(sglang, tok, max_seq_len=256, max_retries=0)
     await sglang_gw.start()
+    fronts = Fronts(engine, gw, sglang_gw, url)
     try:
-        yield Fronts(engine, gw, sglang_gw, url)
+        yield fronts
     finally:
+        for c in fronts.clients:
+            await c.close()
         await sglang_gw.close()
         await sglang.close()
         await gw.close()

@@ -11,14 +11,10 @@ FRONTS = ["serve", "gateway"]
 USER = {"role": "user", "content": "Compute 3 * 4"}
 
 
-def client(fronts, front):
-    return openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
-
-
 @pytest.mark.parametrize("front", FRONTS)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_template_that_raises_is_a_400_naming_messages(fronts, front, stream):
-    c = client(fronts, front)
+    c = fronts.client(front)
     bad = [USER, {"role": "system", "content": "late"}]
     with pytest.raises(openai.BadRequestError) as e:
         await c.chat.completions.create(model="policy", messages=bad, stream=stream)
@@ -33,7 +29,7 @@ async def test_a_template_that_raises_is_a_400_naming_messages(fronts, front, st
 @pytest.mark.parametrize("front", FRONTS)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_prompt_longer_than_the_context_is_a_400_before_any_stream(fronts, front, stream):
-    c = client(fronts, front)
+    c = fronts.client(front)
     long = [{"role": "user", "content": "Compute 3 * 4 " * 200}]
     with pytest.raises(openai.BadRequestError) as e:
         await c.chat.completions.create(model="policy", messages=long, stream=stream)
@@ -44,7 +40,7 @@ async def test_a_prompt_longer_than_the_context_is_a_400_before_any_stream(front
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_unsupported_values_are_400s_that_name_field_and_value(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     with pytest.raises(openai.BadRequestError) as e:
         await c.chat.completions.create(model="policy", messages=[USER], presence_penalty=0.5)
     assert e.value.body["param"] == "presence_penalty" and "0.5" in e.value.body["message"]
@@ -62,7 +58,7 @@ async def test_unsupported_values_are_400s_that_name_field_and_value(fronts, fro
 
 
 async def test_top_logprobs_through_the_gateway_are_the_engines(fronts):
-    c = client(fronts, "gateway")
+    c = fronts.client("gateway")
     r = await c.chat.completions.create(
         model="policy", messages=[USER], max_tokens=6, logprobs=True, top_logprobs=3, temperature=0
     )
@@ -76,7 +72,7 @@ async def test_top_logprobs_through_the_gateway_are_the_engines(fronts):
 
 
 async def test_an_engine_that_is_gone_is_a_502_counted_as_an_engine_failure(fronts):
-    c = client(fronts, "gateway")
+    c = fronts.client("gateway")
     await fronts.engine.close()
     with pytest.raises(openai.InternalServerError) as e:
         await c.chat.completions.create(model="policy", messages=[USER], max_tokens=4)
@@ -87,7 +83,7 @@ async def test_an_engine_that_is_gone_is_a_502_counted_as_an_engine_failure(fron
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_values_the_engine_refuses_are_400s_found_when_the_request_is_read(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     with pytest.raises(openai.BadRequestError) as e:
         await c.chat.completions.create(model="policy", messages=[USER], temperature=-1)
     assert e.value.body["param"] == "temperature" and "-1" in e.value.body["message"]
@@ -135,7 +131,7 @@ async def test_a_server_bug_is_a_500_with_its_traceback_in_the_log_never_a_clien
         raise KeyError("injected bug")
 
     monkeypatch.setattr(structured, "for_chat", broken)
-    c = client(fronts, front)
+    c = fronts.client(front)
     with (
         caplog.at_level("ERROR", logger="agent_rl.openai.errors"),
         pytest.raises(openai.InternalServerError) as e,

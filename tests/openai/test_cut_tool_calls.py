@@ -26,10 +26,6 @@ def cut_budget(model_dir) -> int:
     return k
 
 
-def client(fronts, front):
-    return openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
-
-
 def first_call_only(calls) -> None:
     (call,) = calls
     assert call.function.name == "python" and json.loads(call.function.arguments) == {"code": CODE}
@@ -40,11 +36,11 @@ async def test_chat_keeps_the_complete_calls_before_one_cut_by_max_tokens(
     two_calls_fronts, two_calls_model, front
 ):
     fronts = two_calls_fronts
-    c = client(fronts, front)
+    c = fronts.client(front)
     whole = await c.chat.completions.create(model="policy", messages=USER, tools=TOOLS, temperature=0)
     assert whole.choices[0].finish_reason == "tool_calls" and len(whole.choices[0].message.tool_calls) == 2
     k = cut_budget(two_calls_model)
-    c = client(fronts, front)
+    c = fronts.client(front)
     r = await c.chat.completions.create(
         model="policy", messages=USER, tools=TOOLS, temperature=0, max_tokens=k
     )
@@ -52,7 +48,7 @@ async def test_chat_keeps_the_complete_calls_before_one_cut_by_max_tokens(
     first_call_only(r.choices[0].message.tool_calls)
     if front == "gateway":  # the trajectory keeps every sampled token, the cut call's too
         assert len(fronts.session().calls[0].token_ids) == k
-    stream = await client(fronts, front).chat.completions.create(
+    stream = await fronts.client(front).chat.completions.create(
         model="policy", messages=USER, tools=TOOLS, temperature=0, max_tokens=k, stream=True
     )
     chunks = [ch async for ch in stream]
@@ -67,7 +63,7 @@ async def test_responses_keep_the_complete_calls_of_an_incomplete_response(
     two_calls_fronts, two_calls_model, front
 ):
     k = cut_budget(two_calls_model)
-    c = client(two_calls_fronts, front)
+    c = two_calls_fronts.client(front)
     tools = [{"type": "function", **TOOLS[0]["function"]}]
     r = await c.responses.create(
         model="policy", input=QUESTION, tools=tools, temperature=0, max_output_tokens=k

@@ -48,7 +48,7 @@ async def test_agents_sdk_output_type_with_chat_and_responses_models(fronts, fro
 
     agents.set_tracing_disabled(True)
     for kind in (OpenAIResponsesModel, OpenAIChatCompletionsModel):
-        c = openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
+        c = fronts.client(front)
         agent = Agent(name="judge", output_type=Verdict, model=kind(model="policy", openai_client=c))
         result = await Runner.run(agent, "Is 3 * 4 twelve?")
         assert isinstance(result.final_output, Verdict)
@@ -74,7 +74,7 @@ async def test_pydantic_ai_structured_output(fronts, front):
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    model = OpenAIChatModel("policy", provider=OpenAIProvider(base_url=fronts.base_url(front), api_key="x"))
+    model = OpenAIChatModel("policy", provider=OpenAIProvider(openai_client=fronts.client(front)))
     result = await Agent(model, output_type=Verdict).run("Is 3 * 4 twelve?")
     assert isinstance(result.output, Verdict)
     await check_recorded(fronts, front)

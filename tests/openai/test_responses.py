@@ -15,14 +15,10 @@ FRONTS = ["serve", "gateway"]
 RESPONSE_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
 
 
-def client(fronts, front):
-    return openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
-
-
 @pytest.mark.parametrize("front", FRONTS)
 @pytest.mark.parametrize("chained", [False, True])
 async def test_function_call_round_trip_and_previous_response_id(fronts, front, chained):
-    c = client(fronts, front)
+    c = fronts.client(front)
     first = await c.responses.create(model="policy", input=QUESTION, tools=RESPONSE_TOOLS, temperature=0)
     (call,) = [o for o in first.output if o.type == "function_call"]
     assert call.name == "python" and json.loads(call.arguments) == {"code": CODE}
@@ -43,7 +39,7 @@ async def test_function_call_round_trip_and_previous_response_id(fronts, front, 
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_streamed_response_events_end_with_the_completed_response(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     events = [
         e
         async for e in await c.responses.create(
@@ -71,7 +67,7 @@ async def test_the_agents_sdk_default_responses_model_runs_unmodified(fronts, fr
         ran.append(code)
         return "12"
 
-    model = OpenAIResponsesModel(model="policy", openai_client=client(fronts, front))
+    model = OpenAIResponsesModel(model="policy", openai_client=fronts.client(front))
     agent = Agent(name="calc", tools=[python], model=model, model_settings=ModelSettings(temperature=0))
     agents.set_tracing_disabled(True)
     result = await Runner.run(agent, QUESTION)

@@ -40,13 +40,9 @@ VERDICT = {
 }
 
 
-def client(fronts, front):
-    return openai.AsyncOpenAI(base_url=fronts.base_url(front), api_key="x", max_retries=0)
-
-
 @pytest.mark.parametrize("front", FRONTS)
 async def test_response_format_json_schema_parses_and_the_gateway_records_both_logprobs(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     for kind in (VERDICT, {"type": "json_object"}):
         r = await c.chat.completions.create(
             model="policy",
@@ -75,7 +71,7 @@ async def test_response_format_json_schema_parses_and_the_gateway_records_both_l
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_tool_choice_required_forces_a_call_where_the_model_would_answer(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     free = await c.chat.completions.create(
         model="policy", messages=conversation(), tools=TOOLS, temperature=0
     )
@@ -96,7 +92,7 @@ async def test_tool_choice_required_forces_a_call_where_the_model_would_answer(f
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_a_named_function_is_the_one_called_with_arguments_of_its_schema(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     r = await c.chat.completions.create(
         model="policy",
         messages=[{"role": "user", "content": QUESTION}],
@@ -111,7 +107,7 @@ async def test_a_named_function_is_the_one_called_with_arguments_of_its_schema(f
 
 @pytest.mark.parametrize("front", FRONTS)
 async def test_strict_tools_under_auto_leave_text_free_and_check_calls(fronts, front):
-    c = client(fronts, front)
+    c = fronts.client(front)
     strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
     r = await c.chat.completions.create(
         model="policy", messages=conversation()[:1], tools=strict, temperature=0, parallel_tool_calls=False

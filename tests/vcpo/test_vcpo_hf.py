@@ -27,6 +27,7 @@ def test_logprobs_of_matches_log_softmax_and_ignores_right_padding(qwen: torch.n
     lp = logprobs_of(qwen, ids, am)
     logits = qwen(ids[:1]).logits[0]
     expected = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    # float64 (F64 in vcpo_testlib.py: ~1e-13 relative apart at most), log-probs of magnitude ~4
     assert lp[0, 0] == 0 and torch.allclose(lp[0, 1:], expected, atol=1e-10)
     alone = logprobs_of(qwen, ids[1:, :6], am[1:, :6])
     assert torch.allclose(lp[1, :6], alone[0], atol=1e-10)

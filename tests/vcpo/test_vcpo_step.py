@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from vcpo_testlib import make_batch, run_gloo, tiny_model
+from vcpo_testlib import F64_ATOL, F64_RTOL, make_batch, run_gloo, tiny_model
 
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of
 
@@ -71,7 +71,7 @@ def test_exact_two_running_sums_equal_explicit_per_trajectory_gradients(variant:
     batch = make_batch(model, staleness=0.4)
     expected = _explicit_opob_gradient(tiny_model(), batch, c=1.5, variant=variant, proxy=False)
     got, metrics = _update(model, batch, is_truncation=1.5, opob_weight=variant, opob_mode="exact")
-    assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), float((got - expected).abs().max())
+    assert torch.allclose(got, expected, rtol=F64_RTOL, atol=F64_ATOL), float((got - expected).abs().max())
     assert metrics.clip_fraction > 0  # truncation at 1.5 was active, so w̃ != w was exercised
     assert metrics.traj_grad_norm_max >= metrics.traj_grad_norm_mean > 0
 
@@ -82,7 +82,7 @@ def test_proxy_mode_equals_explicit_implementation_with_logit_gradient_norms() -
     expected = _explicit_opob_gradient(tiny_model(), batch, c=1.5, variant="default", proxy=True)
     for mbs in (4, 2):  # whole group in one forward, and a group split over micro-batches
         got, _ = _update(tiny_model(), batch, is_truncation=1.5, opob_mode="proxy", micro_batch_size=mbs)
-        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (
+        assert torch.allclose(got, expected, rtol=F64_RTOL, atol=F64_ATOL), (
             mbs,
             float((got - expected).abs().max()),
         )
@@ -96,7 +96,7 @@ def test_exact_and_chunked_paths_agree_when_the_baseline_is_the_same() -> None:
     b, _ = _update(tiny_model(), batch, loss="tis_seq", advantage="grpo", is_truncation=1e6)
     assert not torch.allclose(a, b)  # IS weights matter
     c, _ = _update(tiny_model(), batch, loss="vcpo", advantage="grpo", is_truncation=1e6, micro_batch_size=5)
-    assert torch.allclose(b, c, rtol=1e-10, atol=1e-13)  # micro-batching does not change the update
+    assert torch.allclose(b, c, rtol=F64_RTOL, atol=F64_ATOL)  # micro-batching does not change the update
 
 
 class _RecordingSGD(torch.optim.SGD):
@@ -148,7 +148,7 @@ def test_token_budget_micro_batches_stay_within_it_and_give_the_same_update(cfg:
     Step(model, opt, step_cfg, logprob_fn=logprob_fn, proxy_fn=proxy_fn)(batch)
     assert len(seen) > 2 and max(seen) <= budget
     got = before - _flat_params(model)
-    assert torch.allclose(got, ref, rtol=1e-9, atol=1e-12), float((got - ref).abs().max())
+    assert torch.allclose(got, ref, rtol=F64_RTOL, atol=F64_ATOL), float((got - ref).abs().max())
 
 
 def test_lr_is_scaled_for_the_step_only_and_restored() -> None:
@@ -266,6 +266,6 @@ def test_two_gloo_ranks_give_the_same_update_and_metrics_as_one_process(tmp_path
         params, metrics = _run(model, make_batch(model, staleness=0.4), name)
         for r in ranks:
             got_params, got_metrics = r[name]
-            assert torch.allclose(got_params, params, rtol=1e-10, atol=1e-12), name
+            assert torch.allclose(got_params, params, rtol=F64_RTOL, atol=F64_ATOL), name
             for k, v in metrics.items():
-                assert got_metrics[k] == pytest.approx(v, rel=1e-9, abs=1e-12), (name, k)
+                assert got_metrics[k] == pytest.approx(v, rel=F64_RTOL, abs=F64_ATOL), (name, k)

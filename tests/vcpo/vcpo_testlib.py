@@ -13,6 +13,12 @@ from torch import nn
 
 from vcpo import PolicyBatch, logprobs_of
 
+# Two algebraically equal float64 computations of an update at these toy sizes (TinyLM; the Qwen2 of
+# test_vcpo_hf: reductions of at most 64 terms, at most ~12 chained, 12 trajectories) differ by at most
+# depth·n·u ≈ 12·64·1.1e-16 ≈ 1e-13 relative (Higham's worst case, u = eps64 / 2), on any kernels and thread
+# count. These bounds leave four orders of margin; a real difference (another update, a term missing) is O(1).
+F64_RTOL, F64_ATOL = 1e-9, 1e-12
+
 
 class TinyLM(nn.Module):
     """A causal LM small enough for per-trajectory gradients in milliseconds: prefix-mean mixing."""

@@ -37,7 +37,9 @@ def test_lag_injection_samples_batch_v_with_version_v_minus_k(lag: int) -> None:
         sb = sampler.sample()
         assert sb.behavior_version == max(0, v - lag)
         b = sb.batch
-        # The behaviour log-probs are those of exactly that version's weights, and of no other.
+        # The behaviour log-probs are those of exactly that version's weights, and of no other. The sampler computed
+        # them with this same call on these same tensors (in this process): equal bit for bit, so the bound only
+        # has to sit below what one perturbation (_perturb) moves them by.
         for u, model in versions.items():
             lp = vcpo.logprobs_of(model, b.input_ids, b.attention_mask) * b.loss_mask
             same = torch.allclose(lp, b.behavior_logprobs, atol=1e-6)
@@ -78,6 +80,8 @@ def test_importance_weights_are_one_at_k0() -> None:
     b = sampler.sample().batch
     lp = vcpo.logprobs_of(policy, b.input_ids, b.attention_mask)
     s = vcpo.sequence_log_weights(lp, b.behavior_logprobs, b.loss_mask)
+    # k=0: the sampler's log-probs are this same logprobs_of call on the same tensors, bit for bit: s is 0 and the
+    # weights 1 exactly; the bounds below are loose on purpose (any difference at all would be a bug here)
     assert s.abs().max() < 1e-5
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     m = vcpo.Step(policy, opt, RunConfig(method="tis", lag=0, lr=1e-3, seed=0).step_config())(b)

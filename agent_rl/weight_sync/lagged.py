@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from agent_rl.weights.publish import Publisher
+from agent_rl.weight_sync.publish import Publisher
 
 if TYPE_CHECKING:
     import torch

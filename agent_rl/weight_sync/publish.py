@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_rl.weight_sync.broadcast import WeightBroadcast
 from agent_rl.weights.adapters import Adapter, loader
-from agent_rl.weights.broadcast import WeightBroadcast
 
 if TYPE_CHECKING:
     import torch

@@ -1,6 +1,6 @@
 """`engines.weight_sync: nccl`: learner rank 0 broadcasts the weights straight to the engines' processes.
 
-torch.distributed broadcast over a group of learner rank 0 + every engine rank (weight_group.py):
+torch.distributed broadcast over a group of learner rank 0 + every engine rank (agent_rl/weights/group.py):
 NCCL when rank 0 holds a GPU, gloo on CPU. Formed once: the engines' `/init_weights_update_group`
 requests run on the rollout loop while rank 0 joins. Each push: the engines get
 `/update_weights_from_distributed` (names, dtypes, shapes, version) on the loop while rank 0
