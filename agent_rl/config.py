@@ -316,6 +316,10 @@ class AlgorithmConfig(Strict):
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)
     """Extra hyper-parameters of the chosen loss (clip ranges, M2PO threshold, ...)."""
+    routing_replay: Literal["off", "rollout"] = "off"
+    """Mixture-of-Experts models: rollout replays, in the learner's forward passes, the experts the engine
+    routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the
+    learner route. Both log rollout/routing_agreement. Needs a MoE model.path and learner.backend: torch."""
 
 
 class LoggingConfig(Strict):

@@ -21,6 +21,7 @@ from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.mismatch import mismatch_metrics
+from agent_rl.learners.routing_replay import route_batch, routing_metrics
 from agent_rl.types import Group
 from agent_rl.weights.group import WeightGroupError
 from vcpo.step import RowResults, StepConfig
@@ -97,7 +98,9 @@ class TorchLearner:
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shards, self.version)) is not None:
             return metrics | skipped
-        raw = self._call("step", [(b,) for b in shards])[0]
+        raws = self._call("step", [(b.policy, route_batch(b.routed_experts, b.policy.loss_mask, b.versions,
+                                                              self.version)) for b in batches])  # fmt: skip
+        raw = {k: v for k, v in raws[0].items() if not k.startswith("routing/")}  # type: ignore[union-attr]
         self._row_uids = [b.uids for b in batches]
         self._rows = self._call("last_rows", [()] * self.dp)  # type: ignore[assignment]
         assert isinstance(raw, dict)
@@ -105,6 +108,7 @@ class TorchLearner:
         metrics |= mismatch_metrics(
             batches, [r.logprobs for r in self._rows], self.version, self.mismatch_threshold
         )
+        metrics |= routing_metrics(raws)  # type: ignore[arg-type]
         if self._payload_mib is None:
             self._payload_mib = self._rank0("payload_bytes") / 2**20
         metrics["weights/push_mib"] = self._payload_mib  # what one push ships (LoRA: the adapter alone)
@@ -201,6 +205,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         step=step,
         seed=spec.seed,
         lora=lc.lora,
+        routing_replay=ac.routing_replay,
     )
 
 
