@@ -100,23 +100,22 @@ def collate(
 
 
 def _routes_tensor(trajs: Sequence[Trajectory], width: int) -> torch.Tensor | None:
-    """[B, T, layers, top_k] int16 of the trajectories' routed experts (-1 past each record), or None when
+    """[B, T, layers x top_k] int16 of the trajectories' routed experts (-1 past each record), or None when
     none has one (a dense model, or engines that do not report routing)."""
     first = next((t.routed_experts for t in trajs if t.routed_experts is not None), None)
     if first is None:
         return None
-    out = torch.full((len(trajs), width, first.layers, first.top_k), -1, dtype=torch.int16)
+    out = torch.full((len(trajs), width, first.width), -1, dtype=torch.int16)
     for i, t in enumerate(trajs):
         r = t.routed_experts
         if r is None:
             continue
-        if (r.layers, r.top_k) != (first.layers, first.top_k):
+        if r.width != first.width:
             raise ValueError(
-                f"collate: trajectory {t.uid} has routed experts of {r.layers} layers x top-{r.top_k}, others "
-                f"{first.layers} x top-{first.top_k}"
+                f"collate: trajectory {t.uid} has routed experts of {r.width} ids per position, others {first.width}"
             )
         out[i, : r.positions] = torch.frombuffer(bytearray(r.ids), dtype=torch.int16).view(
-            r.positions, r.layers, r.top_k
+            r.positions, r.width
         )
     return out
 

@@ -72,30 +72,27 @@ class Segment:
 @dataclass(frozen=True)
 class RoutedExperts:
     """Mixture-of-Experts routing of a token sequence, as an engine recorded it: row i holds, for the token at
-    position i (fed as input) and each decoder layer, the ids of the `top_k` experts the router chose
-    (-1 on layers without experts). Rows cover positions 0..positions-1 (SGLang's `return_routed_experts`
-    layout: the last sampled token is never fed, so a call reports prompt + output - 1 rows)."""
+    position i (fed as input), the ids of the experts the router chose in every decoder layer: `width` =
+    layers x top_k ids, layer-major, -1 on layers without experts (SGLang's `return_routed_experts`
+    layout). Rows cover positions 0..positions-1: the last sampled token is never fed, so one call reports
+    prompt + output - 1 rows. The learner splits a row by its model's layers and top_k."""
 
-    layers: int
-    top_k: int
-    ids: array  # typecode "h" (int16): positions x layers x top_k, row-major
+    width: int
+    ids: array  # typecode "h" (int16): positions x width, row-major
 
     def __post_init__(self) -> None:
         if self.ids.typecode != "h":
             raise TrajectoryError(
                 f"routed experts must be an int16 array ('h'), got typecode {self.ids.typecode!r}"
             )
-        width = self.layers * self.top_k
-        if self.layers < 1 or self.top_k < 1 or len(self.ids) % width:
-            raise TrajectoryError(
-                f"routed experts: {len(self.ids)} ids are not whole rows of {self.layers} layers x {self.top_k}"
-            )
+        if self.width < 1 or len(self.ids) % self.width:
+            raise TrajectoryError(f"routed experts: {len(self.ids)} ids are not whole rows of {self.width}")
 
     @classmethod
-    def from_ints(cls, values, layers: int, top_k: int) -> RoutedExperts:
+    def from_ints(cls, values, width: int) -> RoutedExperts:
         """From any flat sequence of ints (e.g. a decoded SGLang payload); ids must fit int16."""
         try:
-            return cls(layers, top_k, array("h", values))
+            return cls(width, array("h", values))
         except OverflowError:
             raise TrajectoryError(
                 "routed experts: an expert id does not fit int16 (>= 32768 experts?)"
@@ -103,7 +100,7 @@ class RoutedExperts:
 
     @property
     def positions(self) -> int:
-        return len(self.ids) // (self.layers * self.top_k)
+        return len(self.ids) // self.width
 
 
 @dataclass(frozen=True)
@@ -167,10 +164,10 @@ class Trajectory:
                 f"trajectory {self.uid}: routed experts for {routes.positions} positions, but it has {len(self)} tokens"
             )
         old = self.routed_experts
-        if old is not None and (old.layers, old.top_k) != (routes.layers, routes.top_k):
+        if old is not None and old.width != routes.width:
             raise TrajectoryError(
-                f"trajectory {self.uid}: routed experts of {routes.layers} layers x top-{routes.top_k} after "
-                f"{old.layers} x top-{old.top_k}: the calls of one episode came from different models"
+                f"trajectory {self.uid}: routed experts of {routes.width} ids per position after {old.width}: "
+                "the calls of one episode came from different models"
             )
         if old is None or routes.positions >= old.positions:
             self.routed_experts = routes
@@ -258,7 +255,7 @@ class Trajectory:
         }
         routes = self.routed_experts
         if routes is not None:  # int16 rows after the float array
-            header["routes"] = [routes.positions, routes.layers, routes.top_k]
+            header["routes"] = [routes.positions, routes.width]
         ints = array("i", self.prompt_ids)
         floats = array("d")
         for s in self.segments:
@@ -315,10 +312,10 @@ class Trajectory:
             else:
                 traj.segments.append(Segment(ids))
         if (shape := header.get("routes")) is not None:
-            rows, layers, top_k = shape
+            rows, width = shape
             ids = array("h")
-            ids.frombytes(body[end : end + 2 * rows * layers * top_k])
-            traj.set_routed_experts(RoutedExperts(layers, top_k, ids))
+            ids.frombytes(body[end : end + 2 * rows * width])
+            traj.set_routed_experts(RoutedExperts(width, ids))
         traj.validate()
         return traj
 

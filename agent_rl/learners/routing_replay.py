@@ -16,8 +16,9 @@ router sees the tokens of a micro-batch flattened: [B·T] of the padded rows, or
 [Σ lengths] in row order; the hook tells them apart by the count (with no padding they coincide). Rows are
 found by their token ids (vcpo's Step hands the log-prob function sub-batches, not row numbers); two rows
 with equal ids share one record (sampled from the same tokens, the engine routed them alike up to
-near-ties). Under gradient checkpointing a layer is re-run in the backward pass: the hook then replays
-what the forward used.
+near-ties). Under gradient checkpointing a layer is re-run in the backward pass, after the forward's
+context closed: the hook then replays what that layer's last grad-enabled forward used (vcpo runs each
+micro-batch's backward right after its forward).
 
 The same hook measures, with or without replay, `rollout/routing_agreement`: the share of (token, MoE
 layer) pairs, over the trained tokens sampled by the learner's current weights, whose learner top-k
@@ -44,7 +45,7 @@ _STATS = ("routing/agree", "routing/total", "routing/aux_sum", "routing/aux_call
 class RouteBatch:
     """A rank's share of the rollout routing, row-aligned with its PolicyBatch."""
 
-    ids: Tensor  # [B, T, layers, top_k] int16: the engine's experts per position, -1 where not recorded
+    ids: Tensor  # [B, T, layers x top_k] int16: the engine's experts per position, -1 where not recorded
     counted: Tensor  # [B, T] bool: positions counted in rollout/routing_agreement
 
 
@@ -70,8 +71,9 @@ def routers_of(model: nn.Module) -> dict[int, nn.Module]:
 class RoutingReplay:
     """Hooks on a model's routers; `step(...)` scopes a step's records, `rows(...)` a forward pass's rows."""
 
-    def __init__(self, routers: Mapping[int, nn.Module], *, replay: bool):
-        self.replay = replay
+    def __init__(self, routers: Mapping[int, nn.Module], *, layers: int, replay: bool):
+        self.replay, self.layers = replay, layers
+        self.top_k = int(next(iter(routers.values())).top_k)
         self._records: dict[bytes, tuple[Tensor, Tensor]] = {}  # row ids -> (experts [n, L, k], counted [n])
         self._rows: tuple[Tensor | None, Tensor | None, Tensor] | None = None  # ids [B,T,L,k], counted, mask
         self._used: dict[int, Tensor] = {}  # layer -> experts the last grad-enabled forward used (recompute)
@@ -84,7 +86,15 @@ class RoutingReplay:
     def attach(cls, model: nn.Module, *, replay: bool) -> RoutingReplay | None:
         """None for a model without MoE routers (replay asked of a dense model is refused at config load)."""
         routers = routers_of(model)
-        return cls(routers, replay=replay) if routers else None
+        config = getattr(model, "config", None)
+        layers = getattr(getattr(config, "text_config", config), "num_hidden_layers", None)
+        if not routers:
+            return None
+        if layers is None:
+            raise ValueError(
+                f"{type(model).__name__}: MoE routers but no config.num_hidden_layers to read routing by"
+            )
+        return cls(routers, layers=int(layers), replay=replay)
 
     def close(self) -> None:
         for h in self._handles:
@@ -100,9 +110,15 @@ class RoutingReplay:
             )
         self._records = {}
         if routes is not None:
-            lengths = attention_mask.sum(-1).tolist()
-            for b, n in enumerate(lengths):
-                self._records[_key(input_ids[b, :n])] = (routes.ids[b, :n], routes.counted[b, :n])
+            b, t, width = routes.ids.shape
+            if width != self.layers * self.top_k:
+                raise ValueError(
+                    f"the engines report {width} routed expert ids per token, but the learner's model has "
+                    f"{self.layers} layers x top-{self.top_k}: engines and learner must serve the same model"
+                )
+            ids = routes.ids.view(b, t, self.layers, self.top_k)
+            for row, n in enumerate(attention_mask.sum(-1).tolist()):
+                self._records[_key(input_ids[row, :n])] = (ids[row, :n], routes.counted[row, :n])
         try:
             yield
         finally:
@@ -139,11 +155,10 @@ class RoutingReplay:
 
         def hook(module: nn.Module, args: tuple, output: tuple[Tensor, Tensor, Tensor]):
             logits, _weights, own = output
-            in_backward = torch._C._current_graph_task_id() != -1  # a checkpointed layer re-run for backward
-            if in_backward:
+            if self._rows is None:  # outside a forward of ours: a checkpointed layer re-run in backward?
                 used = self._used.get(layer)
-                return output if used is None or not self.replay else _gates(logits, used, norm)
-            if self._rows is None:
+                if self.replay and used is not None and used.shape[0] == logits.shape[0]:
+                    return _gates(logits, used, norm)
                 return output
             ids, counted, am = self._rows
             n = logits.shape[0]

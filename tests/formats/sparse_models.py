@@ -1,8 +1,8 @@
 """Small random Mixture-of-Experts and hybrid linear-attention checkpoints: Qwen3-MoE, Qwen3-Next, Qwen3.5, Qwen3.5-MoE.
 
 Each is written by transformers' own config and model classes (so the layout on disk is what
-`save_pretrained` writes for a downloaded one: per-expert tensors), with the real Qwen tokenizer
-(families.qwen_tokenizer) and the Qwen3 chat template. Every weight is random: transformers initialises
+`save_pretrained` writes for a downloaded one: per-expert tensors), with a given model directory's
+tokenizer or none (token ids only, a small vocabulary). Every weight is random: transformers initialises
 norm scales, DeltaNet's dt_bias and biases to constants, which would let a swapped or dropped one pass
 unseen, so those are drawn here too. Shapes are tiny but keep every structural choice of the real
 models: GQA, head_dim != hidden / heads, a dense MLP between sparse ones (`mlp_only_layers`), top-2 of 8
@@ -85,21 +85,19 @@ SMALL_VOCAB = 4096  # parity checkpoints without a tokenizer: token ids in, the 
 
 
 def sparse_model(arch: str, out: Path, *, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
-    """Write a tiny random `arch` checkpoint into `out`: with the Qwen tokenizer, its vocabulary and the Qwen3
-    chat template when `tokenizer_dir` is given (what `serve` and `train` load), else SMALL_VOCAB token ids."""
+    """Write a tiny random `arch` checkpoint into `out`: with the tokenizer of `tokenizer_dir` (a model directory,
+    e.g. the tiny BPE one `agent_rl.tools.tiny` writes: what `serve` and `train` load) and its vocabulary, else
+    SMALL_VOCAB token ids and no tokenizer."""
     import torch
-    from families import VOCAB
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from agent_rl.openai.templates import TEMPLATES
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = None
-    cfg = sparse_config(arch, SMALL_VOCAB if tokenizer_dir is None else VOCAB)
     if tokenizer_dir is not None:
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
-        tok.eos_token, tok.pad_token, tok.chat_template = "<|im_end|>", "<|endoftext|>", TEMPLATES["qwen3"]
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        cfg = sparse_config(arch, len(tok))
         cfg.eos_token_id, cfg.pad_token_id = tok.eos_token_id, tok.pad_token_id
     else:
+        cfg = sparse_config(arch, SMALL_VOCAB)
         cfg.eos_token_id, cfg.pad_token_id = SMALL_VOCAB - 1, SMALL_VOCAB - 2
     cfg.bos_token_id = None
     torch.manual_seed(seed)

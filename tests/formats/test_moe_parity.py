@@ -100,10 +100,11 @@ async def test_reported_routing_is_hf_router_topk(arch, sparse_dir, hf_of):
     k = hf.config.num_experts_per_tok
     for p, g in zip([*prompts, prompts[0]], gens, strict=True):
         routes = g.routed_experts
-        assert routes is not None and routes.layers == hf.config.num_hidden_layers and routes.top_k == k
+        layers = hf.config.num_hidden_layers
+        assert routes is not None and routes.width == layers * k
         n = len(p) + len(g.token_ids) - 1
         assert routes.positions == n
-        got = torch.tensor(routes.ids).view(n, routes.layers, k)
+        got = torch.tensor(routes.ids).view(n, layers, k)
         with torch.no_grad():
             out = hf(torch.tensor([p + g.token_ids[:-1]]), output_router_logits=True)
         sparse = [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
@@ -111,7 +112,7 @@ async def test_reported_routing_is_hf_router_topk(arch, sparse_dir, hf_of):
         for i, logits in zip(sparse, out.router_logits, strict=True):
             want = logits.softmax(-1).topk(k, dim=-1).indices  # [n, k]
             assert torch.equal(got[:, i].sort(-1).values, want.sort(-1).values.to(got.dtype)), (arch, i)
-        dense = [i for i in range(routes.layers) if i not in sparse]
+        dense = [i for i in range(layers) if i not in sparse]
         assert all(bool((got[:, i] == -1).all()) for i in dense)
 
 

@@ -27,16 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_rl.engines.embedded import SPARSE_ARCHITECTURES  # MoE / hybrid linear attention: sparse.py
 from agent_rl.engines.embedded.cache import KVCache
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
-# Mixture-of-Experts and hybrid linear-attention Qwen models: built by sparse.py on this file's parts
-SPARSE_ARCHITECTURES = (
-    "Qwen3MoeForCausalLM",
-    "Qwen3NextForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -92,7 +92,7 @@ class RoutingTable:
         """Rows 0..positions-1 of `slot` (copied)."""
         ids = array("h")
         ids.frombytes(self.ids[slot, : max(positions, 0)].contiguous().numpy().tobytes())
-        return RoutedExperts(self.layers, self.top_k, ids)
+        return RoutedExperts(self.layers * self.top_k, ids)
 
     def swap(self, a: int, b: int, length: int) -> None:
         if a == b or length <= 0:
