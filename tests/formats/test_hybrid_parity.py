@@ -48,9 +48,10 @@ def test_next_turn_reuses_the_recurrent_state(arch, sparse_dir, hf_of):
 
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
 def test_same_prompt_again_is_prefilled_from_scratch(arch, sparse_dir, hf_of):
-    """A GRPO sibling (the same prompt): keys could be shared, the state at the prompt's end was never kept."""
+    """A GRPO sibling (the same prompt): keys could be shared, the state at the prompt's end was never kept. One
+    slot: the new request starts in the slot the first one left, whose conv inputs and state must not leak in."""
     model_dir = sparse_dir(arch)
-    sched = Scheduler(model_dir, EngineOptions(max_batch=2, max_seq_len=128), seed=0)
+    sched = Scheduler(model_dir, EngineOptions(max_batch=1, max_seq_len=128), seed=0)
     run(sched, "a", PROMPT, max_new_tokens=5, seed=1)
     out = run(sched, "b", PROMPT, max_new_tokens=5, seed=2)[0]
     assert out.cached_tokens == 0
