@@ -321,6 +321,11 @@ class AlgorithmConfig(Strict):
     routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the
     learner route. Both log rollout/routing_agreement. Needs a MoE model.path and learner.backend: torch."""
 
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
 
 class LoggingConfig(Strict):
     run_dir: str | None = None
