@@ -639,6 +639,11 @@ class Recipe(Strict):
                 "algorithm.routing_replay: rollout replays routing in the torch learner (learners/routing_replay.py);"
                 f" learner.backend: {self.learner.backend} has no MoE layers: set learner.backend: torch"
             )
+        if self.algorithm.routing_replay == "rollout" and self.engines.type == "vllm":
+            raise ValueError(
+                "algorithm.routing_replay: rollout needs the engines' routed experts, which VLLMClient does not "
+                "read (vLLM's --enable-return-routed-experts is not wired in): use engines.type: sglang or embedded"
+            )
         return self
 
     @model_validator(mode="after")

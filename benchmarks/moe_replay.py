@@ -177,10 +177,12 @@ def rl_cell(model_dir: Path, run_dir: Path, replay: str, seed: int, steps: int) 
     }
 
 
-def cached(path: Path, fn):
-    """fn()'s JSON result, computed once: `path` holds it once done."""
+def cached(path: Path, fn, *, compute: bool = True):
+    """fn()'s JSON result, computed once: `path` holds it once done. With compute=False: None when not done."""
     if path.is_file():
         return json.loads(path.read_text())
+    if not compute:
+        return None
     value = fn()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(value))
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--quick", action="store_true", help="a smoke run: small SFT, 1 seed, 4 RL steps")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: write the results from the cells done so far, naming the missing ones")  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.samples = 1, 4, 8
@@ -201,41 +205,53 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    stage("1/4 tokenizer + random Qwen3-MoE")
+    compute = not args.report
     base, sft = work / "base", work / "sft"
-    if not (base / "config.json").is_file():
-        build_base(base)
-    stage("2/4 SFT warm start on tiny_arith teacher traces")
-    if not (sft / "config.json").is_file():
-        warm_start(base, sft, work, args.quick)
-    stage("3/4 mismatch and routing agreement, one learner step per cell")
-    mismatch = []
+    if compute:
+        stage("1/4 tokenizer + random Qwen3-MoE")
+        if not (base / "config.json").is_file():
+            build_base(base)
+        stage("2/4 SFT warm start on tiny_arith teacher traces")
+        if not (sft / "config.json").is_file():
+            warm_start(base, sft, work, args.quick)
+        stage("3/4 mismatch and routing agreement, one learner step per cell")
+    mismatch, missing = [], []
     for dtype in ("float32", "bfloat16"):
         for replay in ("off", "rollout"):
             for seed in range(3):
                 cell = cached(work / "cells" / f"mismatch_{dtype}_{replay}_{seed}.json",
-                              lambda: mismatch_cell(sft, dtype, replay, seed, args.samples))  # noqa: B023  # fmt: skip
+                              lambda: mismatch_cell(sft, dtype, replay, seed, args.samples), compute=compute)  # noqa: B023  # fmt: skip
+                if cell is None:
+                    missing.append(f"mismatch {dtype} replay={replay} seed={seed}")
+                    continue
                 mismatch.append({"dtype": dtype, "replay": replay, "seed": seed, **cell})
                 print(json.dumps(mismatch[-1]), flush=True)
-    stage(f"4/4 RL at k=4 in bf16, replay off / on, {args.seeds} seeds")
+    if compute:
+        stage(f"4/4 RL at k=4 in bf16, replay off / on, {args.seeds} seeds")
     rl = []
     for seed in range(args.seeds):
         for replay in ("off", "rollout"):
             run_dir = work / f"rl_{replay}_{seed}"
             cell = cached(work / "cells" / f"rl_{replay}_{seed}_{args.steps}.json",
-                          lambda: rl_cell(sft, run_dir, replay, seed, args.steps))  # noqa: B023  # fmt: skip
+                          lambda: rl_cell(sft, run_dir, replay, seed, args.steps), compute=compute)  # noqa: B023  # fmt: skip
+            if cell is None:
+                missing.append(f"RL replay={replay} seed={seed}")
+                continue
             rl.append({"replay": replay, "seed": seed, **cell})
             print(json.dumps(rl[-1]), flush=True)
-    write_results(args, mismatch, rl, time.time() - t0)
+    write_results(args, mismatch, rl, time.time() - t0, missing)
     return 0
 
 
-def write_results(args: argparse.Namespace, mismatch: list[dict], rl: list[dict], seconds: float) -> None:
+def write_results(
+    args: argparse.Namespace, mismatch: list[dict], rl: list[dict], seconds: float, missing: list[str]
+) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "commit": commit, "load": os.getloadavg()[0], "seconds": seconds, "model": MODEL, "quick": args.quick}  # fmt: skip
+            "commit": commit, "load": os.getloadavg()[0], "seconds": seconds, "model": MODEL, "quick": args.quick,
+            "missing": missing}  # fmt: skip
     out = args.work if args.quick else OUT  # a smoke run's figures stay out of the results
     name = "moe_replay"
     out.mkdir(exist_ok=True)
@@ -276,6 +292,10 @@ def write_results(args: argparse.Namespace, mismatch: list[dict], rl: list[dict]
         rows = [r for r in rl if r["replay"] == replay]
         lines.append(f"| {replay} | {agg(rows, 'accuracy')} | {agg(rows, 'reward_last10')} | {agg(rows, 'ess_ratio_min')} | "
                      f"{agg(rows, 'grad_norm_max')} | {agg(rows, 'mismatch_mean')} | {agg(rows, 'agreement_mean')} |")  # fmt: skip
+    if missing:
+        flags = "" if args.quick else f" --seeds {args.seeds} --steps {args.steps}"
+        lines += ["", f"Not run yet ({len(missing)} cells): {'; '.join(missing)}. They run (and the rest are kept) "
+                  f"with `nice -n 15 .venv/bin/python benchmarks/moe_replay.py{flags}`."]  # fmt: skip
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

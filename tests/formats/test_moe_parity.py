@@ -5,7 +5,7 @@
   summed in sorted order, the chunked vs the token-by-token delta rule): fp32 rounding (~6e-8 relative)
   accumulated over a few hundred-term sums and four layers stays near 1e-6; 1e-4 is the bound the dense
   families use. In bf16 a near-tie of two router probabilities can flip an expert between two kernel
-  orders, so bf16 is compared with the learner's routing replayed instead (tests/learners/test_routing_replay.py).
+  orders, so bf16 is compared with the learner's routing replayed instead (test_moe_replay.py).
 - Greedy decoding writes the tokens transformers' `generate` writes.
 - The routing the engine reports for every fed position is the top-k transformers' router picks for that
   token (as sets: the order within the top-k is the score order), and a per-expert checkpoint (the hub
@@ -18,7 +18,7 @@ import asyncio
 
 import pytest
 import torch
-from sparse_models import ARCHS, MOE_ARCHS
+from sparse_models import ARCHS, HYBRID_ARCHS, MOE_ARCHS
 
 from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
@@ -136,3 +136,16 @@ def test_fused_expert_tensors_load_like_the_per_expert_checkpoint(arch, sparse_d
     a, b = dict(per_expert.named_parameters()), dict(fused.named_parameters())
     assert a.keys() == b.keys()
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_weight_of_the_sparse_models_is_random(arch, sparse_dir):
+    """No tensor is constant: transformers initialises norm scales, dt_bias and biases to constants, and a parity
+    test on a constant one cannot tell a swapped or dropped one (sparse_models.randomise_constants draws them)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(sparse_dir(arch) / "model.safetensors"))
+    constant = [n for n, t in state.items() if t.numel() > 1 and bool((t == t.flatten()[0]).all())]
+    assert not constant, (arch, constant)
+    assert any(n.endswith("norm.weight") for n in state)
+    assert any(n.endswith("dt_bias") for n in state) == (arch in HYBRID_ARCHS)  # DeltaNet's, drawn too

@@ -1,4 +1,5 @@
-"""Rollout routing replay in the torch learner, on engine samples of a tiny Qwen3-MoE / Qwen3.5-MoE (k = 0).
+"""Rollout routing replay in the torch learner, on engine samples of a tiny Qwen3-MoE / Qwen3.5-MoE (k = 0);
+the dense hybrid Qwen3.5 in the learner.
 
 The learner's log-probs of the sampled tokens must be the engine's: fp32 to 1e-4 (the parity bound,
 test_moe_parity.py), bf16 within the dense models' measured mismatch (benchmarks/results/mismatch.md:
@@ -27,7 +28,9 @@ BF16_DENSE_ENVELOPE = 0.1  # no dense tiny model's bf16 token mismatch reached i
 PROMPTS = [[11, 873, 42, 1999, 7, 3051, 260, 18, 4000, 19], [3, 1500, 2201, 99, 64, 3333]]
 
 
-def sample_groups(model_dir, dtype: str, *, samples: int = 6, tokens: int = 12) -> list[Group]:
+def sample_groups(
+    model_dir, dtype: str, *, samples: int = 6, tokens: int = 12, routed: bool = True
+) -> list[Group]:
     """`samples` engine continuations (T=1) of two prompts, as two groups of trajectories with their routing."""
 
     async def run():
@@ -55,7 +58,10 @@ def sample_groups(model_dir, dtype: str, *, samples: int = 6, tokens: int = 12) 
         )
         t.append_sampled(g.token_ids, g.logprobs, g.versions)
         t.set_routed_experts(g.routed_experts)
-        assert t.routed_experts is not None and t.routed_experts.positions == len(t) - 1
+        if routed:
+            assert t.routed_experts is not None and t.routed_experts.positions == len(t) - 1
+        else:
+            assert t.routed_experts is None
         groups[i % 2].append(t)
     return [Group(f"g{k}", v) for k, v in groups.items()]
 
@@ -95,6 +101,16 @@ def test_replayed_learner_logprobs_equal_the_engines_bf16(sparse_dir):
     m = step(model_dir, "bfloat16", "rollout", sample_groups(model_dir, "bfloat16"))
     assert m["rollout/logprob_mismatch_max"] <= BF16_DENSE_ENVELOPE, m
     assert 0.0 < m["rollout/routing_agreement"] <= 1.0
+
+
+def test_torch_learner_on_a_dense_hybrid_model_equals_the_engine_fp32(sparse_dir):
+    """Qwen3.5 (Gated DeltaNet + gated attention, dense MLPs) in the torch learner: rows of two lengths (right
+    padding after a recurrent layer's real tokens), no routing to replay or measure."""
+    model_dir = sparse_dir("qwen3_5")
+    m = step(model_dir, "float32", "off", sample_groups(model_dir, "float32", routed=False))
+    assert m["rollout/logprob_mismatch_tokens"] == 6 * 12
+    assert m["rollout/logprob_mismatch_max"] <= FP32_TOLERANCE, m
+    assert "rollout/routing_agreement" not in m and "learner/moe_aux_loss" not in m
 
 
 def test_routing_agreement_counts_token_layer_pairs(sparse_dir):
