@@ -22,7 +22,7 @@ from sparse_models import ARCHS, HYBRID_ARCHS, MOE_ARCHS
 
 from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
-from agent_rl.engines.embedded.model import load_model
+from agent_rl.engines.embedded.loader import load_model
 
 FP32_TOLERANCE = 1e-4
 # token ids of three prompts of different lengths (the checkpoints have no tokenizer: sparse_models.py)

@@ -28,7 +28,7 @@ import torch
 from agent_rl.engines.api import BadRequest, EngineOptions, FinishReason, Generation, SamplingParams
 from agent_rl.engines.embedded import constrained
 from agent_rl.engines.embedded.cache import KVCache
-from agent_rl.engines.embedded.model import load_model
+from agent_rl.engines.embedded.loader import load_model
 from agent_rl.engines.embedded.sampling import RowParams, TopList, sample
 from agent_rl.weights.tensors import copy_weights_, read_safetensors_dir
 
