@@ -159,6 +159,11 @@ def rl_cell(model_dir: Path, run_dir: Path, replay: str, seed: int, steps: int) 
     report = evaluate(
         recipe_for(model_dir, run_dir, "model.dtype=bfloat16", "eval.limit=100"), checkpoint=run_dir
     )
+    return {"accuracy": report.accuracy, **run_summary(records)}
+
+
+def run_summary(records: list[dict]) -> dict[str, float]:
+    """An RL run's training metrics over its step records."""
 
     def col(key: str) -> list[float]:
         return [float(r[key]) for r in records if key in r]
@@ -166,7 +171,7 @@ def rl_cell(model_dir: Path, run_dir: Path, replay: str, seed: int, steps: int) 
     rewards = col("rollout/reward_mean")
     return {
         "steps": len(records),
-        "accuracy": report.accuracy,
+        "reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
         "reward_last10": statistics.fmean(rewards[-10:]) if rewards else float("nan"),
         "reward_peak": max(rewards) if rewards else float("nan"),
         "ess_ratio_min": min(col("vcpo/ess_ratio") or [float("nan")]),
@@ -239,12 +244,38 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rl.append({"replay": replay, "seed": seed, **cell})
             print(json.dumps(rl[-1]), flush=True)
-    write_results(args, mismatch, rl, time.time() - t0, missing)
+    write_results(args, mismatch, rl, time.time() - t0, missing, partial_pairs(work, args.seeds, rl))
     return 0
 
 
+def partial_pairs(work: Path, seeds: int, done: list[dict]) -> list[dict]:
+    """Seeds whose off/rollout pair is not both done but both runs logged steps: each run's training metrics over
+    the steps both have (no held-out accuracy: that is measured when a run ends)."""
+    from agent_rl.metrics import read_metrics
+
+    out = []
+    for seed in range(seeds):
+        if {r["replay"] for r in done if r["seed"] == seed} == {"off", "rollout"}:
+            continue
+        runs = {rp: work / f"rl_{rp}_{seed}" / "metrics.jsonl" for rp in ("off", "rollout")}
+        if not all(f.is_file() for f in runs.values()):
+            continue
+        records = {
+            rp: [r for r in read_metrics(f.parent) if "rollout/reward_mean" in r] for rp, f in runs.items()
+        }
+        n = min(len(v) for v in records.values())
+        if n:
+            out.append({"seed": seed, "steps": n, **{rp: run_summary(v[:n]) for rp, v in records.items()}})
+    return out
+
+
 def write_results(
-    args: argparse.Namespace, mismatch: list[dict], rl: list[dict], seconds: float, missing: list[str]
+    args: argparse.Namespace,
+    mismatch: list[dict],
+    rl: list[dict],
+    seconds: float,
+    missing: list[str],
+    partial: list[dict],
 ) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -256,7 +287,7 @@ def write_results(
     name = "moe_replay"
     out.mkdir(exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "args": {k: str(v) for k, v in vars(args).items()},
-                                                  "mismatch": mismatch, "rl": rl}, indent=2))  # fmt: skip
+                                                  "mismatch": mismatch, "rl": rl, "rl_partial": partial}, indent=2))  # fmt: skip
 
     def agg(rows: list[dict], key: str) -> str:
         vals = [r[key] for r in rows if key in r]
@@ -292,6 +323,20 @@ def write_results(
         rows = [r for r in rl if r["replay"] == replay]
         lines.append(f"| {replay} | {agg(rows, 'accuracy')} | {agg(rows, 'reward_last10')} | {agg(rows, 'ess_ratio_min')} | "
                      f"{agg(rows, 'grad_norm_max')} | {agg(rows, 'mismatch_mean')} | {agg(rows, 'agreement_mean')} |")  # fmt: skip
+    if partial:
+        lines += [
+            "",
+            "## RL runs not finished: each pair over the steps both logged (no held-out accuracy yet)",
+            "",
+            "| seed | steps | replay | reward mean | reward, last 10 | min ESS ratio | max grad norm | mismatch mean | agreement |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in partial:
+            for replay in ("off", "rollout"):
+                r = p[replay]
+                lines.append(f"| {p['seed']} | {p['steps']} | {replay} | {r['reward_mean']:.3g} | {r['reward_last10']:.3g} | "
+                             f"{r['ess_ratio_min']:.3g} | {r['grad_norm_max']:.3g} | {r['mismatch_mean']:.3g} | "
+                             f"{r['agreement_mean']:.3g} |")  # fmt: skip
     if missing:
         flags = "" if args.quick else f" --seeds {args.seeds} --steps {args.steps}"
         lines += ["", f"Not run yet ({len(missing)} cells): {'; '.join(missing)}. They run (and the rest are kept) "
