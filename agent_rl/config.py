@@ -319,7 +319,8 @@ class AlgorithmConfig(Strict):
     routing_replay: Literal["off", "rollout"] = "off"
     """Mixture-of-Experts models: rollout replays, in the learner's forward passes, the experts the engine
     routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the
-    learner route. Both log rollout/routing_agreement. Needs a MoE model.path and learner.backend: torch."""
+    learner route. Both log rollout/routing_agreement. Needs a MoE model.path, learner.backend: torch and engines
+    that report routing (embedded; SGLang started with --enable-return-routed-experts; not vLLM)."""
 
     @field_validator("routing_replay", mode="before")
     @classmethod
