@@ -284,6 +284,14 @@ def moe_replay_verdict() -> str:
             + f": **{_gap_word(acc, se, 'higher with replay', 'lower with replay')}**; the lowest ESS ratio of any "
             f"step {low['off']:.2f} without replay, {low['rollout']:.2f} with it."
         )
+    for p in r.get("rl_partial", []):
+        off, on = p["off"], p["rollout"]
+        lines.append(
+            f"- RL seed {p['seed']}, unfinished pair over the first {p['steps']} steps both logged (one seed: no "
+            f"verdict): mean reward {off['reward_mean']:.3f} without replay, {on['reward_mean']:.3f} with it; lowest "
+            f"ESS ratio {off['ess_ratio_min']:.2f} vs {on['ess_ratio_min']:.2f}; mean routing agreement "
+            f"{off['agreement_mean']:.2%} vs {on['agreement_mean']:.2%}."
+        )
     missing = r["meta"].get("missing") or []
     if missing:
         lines.append(f"- Not run yet: {'; '.join(missing)}.")
