@@ -115,8 +115,8 @@ def test_torch_learner_on_a_dense_hybrid_model_equals_the_engine_fp32(sparse_dir
 
 def test_routing_agreement_counts_token_layer_pairs(sparse_dir):
     """Without replay: recorded experts of the first sparse layer replaced by others on every token -> that
-    layer never agrees, the other sparse layer always does (fp32): agreement 1/2; the log-probs stay the
-    learner's own (the recorded experts are not used)."""
+    layer never agrees, the other sparse layer (its experts listed in reverse order) always does (fp32):
+    agreement 1/2; the log-probs stay the learner's own (the recorded experts are not used)."""
     model_dir = sparse_dir("qwen3_moe")  # sparse layers 0 and 2 (layer 1 is dense)
     groups = sample_groups(model_dir, "float32")
     k = 2
@@ -126,6 +126,7 @@ def test_routing_agreement_counts_token_layer_pairs(sparse_dir):
             ids[:, 0] = (ids[:, 0] + 1) % 8  # a shifted pair is never the same set ({a, b} -> {a+1, b+1})
             same = (ids[:, 0].sort(-1).values == (ids[:, 0] - 1).remainder(8).sort(-1).values).all(-1)
             assert not bool(same.any())
+            ids[:, 2] = ids[:, 2].flip(-1)  # the other sparse layer's experts in another order: still the same set
             t.routed_experts = type(t.routed_experts).from_ints(ids.flatten().tolist(), 3 * k)
     m = step(model_dir, "float32", "off", groups)
     assert m["rollout/routing_agreement"] == 0.5
