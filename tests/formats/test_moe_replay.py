@@ -126,9 +126,8 @@ def test_routing_agreement_counts_token_layer_pairs(sparse_dir):
             ids[:, 0] = (ids[:, 0] + 1) % 8  # a shifted pair is never the same set ({a, b} -> {a+1, b+1})
             same = (ids[:, 0].sort(-1).values == (ids[:, 0] - 1).remainder(8).sort(-1).values).all(-1)
             assert not bool(same.any())
-            ids[:, 2] = ids[:, 2].flip(
-                -1
-            )  # the other sparse layer's experts in another order: still the same set
+            # the other sparse layer's experts in another order: still the same set
+            ids[:, 2] = ids[:, 2].flip(-1)
             t.routed_experts = type(t.routed_experts).from_ints(ids.flatten().tolist(), 3 * k)
     m = step(model_dir, "float32", "off", groups)
     assert m["rollout/routing_agreement"] == 0.5
