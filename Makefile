@@ -104,6 +104,7 @@ bench: install system-deps
 	$(PY) benchmarks/topology.py
 	$(PY) benchmarks/trajectory_log_bench.py
 	$(PY) benchmarks/constrained_is.py
+	$(PY) benchmarks/moe_replay.py
 	$(MAKE) bench-trl
 
 ## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min).

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agent_rl.types import Group
+from agent_rl.types import Group, Trajectory
 from vcpo.batch import PolicyBatch
 
 
@@ -23,6 +23,9 @@ class LearnerBatch:
     policy: PolicyBatch
     versions: torch.Tensor  # [B, T] long
     uids: tuple[str, ...] = ()  # trajectory uid of each row (rows may be sorted by length)
+    routed_experts: torch.Tensor | None = (
+        None  # MoE: [B, T, layers, top_k] int16 engine routing, -1 unrecorded
+    )
 
     @property
     def num_trajectories(self) -> int:
@@ -42,7 +45,7 @@ def collate(
     """
     if not groups:
         raise ValueError("collate: no groups (a learner step needs at least one group)")
-    flats, group_index, rewards, uids = [], [], [], []
+    flats, group_index, rewards, uids, trajs = [], [], [], [], []
     for gi, g in enumerate(groups):
         if not g.trajectories:
             raise ValueError(f"collate: group {g.group_id!r} has no trajectories")
@@ -57,6 +60,7 @@ def collate(
                     f"collate: trajectory {t.uid} has {len(flat.input_ids)} tokens > max_len {max_len}"
                 )
             flats.append(flat)
+            trajs.append(t)
             group_index.append(gi)
             uids.append(t.uid)
         rewards.extend(g.rewards)
@@ -68,6 +72,7 @@ def collate(
         group_index = [group_index[i] for i in order]
         rewards = [rewards[i] for i in order]
         uids = [uids[i] for i in order]
+        trajs = [trajs[i] for i in order]
     B, T = len(flats), max(len(f.input_ids) for f in flats)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
@@ -91,7 +96,28 @@ def collate(
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(group_index, dtype=torch.long),
     )
-    return LearnerBatch(policy, versions, tuple(uids))
+    return LearnerBatch(policy, versions, tuple(uids), _routes_tensor(trajs, T))
+
+
+def _routes_tensor(trajs: Sequence[Trajectory], width: int) -> torch.Tensor | None:
+    """[B, T, layers x top_k] int16 of the trajectories' routed experts (-1 past each record), or None when
+    none has one (a dense model, or engines that do not report routing)."""
+    first = next((t.routed_experts for t in trajs if t.routed_experts is not None), None)
+    if first is None:
+        return None
+    out = torch.full((len(trajs), width, first.width), -1, dtype=torch.int16)
+    for i, t in enumerate(trajs):
+        r = t.routed_experts
+        if r is None:
+            continue
+        if r.width != first.width:
+            raise ValueError(
+                f"collate: trajectory {t.uid} has routed experts of {r.width} ids per position, others {first.width}"
+            )
+        out[i, : r.positions] = torch.frombuffer(bytearray(r.ids), dtype=torch.int16).view(
+            r.positions, r.width
+        )
+    return out
 
 
 def split_groups(groups: Sequence[Group], world_size: int) -> list[list[Group]]:

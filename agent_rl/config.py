@@ -332,6 +332,16 @@ class AlgorithmConfig(Strict):
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)
     """Extra hyper-parameters of the chosen loss (clip ranges, M2PO threshold, ...)."""
+    routing_replay: Literal["off", "rollout"] = "off"
+    """Mixture-of-Experts models: rollout replays, in the learner's forward passes, the experts the engine
+    routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the
+    learner route. Both log rollout/routing_agreement. Needs a MoE model.path, learner.backend: torch and engines
+    that report routing (embedded; SGLang started with --enable-return-routed-experts; not vLLM)."""
+
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
 
 
 class LoggingConfig(Strict):
@@ -640,6 +650,20 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _routing_replay_in_the_torch_learner(self) -> Recipe:
+        if self.algorithm.routing_replay == "rollout" and self.learner.backend != "torch":
+            raise ValueError(
+                "algorithm.routing_replay: rollout replays routing in the torch learner (learners/routing_replay.py);"
+                f" learner.backend: {self.learner.backend} has no MoE layers: set learner.backend: torch"
+            )
+        if self.algorithm.routing_replay == "rollout" and self.engines.type == "vllm":
+            raise ValueError(
+                "algorithm.routing_replay: rollout needs the engines' routed experts, which VLLMClient does not "
+                "read (vLLM's --enable-return-routed-experts is not wired in): use engines.type: sglang or embedded"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _torch_learner_samples_at_t1(self) -> Recipe:
         # Engines return log-probs of the tempered distribution; the torch learner scores at T=1.
         if self.learner.backend == "torch" and self.rollout.temperature != 1.0:
@@ -739,6 +763,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, *, check_m
         raise ConfigError(validation_messages(e, path, lines, set_by)) from None
     if check_model:
         check_model_dirs(recipe.model, lambda loc: _where(loc, path, lines, set_by))
+        check_model_kind(recipe, lambda loc: _where(loc, path, lines, set_by))
     return recipe
 
 
@@ -826,6 +851,31 @@ def env_path_candidates(value: str, recipe_dir: Path, *, from_override: bool = F
         package / p,
     ]
     return list(dict.fromkeys(c.resolve() for c in out))
+
+
+def check_model_kind(recipe: Recipe, where: Any) -> None:
+    """What the model's architecture rules out: Megatron builds dense decoders only; routing replay needs experts."""
+    import json
+
+    from agent_rl.engines.embedded import SPARSE_ARCHITECTURES
+
+    c = json.loads((Path(recipe.model.path).expanduser() / "config.json").read_text())
+    arch = (c.get("architectures") or ["?"])[0]
+    experts = c.get("num_experts", c.get("num_local_experts")) or 0
+    if recipe.learner.backend == "megatron" and (arch in SPARSE_ARCHITECTURES or experts):
+        raise ConfigError(
+            [
+                f"{where(('learner', 'backend'))}: learner.backend: megatron does not build {arch} (Mixture-of-Experts "
+                "or linear-attention layers; megatron-core's MoE layer is not wired in): use learner.backend: torch"
+            ]
+        )
+    if recipe.algorithm.routing_replay == "rollout" and not experts:
+        raise ConfigError(
+            [
+                f"{where(('algorithm', 'routing_replay'))}: algorithm.routing_replay: rollout replays the experts "
+                f"of a Mixture-of-Experts model, but {recipe.model.path} ({arch}) has none: set it to off"
+            ]
+        )
 
 
 HF_WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json")

@@ -70,6 +70,40 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class RoutedExperts:
+    """Mixture-of-Experts routing of a token sequence, as an engine recorded it: row i holds, for the token at
+    position i (fed as input), the ids of the experts the router chose in every decoder layer: `width` =
+    layers x top_k ids, layer-major, -1 on layers without experts (SGLang's `return_routed_experts`
+    layout). Rows cover positions 0..positions-1: the last sampled token is never fed, so one call reports
+    prompt + output - 1 rows. The learner splits a row by its model's layers and top_k."""
+
+    width: int
+    ids: array  # typecode "h" (int16): positions x width, row-major
+
+    def __post_init__(self) -> None:
+        if self.ids.typecode != "h":
+            raise TrajectoryError(
+                f"routed experts must be an int16 array ('h'), got typecode {self.ids.typecode!r}"
+            )
+        if self.width < 1 or len(self.ids) % self.width:
+            raise TrajectoryError(f"routed experts: {len(self.ids)} ids are not whole rows of {self.width}")
+
+    @classmethod
+    def from_ints(cls, values, width: int) -> RoutedExperts:
+        """From any flat sequence of ints (e.g. a decoded SGLang payload); ids must fit int16."""
+        try:
+            return cls(width, array("h", values))
+        except OverflowError:
+            raise TrajectoryError(
+                "routed experts: an expert id does not fit int16 (>= 32768 experts?)"
+            ) from None
+
+    @property
+    def positions(self) -> int:
+        return len(self.ids) // self.width
+
+
+@dataclass(frozen=True)
 class TurnInfo:
     """What happened in one turn: for metrics, never read by the learner."""
 
@@ -107,6 +141,7 @@ class Trajectory:
     masked: bool = False  # void turn etc.: loss mask 0 everywhere, reward still counts in the group
     turns: list[TurnInfo] = field(default_factory=list)
     extras: dict[str, float] = field(default_factory=dict)  # logging only
+    routed_experts: RoutedExperts | None = None  # MoE: the engine's routing of positions 0..n-1 (n <= len)
 
     # -- building ---------------------------------------------------------------------
     def append_sampled(self, token_ids: list[int], logprobs: list[float], versions: list[int] | int) -> None:
@@ -117,6 +152,25 @@ class Trajectory:
         seg.check(f"trajectory {self.uid} segment {len(self.segments)}")
         if seg.token_ids:
             self.segments.append(seg)
+
+    def set_routed_experts(self, routes: RoutedExperts | None) -> None:
+        """Keep the engine's latest routing record: each call's prompt extends the previous one, so the newest
+        covers every earlier position (as the engine computed it for that call: after a weight update, the
+        prefix recomputed under the new weights). A shorter or missing record leaves the kept one."""
+        if routes is None:
+            return
+        if routes.positions > len(self):
+            raise TrajectoryError(
+                f"trajectory {self.uid}: routed experts for {routes.positions} positions, but it has {len(self)} tokens"
+            )
+        old = self.routed_experts
+        if old is not None and old.width != routes.width:
+            raise TrajectoryError(
+                f"trajectory {self.uid}: routed experts of {routes.width} ids per position after {old.width}: "
+                "the calls of one episode came from different models"
+            )
+        if old is None or routes.positions >= old.positions:
+            self.routed_experts = routes
 
     def append_env(self, token_ids: list[int]) -> None:
         """Append environment tokens (tool output, template glue): loss mask 0."""
@@ -199,6 +253,9 @@ class Trajectory:
             "n_prompt": len(self.prompt_ids),
             "segments": [[len(s.token_ids), s.sampled] for s in self.segments],
         }
+        routes = self.routed_experts
+        if routes is not None:  # int16 rows after the float array
+            header["routes"] = [routes.positions, routes.width]
         ints = array("i", self.prompt_ids)
         floats = array("d")
         for s in self.segments:
@@ -209,6 +266,8 @@ class Trajectory:
                 floats.extend(s.logprobs)
         hb = json.dumps(header, separators=(",", ":")).encode()
         body = struct.pack("<III", len(hb), len(ints), len(floats)) + hb + ints.tobytes() + floats.tobytes()
+        if routes is not None:
+            body += routes.ids.tobytes()
         return _MAGIC + struct.pack("<H", _FORMAT_VERSION) + zlib.compress(body, 1)
 
     @classmethod
@@ -228,7 +287,8 @@ class Trajectory:
         ints = array("i")
         ints.frombytes(body[12 + nh : 12 + nh + 4 * ni])
         floats = array("d")
-        floats.frombytes(body[12 + nh + 4 * ni : 12 + nh + 4 * ni + 8 * nf])
+        end = 12 + nh + 4 * ni + 8 * nf
+        floats.frombytes(body[12 + nh + 4 * ni : end])
         ip, fp = header["n_prompt"], 0
         traj = cls(
             uid=header["uid"],
@@ -251,6 +311,11 @@ class Trajectory:
                 fp += n
             else:
                 traj.segments.append(Segment(ids))
+        if (shape := header.get("routes")) is not None:
+            rows, width = shape
+            ids = array("h")
+            ids.frombytes(body[end : end + 2 * rows * width])
+            traj.set_routed_experts(RoutedExperts(width, ids))
         traj.validate()
         return traj
 

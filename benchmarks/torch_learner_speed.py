@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_paths import portable
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 PARTIAL = OUT / "torch_learner_speed.partial.json"
@@ -256,7 +258,7 @@ def main() -> None:
                 f"  {r['tokens_per_cpu_s']:.0f} tok/cpu-s, peak RSS {r['peak_rss_mib']:.0f} MiB", flush=True
             )
         OUT.mkdir(parents=True, exist_ok=True)
-        PARTIAL.write_text(json.dumps(done, indent=1))
+        PARTIAL.write_text(portable(json.dumps(done, indent=1)))
     write_report(
         {
             _key(c): done.get(_key(c), {"cell": c, "error": "not run (--report-only before it ran)"})
@@ -281,7 +283,7 @@ def write_report(results: dict[str, dict], args: argparse.Namespace) -> None:
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
     }  # fmt: skip
     report = {"config": meta, "cells": results, "ratios": ratios(results)}
-    (OUT / "torch_learner_speed.json").write_text(json.dumps(report, indent=2))
+    (OUT / "torch_learner_speed.json").write_text(portable(json.dumps(report, indent=2)))
     md = markdown(report)
     (OUT / "torch_learner_speed.md").write_text(md)
     print(md)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from agent_rl.types import RoutedExperts
     from agent_rl.weights.group import GroupSpec, TensorMeta
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -71,6 +72,9 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the model's EOS (benchmarks, fixed-length probes)
     top_logprobs: int = 0  # also return this many alternatives per sampled token (Generation.top_logprobs)
     constraint: Constraint | None = None  # grammar-constrained sampling
+    return_routed_experts: bool = (
+        False  # MoE: also return the experts every fed position went to (SGLang's R3)
+    )
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -107,6 +111,9 @@ class Generation:
     finish_reason: FinishReason
     unmasked_logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None  # when SamplingParams.top_logprobs > 0
+    routed_experts: RoutedExperts | None = (
+        None  # MoE, when asked and the engine records it: prompt + output - 1 rows
+    )
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

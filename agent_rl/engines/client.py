@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from agent_rl.engines import routed_experts
 from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
 from agent_rl.weights.adapters import Adapter, adapter_name
 from agent_rl.weights.group import GroupSpec, TensorMeta
@@ -144,6 +145,8 @@ class SGLangClient(HTTPEngine):
         }
         if sampling.top_logprobs:
             body["top_logprobs_num"] = sampling.top_logprobs
+        if sampling.return_routed_experts:  # MoE rollout routing (engines/routed_experts.py)
+            body["return_routed_experts"] = True
         return body | ({"lora_path": lora} if lora is not None else {})
 
     async def generate(
@@ -164,8 +167,9 @@ class SGLangClient(HTTPEngine):
             ]
         # SGLang reports the log-probs of the (masked) distribution it sampled from; not the unmasked ones
         return Generation(
-            ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]], top_logprobs=tops
-        )
+            ids, logprobs, list(versions), FINISH[meta["finish_reason"]["type"]], top_logprobs=tops,
+            routed_experts=routed_experts.from_meta(meta, request_id) if sampling.return_routed_experts else None,
+        )  # fmt: skip
 
     PAUSE_BODY = {"mode": "abort"}  # PauseGenerationReqInput
     # LoadLoRAAdapterReqInput / UnloadLoRAAdapterReqInput; the server needs --enable-lora (and --max-lora-rank)

@@ -114,6 +114,7 @@ class GenerateReq(Strict):
     return_text_in_logprobs: bool = False
     stream: bool = False
     lora_path: str | list[str | None] | None = None  # a loaded adapter's name (embedded: the one loaded)
+    return_routed_experts: bool = False  # MoE: meta_info.routed_experts (engines/routed_experts.py)
 
     @model_validator(mode="after")
     def _one_input(self):

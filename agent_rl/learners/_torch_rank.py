@@ -7,6 +7,7 @@ the vcpo step's collectives on `dp_group`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from safetensors.torch import load_model, save_model
 
 from agent_rl.learners._schedule import build_scheduler
 from agent_rl.learners.hf_logprobs import HFLogprobs
+from agent_rl.learners.routing_replay import RouteBatch, RoutingReplay
 from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
 from vcpo.logprobs import CHUNK_TOKENS
@@ -51,6 +53,7 @@ class RankSpec:
     pack: bool = True  # a micro-batch's trajectories as one packed row (hf_logprobs.py); False: padded rows
     logprob_chunk_tokens: int = CHUNK_TOKENS  # tokens per chunk of the output head + log-softmax
     compile: bool = False  # torch.compile the decoder (dynamic shapes)
+    routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's experts (routing_replay.py)
 
 
 class TorchRank:
@@ -75,6 +78,7 @@ class TorchRank:
         self._lp = HFLogprobs(
             model, pack=spec.pack, chunk_tokens=spec.logprob_chunk_tokens, compile=spec.compile
         )
+        self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
         # No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -103,21 +107,39 @@ class TorchRank:
     def _logprobs(
         self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        with torch.autocast(
-            self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+        with (
+            torch.autocast(
+                self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+            ),
+            self._rows(input_ids, attention_mask),
         ):
             return self._lp.logprobs(model, input_ids, attention_mask)
 
     def _proxy(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        with torch.autocast(
-            self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+        with (
+            torch.autocast(
+                self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
+            ),
+            self._rows(input_ids, attention_mask),
         ):
             return self._lp.proxy(model, input_ids, attention_mask)
 
-    def step(self, batch: PolicyBatch) -> dict[str, float]:
-        """One optimizer update on this rank's share; every rank must call it (collectives inside)."""
+    def _rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        return self._routing.rows(input_ids, attention_mask) if self._routing else contextlib.nullcontext()
+
+    def step(self, batch: PolicyBatch, routes: RouteBatch | None = None) -> dict[str, float]:
+        """One optimizer update on this rank's share; every rank must call it (collectives inside).
+        `routes`: the rollout's routed experts of an MoE model (replayed, and measured: routing_replay.py)."""
         lr = self.scheduler.get_last_lr()[0]
-        metrics = dict(self._step(batch.to(self.device)).as_dict())
+        batch = batch.to(self.device)
+        with (
+            self._routing.step(batch.input_ids, batch.attention_mask, routes)
+            if self._routing
+            else contextlib.nullcontext()
+        ):
+            metrics = dict(self._step(batch).as_dict())
+        if self._routing is not None:
+            metrics |= self._routing.pop_stats()
         self.scheduler.step()
         metrics["lr_scheduled"] = lr
         return metrics

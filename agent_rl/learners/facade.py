@@ -16,6 +16,7 @@ from agent_rl.learners._inprocess import InProcessPool
 from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.mismatch import mismatch_metrics
+from agent_rl.learners.routing_replay import route_batch, routing_metrics
 from agent_rl.weights.group import WeightGroupError
 
 if TYPE_CHECKING:
@@ -61,13 +62,21 @@ class RankLearner:
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shares, self.version)) is not None:
             return metrics | skipped
-        raw = self.pool.call("step", kind.step_args(shares, kind.world))[0]
+        args = kind.step_args(shares, kind.world)
+        if (
+            kind.routes
+        ):  # the rollout's routed experts of an MoE model, replayed and measured (routing_replay.py)
+            args = [(*a, route_batch(b.routed_experts, b.policy.loss_mask, b.versions, self.version))
+                    for a, b in zip(args, batches, strict=True)]  # fmt: skip
+        raws = self.pool.call("step", args)
+        raw = {k: v for k, v in raws[0].items() if not k.startswith("routing/")}
         self._row_uids = [b.uids for b in batches]
         self._rows = kind.rows(self.pool.call("last_rows", [()] * kind.world))
         metrics |= step_metrics(raw, shares, time.perf_counter() - t0)
         metrics |= mismatch_metrics(
             batches, [r.logprobs for r in self._rows], self.version, self.mismatch_threshold
         )
+        metrics |= routing_metrics(raws)
         if kind.reports_payload:
             if self._payload_mib is None:
                 self._payload_mib = self.pool.call_rank0("payload_bytes") / 2**20

@@ -34,6 +34,7 @@ class RankKind:
     weights_are_collective: bool = False  # reading the weights gathers shards: every rank takes part
     lora: bool = False  # ranks train adapters (`adapter()` answers; pushes ship the adapter alone)
     reports_payload: bool = True  # ranks answer `payload_bytes()` (bytes one weight push ships)
+    routes: bool = False  # each rank's `step` also takes its share's rollout routing (MoE: routing_replay.py)
 
 
 def one_share_each(shares: Sequence[PolicyBatch], world: int) -> list[tuple[Any, ...]]:

@@ -48,6 +48,12 @@ class ModelDims:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], source: str = "config") -> ModelDims:
         """From a Hugging Face config.json's fields; a missing field is named in the error."""
+        if cfg.get("num_experts", cfg.get("num_local_experts")) or "linear_attention" in (
+            cfg.get("layer_types") or ()
+        ):
+            raise ValueError(
+                f"{source}: Mixture-of-Experts / linear-attention layers are not in this memory model"
+            )
         need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
         for name in need:
             if not isinstance(cfg.get(name), int):

@@ -52,6 +52,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         pack=lc.pack_sequences is not False,
         logprob_chunk_tokens=lc.logprob_chunk_tokens,
         compile=lc.compile,
+        routing_replay=ac.routing_replay,
     )
 
 
@@ -81,5 +82,5 @@ def torch_kind(spec: LearnerSpec) -> RankKind:
     rs = rank_spec(spec)
     return RankKind(
         name="torch", spec=rs, build=build_torch_rank, world=spec.learner.dp, dp=spec.learner.dp,
-        step_args=one_share_each, rows=_own_rows, lora=rs.lora is not None,
+        step_args=one_share_each, rows=_own_rows, lora=rs.lora is not None, routes=True,
     )  # fmt: skip

@@ -188,12 +188,14 @@ class EpisodeRunner:
                     max_new_tokens=min(budget, room),
                     stop=tuple(env.stop_strings),
                     seed=_seed(self.seed, traj.uid, len(traj.turns), len(turn_ids)),
+                    return_routed_experts=True,  # MoE engines report routing (replay, routing agreement)
                 )
                 t0 = time.monotonic()
                 rid = f"{traj.uid}/{len(traj.turns)}.{len(turn_ids)}"  # unique; a pool sticks by traj.uid
                 gen = await self._generate(traj.prompt_ids + traj.response_ids, sampling, rid)
                 gen_s += time.monotonic() - t0
                 traj.append_sampled(gen.token_ids, gen.logprobs, list(gen.versions))
+                traj.set_routed_experts(gen.routed_experts)
                 turn_ids += gen.token_ids
                 budget -= len(gen.token_ids)
                 self.counters.sampled_tokens += len(gen.token_ids)

@@ -27,7 +27,7 @@ from typing import Any
 from agent_rl.config import RolloutConfig
 from agent_rl.engines.api import EngineError, Generation, SamplingParams
 from agent_rl.rollout.episodes import EpisodeRunner, RolloutCounters
-from agent_rl.types import FinishReason, Segment, Trajectory, TurnInfo
+from agent_rl.types import FinishReason, RoutedExperts, Segment, Trajectory, TurnInfo
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -88,6 +88,7 @@ class Update:  # worker -> driver: the trajectory `uid` as it stands now, as a c
     reward: float | None
     finish_reason: FinishReason | None
     masked: bool
+    routed_experts: RoutedExperts | None = None  # MoE: the trajectory's new routing record (None: unchanged)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class _Sent:
     prompt_ids: list[int] | None = None
     segments: list[Segment] = field(default_factory=list)
     turns: list[TurnInfo] = field(default_factory=list)
+    routed_experts: RoutedExperts | None = None
 
 
 class RemoteBuffer:
@@ -228,9 +230,11 @@ class RemoteBuffer:
             Update(
                 traj.uid, prompt, k, traj.segments[k:], t, traj.turns[t:], dict(traj.extras),
                 traj.reward, traj.finish_reason, traj.masked,
+                None if sent.routed_experts is traj.routed_experts else traj.routed_experts,
             )
         )  # fmt: skip
         sent.prompt_ids, sent.segments, sent.turns = traj.prompt_ids, list(traj.segments), list(traj.turns)
+        sent.routed_experts = traj.routed_experts
 
     def fork(self, member: Trajectory, n: int) -> Trajectory:
         traj = Trajectory(

@@ -246,6 +246,8 @@ class ShardedRollouts:
         traj.turns.extend(u.turns)
         traj.extras, traj.reward, traj.masked = u.extras, u.reward, u.masked
         traj.finish_reason = u.finish_reason
+        if u.routed_experts is not None:
+            traj.routed_experts = u.routed_experts
         if first and any(seg.sampled for seg in u.segments):  # its oldest version: the group may now be over
             self._check_doom(traj.group_id)
 

@@ -281,10 +281,93 @@ def vs_trl_caveats() -> str:
     return "\n".join(out)
 
 
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and its standard error (std / sqrt(n)); no SE from one value."""
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return m, None
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    return m, (var / n) ** 0.5
+
+
+def _gap_word(diff: float, se: float | None, up: str, down: str) -> str:
+    if diff == 0 and not se:
+        return "identical"
+    if se is None:
+        return "one seed, no spread"
+    if se == 0 or abs(diff) / se < SEPARATED_AT_SE:
+        return "not separated"
+    return up if diff > 0 else down
+
+
+def moe_replay_verdict() -> str:
+    """What routing replay changed on the tiny MoE (benchmarks/results/moe_replay.json): per-seed paired gaps."""
+    r = load("moe_replay.json")
+    cells = {(c["dtype"], c["replay"], c["seed"]): c for c in r["mismatch"]}
+    lines = []
+    for dtype in ("float32", "bfloat16"):
+        seeds = sorted(s for d, rp, s in cells if d == dtype and rp == "off" and (d, "rollout", s) in cells)
+        if not seeds:
+            lines.append(f"- {dtype}: **missing** (not run yet).")
+            continue
+        agree, _ = _mean_se([cells[dtype, "off", s]["routing_agreement"] for s in seeds])
+        gaps = [
+            cells[dtype, "rollout", s]["mismatch_mean"] - cells[dtype, "off", s]["mismatch_mean"]
+            for s in seeds
+        ]
+        off, _ = _mean_se([cells[dtype, "off", s]["mismatch_mean"] for s in seeds])
+        gap, se = _mean_se(gaps)
+        word = _gap_word(gap, se, "higher with replay", "lower with replay")
+        spread = f" ± {se:.2g}" if se is not None else ""
+        lines.append(
+            f"- {dtype}, one learner step: the learner routed {1 - agree:.2%} of (token, MoE layer) pairs elsewhere "
+            f"than the engine without replay; replay moved the mean |log π − log μ| by {gap:+.2g}{spread} "
+            f"(from {off:.2g}; {len(seeds)} paired sampling seeds): **{word}**."
+        )
+    rl = r["rl"]
+    pairs = sorted(
+        s
+        for s in {c["seed"] for c in rl}
+        if {c["replay"] for c in rl if c["seed"] == s} == {"off", "rollout"}
+    )
+    by = {(c["replay"], c["seed"]): c for c in rl}
+    steps = r["args"]["steps"]
+    if not pairs:
+        lines.append(f"- RL in bf16 at k=4, {steps} steps: **missing** (not run yet).")
+    else:
+        acc, se = _mean_se([by["rollout", s]["accuracy"] - by["off", s]["accuracy"] for s in pairs])
+        low = {rp: min(by[rp, s]["ess_ratio_min"] for s in pairs) for rp in ("off", "rollout")}
+        lines.append(
+            f"- RL in bf16 at k=4, {steps} steps, {len(pairs)} paired seed(s): held-out accuracy with replay minus "
+            f"without {acc:+.2f}"
+            + (f" ± {se:.2f}" if se is not None else "")
+            + f": **{_gap_word(acc, se, 'higher with replay', 'lower with replay')}**; the lowest ESS ratio of any "
+            f"step {low['off']:.2f} without replay, {low['rollout']:.2f} with it."
+        )
+    for p in r.get("rl_partial", []):
+        off, on = p["off"], p["rollout"]
+        lines.append(
+            f"- RL seed {p['seed']}, unfinished pair over the first {p['steps']} steps both logged (one seed: no "
+            f"verdict): mean reward {off['reward_mean']:.3f} without replay, {on['reward_mean']:.3f} with it; lowest "
+            f"ESS ratio {off['ess_ratio_min']:.2f} vs {on['ess_ratio_min']:.2f}; mean routing agreement "
+            f"{off['agreement_mean']:.2%} vs {on['agreement_mean']:.2%}."
+        )
+    missing = r["meta"].get("missing") or []
+    if missing:
+        lines.append(f"- Not run yet: {'; '.join(missing)}.")
+    lines.append(
+        f"\n(`benchmarks/results/moe_replay.json`, {r['meta']['date']}, commit {r['meta']['commit']}; gaps are means "
+        f"of per-seed differences ± their standard error, named only at {SEPARATED_AT_SE:g} SE or more.)"
+    )
+    return "\n".join(lines)
+
+
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
+    "moe_replay_verdict": lambda docs: moe_replay_verdict(),
 }

@@ -109,8 +109,9 @@ def sglang_types() -> dict[str, set[str]]:
 
 def test_sglang_client_request_bodies_use_sglang_field_names(sglang_types):
     body = SGLangClient.generate_body(
-        [1, 2], SamplingParams(stop=("x",), stop_token_ids=(3,), seed=1), "rid-1"
+        [1, 2], SamplingParams(stop=("x",), stop_token_ids=(3,), seed=1, return_routed_experts=True), "rid-1"
     )
+    assert "return_routed_experts" in body  # MoE rollout routing (engines/routed_experts.py)
     assert set(body) <= sglang_types["GenerateReqInput"]
     assert set(body["sampling_params"]) <= sglang_types["SamplingParams"]
     assert set(SGLangClient.PAUSE_BODY) <= sglang_types["PauseGenerationReqInput"]

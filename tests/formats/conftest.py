@@ -29,3 +29,36 @@ def family_dir(qwen_tok_dir, tmp_path_factory):
         return made[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def sparse_dir(tmp_path_factory):
+    """arch -> a tiny random MoE / hybrid checkpoint without a tokenizer (sparse_models.py), made once."""
+    from sparse_models import sparse_model
+
+    made: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = sparse_model(arch, tmp_path_factory.mktemp(arch))
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_of():
+    """model dir -> its transformers model (fp32, eval), loaded once per session."""
+    cache: dict[str, object] = {}
+
+    def get(model_dir):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if str(model_dir) not in cache:
+            cache[str(model_dir)] = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32
+            ).eval()
+        return cache[str(model_dir)]
+
+    return get

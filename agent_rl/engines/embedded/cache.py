@@ -15,14 +15,29 @@ import torch
 
 if TYPE_CHECKING:
     from agent_rl.engines.embedded.model import Step
+    from agent_rl.engines.embedded.moe import RoutingTable
 
 
 class KVCache:
+    routes: RoutingTable | None = None  # MoE models: the experts each cached position was routed to (moe.py)
+
     def __init__(self, *, layers: int, slots: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype):
         shape = (slots, kv_heads, max_seq_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.slots, self.max_seq_len, self.head_dim = slots, max_seq_len, head_dim
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def usable_prefix(self, cached: list[int], prompt: list[int]) -> int:
+        """How many leading tokens of `prompt` a slot holding `cached` can skip: keys of any shared prefix."""
+        n = min(len(cached), len(prompt))
+        i = 0
+        while i < n and cached[i] == prompt[i]:
+            i += 1
+        return i
 
     def update(
         self, layer: int, step: Step, k: torch.Tensor, v: torch.Tensor

@@ -147,6 +147,7 @@ class EmbeddedEngine:
             on_finish=on_finish,
             top_n=top_logprobs,
             on_token=None if on_token is None else token_cb,
+            routed_experts=sampling.return_routed_experts,
         )
         await self.call(lambda: self.scheduler.add(req))
         try:

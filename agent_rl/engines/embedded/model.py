@@ -22,6 +22,7 @@ Why hand-written and how it is fast on CPU (measured on SmolLM2-135M, benchmarks
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_rl.engines.embedded import SPARSE_ARCHITECTURES  # MoE / hybrid linear attention: sparse.py
 from agent_rl.engines.embedded.cache import KVCache
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
@@ -51,6 +53,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    architecture: str = ""  # config.json's architectures[0]
     # Mistral: a query at position p attends to keys p - sliding_window + 1 .. p (as transformers masks it)
     sliding_window: int | None = None
 
@@ -64,9 +67,10 @@ class ModelConfig:
             )
         c = json.loads(path.read_text())
         arch = (c.get("architectures") or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in SUPPORTED_ARCHITECTURES + SPARSE_ARCHITECTURES:
             raise ValueError(
-                f"{path}: architecture {arch!r} is not supported; use one of {SUPPORTED_ARCHITECTURES}"
+                f"{path}: architecture {arch!r} is not supported; use one of "
+                f"{SUPPORTED_ARCHITECTURES + SPARSE_ARCHITECTURES}"
             )
         rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -87,7 +91,7 @@ class ModelConfig:
         return cls(
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
-            intermediate_size=c["intermediate_size"],
+            intermediate_size=c.get("intermediate_size", 0),  # Qwen3.5-MoE: every MLP is sparse
             num_layers=c["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=c.get("num_key_value_heads", heads),
@@ -95,10 +99,11 @@ class ModelConfig:
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
             attention_bias=c.get("attention_bias", arch == "Qwen2ForCausalLM"),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch == "Qwen3ForCausalLM" or arch in SPARSE_ARCHITECTURES,
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             max_position_embeddings=c.get("max_position_embeddings", 2048),
             eos_token_ids=tuple(dict.fromkeys(eos)),
+            architecture=arch,
             sliding_window=window,
         )
 
@@ -239,16 +244,20 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+
     def forward(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         x = self.self_attn(self.input_layernorm(x), x, step, cache)
         return self.mlp(self.post_attention_layernorm(x), x)
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, make_layer: Callable[[ModelConfig, int], nn.Module] = DecoderLayer):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(make_layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -264,15 +273,17 @@ class Step:
     sin: torch.Tensor  # [B, S, 1, d], sign of rotate_half folded in
     bias: torch.Tensor  # additive mask [B, 1, 1, S, T]
     write: torch.Tensor  # flat cache row of each (row, position, kv head), [B*S*nkv]
+    positions: torch.Tensor | None = None  # [B, S] (linear-attention and MoE layers: sparse.py)
+    last: torch.Tensor | None = None  # [B] index of each row's last real position
 
 
 class CausalLM(nn.Module):
     """`model.*` + `lm_head` exactly as in a Hugging Face `*ForCausalLM` checkpoint."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, make_layer: Callable[[ModelConfig, int], nn.Module] = DecoderLayer):
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
+        self.model = Backbone(cfg, make_layer)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -282,11 +293,22 @@ class CausalLM(nn.Module):
     def fuse(self) -> None:
         """Store every matrix transposed and fused (see the module docstring); parameters become views."""
         for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+            layer.fuse()
         self.head = PackedHead([self.lm_head])  # [H, V]; tied: the embedding is a view of it
         if self.cfg.tie_word_embeddings:
             self.model.embed_tokens.weight = self.lm_head.weight
+
+    def checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors under this module's parameter names (sparse.py merges per-expert tensors)."""
+        return state
+
+    def new_cache(self, *, slots: int, max_seq_len: int) -> KVCache:
+        """The per-slot state this model keeps between steps (keys and values; sparse.py adds more)."""
+        c = self.cfg
+        return KVCache(
+            layers=c.num_layers, slots=slots, kv_heads=c.num_kv_heads, max_seq_len=max_seq_len,
+            head_dim=c.head_dim, dtype=self.lm_head.weight.dtype,
+        )  # fmt: skip
 
     def setup_rope(self, max_seq_len: int) -> None:
         """Precompute cos/sin tables (fp32, like HF) for positions 0..max_seq_len-1."""
@@ -328,41 +350,11 @@ class CausalLM(nn.Module):
                 hidden[:, None, None], float("-inf")
             ),
             write=(slot_rows + positions[:, :, None]).reshape(-1),
+            positions=positions,
+            last=last,
         )
         x = self.model.embed_tokens.weight[tokens.reshape(-1)].to(dtype)  # [B*S, H]
         for layer in self.model.layers:
             x = layer(x, step, cache)
         x = x.view(b, s, -1)[torch.arange(b), last]  # only the rows' last real positions need logits
         return self.head(self.model.norm(x)).float()
-
-
-def load_model(model_dir: str | Path, *, dtype: str = "float32", max_seq_len: int = 2048) -> CausalLM:
-    """Build the module from config.json and load every *.safetensors file of the directory (strict)."""
-    from agent_rl.weights.tensors import read_safetensors_dir
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPES)}")
-    cfg = ModelConfig.from_dir(model_dir)
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device="cpu").to(DTYPES[dtype])
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    state = read_safetensors_dir(model_dir)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = {n: t for n, t in state.items() if not n.endswith("rotary_emb.inv_freq")}
-    expected = {n for n, _ in model.named_parameters()}
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    if missing or unexpected:
-        raise ValueError(
-            f"{model_dir}: checkpoint does not match {type(model).__name__}: "
-            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-        )
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
-    model.fuse()
-    model.setup_rope(max_seq_len)
-    return model.eval()

@@ -28,7 +28,7 @@ import torch
 from agent_rl.engines.api import BadRequest, EngineOptions, FinishReason, Generation, SamplingParams
 from agent_rl.engines.embedded import constrained
 from agent_rl.engines.embedded.cache import KVCache
-from agent_rl.engines.embedded.model import load_model
+from agent_rl.engines.embedded.loader import load_model
 from agent_rl.engines.embedded.sampling import RowParams, TopList, sample
 from agent_rl.weights.tensors import copy_weights_, read_safetensors_dir
 
@@ -67,6 +67,9 @@ class Request:
     versions: list[int] = field(default_factory=list)
     tops: list[TopList] = field(default_factory=list)
     unmasked: list[float] = field(default_factory=list)  # constrained requests: log-probs without the mask
+    routed_experts: bool = (
+        False  # MoE: report the experts every fed position was routed to (Output.routed_experts)
+    )
     created: float = field(default_factory=time.monotonic)
 
 
@@ -83,17 +86,9 @@ class Scheduler:
         self.model_dir = str(model_dir)
         self.model = load_model(model_dir, dtype=dtype, max_seq_len=max_seq_len)
         cfg = self.model.cfg
-        self.cache = KVCache(
-            layers=cfg.num_layers,
-            slots=max_batch,
-            kv_heads=cfg.num_kv_heads,
-            max_seq_len=max_seq_len,
-            head_dim=cfg.head_dim,
-            dtype=self.model.lm_head.weight.dtype,
-        )
+        self.cache: KVCache = self.model.new_cache(slots=max_batch, max_seq_len=max_seq_len)
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
-        cache_bytes = sum(t.numel() * t.element_size() for t in (*self.cache.k, *self.cache.v))
-        log.info("KV cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, cache_bytes / 2**20)
+        log.info("cache: %d slots x %d tokens = %.0f MiB", max_batch, max_seq_len, self.cache.nbytes / 2**20)
         self.eos_ids = frozenset(cfg.eos_token_ids)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -160,7 +155,8 @@ class Scheduler:
         """Copy new weights into the model in place and set the version that stamps the next tokens."""
         if (path is None) == (tensors is None):
             raise BadRequest("update_weights needs exactly one of path= or tensors=")
-        copy_weights_(self.model, read_safetensors_dir(path) if path is not None else tensors)
+        new = read_safetensors_dir(path) if path is not None else tensors
+        copy_weights_(self.model, self.model.checkpoint_state(dict(new)))
         self.weights_changed(version)
 
     def weights_changed(self, version: int) -> None:
@@ -215,7 +211,7 @@ class Scheduler:
         """The free slot sharing the longest cached prefix with `prompt`, else the least recently used one."""
         best, best_len = min(free, key=lambda i: self.slots[i].last_used), 0
         for i in free:
-            n = _common_prefix(self.slots[i].tokens, prompt)
+            n = self.cache.usable_prefix(self.slots[i].tokens, prompt)
             if n > best_len:
                 best, best_len = i, n
         return best, best_len
@@ -299,6 +295,9 @@ class Scheduler:
     def _finish(
         self, r: Request, reason: FinishReason, matched: int | str | None, error: str | None = None
     ) -> None:
+        routes = None
+        if r.routed_experts and self.cache.routes is not None and r in self.running:
+            routes = self.cache.routes.read(r.slot, len(r.prompt) + len(r.tokens) - 1)
         if r in self.running:
             self._clock += 1
             # Keys/values exist for the prompt and every output token but the last (never fed back).
@@ -308,7 +307,9 @@ class Scheduler:
         else:
             self.waiting.remove(r)
         unmasked = list(r.unmasked) if r.sampling.constraint is not None else None
-        gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked)
+        gen = Generation(
+            list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked, routed_experts=routes
+        )
         tops = list(r.tops) if r.top_n > 0 else None
         r.on_finish(
             Output(
@@ -322,14 +323,6 @@ class Scheduler:
             self._finish(r, "abort", None, error=f"engine step failed: {type(error).__name__}: {error}")
         for s in self.slots:
             s.tokens, s.busy = [], False
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _load_tokenizer(model_dir: str | Path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent_rl.engines import routed_experts
 from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.lora_routes import check_lora_path
@@ -57,10 +59,13 @@ async def generate(request: web.Request) -> web.Response:
             rid = (
                 base if not req.batched else f"{base}-{p}-{i}" if req.sampling_params.n > 1 else f"{base}-{p}"
             )
+            params = req.sampling_params.to_params(i)
+            if req.return_routed_experts:
+                params = dataclasses.replace(params, return_routed_experts=True)
             jobs.append(
                 engine.generate_full(
                     ids,
-                    req.sampling_params.to_params(i),
+                    params,
                     request_id=rid,
                     top_logprobs=req.top_logprobs_num if req.return_logprob else 0,
                 )
@@ -98,6 +103,8 @@ def _generate_result(req: GenerateReq, engine: EmbeddedEngine, out: Output) -> d
             meta["output_top_logprobs"] = [
                 [[lp, t, piece(t)] for t, lp in top] for top in (out.top_logprobs or [])
             ]
+    if g.routed_experts is not None:
+        meta |= routed_experts.to_meta(g.routed_experts)
     return {"text": trim_stop(text, out, sp.no_stop_trim), "output_ids": g.token_ids, "meta_info": meta}
 
 
