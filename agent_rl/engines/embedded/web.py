@@ -9,6 +9,7 @@ from agent_rl.engines.embedded.scheduler import Output
 
 ENGINE = web.AppKey("engine", EmbeddedEngine)
 MODEL_PATH = web.AppKey("model_path", str)
+WEIGHT_DIRS = web.AppKey("weight_dirs", object)  # tuple of roots weights may be loaded from; None: anywhere
 
 
 def tokenizer(request: web.Request):
