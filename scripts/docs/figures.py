@@ -220,10 +220,18 @@ def vs_trl_caveats() -> str:
     return "\n".join(out)
 
 
+def reliability_faults() -> str:
+    """The fault campaign's table (each fault run beside its uninterrupted run) and totals, as in its results file."""
+    from benchmarks.reliability import fault_table
+
+    return "\n".join(fault_table(load("reliability.json"))).rstrip() + "\n"
+
+
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
+    "reliability_faults": lambda docs: reliability_faults(),
 }
