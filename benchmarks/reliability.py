@@ -19,7 +19,10 @@ Faults (each `--repeats` times, at a random step and a random moment within it)
 For each run: completed or not, the last line the user saw on stderr, recovery time (fault -> next step
 logged), and the audit of batches.jsonl: every step once, no trajectory delivered twice, every delivered
 group whole, and against the uninterrupted run: the prompts of every step, how often each prompt was
-trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index).
+trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index); and both runs side by
+side: steps, prompts used, trajectories admitted into training, the final weights' versions. A completed
+uninterrupted run in --work is reused by a later invocation, so the campaign can be run (and resumed) one fault
+at a time with --merge.
 Node and replica faults (engine node lost, learner node lost + --resume, a replica added or removed mid-run) run
 on a Ray cluster of several nodes on this machine: benchmarks/reliability_cluster.py.
 Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
@@ -715,13 +718,14 @@ def fault_table(report: dict) -> list[str]:
                 and a.get("short_batches") == 0
             )
             saw = (f["user_saw"] or "(nothing: the run went on)").replace("|", "\\|")
+            earlier = "" if "fault_run" in a else "(an earlier campaign, before the run's key) "
             lines.append(
                 f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {yn(f['completed'])} | {both(a, 'steps')} | "
                 f"{both(a, 'prompts_used')} | {both(a, 'trajectories_admitted')} | "
                 f"{both(a, 'final_checkpoint_version')} | {both(a, 'last_step_sampled_by')} | {once} | "
                 f"{yn(a.get('same_prompts_as_uninterrupted'))} | {yn(a.get('prompt_counts_equal'))} | "
                 f"{yn(a.get('same_trajectory_ids'))} | {a.get('lost_trajectories', '-')} / {a.get('extra_trajectories', '-')} | "
-                f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {f['note']} |"
+                f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {earlier}{f['note']} |"
             )
         lines.append("")
     if report.get("summary", {}).get("fault_runs"):
