@@ -161,6 +161,7 @@ def evaluate_all(
 ) -> list[EvalReport]:
     """Evaluate a training checkpoint (its hf/ export; a run dir means its latest checkpoint) or the recipe's
     model on every env of `envs.eval` (default: the train env), one report each."""
+    from agent_rl import auth
     from agent_rl import checkpoint as ckpt
     from agent_rl.runtime import Runtime
 
@@ -180,7 +181,7 @@ def evaluate_all(
             update={"path": str(model_dir), "tokenizer": tokenizer or model.tokenizer or model.path}
         )
     specs = eval_specs(recipe.envs)[:1] if first_only else eval_specs(recipe.envs)
-    with Runtime(recipe, model=model) as rt:
+    with auth.run_access(None), Runtime(recipe, model=model) as rt:  # the run's key for what it starts
         return [_report(rt, spec, progress) for spec in specs]
 
 

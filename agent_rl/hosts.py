@@ -14,6 +14,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_rl import auth
 from agent_rl.config import EngineConfig, LoraConfig, ModelConfig
 from agent_rl.engines.elastic import Engines, Replica
 from agent_rl.errors import UserError
@@ -27,9 +28,10 @@ class ServerHost:
     """A Ray actor that runs one server process on its node (an embedded or SGLang engine, or the sandbox
     service) and reports the server's URL."""
 
-    def __init__(self, kind: str, target: str, kw: dict[str, Any], seed: int) -> None:
+    def __init__(self, kind: str, target: str, kw: dict[str, Any], seed: int, env: dict[str, str]) -> None:
         from agent_rl.engines import launch
 
+        auth.apply_server_env(env)  # the run's key and weight dirs, for the server it starts
         host = node_ip()
         if kind == "sglang":
             self.handle = launch.launch_sglang(target, host=host, seed=seed, **kw)
@@ -67,7 +69,8 @@ async def host_server(role: Role, kind: str, target: str, kw: dict[str, Any], se
             await asyncio.wait_for(_ray(pg.ready()), timeout_s)
         except TimeoutError:
             reserve_failed(role, 1, "PACK", timeout_s, pg)
-    actor = ray.remote(ServerHost).options(**actor_options(role, pg, 0)).remote(kind, target, kw, seed)
+    env = auth.server_env()  # a start argument, never Ray's runtime_env (which its dashboard and logs show)
+    actor = ray.remote(ServerHost).options(**actor_options(role, pg, 0)).remote(kind, target, kw, seed, env)
     try:
         url, node = await asyncio.gather(_ray(actor.url.remote()), _ray(actor.node.remote()))
     except ray.exceptions.RayError as e:

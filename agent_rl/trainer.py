@@ -12,7 +12,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from agent_rl import checkpoint, evaluate, placement, rundir
+import envs
+from agent_rl import auth, checkpoint, evaluate, placement, rundir
 from agent_rl.config import Recipe
 from agent_rl.metrics import RunWriter, log_batch, mean_reward, progress_fields
 from agent_rl.monitor import LoopMonitor
@@ -29,7 +30,8 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
     if resuming:
         rundir.warn_on_differences(run_dir, recipe)
     rundir.announce(run_dir, recipe, resuming)
-    with Runtime(recipe, address=address, with_learner=True) as rt, ExitStack() as cleanup:
+    access = auth.run_access(run_dir, external_agents=envs.load(recipe.envs.train).external is not None)
+    with access, Runtime(recipe, address=address, with_learner=True) as rt, ExitStack() as cleanup:
         learner = rt.learner
         state = checkpoint.load(checkpoint.latest(run_dir), learner) if resuming else None
         start = rt.start(run_dir, state)  # buffer, prompts, first weight push, rollout workers

@@ -19,7 +19,10 @@ Faults (each `--repeats` times, at a random step and a random moment within it)
 For each run: completed or not, the last line the user saw on stderr, recovery time (fault -> next step
 logged), and the audit of batches.jsonl: every step once, no trajectory delivered twice, every delivered
 group whole, and against the uninterrupted run: the prompts of every step, how often each prompt was
-trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index).
+trained, the trajectory ids, and lost / extra trajectories by (step, prompt, member index); and both runs side by
+side: steps, prompts used, trajectories admitted into training, the final weights' versions. A completed
+uninterrupted run in --work is reused by a later invocation, so the campaign can be run (and resumed) one fault
+at a time with --merge.
 Node and replica faults (engine node lost, learner node lost + --resume, a replica added or removed mid-run) run
 on a Ray cluster of several nodes on this machine: benchmarks/reliability_cluster.py.
 Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -224,18 +228,50 @@ def audit(run_dir: Path, batch_prompts: int, reference: list[dict]) -> dict:
         "lost_trajectories": sum((ref - mine).values()),
         "extra_trajectories": sum((mine - ref).values()),
     }  # fmt: skip
+    out["fault_run"], out["uninterrupted"] = (
+        run_summary(bs, run_dir),
+        run_summary(reference, REFERENCE_DIRS.get(id(reference))),
+    )
     last = (metrics(run_dir) or [{}])[-1]
     out["episodes_ended_as_error"] = int(last.get("rollout/errors", 0))
     out["groups_dropped_for_error"] = int(last.get("buffer/dropped_error", 0))
     return out
 
 
+def final_version(run_dir: Path | None) -> int | None:
+    """The policy version of the run's last checkpoint (checkpoints/latest/**/learner.json), None if none."""
+    if run_dir is None:
+        return None
+    found = sorted((run_dir / "checkpoints" / "latest").glob("**/learner.json"))
+    return json.loads(found[0].read_text())["version"] if found else None
+
+
+def run_summary(bs: list[dict], run_dir: Path | None) -> dict:
+    """What a run trained, for the table's side-by-side columns: steps, prompts used (distinct / all), trajectories
+    admitted into training, and the final weights' versions (the last checkpoint's, and the newest version that
+    sampled a token of the last step)."""
+    last_versions = [v for runs in (bs[-1].get("versions") or []) for v, _ in runs] if bs else []
+    tasks = [t for b in bs for t in b["tasks"]]
+    return {
+        "steps": len(bs),
+        "prompts_used": len(tasks),
+        "distinct_prompts": len(set(tasks)),
+        "trajectories_admitted": sum(len(b["uids"]) for b in bs),
+        "final_checkpoint_version": final_version(run_dir),
+        "last_step_sampled_by": max(last_versions) if last_versions else None,
+    }
+
+
 def reference_run(work: Path, model: Path, sets: dict, cache: dict[str, list[dict]]) -> list[dict]:
-    """batches.jsonl of an uninterrupted run with these settings (run once per distinct settings)."""
+    """batches.jsonl of an uninterrupted run with these settings (run once per distinct settings; a completed one
+    from an earlier invocation in the same --work dir is reused, so the campaign resumes fault by fault)."""
     key = json.dumps(sets, sort_keys=True, default=str)
+    slug = "reference-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    run_dir = work / slug
+    if key not in cache and (run_dir / "COMPLETE").exists():
+        cache[key] = batches(run_dir)
+        REFERENCE_DIRS[id(cache[key])] = run_dir
     if key not in cache:
-        slug = f"reference-{len(cache)}"
-        run_dir = work / slug
         shutil.rmtree(run_dir, ignore_errors=True)
         (work / f"{slug}.log").unlink(missing_ok=True)
         print(f"  uninterrupted reference run {slug}: {sets}", flush=True)
@@ -246,7 +282,14 @@ def reference_run(work: Path, model: Path, sets: dict, cache: dict[str, list[dic
             raise RuntimeError(
                 f"the reference run {run_dir} did not complete: {last_error_line(work / f'{slug}.log')}"
             )
+        (run_dir / "COMPLETE").write_text(key + "\n")
+        REFERENCE_DIRS[id(cache[key])] = run_dir
     return cache[key]
+
+
+REFERENCE_DIRS: dict[
+    int, Path
+] = {}  # id(reference batches) -> its run dir (for the final checkpoint version)
 
 
 @dataclass
@@ -635,6 +678,73 @@ def summarize(faults: list[dict]) -> dict:
     }
 
 
+def fault_table(report: dict) -> list[str]:
+    """The faults section of the report (Markdown lines): one row per fault run, beside its uninterrupted run, and
+    the totals; the docs' reliability page shows the same lines (scripts/docs/figures.py)."""
+    lines: list[str] = []
+    if report.get("faults"):
+        lines += [
+            "Each fault run is compared with an uninterrupted run of the same config (batches.jsonl): the prompts of "
+            "every step, how often each prompt was trained, the trajectory ids, and (step, prompt, member) keys, which "
+            "survive a group that was sampled again under a new id after an error.",
+            "",
+            "Both runs side by side: each `a / b` cell is the fault run / the uninterrupted run (steps trained, "
+            "prompts used (all / distinct), trajectories admitted into training, final weights' version: the last "
+            "checkpoint's, and the newest version that sampled the last step).",
+            "",
+            "| fault | run | at step | completed | steps: fault / uninterrupted | prompts used | trajectories admitted | "
+            "final checkpoint version | last step sampled by version | steps once, no duplicate | "
+            "prompts per step = uninterrupted | prompt counts = uninterrupted | trajectory ids = uninterrupted | "
+            "lost / extra trajectories | episodes ended as error | recovery s | what the user saw | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+
+        def both(a: dict, key: str) -> str:
+            mine, ref = a.get("fault_run") or {}, a.get("uninterrupted") or {}
+            if key == "prompts_used":
+                return (
+                    f"{mine.get(key, '-')} ({mine.get('distinct_prompts', '-')}) / "
+                    f"{ref.get(key, '-')} ({ref.get('distinct_prompts', '-')})"
+                )
+            return f"{mine.get(key, '-')} / {ref.get(key, '-')}"
+
+        def yn(v: object) -> str:
+            return "-" if v is None else ("yes" if v else "no")
+
+        for f in report["faults"]:
+            a = f["audit"]
+            once = yn(
+                a
+                and a.get("steps_ok")
+                and a.get("duplicated_trajectories") == 0
+                and a.get("short_batches") == 0
+            )
+            saw = (f["user_saw"] or "(nothing: the run went on)").replace("|", "\\|")
+            earlier = "" if "fault_run" in a else "(an earlier campaign, before the run's key) "
+            lines.append(
+                f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {yn(f['completed'])} | {both(a, 'steps')} | "
+                f"{both(a, 'prompts_used')} | {both(a, 'trajectories_admitted')} | "
+                f"{both(a, 'final_checkpoint_version')} | {both(a, 'last_step_sampled_by')} | {once} | "
+                f"{yn(a.get('same_prompts_as_uninterrupted'))} | {yn(a.get('prompt_counts_equal'))} | "
+                f"{yn(a.get('same_trajectory_ids'))} | {a.get('lost_trajectories', '-')} / {a.get('extra_trajectories', '-')} | "
+                f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {earlier}{f['note']} |"
+            )
+        lines.append("")
+    if report.get("summary", {}).get("fault_runs"):
+        t = report["summary"]
+        lines += [
+            f"Totals over {t['fault_runs']} fault runs: {t['completed']} completed; prompts per step as uninterrupted "
+            f"in {t['same_prompts_as_uninterrupted']}, prompt counts equal in {t['prompt_counts_equal']}, trajectory "
+            f"ids equal in {t['same_trajectory_ids']}; trajectories lost {t['lost_trajectories']}, extra "
+            f"{t['extra_trajectories']}, duplicated {t['duplicated_trajectories']}; episodes ended as error "
+            f"{t['episodes_ended_as_error']}. Runs per fault: "
+            + ", ".join(f"{name} {n}" for name, n in Counter(f["fault"] for f in report["faults"]).items())
+            + ".",
+            "",
+        ]
+    return lines
+
+
 def write_markdown(report: dict) -> None:
     lines = [
         "# Reliability: load and faults",
@@ -671,48 +781,8 @@ def write_markdown(report: dict) -> None:
             "",
         ]
     if report.get("faults"):
-        lines += [
-            "## Faults (each injected at a random step and moment; k=0)",
-            "",
-            "Each fault run is compared with an uninterrupted run of the same config (batches.jsonl): the prompts of "
-            "every step, how often each prompt was trained, the trajectory ids, and (step, prompt, member) keys, which "
-            "survive a group that was sampled again under a new id after an error.",
-            "",
-            "| fault | run | at step | completed | steps once, no duplicate | prompts per step = uninterrupted | "
-            "prompt counts = uninterrupted | trajectory ids = uninterrupted | lost / extra trajectories | "
-            "episodes ended as error | recovery s | what the user saw | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-
-        def yn(v: object) -> str:
-            return "-" if v is None else ("yes" if v else "no")
-
-        for f in report["faults"]:
-            a = f["audit"]
-            once = yn(
-                a
-                and a.get("steps_ok")
-                and a.get("duplicated_trajectories") == 0
-                and a.get("short_batches") == 0
-            )
-            saw = (f["user_saw"] or "(nothing: the run went on)").replace("|", "\\|")
-            lines.append(
-                f"| {f['fault']} | {f['repeat']} | {f['at_step']} | {yn(f['completed'])} | {once} | "
-                f"{yn(a.get('same_prompts_as_uninterrupted'))} | {yn(a.get('prompt_counts_equal'))} | "
-                f"{yn(a.get('same_trajectory_ids'))} | {a.get('lost_trajectories', '-')} / {a.get('extra_trajectories', '-')} | "
-                f"{a.get('episodes_ended_as_error', '-')} | {f['recovery_s']} | {saw} | {f['note']} |"
-            )
-        lines.append("")
-    if report.get("summary", {}).get("fault_runs"):
-        t = report["summary"]
-        lines += [
-            f"Totals over {t['fault_runs']} fault runs: {t['completed']} completed; prompts per step as uninterrupted "
-            f"in {t['same_prompts_as_uninterrupted']}, prompt counts equal in {t['prompt_counts_equal']}, trajectory "
-            f"ids equal in {t['same_trajectory_ids']}; trajectories lost {t['lost_trajectories']}, extra "
-            f"{t['extra_trajectories']}, duplicated {t['duplicated_trajectories']}; episodes ended as error "
-            f"{t['episodes_ended_as_error']}.",
-            "",
-        ]
+        lines += ["## Faults (each injected at a random step and moment; k=0)", ""]
+    lines += fault_table(report)
     if report.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()), ""]
     (RESULTS / "reliability.md").write_text(portable("\n".join(lines) + "\n"))

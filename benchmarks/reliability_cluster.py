@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.cluster import LocalCluster
 from benchmarks.reliability import (
+    REFERENCE_DIRS,
     ROOT,
     STEPS,
     FaultResult,
@@ -78,7 +79,11 @@ def _members(run_dir: Path) -> list[dict]:
 
 
 def reference(work: Path, model: Path) -> list[dict]:
+    """The uninterrupted cluster run (a completed one in `work` from an earlier invocation is reused)."""
     run_dir = work / "cluster_reference"
+    if (run_dir / "COMPLETE").exists():
+        REFERENCE_DIRS[id(bs := batches(run_dir))] = run_dir
+        return bs
     shutil.rmtree(run_dir, ignore_errors=True)
     with LocalCluster(dict(NODES)) as cluster:
         run = start(_cmd(model, run_dir, cluster), work / "cluster_reference.log")
@@ -87,7 +92,9 @@ def reference(work: Path, model: Path) -> list[dict]:
         raise RuntimeError(
             f"the uninterrupted cluster run did not complete: {last_error_line(work / 'cluster_reference.log')}"
         )
-    return batches(run_dir)
+    (run_dir / "COMPLETE").write_text("cluster reference\n")
+    REFERENCE_DIRS[id(bs := batches(run_dir))] = run_dir
+    return bs
 
 
 def cell(name: str, repeat: int, rng: random.Random, work: Path, model: Path, ref: list[dict]) -> FaultResult:

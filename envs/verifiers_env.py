@@ -24,7 +24,7 @@ from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, env_config
 from envs.types import EnvError, Task
 
-KEY_VAR = "AGENT_RL_GATEWAY_KEY"  # verifiers reads the API key from an env var; the gateway takes any key
+KEY_VAR = "AGENT_RL_GATEWAY_KEY"  # verifiers reads the API key from an env var: the gateway's (the client's)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class VerifiersEnv(AgentEnv):
         loaded = _load(self.spec)
         loop_resources()[f"verifiers:{id(loaded)}"] = loaded
         await loaded.start()
-        os.environ.setdefault(KEY_VAR, "agent-rl")
+        os.environ[KEY_VAR] = client.api_key  # the run's key, which the gateway asks of every request
         ctx = vf.ModelContext(
             model=self.spec.verifiers.model,
             client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=KEY_VAR),

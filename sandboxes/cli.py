@@ -8,6 +8,7 @@ import signal
 import sys
 
 from sandboxes.api import GiB, Limits
+from sandboxes.auth import InsecureBind, add_key_args, check_bind, key_from_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--run", default="", help="value of the containers' agent-rl.run label (docker)")
     serve.add_argument("--preload", default="", help="modules the fork-servers import once, comma-separated")
     serve.add_argument("--allow-unsafe", action="store_true", help="required for --backend unsafe-subprocess")
+    add_key_args(serve)
     serve.add_argument(
         "--mcp",
         action="store_true",
@@ -59,6 +61,12 @@ async def _serve(args: argparse.Namespace) -> int:
     import sandboxes
     from sandboxes.server import SandboxService
 
+    key = key_from_args(args)
+    try:
+        check_bind(args.host, key, insecure=args.insecure, service="agent-rl sandbox serve")
+    except InsecureBind as e:
+        print(f"agent-rl: {e}", file=sys.stderr)
+        return 2
     limits = Limits(timeout_s=args.timeout, memory_bytes=int(args.memory_gib * GiB))
     options: dict[str, object] = {}
     if args.backend == "docker":
@@ -78,7 +86,7 @@ async def _serve(args: argparse.Namespace) -> int:
         async def run(code: str) -> str:
             return plain_output(await sandbox.run(code, limits=limits))
 
-        mcp = McpToolServer(default=run)
+        mcp = McpToolServer(default=run, api_key=key)
     await sandbox.start()
     if args.mcp:
         url = await mcp.start(args.host, args.port)
@@ -89,7 +97,7 @@ async def _serve(args: argparse.Namespace) -> int:
             await sandbox.close()
 
     else:
-        runner = web.AppRunner(SandboxService(sandbox, limits).app())
+        runner = web.AppRunner(SandboxService(sandbox, limits, api_key=key).app())
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()

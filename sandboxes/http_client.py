@@ -1,7 +1,8 @@
 """The "http" backend: a `Sandbox` whose calls go to a remote `agent-rl sandbox serve`.
 
 Lets rollout workers on many machines share one sandbox fleet. Transport errors raise
-`SandboxError` (an infrastructure failure, not a tool result).
+`SandboxError` (an infrastructure failure, not a tool result). Every request carries the key as
+`Authorization: Bearer KEY` (`api_key`, default $AGENT_RL_API_KEY: a training run's key; sandboxes/auth.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from sandboxes.api import ExecResult, Limits, Sandbox, SandboxError, Session, check_files
+from sandboxes.auth import bearer, env_key
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,16 @@ class HttpOptions:
 
 
 class HttpSandbox(Sandbox):
-    def __init__(self, opts: HttpOptions, *, pool_size: int = 1, limits: Limits | None = None):
+    def __init__(
+        self,
+        opts: HttpOptions,
+        *,
+        pool_size: int = 1,
+        limits: Limits | None = None,
+        api_key: str | None = None,
+    ):
         self.opts = opts
+        self.headers = bearer(api_key or env_key())  # never an option: options end up in resolved configs
         self.url = opts.url.rstrip("/")
         self.limits = limits or Limits()
         self.pool_size = pool_size
@@ -35,7 +45,9 @@ class HttpSandbox(Sandbox):
 
     def _session(self) -> aiohttp.ClientSession:
         if self._client is None:
-            self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.pool_size))
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.pool_size), headers=self.headers
+            )
         return self._client
 
     async def start(self) -> None:

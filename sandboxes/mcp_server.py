@@ -9,7 +9,9 @@ service's limits). A training run serves each agent episode's own sandbox (the e
 session) at the episode's URL, so frameworks connect as they connect to any MCP server: by URL. The MCP
 protocol, sessions and transport are the SDK's; what is written here is the per-episode routing (an ASGI
 wrapper that strips `/episodes/<id>` and tells the tool which sandbox to use) and running uvicorn on the
-caller's event loop. `pip install 'agent-rl[mcp]'`.
+caller's event loop. Like every service the project starts, it wants `Authorization: Bearer KEY` on every
+request (`api_key`, default $AGENT_RL_API_KEY: a training run's key, which the agent's openai client carries as
+its `api_key`; sandboxes/auth.py). `pip install 'agent-rl[mcp]'`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandboxes.api import ExecResult
+from sandboxes.auth import asgi_key_check, env_key
 
 Run = Callable[[str], Awaitable[str]]
 INSTALL = "MCP tool servers need the mcp SDK: pip install 'agent-rl[mcp]' (or pip install 'mcp>=2')"
@@ -41,13 +44,16 @@ def plain_output(res: ExecResult) -> str:
 
 
 class McpToolServer:
-    def __init__(self, default: Run | None = None, *, name: str = "agent-rl-sandbox"):
+    def __init__(
+        self, default: Run | None = None, *, name: str = "agent-rl-sandbox", api_key: str | None = None
+    ):
         try:
             from mcp.server.mcpserver import Context, MCPServer
             from mcp.server.mcpserver.exceptions import ToolError
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(INSTALL, name="mcp") from e
         self.default = default
+        self.api_key = api_key or env_key()  # None: no key asked (loopback only, see sandboxes/cli.py)
         self.host, self.port = "127.0.0.1", 0
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -76,8 +82,10 @@ class McpToolServer:
     def unregister(self, episode: str) -> None:
         self.runs.pop(episode, None)
 
-    def app(self) -> Any:
-        inner = self.mcp.streamable_http_app(stateless_http=True, json_response=True)
+    def app(self, host: str = "127.0.0.1") -> Any:
+        """The ASGI app for a server bound to `host` (the SDK's Host-header check allows only 127.0.0.1, localhost
+        and ::1 for those, and none for another address: the key is what keeps strangers out there)."""
+        inner = self.mcp.streamable_http_app(stateless_http=True, json_response=True, host=host)
 
         async def route(scope: dict, receive: Any, send: Any) -> None:
             path = scope.get("path", "")
@@ -86,7 +94,7 @@ class McpToolServer:
                 scope = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode(), _EPISODE: episode}
             await inner(scope, receive, send)
 
-        return route
+        return asgi_key_check(route, self.api_key)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on the running event loop (uvicorn, no signal handlers of its own); the /mcp URL."""
@@ -99,7 +107,7 @@ class McpToolServer:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))  # a taken port raises EADDRINUSE here, not inside uvicorn
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="on")
+        config = uvicorn.Config(self.app(host), log_level="warning", lifespan="on")
         self._server = Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:

@@ -8,7 +8,8 @@ Endpoints:
   GET  /health                200 {"status": "ok"} once a call has succeeded
   GET  /metrics               Prometheus text: pool counters
 
-Request bodies are read in full before a sandbox is taken, and the response is written after
+Every request but GET /health must carry the service's key as `Authorization: Bearer KEY` (sandboxes/auth.py:
+`--api-key` or $AGENT_RL_API_KEY), else 401. Request bodies are read in full before a sandbox is taken, and the response is written after
 it is given back, so a slow client never holds a sandbox.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from sandboxes.api import ExecResult, Limits, Sandbox, SandboxError, Session
+from sandboxes.auth import aiohttp_key_check, env_key
 
 MAX_BODY_BYTES = 32 << 20
 _LIMIT_FIELDS = {f.name for f in dataclasses.fields(Limits)}
@@ -104,8 +106,10 @@ def _fusion_response(result: ExecResult) -> dict[str, Any]:
 
 
 class SandboxService:
-    def __init__(self, sandbox: Sandbox, default_limits: Limits | None = None):
+    def __init__(self, sandbox: Sandbox, default_limits: Limits | None = None, *, api_key: str | None = None):
+        """api_key: required of every request but GET /health (default: $AGENT_RL_API_KEY; none: open)."""
         self.sandbox = sandbox
+        self.api_key = api_key or env_key()
         self.default_limits = default_limits or Limits()
         self.sessions: dict[str, Session] = {}
         self._ids = itertools.count(1)
@@ -114,7 +118,9 @@ class SandboxService:
         self.sandbox_errors = 0
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._errors])
+        app = web.Application(
+            client_max_size=MAX_BODY_BYTES, middlewares=[aiohttp_key_check(self.api_key), self._errors]
+        )
         app.router.add_post("/run_code", self.run_code)
         app.router.add_post("/v1/run", self.run_native)
         app.router.add_post("/v1/sessions", self.open_session)

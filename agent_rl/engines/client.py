@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from agent_rl import auth
 from agent_rl.engines import routed_experts
 from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
 from agent_rl.weights.adapters import Adapter, adapter_name
@@ -31,8 +32,17 @@ FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 class HTTPEngine:
     """Shared plumbing: one aiohttp session per client, errors mapped to BadRequest / EngineUnavailable."""
 
-    def __init__(self, url: str, *, timeout_s: float | None = None, health_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float | None = None,
+        health_timeout_s: float = 5.0,
+        api_key: str | None = None,
+    ):
+        """api_key: sent as a bearer token (default: the run's, $AGENT_RL_API_KEY; see agent_rl/auth.py)."""
         self.url = url.rstrip("/")
+        self.headers = auth.bearer(api_key or auth.run_key())
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -47,7 +57,7 @@ class HTTPEngine:
         if self._session is None or self._session.closed:
             # No connection cap: hundreds of concurrent generations are normal for a rollout worker.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout
+                connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout, headers=self.headers
             )
         return self._session
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_rl import auth
 from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.client import SGLangClient
 
@@ -122,6 +123,8 @@ def launch_sglang(
         "--port", str(port), "--tp", str(tp), "--dtype", dtype, "--context-length", str(max_seq_len),
         "--random-seed", str(seed), "--mem-fraction-static", "0.8", *extra,
     ]  # fmt: skip
+    if key := auth.run_key():  # SGLang reads its key from the command line only (no environment variable)
+        cmd += ["--api-key", key]
     url = f"http://{host}:{port}"
     return start_server(cmd, lambda _text: url, 1800.0)
 

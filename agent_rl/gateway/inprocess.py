@@ -87,7 +87,7 @@ def session_client(transport: InProcessTransport, sid: str) -> Any:
     http = transport.http.AsyncClient(transport=transport, timeout=None)
     return openai.AsyncOpenAI(
         base_url=f"{transport.gateway.url or BASE}/sessions/{sid}/v1",
-        api_key="agent-rl",
+        api_key=transport.gateway.api_key or "agent-rl",  # the run's key: a client built from it gets in too
         max_retries=0,
         timeout=None,
         http_client=http,

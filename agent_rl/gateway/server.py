@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_rl import auth
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.inprocess import InProcessTransport, session_client
@@ -44,6 +45,7 @@ from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
+from sandboxes.auth import aiohttp_key_check
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +88,14 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         max_retries: int = 3,
+        api_key: str | None = None,
     ):
+        """api_key: required of every HTTP request but GET /health (default: the run's, $AGENT_RL_API_KEY)."""
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
         self.parser, self.parser_name = get_parser(tool_parser), tool_parser
         self.reasoning = get_reasoning_parser(reasoning_parser)  # the message gets reasoning_content
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
+        self.api_key = api_key or auth.run_key()  # the agents' openai clients send it (inprocess.py)
         # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
@@ -112,7 +117,9 @@ class Gateway:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str:
-        app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
+        app = web.Application(
+            middlewares=[aiohttp_key_check(self.api_key), errors_to_json], client_max_size=64 * 1024**2
+        )
         app[GATEWAY] = self
         from agent_rl.gateway.external import add_session_routes
 

@@ -17,6 +17,8 @@ import asyncio
 import signal
 import sys
 
+from sandboxes.auth import add_key_args, key_from_args
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="agent-rl gateway", description=__doc__.split("\n\n")[0])
@@ -39,6 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="none",
         help="split <think> into reasoning_content",
     )
+    add_key_args(p)
     p.add_argument(
         "--record", default=None, metavar="FILE", help="append every closed session as a JSON line"
     )
@@ -48,12 +51,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def serve(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
+    from agent_rl.auth import check_serve_bind
     from agent_rl.engines.client import SGLangClient, VLLMClient
     from agent_rl.engines.pool import EnginePool
     from agent_rl.gateway.server import Gateway
 
+    key = key_from_args(args)  # the gateway's, and what it sends the engines (started with the same key)
+    check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl gateway")
     kind = SGLangClient if args.engine_type == "sglang" else VLLMClient
-    clients = [kind(u) for u in args.engines]
+    clients = [kind(u, api_key=key) for u in args.engines]
     down = [c.url for c in clients if not await c.health()]
     if down:
         raise SystemExit(f"agent-rl gateway: engines not answering /health: {down} (start them first)")
@@ -66,6 +72,7 @@ async def serve(args: argparse.Namespace) -> None:
         reasoning_parser=args.reasoning_parser,
         host=args.host,
         port=args.port,
+        api_key=key,
     )
     gw.record_path = args.record
     url = await gw.start()

@@ -9,6 +9,7 @@ only copy is the in-place one.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -77,8 +78,12 @@ def write_shm_checkpoint(tensors: Mapping[str, torch.Tensor]) -> Path:
 
 
 def shm_dir() -> Path:
-    """A fresh directory in /dev/shm (RAM; the temp dir where there is none)."""
-    return Path(tempfile.mkdtemp(prefix="agent_rl_weights_", dir=SHM_ROOT if SHM_ROOT.is_dir() else None))
+    """A fresh directory in /dev/shm (RAM; the temp dir where there is none); during a run, in the run's own
+    directory there ($AGENT_RL_SHM_DIR, agent_rl/auth.py), the only one its engine servers load from."""
+    from agent_rl.auth import SHM_ENV
+
+    root = os.environ.get(SHM_ENV) or (SHM_ROOT if SHM_ROOT.is_dir() else None)
+    return Path(tempfile.mkdtemp(prefix="agent_rl_weights_", dir=root))
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -7,13 +7,15 @@ OpenAI function-calling loop against the session's `base_url` (a `python` tool i
 subprocess with a time limit), and closes the session with its final answer, which the run scores and
 trains on. It only needs `openai` and the standard library: the same loop works from any language.
 Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the gateway goes away
-(the run ended).
+(the run ended). It sends the run's key ($AGENT_RL_API_KEY, the value `agent-rl train` was started with) as
+`Authorization: Bearer` on every request, as its OpenAI client's api_key.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,8 +38,12 @@ TOOLS = [
 ]
 
 
+KEY = os.environ.get("AGENT_RL_API_KEY", "")  # the run's key: its gateway refuses requests without it
+
+
 def post(url: str, body: dict) -> dict | None:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read()) if r.status == 200 else None
 
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log: list = []
         close: dict = {}
-        with openai.OpenAI(base_url=claim["base_url"], api_key="x", max_retries=0) as client:
+        with openai.OpenAI(base_url=claim["base_url"], api_key=KEY or "none", max_retries=0) as client:
             try:
                 close["answer"] = solve(client, claim["task"]["problem"], args.max_turns, log)
             except openai.APIError as e:  # engines failing, or the run shutting down: say so, never a 0

@@ -43,7 +43,8 @@ async def run(
     from langchain_openai import ChatOpenAI
     from langgraph.errors import GraphRecursionError
 
-    llm = ChatOpenAI(model=model, base_url=str(client.base_url), api_key="agent-rl", max_retries=0)
+    # the same session and key as `client` (the gateway refuses requests without the run's key)
+    llm = ChatOpenAI(model=model, base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
     graph = build_graph(llm, sandbox)
     try:  # each model call and each tool round is a graph step
         state = await graph.ainvoke(

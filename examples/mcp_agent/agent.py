@@ -2,7 +2,10 @@
 function tools, and calls them through the MCP client (the official `mcp` SDK, streamable HTTP).
 
 The env hands it `mcp_servers={name: url}` (`agent.mcp_servers` in its YAML; `{name: sandbox}` is the
-episode's own sandbox as an MCP server with a `python` tool). Nothing in it knows about training.
+episode's own sandbox as an MCP server with a `python` tool). The run's MCP server wants the run's key, the
+one its OpenAI client carries (`client.api_key`), as `Authorization: Bearer`; this agent sends it to every
+server it is given (give a server of your own that must not see it a client of its own). Nothing in it
+knows about training.
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ async def run(
     model: str = "policy",
     max_turns: int = 3,
 ) -> str | None:
+    import httpx2
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
     async with contextlib.AsyncExitStack() as stack:
         sessions: dict[str, Any] = {}  # tool name -> the MCP session that serves it
         tools: list[dict] = []
+        http = await stack.enter_async_context(  # the MCP SDK's timeouts (30 s, 300 s for reading a stream)
+            httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {client.api_key}"}, timeout=httpx2.Timeout(30, read=300)
+            )
+        )
         for url in mcp_servers.values():
-            read, write, *_ = await stack.enter_async_context(streamable_http_client(url))
+            read, write, *_ = await stack.enter_async_context(streamable_http_client(url, http_client=http))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
             for tool in (await session.list_tools()).tools:

@@ -20,7 +20,13 @@ SHORT_PROMPT = (
 
 
 def make_agent(
-    api_base: str, sandbox_run: Any, *, model: str, max_steps: int, system_prompt: str | None
+    api_base: str,
+    sandbox_run: Any,
+    *,
+    model: str,
+    max_steps: int,
+    system_prompt: str | None,
+    api_key: str = "agent-rl",
 ) -> Any:
     from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
 
@@ -34,7 +40,7 @@ def make_agent(
             return sandbox_run(code)
 
     llm = OpenAIServerModel(
-        model_id=model, api_base=api_base, api_key="agent-rl", client_kwargs={"max_retries": 0}
+        model_id=model, api_base=api_base, api_key=api_key, client_kwargs={"max_retries": 0}
     )
     agent = ToolCallingAgent(tools=[Python()], model=llm, max_steps=max_steps, verbosity_level=0)
     if system_prompt is not None:
@@ -58,7 +64,8 @@ async def run(
         return asyncio.run_coroutine_threadsafe(sandbox.run(code), loop).result()
 
     agent = make_agent(
-        str(client.base_url), sandbox_run, model=model, max_steps=max_steps, system_prompt=system_prompt
-    )
+        str(client.base_url), sandbox_run, model=model, max_steps=max_steps, system_prompt=system_prompt,
+        api_key=client.api_key,  # the run's key: the gateway refuses requests without it
+    )  # fmt: skip
     answer = await asyncio.to_thread(agent.run, task.problem)
     return None if answer is None else str(answer)

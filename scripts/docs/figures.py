@@ -363,6 +363,13 @@ def moe_replay_verdict() -> str:
     return "\n".join(lines)
 
 
+def reliability_faults() -> str:
+    """The fault campaign's table (each fault run beside its uninterrupted run) and totals, as in its results file."""
+    from benchmarks.reliability import fault_table
+
+    return "\n".join(fault_table(load("reliability.json"))).rstrip() + "\n"
+
+
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
@@ -370,4 +377,5 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
     "moe_replay_verdict": lambda docs: moe_replay_verdict(),
+    "reliability_faults": lambda docs: reliability_faults(),
 }

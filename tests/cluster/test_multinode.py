@@ -14,8 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -53,6 +56,16 @@ def train(
             cluster.address,
         ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def post_status(url: str, body: dict) -> int:
+    """The HTTP status of a POST without credentials."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def batches(run_dir: Path) -> list[dict]:
@@ -126,6 +139,14 @@ def test_torch_ranks_on_the_trainer_node_broadcast_to_engines_on_two_engine_node
         "engines.count=2", "learner.dp=2", "placement.learner={node: trainer, cpus: 1}",
         "placement.sandbox={node: trainer, cpus: 1}", "train.steps=3", "checkpoint.every=0",
     )  # fmt: skip
+    ms = wait_for("both replicas up", lambda: m if len(m := members(run)) == 2 else None, proc)
+    # each engine server listens on its own node's address and wants the run's key, which the driver's clients
+    # (and their weight pushes) carry: without it, 401
+    assert {m["node"]: urlsplit(m["name"]).hostname for m in ms} == {
+        c.node_id("a1"): c.ips["a1"],
+        c.node_id("a2"): c.ips["a2"],
+    } and {c.ips["a1"], c.ips["a2"]} <= {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+    assert [post_status(m["name"] + "/generate", {"input_ids": [1]}) for m in ms] == [401, 401]
     finish(proc)
     where = placed(run)
     assert sorted(where["engine"]) == sorted([c.node_id("a1"), c.node_id("a2")])
@@ -200,7 +221,7 @@ def test_engines_lost_grown_into_a_new_node_drained_and_added_by_hand_while_trai
     assert gone.returncode == 0 and gone.stdout.startswith("removed "), gone.stdout + gone.stderr
     assert urls[cluster.node_id("a1")] not in [m["name"] for m in members(run)]
     added = engines_cli("add", str(run))
-    assert added.returncode == 0 and added.stdout.startswith("added http://127.0.0.1:"), (
+    assert added.returncode == 0 and added.stdout.startswith(f"added http://{cluster.ips['a1']}:"), (
         added.stdout + added.stderr
     )
     new_url = added.stdout.split()[1]

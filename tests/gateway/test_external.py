@@ -24,7 +24,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_external_agent_process_is_trained_with_the_versions_it_sampled(tool_model, tmp_path):
+def test_an_external_agent_process_is_trained_with_the_versions_it_sampled(tool_model, tmp_path, monkeypatch):
     from agent_rl.config import load_recipe
     from agent_rl.trainer import train
     from agent_rl.viewer.log import read_index, read_step
@@ -42,6 +42,8 @@ group_size: 2
 """
     )
     log = tmp_path / "agent.jsonl"
+    # an external env's gateway wants the run's key: the user sets it for the run and gives it to the agents
+    monkeypatch.setenv("AGENT_RL_API_KEY", "external-key-" + "x" * 32)
     agent = subprocess.Popen(
         [
             sys.executable,

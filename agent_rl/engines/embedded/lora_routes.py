@@ -14,7 +14,8 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from agent_rl.engines.embedded.web import ENGINE
+from agent_rl.auth import check_weight_path
+from agent_rl.engines.embedded.web import ENGINE, WEIGHT_DIRS
 from agent_rl.openai.errors import Invalid, parse
 from agent_rl.weights.adapters import Adapter
 
@@ -45,6 +46,7 @@ class UpdateWeightVersionReq(BaseModel):
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
     req = await parse(request, LoadLoRAAdapterReq)
+    check_weight_path(req.lora_path, request.app[WEIGHT_DIRS], "lora_path")
     if not Path(req.lora_path).is_dir():
         raise Invalid(f"lora_path {req.lora_path!r} is not a directory on the server's machine")
     engine = request.app[ENGINE]

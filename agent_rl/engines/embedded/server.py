@@ -25,14 +25,16 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent_rl import auth
 from agent_rl.engines import routed_experts
 from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.lora_routes import check_lora_path
 from agent_rl.engines.embedded.scheduler import Output
-from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, tokenizer, trim_stop
+from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, WEIGHT_DIRS, tokenizer, trim_stop
 from agent_rl.engines.protocol import AbortReq, ContinueReq, GenerateReq, PauseReq, UpdateFromDiskReq
 from agent_rl.openai.errors import Invalid, errors_to_json, parse
+from sandboxes.auth import add_key_args, aiohttp_key_check, key_from_args
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,7 @@ async def continue_generation(request: web.Request) -> web.Response:
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     req = await parse(request, UpdateFromDiskReq)
     engine = request.app[ENGINE]
+    auth.check_weight_path(req.model_path, request.app[WEIGHT_DIRS], "model_path")
     if not Path(req.model_path).exists():
         raise Invalid(f"model_path {req.model_path!r} does not exist on the server's machine")
     try:
@@ -186,9 +189,12 @@ def build_app(
     served_model_name: str | None = None,
     tool_parser: str = "hermes",
     reasoning_parser: str | None = None,
+    api_key: str | None = None,
+    weight_dirs: tuple[Path, ...] | None = None,
 ) -> web.Application:
     """served_model_name: the OpenAI model id (default: model_path); tool_parser: tool_parsers.PARSERS key;
-    reasoning_parser: reasoning.REASONING_PARSERS key (None: no reasoning_content)."""
+    reasoning_parser: reasoning.REASONING_PARSERS key (None: no reasoning_content); api_key: required of every
+    request but GET /health (agent_rl/auth.py); weight_dirs: the only roots weights and adapters load from."""
     from agent_rl.engines.embedded.lora_routes import add_lora_routes
     from agent_rl.engines.embedded.openai_routes import (
         REASONING_PARSER,
@@ -202,8 +208,10 @@ def build_app(
 
     get_parser(tool_parser)  # an unknown name fails at start, not at the first request
     get_reasoning_parser(reasoning_parser)
-    app = web.Application(middlewares=[errors_to_json], client_max_size=64 * 1024**2)
-    app[ENGINE], app[MODEL_PATH] = engine, model_path
+    app = web.Application(
+        middlewares=[aiohttp_key_check(api_key), errors_to_json], client_max_size=64 * 1024**2
+    )
+    app[ENGINE], app[MODEL_PATH], app[WEIGHT_DIRS] = engine, model_path, weight_dirs
     app[SERVED_NAME], app[TOOL_PARSER] = served_model_name or model_path, tool_parser
     if reasoning_parser is not None:
         app[REASONING_PARSER] = reasoning_parser
@@ -223,6 +231,8 @@ def build_app(
 
 
 async def serve(args: argparse.Namespace) -> None:
+    key = key_from_args(args)
+    auth.check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl serve")
     engine = EmbeddedEngine(
         args.model_dir,
         EngineOptions(max_batch=args.max_batch, max_seq_len=args.max_seq_len, dtype=args.dtype),
@@ -234,6 +244,8 @@ async def serve(args: argparse.Namespace) -> None:
         served_model_name=args.served_model_name,
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
+        api_key=key,
+        weight_dirs=auth.weight_dirs(args.weight_dirs),
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -314,6 +326,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=lambda v: tuple(int(c) for c in v.split(",")),
         default=None,
         help="pin the server to these CPU cores, e.g. 0 or 0,1 (sets the torch threads to their count)",
+    )
+    add_key_args(p)
+    p.add_argument(
+        "--weight-dirs",
+        default=None,
+        metavar="DIR[:DIR]",
+        help="load weights and adapters only from under these directories (403 otherwise; default: "
+        f"${auth.WEIGHT_DIRS_ENV}, which a training run sets to its own; unset: anywhere)",
     )
     p.add_argument(
         "--exit-with-parent",

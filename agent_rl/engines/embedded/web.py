@@ -10,6 +10,7 @@ from agent_rl.openai.errors import Invalid
 
 ENGINE = web.AppKey("engine", EmbeddedEngine)
 MODEL_PATH = web.AppKey("model_path", str)
+WEIGHT_DIRS = web.AppKey("weight_dirs", object)  # tuple of roots weights may be loaded from; None: anywhere
 
 
 def tokenizer(request: web.Request):
