@@ -23,6 +23,7 @@ from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.mismatch import mismatch_metrics
 from agent_rl.types import Group
 from agent_rl.weights.group import WeightGroupError
+from vcpo.distill import DistillConfig
 from vcpo.step import RowResults, StepConfig
 
 if TYPE_CHECKING:
@@ -185,6 +186,9 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         micro_batch_size=lc.micro_batch_size,
         micro_batch_tokens=lc.micro_batch_tokens,
         loss_kwargs=dict(ac.loss_kwargs),
+        distill=None
+        if (t := ac.teacher) is None
+        else DistillConfig(t.mode, t.weight, t.task_weight, t.disagree_threshold),
     )
     step.check()  # a bad loss/advantage pairing fails at build time, not at step 1
     return RankSpec(
