@@ -11,7 +11,7 @@ a few minutes). Recipe: recipes/tiny_tir.yaml (the main job's), with per cell:
 - both:    algorithm.teacher = the teacher, task_weight 1 (task reward and distillation);
 
 each at k = 0 and k = 4 (buffer.max_staleness; the per-token terms carry VCPO's truncated IS weights and the
-ESS-scaled lr), --seeds seeds, --steps steps, topology inprocess. Also a smaller student (1 decoder layer
+ESS-scaled lr), --seeds seeds, --steps steps (RL: --rl-steps), topology inprocess. Also a smaller student (1 decoder layer
 instead of 2, the same tokenizer, SFT on the main job's own SFT data) distilled from the teacher (k=0, every
 seed) and trained by RL (k=0, seed 0) for reference. And the teacher's cost in the processes topology
 (placement.topology: processes; engine server, learner rank and the teacher server pinned as the plan says):
@@ -20,7 +20,7 @@ the main job at k=0 for --overhead-steps steps with no teacher and with the teac
 
 Every cell is `agent-rl train` in its own process, as a user runs it; its checkpoints (every step) are scored
 afterwards on the whole held-out split (200 tasks, one sample at T=1, an in-process engine: evaluation never
-competes with the runs) at steps 1-10 and every 2nd step after. Wall time to a step = sum of
+competes with the runs) at steps 1-6, every 2nd step to 20 and every 5th after. Wall time to a step = sum of
 `perf/step_seconds` up to it (take + learner step + weight sync; start-up, checkpoints and logging excluded).
 
 Resumable: each finished cell is appended to benchmarks/results/distill_cells.jsonl (--out) and skipped by a
@@ -95,21 +95,27 @@ class Cell:
         return out
 
 
-def cells_for(seeds: int, steps: int, overhead_steps: int, *, small: bool = True) -> list[Cell]:
-    """Seed-major, so machine noise over the hours of a run hits every method and k alike."""
-    cells = []
+def cells_for(seeds: int, steps: int, rl_steps: int, overhead_steps: int) -> list[Cell]:
+    """In the order of the goals they decide, seed-major within each tier (machine noise over the hours of a run
+    hits the methods compared alike), so that a run cut short still answers the goals first:
+    A. distillation vs RL at k=0, distillation at k=4 (goals 1 and 2); the processes-topology pair after seeds
+       0 and 2 (goal 3);  B. RL + distillation, RL at k=4, the smaller student."""
+    tier_a, tier_b = [], []
     for s in range(seeds):
-        for k in (0, 4):
-            cells += [Cell(f"{m} k={k} s{s}", m, k, s, steps) for m in ("distill", "rl", "both")]
-        if small:
-            cells.append(Cell(f"small distill k=0 s{s}", "distill", 0, s, steps, student="small"))
-    if small:
-        cells.append(Cell("small rl k=0 s0", "rl", 0, 0, steps, student="small"))
-    for s in range(min(seeds, 2)):
-        for m in ("rl", "rl+teacher@0"):
-            cells.append(Cell(f"processes {m} k=0 s{s}", m, 0, s, overhead_steps, topology="processes",
-                              evaluate=False))  # fmt: skip
-    return cells
+        tier_a += [Cell(f"distill k=0 s{s}", "distill", 0, s, steps), Cell(f"rl k=0 s{s}", "rl", 0, s, rl_steps),
+                   Cell(f"distill k=4 s{s}", "distill", 4, s, steps)]  # fmt: skip
+        if s in (0, seeds - 1) and not (s > 0 and seeds == 1):
+            o = 0 if s == 0 else 1
+            tier_a += [
+                Cell(f"processes {m} k=0 s{o}", m, 0, o, overhead_steps, topology="processes", evaluate=False)
+                for m in ("rl", "rl+teacher@0")
+            ]
+        tier_b += [Cell(f"both k=0 s{s}", "both", 0, s, steps), Cell(f"both k=4 s{s}", "both", 4, s, steps),
+                   Cell(f"rl k=4 s{s}", "rl", 4, s, rl_steps),
+                   Cell(f"small distill k=0 s{s}", "distill", 0, s, steps, student="small")]  # fmt: skip
+        if s == 0:
+            tier_b.append(Cell("small rl k=0 s0", "rl", 0, 0, rl_steps, student="small"))
+    return tier_a + tier_b
 
 
 # -- teacher and students --------------------------------------------------------------------------
@@ -176,7 +182,10 @@ def train_run(cell: Cell, teacher: Path, student: Path, run_dir: Path, extra: li
 
 
 def eval_steps(steps: int) -> list[int]:
-    return sorted({s for s in range(1, steps + 1) if s <= 10 or s % 2 == 0 or s == steps})
+    """Every step while distillation is expected to get there, then sparser (each point costs 200 episodes)."""
+    return sorted(
+        {s for s in range(1, steps + 1) if s <= 6 or (s <= 20 and s % 2 == 0) or s % 5 == 0 or s == steps}
+    )
 
 
 def evaluate_models(models: list[Path], limit: int, seed: int = 0) -> list[float]:
@@ -303,15 +312,13 @@ def goals(cells: list[dict]) -> dict:
     d0, rl0 = _by(cells, "distill", 0), _by(cells, "rl", 0)
     seeds = sorted(set(d0) & set(rl0))
     if seeds:
-        ratios = []
-        for s in seeds:
-            a, b = d0[s]["steps_to_target"], rl0[s]["steps_to_target"]
-            ratios.append(None if b is None else (a / b if a is not None else float("inf")))
-        present = [r for r in ratios if r is not None]
-        out["distill_over_rl_steps_per_seed"] = ratios
-        out["distill_steps_at_most_a_third_of_rl"] = (
-            bool(present) and all(r <= GOAL_STEPS_RATIO + 1e-9 for r in present) if present else None
-        )
+        # per seed: distill steps / RL steps when both reached the target; a run that never reached it is None
+        pairs = [(d0[s]["steps_to_target"], rl0[s]["steps_to_target"]) for s in seeds]
+        met = [_third(a, b) for a, b in pairs]
+        out["distill_and_rl_steps_to_target_per_seed"] = pairs
+        out["distill_over_rl_steps_per_seed"] = [a / b if a is not None and b else None for a, b in pairs]
+        decided = [m for m in met if m is not None]
+        out["distill_steps_at_most_a_third_of_rl"] = all(decided) if decided else None
     d4 = _by(cells, "distill", 4)
     paired = sorted(set(d0) & set(d4))
     if paired:
@@ -330,6 +337,16 @@ def goals(cells: list[dict]) -> dict:
     return out
 
 
+def _third(distill: int | None, rl: int | None) -> bool | None:
+    """Did distillation need at most a third of RL's steps? A miss of both (or an RL target reached at step 0:
+    nothing to divide) decides nothing; RL missing within the budget while distillation got there counts as met."""
+    if rl is None:
+        return None if distill is None else True
+    if rl == 0:
+        return None
+    return distill is not None and distill <= GOAL_STEPS_RATIO * rl + 1e-9
+
+
 def markdown(out: dict) -> str:
     def f(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
@@ -341,7 +358,8 @@ def markdown(out: dict) -> str:
         f"`{out['command']}`; {out['date']}, commit {out['commit']}; {out['machine']}. Teacher: the main job's RL "
         f"checkpoint, held-out accuracy **{out['teacher_accuracy']:.3f}** ({out['eval_tasks']} tasks); student: its "
         f"SFT warm start, {out['student_accuracy']:.3f}; target (90 % of the teacher) **{out['target']:.3f}**. "
-        f"{out['steps']} steps a run; checkpoints scored at steps 1-10 and every 2nd after.",
+        f"{out['steps']} steps a run (RL {out['rl_steps']}); checkpoints scored at steps 1-6, every 2nd to 20, every "
+        "5th after.",
         "",
         "| cell | runs | steps to target (per seed) | median steps | median train s to target | final acc (mean of "
         "last 3 evals) | s/step | teacher wait share |",
@@ -401,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--main-run", type=Path, default=ROOT / "runs" / "tiny_tir")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--overhead-steps", type=int, default=20)
+    p.add_argument(
+        "--steps", type=int, default=20, help="steps of the distillation (and RL + distillation) runs"
+    )
+    p.add_argument("--rl-steps", type=int, default=30, help="steps of the RL runs (slower to the target)")
+    p.add_argument("--overhead-steps", type=int, default=12)
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default runs/bench_distill[_quick])")
     p.add_argument("--out", type=Path, default=OUT)
@@ -414,34 +435,27 @@ def main(argv: list[str] | None = None) -> int:
     extra: list[str] = []
     if args.quick:
         teacher, student = quick_models(work)
-        small = None
         planned = [Cell("distill k=0 s0", "distill", 0, 0, 3), Cell("rl k=0 s0", "rl", 0, 0, 3)]
         args.eval_limit = 8
         extra = ["train.batch_prompts=2", "engines.max_batch=16", "rollout.max_concurrent_episodes=16"]
     else:
         teacher, student = main_job(args.main_run)
-        small = small_student(work, student, args.main_run / "sft.jsonl")
-        planned = cells_for(args.seeds, args.steps, args.overhead_steps)
+        planned = cells_for(args.seeds, args.steps, args.rl_steps, args.overhead_steps)
+    small: Path | None = None  # the smaller student: made (SFT, minutes) when the first cell needs it
     cells_file = args.out / f"{stem}_cells.jsonl"
     if args.quick and cells_file.exists():
         cells_file.unlink()  # a smoke test starts from nothing
     done = [json.loads(x) for x in cells_file.read_text().splitlines()] if cells_file.exists() else []
     evals = next((c for c in done if c.get("name") == "eval"), None)
     if evals is None:
-        log("held-out accuracy of the teacher and the student(s)")
-        t_acc, s_acc = (
-            evaluate_models([teacher], args.eval_limit)[0],
-            evaluate_models([student], args.eval_limit)[0],
-        )
-        small_acc = evaluate_models([small], args.eval_limit)[0] if small is not None else None
-        evals = {"name": "eval", "teacher": t_acc, "student": s_acc, "small_student": small_acc}
+        log("held-out accuracy of the teacher and the student")
+        t_acc = evaluate_models([teacher], args.eval_limit)[0]
+        evals = {"name": "eval", "teacher": t_acc, "student": evaluate_models([student], args.eval_limit)[0]}
         with open(cells_file, "a") as f:
             f.write(json.dumps(evals) + "\n")
+    small_acc = next((c["accuracy"] for c in done if c.get("name") == "eval small"), None)
     target = TARGET_SHARE * evals["teacher"]
-    small_acc = "-" if evals["small_student"] is None else f"{evals['small_student']:.3f}"
-    log(
-        f"teacher {evals['teacher']:.3f}, student {evals['student']:.3f}, small student {small_acc}; target {target:.3f}"
-    )
+    log(f"teacher {evals['teacher']:.3f}, student {evals['student']:.3f}; target {target:.3f}")
     meta = {
         "command": "benchmarks/distill.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
@@ -452,22 +466,29 @@ def main(argv: list[str] | None = None) -> int:
         "student": str(student),
         "teacher_accuracy": evals["teacher"],
         "student_accuracy": evals["student"],
-        "small_student_accuracy": evals["small_student"],
+        "small_student_accuracy": small_acc,
         "target": target,
         "eval_tasks": args.eval_limit,
         "steps": args.steps if not args.quick else 3,
+        "rl_steps": args.rl_steps if not args.quick else 3,
     }
-    finished = [c for c in done if c.get("name") != "eval"]
+    finished = [c for c in done if not c.get("name", "").startswith("eval")]
     names = {c["name"] for c in finished}
     for i, cell in enumerate(planned):
         if cell.name in names:
             continue
         log(f"[{i + 1}/{len(planned)}] {cell.name}")
+        if cell.student == "small" and small is None:
+            log("the smaller student: 1 decoder layer, SFT on the main job's SFT data")
+            small = small_student(work, student, args.main_run / "sft.jsonl")
+            if small_acc is None:
+                small_acc = meta["small_student_accuracy"] = evaluate_models([small], args.eval_limit)[0]
+                with open(cells_file, "a") as f:
+                    f.write(json.dumps({"name": "eval small", "accuracy": small_acc}) + "\n")
         model = small if cell.student == "small" else student
-        assert model is not None
         run_dir = work / cell.name.replace(" ", "_").replace("=", "").replace("+", "_").replace("@", "w")
         info = train_run(cell, teacher, model, run_dir, extra)
-        start = evals["small_student"] if cell.student == "small" else evals["student"]
+        start = small_acc if cell.student == "small" else evals["student"]
         result = summarise(cell, run_dir, info, start, target, args.eval_limit)
         with open(cells_file, "a") as f:
             f.write(json.dumps(result) + "\n")
