@@ -11,7 +11,11 @@ a few minutes). Recipe: recipes/tiny_tir.yaml (the main job's), with per cell:
 - both:    algorithm.teacher = the teacher, task_weight 1 (task reward and distillation);
 
 each at k = 0 and k = 4 (buffer.max_staleness; the per-token terms carry VCPO's truncated IS weights and the
-ESS-scaled lr), --seeds seeds, --steps steps (RL: --rl-steps), topology inprocess. Also a smaller student (1 decoder layer
+ESS-scaled lr), --seeds seeds, --steps steps (RL: --rl-steps), topology inprocess. Seed 0 runs every method at
+the main job's lr (3e-4; at 5e-4 its RL collapsed, README), and distillation and RL at --probe-lr too: Adam's
+step is set by the lr, not by how good the gradient's direction is, so a denser, lower-variance signal helps
+only if it takes a larger lr. The goals compare distillation at --distill-lr (default: the main job's) with RL
+at the main job's lr. Also a smaller student (1 decoder layer
 instead of 2, the same tokenizer, SFT on the main job's own SFT data) distilled from the teacher (k=0, every
 seed) and trained by RL (k=0, seed 0) for reference. And the teacher's cost in the processes topology
 (placement.topology: processes; engine server, learner rank and the teacher server pinned as the plan says):
@@ -20,7 +24,8 @@ the main job at k=0 for --overhead-steps steps with no teacher and with the teac
 
 Every cell is `agent-rl train` in its own process, as a user runs it; its checkpoints (every step) are scored
 afterwards on the whole held-out split (200 tasks, one sample at T=1, an in-process engine: evaluation never
-competes with the runs) at steps 1-6, every 2nd step to 20 and every 5th after. Wall time to a step = sum of
+competes with the runs) at steps 1-6, every 2nd step to 20 and every 5th after, in order until the first at or
+above the target, and at the last three (their mean is the final accuracy). Wall time to a step = sum of
 `perf/step_seconds` up to it (take + learner step + weight sync; start-up, checkpoints and logging excluded).
 
 Resumable: each finished cell is appended to benchmarks/results/distill_cells.jsonl (--out) and skipped by a
@@ -69,6 +74,7 @@ class Cell:
     student: str = "main"  # main | small
     topology: str = "inprocess"
     evaluate: bool = True
+    lr: float | None = None  # learner.lr; None: the main job's (3e-4)
 
     def overrides(self, teacher: Path, student: Path) -> list[str]:
         out = [
@@ -81,6 +87,8 @@ class Cell:
             "logging.tensorboard=false",
             "logging.trajectories=0",
         ]
+        if self.lr is not None:
+            out.append(f"learner.lr={self.lr}")
         if self.evaluate:
             out += ["checkpoint.every=1", "checkpoint.keep=1000"]
         if self.topology == "processes":
@@ -95,27 +103,45 @@ class Cell:
         return out
 
 
-def cells_for(seeds: int, steps: int, rl_steps: int, overhead_steps: int) -> list[Cell]:
+def cell(method: str, k: int, seed: int, steps: int, lr: float | None = None, **kw: object) -> Cell:
+    small = "small " if kw.get("student") == "small" else ""
+    where = "processes " if kw.get("topology") == "processes" else ""
+    name = f"{where}{small}{method}{'' if lr is None else f' lr={lr:g}'} k={k} s{seed}"
+    return Cell(name, method, k, seed, steps, lr=lr, **kw)  # type: ignore[arg-type]
+
+
+def cells_for(
+    seeds: int,
+    steps: int,
+    rl_steps: int,
+    overhead_steps: int,
+    distill_lr: float | None,
+    probe_lr: float | None,
+) -> list[Cell]:
     """In the order of the goals they decide, seed-major within each tier (machine noise over the hours of a run
     hits the methods compared alike), so that a run cut short still answers the goals first:
-    A. distillation vs RL at k=0, distillation at k=4 (goals 1 and 2); the processes-topology pair after seeds
-       0 and 2 (goal 3);  B. RL + distillation, RL at k=4, the smaller student."""
-    tier_a, tier_b = [], []
+    A. seed 0 of distillation and RL at k=0 and distillation at k=4, all at the main job's lr; distillation and
+       RL at `probe_lr` (seed 0: does the dense signal take a larger lr, and does RL?); the processes-topology
+       pair (goal 3); seeds 1.. of distillation (at `distill_lr`) and RL at k=0, distillation at k=4 (goals 1, 2);
+    B. RL + distillation (at `distill_lr`), RL at k=4, the smaller student."""
+    d = distill_lr
+    over = dict(topology="processes", evaluate=False)
+    tier_a = [cell("distill", 0, 0, steps), cell("rl", 0, 0, rl_steps), cell("distill", 4, 0, steps)]
+    if probe_lr is not None:
+        tier_a += [cell("distill", 0, 0, steps, probe_lr), cell("rl", 0, 0, rl_steps, probe_lr)]
+    tier_a += [cell(m, 0, 0, overhead_steps, **over) for m in ("rl", "rl+teacher@0")]
+    tier_b = []
     for s in range(seeds):
-        tier_a += [Cell(f"distill k=0 s{s}", "distill", 0, s, steps), Cell(f"rl k=0 s{s}", "rl", 0, s, rl_steps),
-                   Cell(f"distill k=4 s{s}", "distill", 4, s, steps)]  # fmt: skip
-        if s in (0, seeds - 1) and not (s > 0 and seeds == 1):
-            o = 0 if s == 0 else 1
-            tier_a += [
-                Cell(f"processes {m} k=0 s{o}", m, 0, o, overhead_steps, topology="processes", evaluate=False)
-                for m in ("rl", "rl+teacher@0")
-            ]
-        tier_b += [Cell(f"both k=0 s{s}", "both", 0, s, steps), Cell(f"both k=4 s{s}", "both", 4, s, steps),
-                   Cell(f"rl k=4 s{s}", "rl", 4, s, rl_steps),
-                   Cell(f"small distill k=0 s{s}", "distill", 0, s, steps, student="small")]  # fmt: skip
+        if s > 0 or d is not None:
+            tier_a += [cell("distill", 0, s, steps, d), cell("distill", 4, s, steps, d)]
+        if s > 0:
+            tier_a.append(cell("rl", 0, s, rl_steps))
+        tier_b += [cell("both", 0, s, steps, d), cell("both", 4, s, steps, d), cell("rl", 4, s, rl_steps),
+                   cell("distill", 0, s, steps, d, student="small")]  # fmt: skip
         if s == 0:
-            tier_b.append(Cell("small rl k=0 s0", "rl", 0, 0, rl_steps, student="small"))
-    return tier_a + tier_b
+            tier_b.append(cell("rl", 0, 0, rl_steps, student="small"))
+    tier_a += [cell(m, 0, 1, overhead_steps, **over) for m in ("rl", "rl+teacher@0")] if seeds > 1 else []
+    return list(dict.fromkeys(tier_a + tier_b))  # a probe lr equal to distill_lr is one cell
 
 
 # -- teacher and students --------------------------------------------------------------------------
@@ -244,25 +270,40 @@ def summarise(cell: Cell, run_dir: Path, info: dict, start_acc: float, target: f
         return out
     ckpts = run_dir / "checkpoints"
     steps = [s for s in eval_steps(len(recs)) if (ckpts / f"step_{s:06d}" / "hf").is_dir()]
-    acc = evaluate_models([ckpts / f"step_{s:06d}" / "hf" for s in steps], limit, cell.seed)
-    curve = [(0, 0.0, start_acc)] + [(s, cum[s - 1], a) for s, a in zip(steps, acc, strict=True)]
+    scored = score_until(steps, target, lambda ss: evaluate_models([ckpts / f"step_{s:06d}" / "hf" for s in ss],
+                                                                    limit, cell.seed))  # fmt: skip
+    curve = [(0, 0.0, start_acc)] + [(s, cum[s - 1], a) for s, a in sorted(scored.items())]
     reached = next(((s, t) for s, t, a in curve if a >= target - 1e-9), (None, None))
-    tail = [a for _, _, a in curve[-3:]]
+    tail = [scored[s] for s in steps[-3:]]
     shutil.rmtree(ckpts)  # ~40 MB a step; the metrics and the curve stay
     return out | {
         "curve": curve,
         "target": target,
         "steps_to_target": reached[0],
         "seconds_to_target": reached[1],
-        "final_accuracy": curve[-1][2],
+        "final_accuracy": scored[steps[-1]],
         "final3_accuracy": statistics.mean(tail),
     }
 
 
+def score_until(steps: list[int], target: float, score) -> dict[int, float]:
+    """Accuracy at `steps` in order up to the first at or above `target`, and at the last three (the final
+    accuracy): the points in between decide nothing the report shows (each costs 200 episodes)."""
+    out: dict[int, float] = {}
+    for s in steps[:-3]:
+        out[s] = score([s])[0]
+        if out[s] >= target - 1e-9:
+            break
+    out |= dict(zip(steps[-3:], score(steps[-3:]), strict=True))
+    return out
+
+
 # -- the report ----------------------------------------------------------------------------------------
 def group_key(c: dict) -> str:
-    return f"{'small ' if c['student'] == 'small' else ''}{c['method']} k={c['k']}" + (
-        f" {c['topology']}" if c["topology"] != "inprocess" else ""
+    lr = c.get("lr")
+    return (
+        f"{'small ' if c['student'] == 'small' else ''}{c['method']}{'' if lr is None else f' lr={lr:g}'} k={c['k']}"
+        + (f" {c['topology']}" if c["topology"] != "inprocess" else "")
     )
 
 
@@ -292,7 +333,7 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
         "cells_done": sorted(done),
         "cells_missing": [c.name for c in planned if c.name not in done],
         "table": table,
-        "goals": goals(cells),
+        "goals": goals(cells, meta.get("distill_lr")),
         "cells": cells,
     }
 
@@ -302,14 +343,22 @@ def _median_present(xs: list) -> float | None:
     return statistics.median(present) if present and 2 * len(present) >= len(xs) else None
 
 
-def _by(cells: list[dict], method: str, k: int, student: str = "main", topology: str = "inprocess") -> dict:
+def _by(
+    cells: list[dict],
+    method: str,
+    k: int,
+    lr: float | None = None,
+    student: str = "main",
+    topology: str = "inprocess",
+) -> dict:
     return {c["seed"]: c for c in cells
-            if (c["method"], c["k"], c["student"], c["topology"]) == (method, k, student, topology)}  # fmt: skip
+            if (c["method"], c["k"], c.get("lr"), c["student"], c["topology"]) == (method, k, lr, student, topology)}  # fmt: skip
 
 
-def goals(cells: list[dict]) -> dict:
-    out: dict = {}
-    d0, rl0 = _by(cells, "distill", 0), _by(cells, "rl", 0)
+def goals(cells: list[dict], distill_lr: float | None = None) -> dict:
+    """Distillation at `distill_lr` (None: the main job's lr) against RL at the main job's lr, paired by seed."""
+    out: dict = {"distill_lr": distill_lr}
+    d0, rl0 = _by(cells, "distill", 0, distill_lr), _by(cells, "rl", 0)
     seeds = sorted(set(d0) & set(rl0))
     if seeds:
         # per seed: distill steps / RL steps when both reached the target; a run that never reached it is None
@@ -319,7 +368,7 @@ def goals(cells: list[dict]) -> dict:
         out["distill_over_rl_steps_per_seed"] = [a / b if a is not None and b else None for a, b in pairs]
         decided = [m for m in met if m is not None]
         out["distill_steps_at_most_a_third_of_rl"] = all(decided) if decided else None
-    d4 = _by(cells, "distill", 4)
+    d4 = _by(cells, "distill", 4, distill_lr)
     paired = sorted(set(d0) & set(d4))
     if paired:
         gaps = [d4[s]["final3_accuracy"] - d0[s]["final3_accuracy"] for s in paired]
@@ -359,7 +408,7 @@ def markdown(out: dict) -> str:
         f"checkpoint, held-out accuracy **{out['teacher_accuracy']:.3f}** ({out['eval_tasks']} tasks); student: its "
         f"SFT warm start, {out['student_accuracy']:.3f}; target (90 % of the teacher) **{out['target']:.3f}**. "
         f"{out['steps']} steps a run (RL {out['rl_steps']}); checkpoints scored at steps 1-6, every 2nd to 20, every "
-        "5th after.",
+        "5th after, until the first at or above the target, and at the last three (final accuracy: their mean).",
         "",
         "| cell | runs | steps to target (per seed) | median steps | median train s to target | final acc (mean of "
         "last 3 evals) | s/step | teacher wait share |",
@@ -422,8 +471,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--steps", type=int, default=20, help="steps of the distillation (and RL + distillation) runs"
     )
-    p.add_argument("--rl-steps", type=int, default=30, help="steps of the RL runs (slower to the target)")
+    p.add_argument("--rl-steps", type=int, default=25, help="steps of the RL runs (slower to the target)")
     p.add_argument("--overhead-steps", type=int, default=12)
+    p.add_argument(
+        "--distill-lr", type=float, default=None,
+        help="learner.lr of the distillation (and RL + distillation) runs of the goals; default: the main job's",
+    )  # fmt: skip
+    p.add_argument(
+        "--probe-lr", type=float, default=1e-3,
+        help="seed 0 of distillation and of RL at this lr too (does the dense signal take a larger step?)",
+    )  # fmt: skip
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default runs/bench_distill[_quick])")
     p.add_argument("--out", type=Path, default=OUT)
@@ -440,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["train.batch_prompts=2", "engines.max_batch=16", "rollout.max_concurrent_episodes=16"]
     else:
         teacher, student = main_job(args.main_run)
-        planned = cells_for(args.seeds, args.steps, args.rl_steps, args.overhead_steps)
+        planned = cells_for(
+            args.seeds, args.steps, args.rl_steps, args.overhead_steps, args.distill_lr, args.probe_lr
+        )
     small: Path | None = None  # the smaller student: made (SFT, minutes) when the first cell needs it
     cells_file = args.out / f"{stem}_cells.jsonl"
     if args.quick and cells_file.exists():
@@ -471,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_tasks": args.eval_limit,
         "steps": args.steps if not args.quick else 3,
         "rl_steps": args.rl_steps if not args.quick else 3,
+        "distill_lr": None if args.quick else args.distill_lr,
     }
     finished = [c for c in done if not c.get("name", "").startswith("eval")]
     names = {c["name"] for c in finished}

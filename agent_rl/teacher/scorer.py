@@ -13,6 +13,7 @@ shared prompt. Infrastructure errors are retried a bounded number of times, then
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import zlib
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from agent_rl.types import FinishReason, Group, Trajectory
 
 def sampled_positions(traj: Trajectory) -> list[int]:
     """Positions of the model-sampled tokens in prompt_ids + response_ids, in order."""
-    pos, out = len(traj.prompt_ids), []
+    pos, out = len(traj.prompt_ids), list[int]()
     for s in traj.segments:
         if s.sampled:
             out.extend(range(pos, pos + len(s.token_ids)))
@@ -66,7 +67,7 @@ class TeacherScorer:
                 continue
             task = asyncio.create_task(self.score(t))
             self._tasks[t.uid] = task
-            task.add_done_callback(lambda task, uid=t.uid: self._done(uid, task))
+            task.add_done_callback(functools.partial(self._done, t.uid))
 
     def _done(self, uid: str, task: asyncio.Task) -> None:
         self._tasks.pop(uid, None)

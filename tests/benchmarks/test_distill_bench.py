@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from distill import _third, goals  # noqa: E402
+from distill import _third, goals, score_until  # noqa: E402
 
 
 def _cell(method, k, seed, steps_to_target=None, final=0.7, s_per_step=1.0, topology="inprocess", wait=0.0):
@@ -28,6 +28,18 @@ def test_a_third_of_rls_steps_counts_misses_as_the_issue_reads_them():
     assert _third(None, 12) is False  # distillation never got there, RL did
     assert _third(6, None) is True  # RL did not get there within the budget, distillation did
     assert _third(None, None) is None and _third(0, 0) is None
+
+
+def test_checkpoints_are_scored_up_to_the_first_at_the_target_and_at_the_last_three():
+    acc = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.72, 5: 0.71, 6: 0.74, 8: 0.75, 10: 0.76}
+    asked: list[int] = []
+
+    def score(steps):
+        asked.extend(steps)
+        return [acc[s] for s in steps]
+
+    got = score_until(list(acc), 0.68, score)
+    assert asked == [1, 2, 3, 6, 8, 10] and got == {s: acc[s] for s in asked}
 
 
 def test_goals_pair_cells_by_seed():

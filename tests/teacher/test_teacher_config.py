@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,17 +60,33 @@ def other_tokenizer_model(tmp_path_factory):
     return build_tiny(tmp_path_factory.mktemp("other_tok"), texts, vocab_size=400, seed=1)
 
 
-def test_a_tokenizer_mismatch_is_refused_in_one_line(tiny_model_dir, other_tokenizer_model):
+def _swapped_tokenizer(src: Path, dst: Path) -> None:
+    """The student's tokenizer with two vocabulary entries' ids exchanged: same size, two ids mean other tokens."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (dst / "tokenizer.json").write_text(json.dumps(data))
+
+
+def test_a_tokenizer_mismatch_is_refused_in_one_line(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     student = AutoTokenizer.from_pretrained(tiny_model_dir)
     check_tokenizer(student, str(tiny_model_dir))  # the same tokenizer passes
+    teacher = tmp_path / "swapped"
+    _swapped_tokenizer(Path(tiny_model_dir), teacher)
     with pytest.raises(UserError) as e:
-        check_tokenizer(student, str(other_tokenizer_model))
+        check_tokenizer(student, str(teacher))
     msg = user_message(e.value)
     assert msg is not None and "\n" not in msg
     assert (
-        str(other_tokenizer_model) in msg and "token ids differ" in msg and "algorithm.teacher.engine" in msg
+        str(teacher) in msg
+        and f"2 of {len(student.get_vocab())} token ids differ" in msg
+        and "algorithm.teacher.engine" in msg
     )
 
 

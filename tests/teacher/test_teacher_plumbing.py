@@ -104,3 +104,32 @@ def test_the_trajectory_log_records_teacher_logprobs_for_the_viewer(tmp_path):
     page = step_json(rec, lambda ids: " ".join(map(str, ids)))
     blocks = page["groups"][0]["trajectories"][0]["blocks"]  # type: ignore[index]
     assert [b["t"] for b in blocks] == [[-0.4, -2.0], None, [-0.3]]
+
+
+async def test_a_finished_episode_and_its_forks_go_to_the_teacher_before_the_learner_asks(tiny_model_dir):
+    from agent_rl.config import BufferConfig
+    from agent_rl.teacher import TeacherBuffer
+
+    engine = EmbeddedEngine(tiny_model_dir, EngineOptions(max_batch=2, max_seq_len=64))
+    scorer = TeacherScorer([engine])
+    buffer = TeacherBuffer(scorer, BufferConfig(max_staleness=0), batch_prompts=1, group_size=2)
+    try:
+        gid = buffer.try_admit("task-0")
+        assert gid is not None
+        members = [buffer.start(gid, i, [5, 6, 7]) for i in range(2)]
+        fork = buffer.fork(members[0], 1)  # an agent episode that split: a second trajectory of member 0
+        for t in (*members, fork):
+            t.append_sampled([8, 9], [-0.5, -1.0], 0)
+            t.reward, t.finish_reason = 1.0, FinishReason.ANSWER
+        buffer.finish(members[0])
+        assert (
+            scorer.stats()["teacher/in_flight"] == 2
+        )  # the member and its fork, sent the moment it finished
+        buffer.finish(members[1])
+        (group,) = await buffer.take(1)
+        assert len(group.trajectories) == 3 and all(
+            len(t.teacher_logprobs or []) == 2 for t in group.trajectories
+        )
+    finally:
+        await scorer.close()
+        await engine.close()
