@@ -353,18 +353,9 @@ class Scheduler:
         unmasked = list(r.unmasked) if r.sampling.constraint is not None else None
         gen = Generation(list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked)
         tops = list(r.tops) if r.top_n > 0 else None
+        latency = time.monotonic() - r.created
         r.on_finish(
-            Output(
-                r.rid,
-                gen,
-                len(r.prompt),
-                r.cached_tokens,
-                matched,
-                time.monotonic() - r.created,
-                error,
-                tops,
-                r.scores,
-            )  # fmt: skip
+            Output(r.rid, gen, len(r.prompt), r.cached_tokens, matched, latency, error, tops, r.scores)
         )
 
     def fail_all(self, error: BaseException) -> None:
