@@ -75,7 +75,9 @@ class SGLangSampling(Strict):
         ]
         if len(given) > 1:
             raise ValueError(f"give at most one of json_schema, regex, ebnf, structural_tag; got {given}")
-        self.to_params()  # the engine's own checks of the values (temperature >= 0, top_p, top_k), at parse time
+        # the engine's own checks of the values (temperature >= 0, top_p, top_k), at parse time; max_new_tokens 0 is
+        # a scoring request (GenerateReq checks it), which samples nothing: its other values are checked as for 1
+        (self if self.max_new_tokens != 0 else self.model_copy(update={"max_new_tokens": 1})).to_params()
         return self
 
     def to_params(self, index: int = 0) -> SamplingParams:
