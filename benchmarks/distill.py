@@ -1,6 +1,7 @@
 """On-policy distillation on the main job: steps and wall time to 90 % of the teacher's held-out accuracy.
 
-    .venv/bin/python benchmarks/distill.py [--quick] [--main-run runs/tiny_tir] [--seeds 3] [--steps 40]
+    .venv/bin/python benchmarks/distill.py [--quick] [--main-run runs/tiny_tir] [--seeds 3] [--distill-lr 1e-3]
+    .venv/bin/python benchmarks/distill.py --distill-lr 1e-3 --report-only   # the report from the cells run so far
 
 Teacher: the main job's RL-trained checkpoint (MAIN_RUN/rl/checkpoints/latest/hf); student: its SFT warm start
 (MAIN_RUN/sft); same tokenizer. When MAIN_RUN lacks them the main job is run first (`python -m examples.tiny_tir`,
@@ -330,6 +331,7 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
                 "seconds_to_target_median": _median_present(secs),
                 "final3_accuracy_mean": statistics.mean(finals),
                 "final3_accuracy_std": statistics.pstdev(finals),
+                "final3_accuracy_se": _se(finals),
             }
         table[key] = row
     return meta | {
@@ -339,6 +341,11 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
         "goals": goals(cells, meta.get("distill_lr")),
         "cells": cells,
     }
+
+
+def _se(xs: list[float]) -> float | None:
+    """Standard error of the mean over seeds (sample standard deviation / sqrt n); None under 2 seeds."""
+    return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
 
 
 def _median_present(xs: list) -> float | None:
@@ -386,7 +393,12 @@ def _distill_goals(cells: list[dict], lr: float | None) -> dict:
         pairs = [(d0[s]["steps_to_target"], rl0[s]["steps_to_target"]) for s in seeds]
         met = [_third(a, b) for a, b in pairs]
         out["distill_and_rl_steps_to_target_per_seed"] = pairs
-        out["distill_over_rl_steps_per_seed"] = [a / b if a is not None and b else None for a, b in pairs]
+        out["distill_over_rl_steps_per_seed"] = ratios = [
+            a / b if a is not None and b else None for a, b in pairs
+        ]
+        present = [r for r in ratios if r is not None]
+        out["distill_over_rl_steps_mean"] = statistics.mean(present) if present else None
+        out["distill_over_rl_steps_se"] = _se(present)
         decided = [m for m in met if m is not None]
         out["distill_steps_at_most_a_third_of_rl"] = all(decided) if decided else None
     d4 = _by(cells, "distill", 4, lr)
@@ -395,6 +407,7 @@ def _distill_goals(cells: list[dict], lr: float | None) -> dict:
         gaps = [d4[s]["final3_accuracy"] - d0[s]["final3_accuracy"] for s in paired]
         out["distill_k4_minus_k0_final_per_seed"] = gaps
         out["distill_k4_minus_k0_final_mean"] = statistics.mean(gaps)
+        out["distill_k4_minus_k0_final_se"] = _se(gaps)
         out["distill_k4_within_2_points_of_k0"] = abs(statistics.mean(gaps)) <= GOAL_K4_POINTS + 1e-9
     return out
 
@@ -421,16 +434,17 @@ def markdown(out: dict) -> str:
         f"checkpoint, held-out accuracy **{out['teacher_accuracy']:.3f}** ({out['eval_tasks']} tasks); student: its "
         f"SFT warm start, {out['student_accuracy']:.3f}; target (90 % of the teacher) **{out['target']:.3f}**. "
         f"{out['steps']} steps a run (RL {out['rl_steps']}); checkpoints scored at steps 1-6, every 2nd to 20, every "
-        "5th after, until the first at or above the target, and at the last three (final accuracy: their mean).",
+        "5th after, until the first at or above the target, and at the last three (final accuracy: their mean); "
+        "so after step 6 a run that reached the target at an odd step counts the next even one.",
         "",
         "| cell | runs | steps to target (per seed) | median steps | median train s to target | final acc (mean of "
-        "last 3 evals) | s/step | teacher wait share |",
+        "last 3 evals; mean ± SE over seeds) | s/step | teacher wait share |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for key, r in out["table"].items():
         per = ", ".join("never" if s is None else str(s) for s in r.get("steps_to_target", [])) or "-"
         acc = (
-            f"{r['final3_accuracy_mean']:.3f} ± {r['final3_accuracy_std']:.3f}"
+            f"{r['final3_accuracy_mean']:.3f} ± {f(r.get('final3_accuracy_se'))}"
             if "final3_accuracy_mean" in r
             else "-"
         )
@@ -448,10 +462,12 @@ def markdown(out: dict) -> str:
         name = "the main job's lr" if lr == "main" else f"lr {lr}"
         lines += [
             f"- distillation at {name} reaches the target in <= 1/3 of RL's steps (k=0; per seed distill/RL "
-            f"{', '.join(f(x, '{:.2f}') for x in gl.get('distill_over_rl_steps_per_seed', [])) or '-'}): "
+            f"{', '.join(f(x, '{:.2f}') for x in gl.get('distill_over_rl_steps_per_seed', [])) or '-'}; mean "
+            f"{f(gl.get('distill_over_rl_steps_mean'), '{:.2f}')} ± {f(gl.get('distill_over_rl_steps_se'), '{:.2f}')} SE): "
             f"**{verdict[gl.get('distill_steps_at_most_a_third_of_rl')]}**",
             f"- distillation at {name}, k=4 (IS-corrected) within 2 points of k=0 (mean of the last three evals, "
-            f"k=4 − k=0 per seed {', '.join(f(x, '{:+.3f}') for x in gl.get('distill_k4_minus_k0_final_per_seed', [])) or '-'}): "
+            f"k=4 − k=0 per seed {', '.join(f(x, '{:+.3f}') for x in gl.get('distill_k4_minus_k0_final_per_seed', [])) or '-'}; "
+            f"mean {f(gl.get('distill_k4_minus_k0_final_mean'), '{:+.3f}')} ± {f(gl.get('distill_k4_minus_k0_final_se'))} SE): "
             f"**{verdict[gl.get('distill_k4_within_2_points_of_k0')]}**",
         ]
     lines += [
@@ -503,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default runs/bench_distill[_quick])")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--report-only", action="store_true",
+        help="rewrite distill.{json,md} from the finished cells (--out) and run none; keeps the last run's "
+        "command, date, commit and machine line",
+    )  # fmt: skip
+    p.add_argument(
+        "--cells", default=None,
+        help="comma-separated cell names (as the report lists them): run only these, in this order",
+    )  # fmt: skip
     args = p.parse_args(argv)
     stem = "distill_quick" if args.quick else "distill"
     work = args.work or ROOT / "runs" / ("bench_distill_quick" if args.quick else "bench_distill")
@@ -519,6 +544,17 @@ def main(argv: list[str] | None = None) -> int:
         planned = cells_for(
             args.seeds, args.steps, args.rl_steps, args.overhead_steps, args.distill_lr, args.probe_lr
         )
+    if args.cells:
+        by_name = {c.name: c for c in planned}
+        unknown = [n for n in (x.strip() for x in args.cells.split(",")) if n not in by_name]
+        if unknown:
+            raise SystemExit(f"--cells: {unknown[0]!r} is not a planned cell; the plan: {', '.join(by_name)}")
+        order = [by_name[x.strip()] for x in args.cells.split(",")]
+        # the rest stay planned (reported as missing)
+        planned = order + [c for c in planned if c not in order]
+        run_only = {c.name for c in order}
+    else:
+        run_only = None
     small: Path | None = None  # the smaller student: made (SFT, minutes) when the first cell needs it
     cells_file = args.out / f"{stem}_cells.jsonl"
     if args.quick and cells_file.exists():
@@ -553,8 +589,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     finished = [c for c in done if not c.get("name", "").startswith("eval")]
     names = {c["name"] for c in finished}
+    if args.report_only:
+        last = args.out / f"{stem}.json"
+        if last.is_file():
+            old = json.loads(last.read_text())
+            meta |= {k: old[k] for k in ("command", "date", "commit", "machine") if k in old}
+        write(args.out, stem, report(finished, planned, meta))
+        print(markdown(report(finished, planned, meta)))
+        return 0
     for i, cell in enumerate(planned):
-        if cell.name in names:
+        if cell.name in names or (run_only is not None and cell.name not in run_only):
             continue
         log(f"[{i + 1}/{len(planned)}] {cell.name}")
         if cell.student == "small" and small is None:

@@ -52,6 +52,10 @@ def test_goals_pair_cells_by_seed():
     g = goals(cells)
     assert g["distill_over_rl_steps_per_seed"] == [0.25, 5 / 12]
     assert g["distill_steps_at_most_a_third_of_rl"] is False  # seed 1 needs 5 > 12 / 3 steps
+    # mean ± standard error over seeds: sample sd / sqrt(n); for two seeds |a − b| / 2
+    assert g["distill_over_rl_steps_mean"] == pytest.approx(1 / 3)
+    assert g["distill_over_rl_steps_se"] == pytest.approx((5 / 12 - 0.25) / 2)
+    assert g["distill_k4_minus_k0_final_se"] == pytest.approx(0.005)
     assert g["distill_k4_minus_k0_final_per_seed"] == pytest.approx([-0.02, -0.03])
     assert g["distill_k4_within_2_points_of_k0"] is False  # mean gap 2.5 points
     assert g["teacher_step_time_overhead_median"] == pytest.approx(0.05)
