@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     target = TARGET_SHARE * evals["teacher"]
     log(f"teacher {evals['teacher']:.3f}, student {evals['student']:.3f}; target {target:.3f}")
     meta = {
-        "command": "benchmarks/distill.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": shlex.join(["benchmarks/distill.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d"),
         "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared (load average {os.getloadavg()[0]:.1f} "
