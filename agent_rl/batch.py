@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agent_rl.types import Group, Trajectory
+from agent_rl.types import FlatTrajectory, Group, Trajectory
 from vcpo.batch import PolicyBatch
 
 
@@ -79,6 +79,7 @@ def collate(
     loss_mask = torch.zeros((B, T), dtype=torch.float32)
     behavior = torch.zeros((B, T), dtype=torch.float32)
     versions = torch.full((B, T), -1, dtype=torch.long)
+    teacher = _teacher_tensor(flats, uids, B, T)
     for i, f in enumerate(flats):
         n = len(f.input_ids)
         input_ids[i, :n] = torch.tensor(f.input_ids, dtype=torch.long)
@@ -95,6 +96,7 @@ def collate(
         behavior_logprobs=behavior,
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(group_index, dtype=torch.long),
+        teacher_logprobs=teacher,
     )
     return LearnerBatch(policy, versions, tuple(uids), _routes_tensor(trajs, T))
 
@@ -117,6 +119,21 @@ def _routes_tensor(trajs: Sequence[Trajectory], width: int) -> torch.Tensor | No
         out[i, : r.positions] = torch.frombuffer(bytearray(r.ids), dtype=torch.int16).view(
             r.positions, r.width
         )
+    return out
+
+
+def _teacher_tensor(flats: list[FlatTrajectory], uids: list[str], b: int, t: int) -> torch.Tensor | None:
+    """[B, T] teacher log-probs (on-policy distillation) when the trajectories carry them, else None."""
+    scored = [f.teacher_logprobs is not None for f in flats]
+    if not any(scored):
+        return None
+    if not all(scored):
+        raise ValueError(
+            f"collate: trajectory {uids[scored.index(False)]} has no teacher log-probs but others do"
+        )
+    out = torch.zeros((b, t), dtype=torch.float32)
+    for i, f in enumerate(flats):
+        out[i, : len(f.input_ids)] = torch.tensor(f.teacher_logprobs, dtype=torch.float32)
     return out
 
 

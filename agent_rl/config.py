@@ -306,6 +306,74 @@ class LearnerConfig(Strict):
         return self
 
 
+class TeacherEngineConfig(Strict):
+    """Where the teacher runs. A teacher engine scores given token ids (log-probs only): it never samples
+    and never takes a weight update."""
+
+    type: Literal["embedded", "sglang", "vllm"] = "embedded"
+    """embedded: our engine (loaded here, or `agent-rl serve` servers at `urls`); sglang / vllm: servers at `urls`."""
+    model: str | None = None
+    """embedded without urls: the teacher's Hugging Face model directory, loaded in the driver (topology
+    inprocess) or as `count` `agent-rl serve` processes on the engine cores (topology processes)."""
+    urls: tuple[str, ...] = ()
+    """Teacher servers already running; scoring requests are spread over them. embedded and sglang speak
+    SGLang's /generate (max_new_tokens 0, logprob_start_len), vllm its /v1/completions (prompt_logprobs)."""
+    count: int = Field(1, ge=1)
+    """embedded without urls: teacher replicas started here."""
+    max_batch: int = Field(16, ge=1)
+    """embedded started here: sequences scored together in one batched prefill (its cache slots)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """embedded started here: weights and activations of the teacher."""
+    tokenizer: str | None = None
+    """The teacher's tokenizer directory, checked at start to equal the student's (the teacher scores the
+    student's token ids). Default: `model`; with `urls`, the tokenizer_path the server reports (/get_model_info)
+    when it is a directory on this machine."""
+
+    @model_validator(mode="after")
+    def _where(self) -> TeacherEngineConfig:
+        if not self.urls and (self.type != "embedded" or self.model is None):
+            raise ValueError(
+                "give `model` (a model directory, type embedded) or the `urls` of "
+                f"running {self.type} servers"
+            )
+        if self.urls and self.model is not None:
+            raise ValueError("give `model` (started here) or `urls`, not both")
+        return self
+
+
+class TeacherConfig(Strict):
+    """On-policy distillation: the recipe's `algorithm.teacher` (docs: distillation)."""
+
+    engine: TeacherEngineConfig
+    """The teacher engine: a mapping (type, model, urls, ...), or a string: a model directory (embedded, started
+    here) or the http(s):// URL of a server speaking SGLang's /generate (SGLang, `agent-rl serve`)."""
+    weight: float = Field(1.0, ge=0)
+    """β: the distillation term's weight (0 with task_weight > 0: log the teacher's scores, train on the task)."""
+    mode: Literal["reward", "loss"] = "reward"
+    """reward: the reverse KL as a dense per-token advantage (policy-gradient form); loss: a differentiable k2 loss
+    ½(log π − log π_T)² added to the task loss. Same gradient; both carry the task loss's IS weight (vcpo/distill.py)."""
+    task_weight: float = Field(1.0, ge=0)
+    """Multiplies the task (reward) advantage; 0: distillation alone."""
+    disagree_threshold: float = Field(2.302585092994046, ge=0)
+    """distill/disagree_frac counts sampled tokens with log π − log π_T above this (default ln 10: the teacher
+    finds the token at least 10x less likely than the student does)."""
+    max_concurrent: int = Field(64, ge=1)
+    """Scoring requests in flight at once (over all teacher engines)."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"urls": [v]} if v.startswith(("http://", "https://")) else {"model": v}
+        return v
+
+    @model_validator(mode="after")
+    def _trains_something(self) -> TeacherConfig:
+        if self.weight == 0 and self.task_weight == 0:
+            raise ValueError("weight and task_weight are both 0: nothing would be trained; set one above 0")
+        return self
+
+
 LossName = Literal[
     "reinforce", "tis_token", "tis_seq", "mis", "icepop", "m2po", "ppo_clip", "gspo", "cispo", "vcpo"
 ]
@@ -342,6 +410,10 @@ class AlgorithmConfig(Strict):
     @classmethod
     def _yaml_off(cls, v: Any) -> Any:
         return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    teacher: TeacherConfig | None = None
+    """On-policy distillation: a teacher engine scores every sampled token and the student minimises the
+    per-token reverse KL to it (vcpo/distill.py, agent_rl/teacher/). None: plain RL."""
 
 
 class LoggingConfig(Strict):
@@ -660,6 +732,15 @@ class Recipe(Strict):
             raise ValueError(
                 "algorithm.routing_replay: rollout needs the engines' routed experts, which VLLMClient does not "
                 "read (vLLM's --enable-return-routed-experts is not wired in): use engines.type: sglang or embedded"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_scores_at_t1(self) -> Recipe:
+        if self.algorithm.teacher is not None and self.rollout.temperature != 1.0:
+            raise ValueError(
+                f"algorithm.teacher: rollout.temperature={self.rollout.temperature}, but the reverse KL to the "
+                "teacher is of the untempered distributions the teacher scores: set rollout.temperature: 1.0"
             )
         return self
 

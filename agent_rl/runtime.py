@@ -12,6 +12,7 @@ however we leave.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from agent_rl.learners.api import Learner
 from agent_rl.loop_thread import LoopThread
 from agent_rl.rollout import build_rollouts
 from agent_rl.rollout.workers import PromptSource, Rollouts
+from agent_rl.teacher import TeacherBuffer, TeacherScorer, start_teacher
 from agent_rl.types import Group
 from agent_rl.weight_sync import make_publisher
 from agent_rl.weight_sync.publish import Publisher
@@ -91,7 +93,8 @@ class Runtime:
         recipe, learner = self.recipe, self.learner
         assert learner is not None, "Runtime(with_learner=True) builds the learner that start() publishes"
         lagged = recipe.rollout.fixed_lag is not None  # admission lag 0: one batch sampled at a time
-        self.buffer = RolloutBuffer(
+        scorer = self._start_teacher()  # algorithm.teacher: the buffer sends finished trajectories to it
+        self.buffer = (RolloutBuffer if scorer is None else partial(TeacherBuffer, scorer))(
             recipe.buffer_in_force,
             batch_prompts=recipe.train.batch_prompts,
             group_size=self.spec.group_size,
@@ -140,6 +143,24 @@ class Runtime:
         return checkpoint.LoopState(step, prompts, buffer, publisher=self.publisher.state())
 
     # -- internals -------------------------------------------------------------------------
+    def _start_teacher(self) -> TeacherScorer | None:
+        """On-policy distillation: the teacher's engines (in this process, or on the engine cores under
+        placement.topology: processes) and the scorer the buffer feeds; None without algorithm.teacher."""
+        cfg = self.recipe.algorithm.teacher
+        if cfg is None:
+            return None
+        cores = sorted({c for cs in self.plan.cores.engines for c in cs}) if self.plan.cores else None
+        engines = self.loop.call(
+            start_teacher(cfg, self.tokenizer, max_seq_len=self.recipe.engines.max_seq_len,
+                          seed=self.recipe.train.seed, cores=cores)
+        )  # fmt: skip
+        self._stack.callback(lambda: self.loop.call(engines.close()))
+        scorer = self.loop.call(
+            _run(lambda: TeacherScorer(engines.clients, max_concurrent=cfg.max_concurrent))
+        )
+        self._stack.callback(lambda: self.loop.call(scorer.close()))
+        return scorer
+
     def _env(self) -> envs.Env:
         return envs.make(self.spec, self.tokenizer, self.sandbox)  # one Env per episode
 

@@ -125,6 +125,7 @@ class FlatTrajectory:
     loss_mask: list[int]
     behavior_logprobs: list[float]  # 0.0 where loss_mask == 0
     versions: list[int]  # -1 where loss_mask == 0
+    teacher_logprobs: list[float] | None = None  # log π_T of sampled tokens, 0.0 elsewhere; None: not scored
 
 
 @dataclass
@@ -142,6 +143,22 @@ class Trajectory:
     turns: list[TurnInfo] = field(default_factory=list)
     extras: dict[str, float] = field(default_factory=dict)  # logging only
     routed_experts: RoutedExperts | None = None  # MoE: the engine's routing of positions 0..n-1 (n <= len)
+    teacher_logprobs: list[float] | None = (
+        None  # on-policy distillation: log π_T of each sampled token, in order
+    )
+
+    def set_teacher_logprobs(self, values: list[float]) -> None:
+        """The teacher's log-prob of every sampled token (agent_rl/teacher), in order; checked like behaviour's."""
+        if len(values) != self.num_sampled:
+            raise TrajectoryError(
+                f"trajectory {self.uid}: {len(values)} teacher log-probs for {self.num_sampled} sampled tokens"
+            )
+        for i, lp in enumerate(values):
+            if not (math.isfinite(lp) and lp <= 1e-4):
+                raise TrajectoryError(
+                    f"trajectory {self.uid}: sampled token {i} has teacher log-prob {lp}; must be finite and <= 0"
+                )
+        self.teacher_logprobs = [float(x) for x in values]
 
     # -- building ---------------------------------------------------------------------
     def append_sampled(self, token_ids: list[int], logprobs: list[float], versions: list[int] | int) -> None:
@@ -210,6 +227,8 @@ class Trajectory:
         return 0 if mv is None else learner_version - mv
 
     def flatten(self) -> FlatTrajectory:
+        teacher = None if self.teacher_logprobs is None else iter(self.teacher_logprobs)
+        tlps: list[float] = []
         ids, mask, lps, vers = (
             list(self.prompt_ids),
             [0] * len(self.prompt_ids),
@@ -225,11 +244,16 @@ class Trajectory:
                 mask.extend([train] * n)
                 lps.extend(s.logprobs)
                 vers.extend(s.versions)
+                if teacher is not None:
+                    tlps.extend(next(teacher) for _ in range(n))
             else:
                 mask.extend([0] * n)
                 lps.extend([0.0] * n)
                 vers.extend([-1] * n)
-        return FlatTrajectory(ids, mask, lps, vers)
+                tlps.extend([0.0] * n)
+        if teacher is None:
+            return FlatTrajectory(ids, mask, lps, vers)
+        return FlatTrajectory(ids, mask, lps, vers, [0.0] * len(self.prompt_ids) + tlps)
 
     def validate(self) -> None:
         """Raise TrajectoryError naming the first broken invariant."""
@@ -237,6 +261,8 @@ class Trajectory:
             s.check(f"trajectory {self.uid} segment {i}")
         if self.reward is not None and not math.isfinite(self.reward):
             raise TrajectoryError(f"trajectory {self.uid}: reward is {self.reward}; rewards must be finite")
+        if self.teacher_logprobs is not None:
+            self.set_teacher_logprobs(self.teacher_logprobs)
 
     # -- serialisation ------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -256,6 +282,8 @@ class Trajectory:
         routes = self.routed_experts
         if routes is not None:  # int16 rows after the float array
             header["routes"] = [routes.positions, routes.width]
+        if self.teacher_logprobs is not None:  # after the behaviour log-probs in the float array
+            header["n_teacher"] = len(self.teacher_logprobs)
         ints = array("i", self.prompt_ids)
         floats = array("d")
         for s in self.segments:
@@ -264,6 +292,7 @@ class Trajectory:
                 assert s.logprobs is not None and s.versions is not None
                 ints.extend(s.versions)
                 floats.extend(s.logprobs)
+        floats.extend(self.teacher_logprobs or ())
         hb = json.dumps(header, separators=(",", ":")).encode()
         body = struct.pack("<III", len(hb), len(ints), len(floats)) + hb + ints.tobytes() + floats.tobytes()
         if routes is not None:
@@ -316,6 +345,8 @@ class Trajectory:
             ids = array("h")
             ids.frombytes(body[end : end + 2 * rows * width])
             traj.set_routed_experts(RoutedExperts(width, ids))
+        if (nt := header.get("n_teacher")) is not None:
+            traj.teacher_logprobs = floats[fp : fp + nt].tolist()
         traj.validate()
         return traj
 

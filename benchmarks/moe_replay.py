@@ -96,7 +96,7 @@ def mismatch_cell(model_dir: Path, dtype: str, replay: str, seed: int, samples: 
     import envs
     from agent_rl.engines.api import EngineOptions, SamplingParams
     from agent_rl.engines.embedded.engine import EmbeddedEngine
-    from agent_rl.learners.torch_learner import build_learner
+    from agent_rl.learners import build as build_learner
     from agent_rl.types import Group, Trajectory
 
     recipe = recipe_for(model_dir, Path("/nonexistent"), f"model.dtype={dtype}", f"learner.dtype={dtype}",

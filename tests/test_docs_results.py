@@ -65,6 +65,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "sandbox_bench.md": _via_path("sandbox_bench", "write_markdown", "sandbox_bench.json"),
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
     "reliability.md": _reliability,
+    "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
     "stress/level_b_fair.md": _level_b_fair,
 }
 

@@ -26,13 +26,16 @@ class PolicyBatch:
     behavior_logprobs: Tensor  # [B, T] log μ of token t (0 where loss_mask == 0)
     rewards: Tensor  # [B] float
     group_index: Tensor  # [B] long prompt-group id
+    teacher_logprobs: Tensor | None = None  # [B, T] log π_T of token t (distillation; 0 where loss_mask == 0)
 
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
     def to(self, device: torch.device | str) -> PolicyBatch:
-        return PolicyBatch(*(t.to(device) for t in self._fields()))
+        return PolicyBatch(
+            *(t.to(device) for t in self._fields()), teacher_logprobs=_to(self.teacher_logprobs, device)
+        )
 
     def select(self, rows: Tensor) -> PolicyBatch:
         """The given rows, with trailing all-padding columns cut off (less compute per chunk)."""
@@ -45,6 +48,7 @@ class PolicyBatch:
             self.behavior_logprobs[rows, :width],
             self.rewards[rows],
             self.group_index[rows],
+            None if self.teacher_logprobs is None else self.teacher_logprobs[rows, :width],
         )
 
     def _fields(self) -> tuple[Tensor, ...]:
@@ -64,7 +68,8 @@ class PolicyBatch:
         b, t = self.input_ids.shape
         if b == 0:
             raise BatchError("empty PolicyBatch (B = 0)")
-        for name in ("attention_mask", "loss_mask", "behavior_logprobs"):
+        optional = ("teacher_logprobs",) if self.teacher_logprobs is not None else ()
+        for name in ("attention_mask", "loss_mask", "behavior_logprobs", *optional):
             shape = tuple(getattr(self, name).shape)
             if shape != (b, t):
                 raise BatchError(f"{name} has shape {shape}, expected {(b, t)} like input_ids")
@@ -91,6 +96,17 @@ class PolicyBatch:
             blp,
         )
         _row_error(~torch.isfinite(self.rewards)[:, None], "rewards", "must be finite", self.rewards[:, None])
+        if (tlp := self.teacher_logprobs) is not None:
+            _row_error(
+                (lm > 0) & ~(torch.isfinite(tlp) & (tlp <= 1e-4)),
+                "teacher_logprobs",
+                "must be finite and <= 0 on loss tokens",
+                tlp,
+            )
+
+
+def _to(t: Tensor | None, device: torch.device | str) -> Tensor | None:
+    return None if t is None else t.to(device)
 
 
 def _row_error(bad: Tensor, field: str, what: str, values: Tensor) -> None:

@@ -21,12 +21,13 @@ from torch import Tensor, nn
 
 from vcpo.advantages import ADVANTAGES, STD_EPS, group_stats, grpo_advantages, rloo_advantages
 from vcpo.baseline import opob_baseline
-from vcpo.batch import PolicyBatch
+from vcpo.batch import BatchError, PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
+from vcpo.distill import DistillConfig, DistillOutput, distill_term
 from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
 from vcpo.importance import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
-from vcpo.losses import LossInputs, get_loss, kl_k3_sum, loss_kwargs
+from vcpo.losses import LossInputs, _truncate, get_loss, kl_k3_sum, loss_kwargs
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
 ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm
@@ -47,10 +48,13 @@ class StepConfig:
     micro_batch_size: int = 4  # trajectories per forward/backward (proxy mode: whole groups)
     micro_batch_tokens: int | None = None  # and at most this many real tokens (a longer row goes alone)
     loss_kwargs: Mapping[str, float] = field(default_factory=dict)
+    distill: DistillConfig | None = None  # on-policy distillation term (vcpo/distill.py); None: no teacher
 
     def check(self) -> None:
         spec = get_loss(self.loss)
         loss_kwargs(spec, self.loss_kwargs)
+        if self.distill is not None:
+            self.distill.check()
         choices = {
             "advantage": ADVANTAGES,
             "ess_lr_rule": ESS_RULES,
@@ -109,16 +113,23 @@ class StepMetrics:
     advantage_std: float
     tokens: float
     trajectories: float
+    extra: dict[str, float] = field(default_factory=dict)  # keys with their own prefix (distill/...)
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "extra":
+                continue
             v = float(getattr(self, f.name))
             if math.isnan(v):
                 raise FloatingPointError(f"StepMetrics.{f.name} is NaN")
             setattr(self, f.name, v)
+        for k, v in self.extra.items():
+            if math.isnan(v):
+                raise FloatingPointError(f"StepMetrics.extra[{k!r}] is NaN")
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        out = asdict(self)
+        return out | out.pop("extra")
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,8 @@ class _Rows:
         self.s, self.adv, self.base, self.loss, self.tokens, self.clipped, self.kl = (z() for _ in range(7))
         self.grad_sq = torch.full((b,), -1.0, dtype=torch.float64)
         self.lp = torch.zeros(b, t, dtype=torch.float32)  # one copy per step: cheap next to a forward
+        # distillation: ℓ^D_i, Σ_t k_t, Σ_t log π_T, Σ_t log μ, tokens the teacher disagrees with
+        self.d_loss, self.d_kl, self.d_teacher, self.d_behavior, self.d_disagree = (z() for _ in range(5))
 
     def record(self, rows: Tensor, lp: Tensor, sub: PolicyBatch) -> None:
         lp = lp.detach()
@@ -146,6 +159,11 @@ class _Rows:
         self.s[rows] = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
         self.tokens[rows] = sub.loss_mask.double().sum(-1).cpu()
         self.kl[rows] = kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
+
+    def record_distill(self, rows: Tensor, d: DistillOutput) -> None:
+        self.d_loss[rows] = d.loss.detach().double().cpu()
+        self.d_kl[rows], self.d_teacher[rows] = d.reverse_kl.cpu(), d.teacher_logprob.cpu()
+        self.d_behavior[rows], self.d_disagree[rows] = d.behavior_logprob.cpu(), d.disagree.cpu()
 
 
 class Step:
@@ -182,7 +200,11 @@ class Step:
         if not self.params:
             raise ValueError("Step: the model has no parameter with requires_grad=True")
         self.proxy_fn, self.grad_sq_fn, self.clip_fn = proxy_fn, grad_sq_fn, clip_fn
-        if cfg.advantage == "opob" and cfg.opob_mode == "proxy" and proxy_fn is None:
+        self.distill = cfg.distill
+        # distillation alone (task_weight 0): every task advantage is 0, no baseline pass is needed
+        self.task_scale = 1.0 if cfg.distill is None else float(cfg.distill.task_weight)
+        self._distill_log_weight = self.spec.seq_log_weight or _truncate  # the task loss's own IS weight
+        if cfg.advantage == "opob" and cfg.opob_mode == "proxy" and proxy_fn is None and self.task_scale > 0:
             if logprob_fn is not logprobs_of:
                 raise ValueError("Step: opob_mode='proxy' with a custom logprob_fn also needs proxy_fn")
             self.proxy_fn = logit_grad_proxy_of
@@ -190,13 +212,19 @@ class Step:
 
     def __call__(self, batch: PolicyBatch) -> StepMetrics:
         batch.validate()
+        if self.distill is not None and batch.teacher_logprobs is None:
+            raise BatchError(
+                "the step distils (StepConfig.distill is set) but the batch has no teacher_logprobs"
+            )
         batch = batch.to(self.params[0].device)
         self.optimizer.zero_grad(set_to_none=True)
         rows = _Rows(batch.size, int(batch.input_ids.shape[1]))
         try:
             with self.no_sync():
-                if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact":
+                if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact" and self.task_scale > 0:
                     self._exact(batch, rows)
+                    if self.distill is not None:  # the exact pass backs up the task term alone
+                        self._distill_pass(batch, rows)
                 else:
                     self._chunked(batch, rows)
             metrics = self._finish(rows)
@@ -223,17 +251,37 @@ class Step:
                 rows.loss[k] = -math.exp(r.log_wt) * float(rows.adv[k]) * r.mean_lp
                 rows.clipped[k] = r.tokens if r.log_wt != r.s and self.cfg.loss != "reinforce" else 0.0
         for p, a in zip(self.params, acc, strict=True):
-            p.grad = (-a).to(p.dtype)
+            p.grad = (-self.task_scale * a).to(p.dtype)
+        rows.adv *= self.task_scale
+        rows.loss *= self.task_scale
+
+    def _distill_pass(self, batch: PolicyBatch, rows: _Rows) -> None:
+        """Forward and backward of the distillation term alone, added to the gradients already there."""
+        for idx in self._micro_batches(batch, torch.arange(batch.size)):
+            sub = batch.select(idx.to(batch.input_ids.device))
+            lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
+            d = self._distill(lp, sub)
+            if (total := d.loss.sum()).requires_grad:
+                total.backward()
+            rows.record_distill(idx, d)
+
+    def _distill(self, lp: Tensor, sub: PolicyBatch) -> DistillOutput:
+        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)
+        log_wt = self._distill_log_weight(s, self.cfg.is_truncation)
+        assert self.distill is not None and sub.teacher_logprobs is not None
+        return distill_term(
+            lp, sub.teacher_logprobs, sub.behavior_logprobs, sub.loss_mask, log_wt, self.distill
+        )
 
     def _chunked(self, batch: PolicyBatch, rows: _Rows) -> None:
         cfg, mbs = self.cfg, self.cfg.micro_batch_size
         extra: dict[str, float] = {}
         if self.spec.prepare is not None:
             extra = self._prepare(batch)
-        if cfg.advantage != "opob":
-            fn = grpo_advantages if cfg.advantage == "grpo" else rloo_advantages
+        if cfg.advantage != "opob" or self.task_scale == 0:
+            fn = rloo_advantages if cfg.advantage == "rloo" else grpo_advantages
             adv, base = fn(batch.rewards, batch.group_index)
-            rows.adv[:], rows.base[:] = adv.cpu(), base.cpu()
+            rows.adv[:], rows.base[:] = adv.cpu() * self.task_scale, base.cpu()
             for idx in self._micro_batches(batch, torch.arange(batch.size)):
                 self._loss_backward(batch, idx, rows, extra)
             return
@@ -295,7 +343,7 @@ class Step:
         b = opob_baseline(r, log_w, gsq, gids)
         g = group_stats(r, gids)
         adv = torch.where(g.std > STD_EPS, (r - b) / g.std.clamp(min=STD_EPS), 0.0)
-        rows.adv[idx], rows.base[idx] = adv.cpu(), b.cpu()
+        rows.adv[idx], rows.base[idx] = adv.cpu() * self.task_scale, b.cpu()
 
     def _loss_backward(
         self,
@@ -316,6 +364,10 @@ class Step:
             **self.kwargs,
         )
         total = out.loss.sum()
+        d = self._distill(lp, sub) if self.distill is not None else None
+        if d is not None:
+            total = total + d.loss.sum()
+            rows.record_distill(idx, d)
         if total.requires_grad:
             total.backward()
         rows.record(idx, lp, sub)
@@ -352,7 +404,7 @@ class Step:
         et = wt / w_max if w_max > 0 else torch.zeros_like(wt)  # truncated weights, shifted the same way
         a = rows.adv[live]
         sums = torch.stack([
-            e.sum(), (e * e).sum(), live.sum().double(), rows.loss[live].sum(), rows.tokens.sum(),
+            e.sum(), (e * e).sum(), live.sum().double(), (rows.loss + rows.d_loss)[live].sum(), rows.tokens.sum(),
             rows.clipped.sum(), rows.kl.sum(), wt.sum(), a.sum(), (a * a).sum(), rows.base[live].sum(),
             gn.sum(), torch.tensor(float(gn.numel()), dtype=torch.float64), et.sum(), (et * et).sum(),
         ]).to(dev)  # fmt: skip
@@ -361,6 +413,7 @@ class Step:
         if n == 0:
             raise ValueError("Step: no trajectory in the global batch has a loss token (loss_mask is all 0)")
         ess, ratio = ess_from_sums(s_max, e1, e2, int(n))
+        extra = self._distill_metrics(rows, live, tokens, n, dev) if self.distill is not None else {}
         ratio_truncated = min(t1 * t1 / t2 / n, 1.0) if t2 > 0 else 0.0
         sync_grads(self.params, self.group, 1.0 / n)
         lr_scale = ess_lr_scale(ratio, cfg.ess_lr_rule, cfg.ess_base_ratio)
@@ -376,7 +429,26 @@ class Step:
             log_ratio_abs_max=abs_max, traj_grad_norm_mean=gn_sum / gn_n if gn_n else 0.0,
             traj_grad_norm_max=gn_max if gn_n else 0.0, baseline_mean=b_sum / n,
             advantage_std=math.sqrt(max(a_sq / n - mean_a * mean_a, 0.0)), tokens=tokens, trajectories=n,
+            extra=extra,
         )  # fmt: skip
+
+    def _distill_metrics(
+        self, rows: _Rows, live: Tensor, tokens: float, n: float, dev: torch.device
+    ) -> dict[str, float]:
+        """Global (all DP ranks) distillation statistics per loss token; the term's loss per trajectory."""
+        sums = torch.stack([rows.d_loss[live].sum(), rows.d_kl.sum(), rows.d_teacher.sum(), rows.d_behavior.sum(),
+                            rows.d_disagree.sum()]).to(dev)  # fmt: skip
+        all_reduce(sums, dist.ReduceOp.SUM, self.group)
+        loss, kl, teacher, behavior, disagree = sums.tolist()
+        per = 1.0 / max(tokens, 1.0)
+        return {
+            "distill/loss": loss / n,
+            "distill/reverse_kl": kl * per,
+            "distill/teacher_logprob": teacher * per,
+            "distill/behavior_logprob": behavior * per,
+            "distill/reverse_kl_behavior": (behavior - teacher) * per,
+            "distill/disagree_frac": disagree * per,
+        }
 
     def _apply(self, lr_scale: float) -> float:
         """optimizer.step() with every param group's lr multiplied by lr_scale, then restored."""

@@ -181,6 +181,25 @@ class SGLangClient(HTTPEngine):
             routed_experts=routed_experts.from_meta(meta, request_id) if sampling.return_routed_experts else None,
         )  # fmt: skip
 
+    @staticmethod
+    def score_body(input_ids: list[int], start: int, request_id: str) -> dict[str, Any]:
+        """GenerateReqInput asking for log-probs of given tokens and sampling nothing: max_new_tokens 0,
+        logprob_start_len = start - 1 (SGLang's input_token_logprobs pair token L with None and token L+i,
+        i >= 1, with its log-prob; io_struct.py, scheduler_components/logprob_result_processor.py)."""
+        return {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+            "rid": request_id,
+            "return_logprob": True,
+            "logprob_start_len": start - 1,
+        }
+
+    async def score(self, input_ids: list[int], *, start: int, request_id: str) -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = start..len-1 (a distillation teacher's call)."""
+        r = await self.request("POST", "/generate", self.score_body(input_ids, start, request_id))
+        entries = r["meta_info"]["input_token_logprobs"][1:]
+        return _scores(self.url, request_id, input_ids, start, [(e[1], e[0]) for e in entries])
+
     PAUSE_BODY = {"mode": "abort"}  # PauseGenerationReqInput
     # LoadLoRAAdapterReqInput / UnloadLoRAAdapterReqInput; the server needs --enable-lora (and --max-lora-rank)
     LORA_LOAD, LORA_UNLOAD = "/load_lora_adapter", "/unload_lora_adapter"
@@ -296,6 +315,19 @@ class SGLangClient(HTTPEngine):
             raise EngineError(f"{self.url}{path} failed: {(r or {}).get('message')}")
 
 
+def _scores(
+    url: str, rid: str, input_ids: list[int], start: int, pairs: list[tuple[Any, Any]]
+) -> list[float]:
+    """The log-prob of each (token id, log-prob) pair a server answered for input_ids[start:], checked."""
+    want = input_ids[start:]
+    if [int(t) for t, _ in pairs] != want or any(lp is None for _, lp in pairs):
+        raise EngineError(
+            f"{url} ({rid}): asked for the log-probs of {len(want)} tokens from position {start}, got "
+            f"{len(pairs)} entries that do not match them (ids {[t for t, _ in pairs][:5]}...)"
+        )
+    return [float(lp) for _, lp in pairs]
+
+
 def _int_version(v: Any, default: int) -> int:
     try:
         return int(v)
@@ -389,6 +421,32 @@ class VLLMClient(HTTPEngine):
             FINISH.get(finish or "abort", "abort"),
             top_logprobs=tops if sampling.top_logprobs else None,
         )
+
+    def score_body(self, input_ids: list[int]) -> dict[str, Any]:
+        """CompletionRequest for log-probs of given tokens: prompt_logprobs=0 returns, per prompt position t >= 1,
+        {token id: Logprob} holding the prompt's own token (position 0: None); max_tokens must be >= 1
+        (SamplingParams), so one greedy token is sampled and dropped."""
+        return {
+            "model": self.lora_name or self.model,
+            "prompt": list(input_ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+
+    async def score(self, input_ids: list[int], *, start: int, request_id: str) -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = start..len-1 (a distillation teacher's call)."""
+        if self.model is None:
+            self.model = (await self.request("GET", "/v1/models"))["data"][0]["id"]
+        r = await self.request(
+            "POST", "/v1/completions", self.score_body(input_ids), headers={"X-Request-Id": request_id}
+        )
+        plp = r["choices"][0].get("prompt_logprobs") or []
+        pairs = [
+            (t, (e or {}).get(str(t), {}).get("logprob"))
+            for t, e in zip(input_ids[start:], plp[start:], strict=False)
+        ]
+        return _scores(self.url, request_id, input_ids, start, pairs)
 
     async def pause(self) -> None:
         await self.request("POST", "/pause", params={"mode": "abort"})

@@ -75,7 +75,9 @@ class SGLangSampling(Strict):
         ]
         if len(given) > 1:
             raise ValueError(f"give at most one of json_schema, regex, ebnf, structural_tag; got {given}")
-        self.to_params()  # the engine's own checks of the values (temperature >= 0, top_p, top_k), at parse time
+        # the engine's own checks of the values (temperature >= 0, top_p, top_k), at parse time; max_new_tokens 0 is
+        # a scoring request (GenerateReq checks it), which samples nothing: its other values are checked as for 1
+        (self if self.max_new_tokens != 0 else self.model_copy(update={"max_new_tokens": 1})).to_params()
         return self
 
     def to_params(self, index: int = 0) -> SamplingParams:
@@ -122,7 +124,17 @@ class GenerateReq(Strict):
             raise ValueError("give exactly one of text or input_ids (one prompt, or a list of them)")
         if self.top_logprobs_num < 0 or self.top_logprobs_num > 20:
             raise ValueError(f"top_logprobs_num={self.top_logprobs_num} must be in [0, 20]")
-        require_neutral(self, logprob_start_len=-1, stream=False)
+        require_neutral(self, stream=False)
+        scoring = self.sampling_params.max_new_tokens == 0  # log-probs of the given tokens, nothing sampled
+        if scoring != (self.logprob_start_len >= 0) or (scoring and not self.return_logprob):
+            raise ValueError(
+                "the embedded engine returns prompt log-probs only for a scoring request: max_new_tokens=0 with "
+                f"return_logprob=true and logprob_start_len >= 0 (got max_new_tokens="
+                f"{self.sampling_params.max_new_tokens}, logprob_start_len={self.logprob_start_len}, "
+                f"return_logprob={self.return_logprob})"
+            )
+        if scoring and (self.sampling_params.n != 1 or self.top_logprobs_num):
+            raise ValueError("a scoring request (max_new_tokens=0) takes n=1 and top_logprobs_num=0")
         return self
 
     @property

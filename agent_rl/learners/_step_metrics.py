@@ -29,7 +29,9 @@ def skip_if_all_masked(shares: Sequence[PolicyBatch], version: int) -> dict[str,
 
 def step_metrics(raw: Mapping[str, float], shares: Sequence[PolicyBatch], seconds: float) -> dict[str, float]:
     """vcpo's StepMetrics (as a rank returned them) under their logged names, plus throughput."""
-    metrics = {_NAMES.get(k, f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"}
+    metrics = {  # keys with a prefix of their own (distill/...) keep it
+        _NAMES.get(k, k if "/" in k else f"vcpo/{k}"): float(v) for k, v in raw.items() if k != "lr_scheduled"
+    }
     n_tokens = sum(int(b.attention_mask.sum()) for b in shares)
     return metrics | {
         "learner/lr": float(raw["lr_scheduled"]),

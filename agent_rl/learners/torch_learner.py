@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_rl.learners._torch_rank import RankSpec
 from agent_rl.learners.kind import RankKind, one_share_each
+from vcpo.distill import DistillConfig
 from vcpo.step import StepConfig
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         micro_batch_size=lc.micro_batch_size,
         micro_batch_tokens=lc.micro_batch_tokens,
         loss_kwargs=dict(ac.loss_kwargs),
+        distill=None
+        if (t := ac.teacher) is None
+        else DistillConfig(t.mode, t.weight, t.task_weight, t.disagree_threshold),
     )
     step.check()  # a bad loss/advantage pairing fails at build time, not at step 1
     return RankSpec(

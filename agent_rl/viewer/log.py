@@ -8,7 +8,7 @@ RUN_DIR/trajectories/ holds
 
 A record holds the step's recorded trajectories (`logging.trajectories`: all, N per step
 in whole groups, or 0): token ids, per-token policy version, behaviour and current
-log-probs, loss mask (masked flag + segment kinds), turn boundaries, reward, baseline,
+log-probs (and the teacher's, when the run distils), loss mask (masked flag + segment kinds), turn boundaries, reward, baseline,
 advantage and sequence log-weight. Appends are crash-safe (data first, then its index
 line; a torn tail is cut on open) and resumable (opening at `start` drops later steps,
 which the resumed run records again).
@@ -27,7 +27,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,6 +53,9 @@ class RecordedSegment:
     versions: list[int]
     behavior_logprobs: list[float]
     current_logprobs: list[float]  # empty when the learner did not record them
+    teacher_logprobs: list[float] = field(
+        default_factory=list
+    )  # empty unless the run distils (algorithm.teacher)
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,8 @@ def _truncate(d: Path, start: int) -> None:
 # -- the record encoding --------------------------------------------------------------------------
 # zlib( u32 header_len | u32 n_ints | u32 n_floats | header JSON | int32[n_ints] | float32[n_floats] )
 # ints per trajectory: prompt ids, then per segment its ids (+ its versions when sampled);
-# floats per sampled segment: behaviour log-probs (+ current log-probs when the learner recorded them).
+# floats per sampled segment: behaviour log-probs (+ current log-probs when the learner recorded them)
+# (+ the teacher's log-probs when the trajectory carries them: "teacher" in its header).
 
 
 def encode_step(groups: Sequence[Group], rows: Mapping[str, TrainedRow]) -> tuple[bytes, int]:
@@ -243,6 +247,7 @@ def encode_step(groups: Sequence[Group], rows: Mapping[str, TrainedRow]) -> tupl
             ints.extend(t.prompt_ids)
             pos = len(t.prompt_ids)  # flattened position of the segment's first token
             current = _current(row, len(t)) if row is not None else None
+            teacher = iter(t.teacher_logprobs or ())
             for s in t.segments:
                 n = len(s.token_ids)
                 ints.extend(s.token_ids)
@@ -252,6 +257,8 @@ def encode_step(groups: Sequence[Group], rows: Mapping[str, TrainedRow]) -> tupl
                     floats.extend(s.logprobs)
                     if current is not None:
                         floats.extend(current[pos : pos + n])
+                    if t.teacher_logprobs is not None:
+                        floats.extend(next(teacher) for _ in range(n))
                 pos += n
     header = json.dumps({"format": FORMAT_VERSION, "trajectories": trajs}, separators=(",", ":")).encode()
     body = (
@@ -276,6 +283,7 @@ def _header(t: Trajectory, row: TrainedRow | None) -> dict[str, Any]:
         "n_prompt": len(t.prompt_ids),
         "segments": [[len(s.token_ids), s.sampled] for s in t.segments],
         "trained": row is not None,
+        "teacher": t.teacher_logprobs is not None,
         "baseline": None if row is None else _opt(row.baseline),
         "advantage": None if row is None else _opt(row.advantage),
         "seq_log_weight": None if row is None else _finite_or_clip(row.seq_log_weight),
@@ -316,7 +324,11 @@ def decode_step(summary: StepSummary, blob: bytes) -> StepRecord:
             if h["trained"]:
                 clp = floats[fp : fp + n].tolist()
                 fp += n
-            segs.append(RecordedSegment(ids, True, vers, blp, clp))
+            tlp: list[float] = []
+            if h.get("teacher"):
+                tlp = floats[fp : fp + n].tolist()
+                fp += n
+            segs.append(RecordedSegment(ids, True, vers, blp, clp, tlp))
         out.append(
             RecordedTrajectory(
                 uid=h["uid"],

@@ -153,19 +153,21 @@ def _blocks(segments: Sequence[RecordedSegment], *, masked: bool, decode: Decode
     for s in segments:
         kind = "model" if s.sampled else "env"
         if not out or out[-1]["kind"] != kind:
-            out.append({"kind": kind, "text": [], "v": [], "b": [], "c": [], "code": []})
+            out.append({"kind": kind, "text": [], "v": [], "b": [], "c": [], "t": [], "code": []})
         blk = out[-1]
         blk["text"].extend(token_texts(s.token_ids, decode))  # type: ignore[union-attr]
         if s.sampled:
             blk["v"].extend(s.versions)  # type: ignore[union-attr]
             blk["b"].extend(_r(x) for x in s.behavior_logprobs)  # type: ignore[union-attr]
             blk["c"].extend(_r(x) for x in s.current_logprobs)  # type: ignore[union-attr]
+            blk["t"].extend(_r(x) for x in s.teacher_logprobs)  # type: ignore[union-attr]
     for blk in out:
         blk["code"] = _inside_fences(blk["text"])  # type: ignore[arg-type]
         blk["trained"] = blk["kind"] == "model" and not masked
         blk["versions"] = sorted(set(blk["v"]))  # type: ignore[arg-type]
-        if not blk["c"]:
-            blk["c"] = None
+        for k in ("c", "t"):  # current (learner) and teacher log-probs: None when not recorded
+            if not blk[k]:
+                blk[k] = None
     return out
 
 

@@ -36,9 +36,17 @@
     return a < 0.02 ? "transparent" : `rgba(128, 0, 160, ${a.toFixed(3)})`;
   }
 
+  function teacherColour(lt) {
+    // the teacher's log-prob of the sampled token: transparent when it finds it likely (p >= 0.37), red
+    // at full strength where p <= 0.01 (distill/disagree_frac counts log μ − log π_T > ln 10)
+    const a = Math.min(Math.max(-1 - lt, 0) / (Math.log(100) - 1), 1) * 0.8;
+    return a < 0.02 ? "transparent" : `rgba(214, 48, 49, ${a.toFixed(3)})`;
+  }
+
   function colourOf(tok, mode) {
     if (tok.dataset.masked === "1") return "";
     if (mode === "lag") return lagColour(Number(tok.dataset.lag));
+    if (mode === "teacher") return tok.dataset.t === undefined ? "#eef0f3" : teacherColour(Number(tok.dataset.t));
     if (tok.dataset.lr === undefined) return "transparent";
     if (mode === "mismatch") return tok.dataset.lag === "0" ? mismatchColour(Math.abs(Number(tok.dataset.lr))) : "#eef0f3";
     return weightColour(Number(tok.dataset.lr));
@@ -63,6 +71,12 @@
     };
     if (mode === "lag") {
       ["lag 0", "1", "2", "3", "≥4"].forEach((t, i) => add(t, LAG[i]));
+    } else if (mode === "teacher") {
+      add("π_T ≥ 0.37", "transparent");
+      add("0.1", teacherColour(Math.log(0.1)));
+      add("0.03", teacherColour(Math.log(0.03)));
+      add("≤ 0.01", teacherColour(Math.log(0.01)));
+      add("not scored", "#eef0f3");
     } else if (mode === "mismatch") {
       add("|log π − log μ| < 0.002", "transparent");
       add("0.02", mismatchColour(0.02));
@@ -236,6 +250,7 @@
           lag: trainedVersion - blk.v[i],
           b: blk.b[i],
           c: blk.c ? blk.c[i] : null,
+          t: blk.t ? blk.t[i] : null,
           vchange: i > 0 && blk.v[i] !== blk.v[i - 1],
         });
         if (blk.code[i]) {
@@ -265,6 +280,7 @@
       span.dataset.lag = o.lag;
       span.dataset.b = o.b;
       if (o.c !== null && o.c !== undefined) span.dataset.lr = (o.c - o.b).toFixed(4);
+      if (o.t !== null && o.t !== undefined) span.dataset.t = o.t;
     }
     return span;
   }
@@ -282,6 +298,10 @@
       const lr = Number(tok.dataset.lr);
       text += `\nlog π ${(b + lr).toFixed(4)}\nπ/μ ${Math.exp(lr).toFixed(4)}`;
       if (tok.dataset.lag === "0") text += `\nmismatch |log π − log μ| ${Math.abs(lr).toExponential(2)}`;
+    }
+    if (tok.dataset.t !== undefined) {
+      const t = Number(tok.dataset.t);
+      text += `\nteacher log π_T ${t.toFixed(4)}\nlog μ − log π_T ${(b - t).toFixed(4)}`;
     }
     if (tok.dataset.masked === "1") text += "\nmasked (no loss)";
     el.textContent = text;

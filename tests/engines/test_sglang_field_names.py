@@ -187,3 +187,11 @@ def test_lora_request_bodies_and_server_fields_use_sglang_field_names(sglang_typ
         (UpdateWeightVersionReq, "UpdateWeightVersionReqInput"),
     ):
         assert set(ours.model_fields) <= sglang_types[theirs], set(ours.model_fields) - sglang_types[theirs]
+
+
+def test_the_teachers_scoring_request_uses_sglang_field_names(sglang_types):
+    """A distillation teacher's call (agent_rl/teacher): /generate with max_new_tokens 0 and logprob_start_len."""
+    body = SGLangClient.score_body([1, 2, 3, 4], 2, "teacher/g0/1.0")
+    assert set(body) <= sglang_types["GenerateReqInput"]
+    assert set(body["sampling_params"]) <= sglang_types["SamplingParams"]
+    assert body["logprob_start_len"] == 1 and body["sampling_params"]["max_new_tokens"] == 0

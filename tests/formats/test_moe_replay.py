@@ -19,8 +19,8 @@ import torch
 from agent_rl.config import Recipe
 from agent_rl.engines.api import EngineOptions, SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.learners import build as build_learner
 from agent_rl.learners.routing_replay import RouteBatch, RoutingReplay, routers_of
-from agent_rl.learners.torch_learner import build_learner
 from agent_rl.types import Group, Trajectory
 
 FP32_TOLERANCE = 1e-4

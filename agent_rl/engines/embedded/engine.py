@@ -130,11 +130,6 @@ class EmbeddedEngine:
         """Generate; `top_logprobs` > 0 also reports that many alternatives per token (Output.top_logprobs);
         `on_token(token, logprob, version, top)` is called on the caller's event loop as each token is sampled."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[Output] = loop.create_future()
-
-        def on_finish(out: Output) -> None:  # runs on the engine thread
-            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
-                loop.call_soon_threadsafe(_resolve, done, out)
 
         def token_cb(t: int, lp: float, v: int, top: TopList | None) -> None:  # engine thread
             with contextlib.suppress(RuntimeError):
@@ -144,11 +139,32 @@ class EmbeddedEngine:
             rid=request_id,
             prompt=list(input_ids),
             sampling=sampling,
-            on_finish=on_finish,
+            on_finish=lambda out: None,
             top_n=top_logprobs,
             on_token=None if on_token is None else token_cb,
             routed_experts=sampling.return_routed_experts,
         )
+        return await self._request(req)
+
+    async def score(self, input_ids: list[int], *, start: int, request_id: str) -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = start..len-1, from one prefill: nothing is sampled
+        (a distillation teacher's call, batched with whatever else the engine is running)."""
+        req = Request(request_id, list(input_ids), SamplingParams(), lambda out: None, score_from=start)
+        out = await self._request(req)
+        if out.prompt_logprobs is None:  # aborted (pause_generation, abort_request) before its prefill
+            raise EngineError(f"scoring request {request_id} was aborted before it ran")
+        return out.prompt_logprobs
+
+    async def _request(self, req: Request) -> Output:
+        """Queue `req` on the engine thread and wait for its Output (an engine failure raises)."""
+        loop, request_id = asyncio.get_running_loop(), req.rid
+        done: asyncio.Future[Output] = loop.create_future()
+
+        def on_finish(out: Output) -> None:  # runs on the engine thread
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_resolve, done, out)
+
+        req.on_finish = on_finish
         await self.call(lambda: self.scheduler.add(req))
         try:
             out = await asyncio.shield(done)
@@ -194,6 +210,8 @@ class EmbeddedEngine:
                 commands, self._commands = self._commands, []
                 closed = self._closed
             for fn, fut in commands:
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its caller was cancelled while it queued (setting a result would kill this thread)
                 try:
                     fut.set_result(fn())
                 except Exception as e:  # a bad command fails its caller, not the engine

@@ -325,6 +325,20 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Logits at `last[b]` of each row. tokens/positions: [B, S] (rows = cache slots start..start+B-1);
         key_len: max(positions) + 1; last: [B]. Returns [B, V] fp32."""
+        x = self.hidden_states(tokens, positions, start, key_len, cache, last)
+        return self.logits(x[torch.arange(x.shape[0]), last])  # only the rows' last real positions
+
+    @torch.inference_mode()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of last-layer hidden states x [N, H] (before the final norm)."""
+        return self.head(self.model.norm(x)).float()
+
+    @torch.inference_mode()
+    def hidden_states(
+        self, tokens: torch.Tensor, positions: torch.Tensor, start: int, key_len: int, cache: KVCache, last
+    ) -> torch.Tensor:
+        """The last layer's output at every position [B, S, H] (forward's arguments; linear-attention layers keep
+        their recurrent state at `last`); scoring reads them all."""
         assert self.rope_cos is not None, "call setup_rope() first"
         dtype = self.head.weight.dtype
         b, s = tokens.shape
@@ -356,5 +370,4 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens.weight[tokens.reshape(-1)].to(dtype)  # [B*S, H]
         for layer in self.model.layers:
             x = layer(x, step, cache)
-        x = x.view(b, s, -1)[torch.arange(b), last]  # only the rows' last real positions need logits
-        return self.head(self.model.norm(x)).float()
+        return x.view(b, s, -1)

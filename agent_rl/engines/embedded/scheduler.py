@@ -8,6 +8,11 @@ One `step()`: admit waiting requests into free slots (a slot whose cached tokens
 with the new prompt is preferred, and only the unshared suffix is prefilled), prefill them in one
 padded forward, then decode one token for every request that was already running.
 
+A scoring request (`Request.score_from`: log-probs of given tokens, a distillation teacher's call)
+is admitted and prefilled like any other, in the same batched forward; it reads the log-prob of
+every token from `score_from` on off that prefill and finishes without sampling. Its slot keeps the
+keys, so the next member of the same group (same prompt) prefills only what differs.
+
 A weight update normally comes between pause and resume (everything in flight is aborted first).
 If it comes while requests run, they go on under the new weights with the keys/values the old
 weights computed, and their next tokens carry the new version (PipelineRL-style in-flight update).
@@ -35,6 +40,7 @@ from agent_rl.weights.tensors import copy_weights_, read_safetensors_dir
 log = logging.getLogger(__name__)
 # Prefill tokens per step (padded), so one burst of long prompts can't stall running decodes for long.
 MAX_PREFILL_TOKENS = 8192
+SCORE_LOGITS = 2**24  # scoring: logits computed for at most this many (position, vocab) entries at once
 
 
 @dataclass
@@ -49,6 +55,7 @@ class Output:
     latency_s: float
     error: str | None = None  # engine failure: callers raise it rather than treat it as an abort
     top_logprobs: list[TopList] | None = None  # per output token, when the request asked for top_n > 0
+    prompt_logprobs: list[float] | None = None  # scoring: log p(prompt[t] | prompt[:t]) for t >= score_from
 
 
 @dataclass(eq=False)  # identity semantics: `in` / remove() must not compare token lists
@@ -71,6 +78,8 @@ class Request:
         False  # MoE: report the experts every fed position was routed to (Output.routed_experts)
     )
     created: float = field(default_factory=time.monotonic)
+    score_from: int | None = None  # scoring: return log-probs of prompt[score_from:], sample nothing
+    scores: list[float] | None = None
 
 
 @dataclass
@@ -111,7 +120,13 @@ class Scheduler:
         n, vocab = len(req.prompt), self.model.cfg.vocab_size
         if n == 0:
             raise BadRequest(f"request {req.rid}: input_ids is empty")
-        if n >= self.max_seq_len:
+        if req.score_from is not None:
+            if not 1 <= req.score_from < n or n > self.max_seq_len:
+                raise BadRequest(
+                    f"request {req.rid}: scoring {n} tokens from position {req.score_from}: needs "
+                    f"1 <= start < {n} and at most max_seq_len={self.max_seq_len} tokens"
+                )
+        elif n >= self.max_seq_len:
             raise BadRequest(
                 f"request {req.rid}: prompt of {n} tokens does not fit the context (max_seq_len={self.max_seq_len}; "
                 "at least one token must be generated)"
@@ -194,8 +209,9 @@ class Scheduler:
                 break
             req = self.waiting[0]
             slot, shared = self._pick_slot(range(dense, self.max_batch), req.prompt)
-            # The last prompt token is always fed, even when cached: its logits are needed.
-            start = min(shared, len(req.prompt) - 1)
+            # The last prompt token is always fed, even when cached: its logits are needed (scoring: every
+            # position from score_from - 1 on).
+            start = min(shared, (len(req.prompt) if req.score_from is None else req.score_from) - 1)
             width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
             if admitted and width * (len(admitted) + 1) > budget:
                 break
@@ -243,7 +259,31 @@ class Scheduler:
         positions = (starts[:, None] + torch.arange(width)[None, :]).clamp(max=self.max_seq_len - 1)
         last = torch.tensor([len(c) - 1 for c in chunks])
         key_len = min(self.max_seq_len, max(r.cached_tokens for r in reqs) + width)
-        self._forward_and_sample(reqs, tokens, positions, key_len, last)
+        if all(r.score_from is None for r in reqs):
+            return self._forward_and_sample(reqs, tokens, positions, key_len, last)
+        hidden = self.model.hidden_states(tokens, positions, reqs[0].slot, key_len, self.cache, last)
+        scoring = [(i, r) for i, r in enumerate(reqs) if r.score_from is not None]
+        for i, r in scoring:
+            r.scores = self._score(r, hidden[i])
+        rest = [i for i, r in enumerate(reqs) if r.score_from is None]
+        if rest:
+            at = torch.tensor(rest)
+            self._sample_rows([reqs[i] for i in rest], self.model.logits(hidden[at, last[at]]))
+        for _, r in scoring:
+            self._finish(r, "stop", None)
+
+    def _score(self, r: Request, hidden: torch.Tensor) -> list[float]:
+        """log p(prompt[t] | prompt[:t]) for t = score_from..n-1, from the row's hidden states (chunk positions,
+        the first being cached_tokens); logits in slices of SCORE_LOGITS entries, never [n, vocab] at once."""
+        assert r.score_from is not None
+        targets = torch.tensor(r.prompt[r.score_from :])
+        h = hidden[r.score_from - 1 - r.cached_tokens : len(r.prompt) - 1 - r.cached_tokens]
+        step = max(1, SCORE_LOGITS // self.model.cfg.vocab_size)
+        out = [
+            self.model.logits(h[a : a + step]).log_softmax(-1).gather(-1, targets[a : a + step, None])[:, 0]
+            for a in range(0, len(targets), step)
+        ]
+        return torch.cat(out).tolist()
 
     def _decode(self, reqs: list[Request]) -> None:
         reqs = sorted(reqs, key=lambda r: r.slot)
@@ -257,7 +297,10 @@ class Scheduler:
     def _forward_and_sample(self, reqs: list[Request], tokens, positions, key_len: int, last) -> None:
         start = reqs[0].slot
         assert [r.slot for r in reqs] == list(range(start, start + len(reqs))), "rows must be packed slots"
-        logits = self.model(tokens, positions, start, key_len, self.cache, last)
+        self._sample_rows(reqs, self.model(tokens, positions, start, key_len, self.cache, last))
+
+    def _sample_rows(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """Sample one token per request from its row of logits [B, V]; append it and check for the end."""
         rows = [r.row for r in reqs]
         masked = None if self._grammars is None else constrained.mask(self._grammars.xgr, logits, rows)
         ids, lps, tops = sample(logits, rows, self.generator)
@@ -311,10 +354,9 @@ class Scheduler:
             list(r.tokens), list(r.logprobs), list(r.versions), reason, unmasked, routed_experts=routes
         )
         tops = list(r.tops) if r.top_n > 0 else None
+        latency = time.monotonic() - r.created
         r.on_finish(
-            Output(
-                r.rid, gen, len(r.prompt), r.cached_tokens, matched, time.monotonic() - r.created, error, tops
-            )
+            Output(r.rid, gen, len(r.prompt), r.cached_tokens, matched, latency, error, tops, r.scores)
         )
 
     def fail_all(self, error: BaseException) -> None:

@@ -7,7 +7,10 @@ SGLang-native routes, same field names and response shapes as SGLang: POST /gene
 GET /get_model_info, /get_weight_version, /get_load, /health; the distributed weight update
 (/init_weights_update_group, /update_weights_from_distributed, ...) is in broadcast_routes.py.
 One extension: /generate's meta_info carries `output_token_versions`, the weight version of
-every output token (SGLang reports one `weight_version` per response). Bad requests get a 4xx JSON {"error": {"message": ...}}; a client
+every output token (SGLang reports one `weight_version` per response). A scoring request (SGLang's
+form: `max_new_tokens: 0`, `return_logprob`, `logprob_start_len: L`) samples nothing and answers
+`input_token_logprobs` for tokens L.. as SGLang does: `[logprob, id, text]`, the first entry's
+log-prob None; a distillation teacher's call (agent_rl/teacher). Bad requests get a 4xx JSON {"error": {"message": ...}}; a client
 that disconnects has its request aborted and its slot freed.
 """
 
@@ -57,6 +60,9 @@ async def generate(request: web.Request) -> web.Response:
     jobs = []
     for p, prompt in enumerate(req.prompts()):
         ids = prompt if isinstance(prompt, list) else tokenizer(request)(prompt)["input_ids"]
+        if req.sampling_params.max_new_tokens == 0:  # scoring (protocol.GenerateReq allows it only so)
+            jobs.append(_score(req, engine, ids, base if not req.batched else f"{base}-{p}"))
+            continue
         for i in range(req.sampling_params.n):
             rid = (
                 base if not req.batched else f"{base}-{p}-{i}" if req.sampling_params.n > 1 else f"{base}-{p}"
@@ -73,8 +79,32 @@ async def generate(request: web.Request) -> web.Response:
                 )
             )
     outs = await asyncio.gather(*jobs)
-    results = [_generate_result(req, engine, out) for out in outs]
+    results = [out if isinstance(out, dict) else _generate_result(req, engine, out) for out in outs]
     return web.json_response(results if req.batched else results[0])
+
+
+async def _score(req: GenerateReq, engine: EmbeddedEngine, ids: list[int], rid: str) -> dict:
+    """SGLang's answer to max_new_tokens=0 with logprob_start_len L: input_token_logprobs pairs token L+i with
+    its log-prob given the tokens before it (i >= 1); entry 0 carries None, as SGLang's does."""
+    start = req.logprob_start_len
+    if start >= len(ids):
+        raise ValueError(f"logprob_start_len={start} must be < the {len(ids)} input ids")
+    scores = await engine.score(ids, start=start + 1, request_id=rid) if start + 1 < len(ids) else []
+    tok = engine.scheduler.tokenizer if req.return_text_in_logprobs else None
+    entries = [
+        [lp, t, None if tok is None else tok.decode([t])]
+        for lp, t in zip([None, *scores], ids[start:], strict=True)
+    ]
+    meta = {
+        "id": rid,
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(ids),
+        "completion_tokens": 0,
+        "weight_version": str(engine.version),
+        "input_token_logprobs": entries,
+        "output_token_logprobs": [],
+    }
+    return {"text": "", "output_ids": [], "meta_info": meta}
 
 
 def _generate_result(req: GenerateReq, engine: EmbeddedEngine, out: Output) -> dict:
