@@ -17,12 +17,18 @@ growth during forward+backward (sampled every 2 ms). Variants:
 - `sdpa+fp32-logits`: SDPA attention with megatron's head (output layer, [S, V] logits cast to
   fp32, vocab_parallel_cross_entropy, which keeps an fp32 softmax of that size for backward).
 
+A second table gives what bounds memory on a GPU: the activation bytes autograd keeps per token
+and per layer at the Qwen2.5-0.5B layer shape (hidden 896, 14 heads / 2 KV heads, FFN 4864), bf16,
+for each learner.gradient_checkpointing setting (the slope in L of a 2-layer minus a 1-layer model,
+so weights and the head cancel), and those bytes for 24 layers at 32k and 128k tokens.
+
 Writes benchmarks/results/megatron_attention_memory.{json,md}. Not a timed test: memory only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import platform
@@ -81,10 +87,8 @@ def _forward(model, variant: str, ids: torch.Tensor) -> torch.Tensor:
 
 def _release_freed_memory() -> None:
     """Hand memory freed by earlier measurements back to the OS (glibc keeps it), so RSS growth is this one's."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def measure(model, variant: str, length: int, vocab: int) -> dict:
@@ -96,6 +100,52 @@ def measure(model, variant: str, length: int, vocab: int) -> dict:
         _forward(model, variant, ids).sum().backward()
     model.zero_grad(set_to_none=True)
     return {"saved_bytes": saved, "peak_rss_growth_bytes": mem.peak - mem.start}
+
+
+RECOMPUTE = {
+    "off": {},
+    "full (uniform, 1 layer)": {"granularity": "full", "method": "uniform", "num_layers": 1},
+    "selective core_attn": {"granularity": "selective", "modules": ("core_attn",)},
+    "selective core_attn+mlp": {"granularity": "selective", "modules": ("core_attn", "mlp")},
+}
+
+
+def per_layer_bytes(lengths: tuple[int, int] = (512, 1024)) -> list[dict]:
+    """Saved activation bytes per token per layer at the 0.5B layer shape in bf16, per recompute setting."""
+    from agent_rl.learners.megatron.convert import load_hf_into_megatron
+    from agent_rl.learners.megatron.model import ParallelConfig, Recompute, build_gpt_model
+    from agent_rl.learners.megatron.shape import shape_from_hf_config
+    from agent_rl.tools.tiny import build_model
+
+    rows = []
+    for name, rc in RECOMPUTE.items():
+        slope = {}
+        for layers in (1, 2):
+            hf = build_model(
+                1024, hidden=896, layers=layers, heads=14, kv_heads=2, intermediate=4864, max_positions=4096
+            )
+            shape = shape_from_hf_config(hf.config)
+            model = build_gpt_model(
+                shape, ParallelConfig(), dtype=torch.bfloat16, cpu=True, recompute=Recompute(**rc)
+            )
+            load_hf_into_megatron(model, hf.state_dict(), shape, tp_rank=0, tp_size=1, te=False)
+            model.train()
+            saved = [
+                _saved_bytes(lambda n=n, m=model: _forward(m, "sdpa+chunked", torch.randint(0, 1024, (1, n))))
+                for n in lengths
+            ]
+            slope[layers] = (saved[1] - saved[0]) / (lengths[1] - lengths[0])
+            del model, hf
+        per_token = slope[2] - slope[1]
+        print(
+            f"[{time.strftime('%H:%M:%S')}] 0.5B layer, recompute {name}: {per_token:.0f} B/token/layer",
+            flush=True,
+        )
+        rows.append({
+            "recompute": name, "bytes_per_token_per_layer": per_token,
+            "gib_24_layers_32k": per_token * 24 * 32768 / 2**30, "gib_24_layers_128k": per_token * 24 * 131072 / 2**30,
+        })  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -150,6 +200,7 @@ def main() -> None:
                 row.update(measure(model, variant, length, args.vocab))
             rows.append(row)
         del model
+    layer_rows = per_layer_bytes()
     dist.destroy_process_group()
 
     meta = {
@@ -162,7 +213,9 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "megatron_attention_memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (OUT / "megatron_attention_memory.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "per_layer_0p5b": layer_rows}, indent=2)
+    )
     m = meta["model"]
     lines = [
         "# Megatron forward+backward memory vs trajectory length (CPU)",
@@ -188,6 +241,22 @@ def main() -> None:
             f"| {r['peak_rss_growth_bytes'] / 2**20:.0f} | {ratio('peak_rss_growth_bytes')} |"
         )
         prev[r["variant"]] = r
+    lines += [
+        "",
+        "## Activations per layer at the Qwen2.5-0.5B layer shape (bf16), by learner.gradient_checkpointing",
+        "",
+        "Bytes autograd keeps per token per layer (hidden 896, 14 heads / 2 KV, FFN 4864; the slope in L of a "
+        "2-layer minus a 1-layer model), and for the 24 layers of the 0.5B model. Full recompute also holds one "
+        "layer's activations again while it re-runs that layer in backward.",
+        "",
+        "| recompute | bytes / token / layer | 24 layers, 32k tokens GiB | 24 layers, 128k tokens GiB |",
+        "|---|---|---|---|",
+    ]
+    for r in layer_rows:
+        lines.append(
+            f"| {r['recompute']} | {r['bytes_per_token_per_layer']:.0f} | {r['gib_24_layers_32k']:.1f} "
+            f"| {r['gib_24_layers_128k']:.1f} |"
+        )
     (OUT / "megatron_attention_memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
