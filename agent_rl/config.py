@@ -195,8 +195,9 @@ class LearnerConfig(Strict):
     """Also cap a micro-batch at this many real tokens (a longer trajectory gets one of its own), so memory
     follows tokens, not rows, when lengths vary: verl's dynamic batch size. The update is unchanged."""
     pack_sequences: bool | None = None
-    """Megatron: run each micro-batch as one packed sequence (THD with Transformer Engine, a block-causal
-    mask on CPU) instead of right-padded rows. Default on for megatron; the torch learner pads."""
+    """Megatron: run each micro-batch as one packed sequence (THD: Transformer Engine's attention, or torch SDPA
+    one sequence at a time without it) instead of right-padded rows. Default on for megatron, and required by
+    context parallelism (cp > 1 splits each packed sequence). The torch learner pads."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (torch learner; `pip install 'agent-rl[lora]'`)."""
     mismatch_threshold: float = Field(0.1, gt=0)
@@ -220,6 +221,11 @@ class LearnerConfig(Strict):
         if self.sp and self.tp < 2:
             raise ValueError(
                 "learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2"
+            )
+        if self.cp > 1 and self.pack_sequences is False:
+            raise ValueError(
+                "learner.pack_sequences: false with learner.cp > 1: context parallelism splits packed sequences; "
+                "remove pack_sequences or set cp: 1"
             )
         return self
 

@@ -1,5 +1,6 @@
-"""learner.dtype: bfloat16 on the Megatron learner, with every learner.gradient_checkpointing setting, at TP=1 and
-TP=2 with sequence parallelism: bf16 parameters and compute, fp32 main weights and gradients (mixed_precision.py).
+"""learner.dtype: bfloat16 on the Megatron learner, with every learner.gradient_checkpointing setting, at TP=1,
+TP=2 with sequence parallelism and CP=2: bf16 parameters and compute, fp32 main weights and gradients
+(mixed_precision.py).
 
 Before it, every recompute setting crashed in backward ("expected m1 and m2 to have the same dtype": megatron's
 recompute re-ran layers without the autocast context of the first forward).
@@ -49,7 +50,7 @@ SETTINGS = {
     "selective-attn": {"gradient_checkpointing": "selective"},
     "selective-attn-mlp": {"gradient_checkpointing": "selective", "recompute_modules": ["core_attn", "mlp"]},
 }
-LAYOUTS = {"tp1": {}, "tp2-sp": {"tp": 2, "sp": True}}
+LAYOUTS = {"tp1": {}, "tp2-sp": {"tp": 2, "sp": True}, "cp2": {"cp": 2}}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ flash kernel on CPU), so attention never silently falls back to the math path th
 materialises [heads, s, s]: a shape no fused kernel takes fails loudly instead. GQA: K/V keep
 their num_query_groups heads (`enable_gqa`) where the kernel takes grouped heads natively (CPU
 flash; CUDA flash in fp16/bf16); elsewhere (CUDA fp32, the bottom-right causal chunks of CP on
-CUDA) they are expanded to the query heads, which costs O(s) memory, not O(s²). The one
+CUDA, or a CUDA build whose fused kernels refuse `enable_gqa`) they are expanded to the query
+heads, which costs O(s) memory, not O(s²). The one
 O(s²/cp) object: on CPU the bottom-right causal mask of a CP chunk is materialised as a
 [c, (j+1)·c] bool tensor (torch's CPU flash kernel only aligns causal masks top-left); CPU CP
 exists to test the layout, GPUs use `torch.nn.attention.bias.causal_lower_right`.
@@ -64,14 +65,25 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, past: int
     lq, lk = q.shape[2], k.shape[2]
     if lk != past + lq:
         raise ValueError(f"causal_attention: {lk} keys for {lq} queries after {past} earlier keys")
-    bottom_right = past > 0
     grouped = hq != hkv
-    if grouped and (not _native_gqa(q) or (bottom_right and q.device.type == "cuda")):
+    if grouped and (not _native_gqa(q) or (past > 0 and q.device.type == "cuda")):
         k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
         grouped = False
+    try:
+        return _sdpa(q, k, v, scale=scale, past=past, grouped=grouped)
+    except RuntimeError as e:
+        # a CUDA build whose fused kernels take no grouped heads: expand K/V (still O(s)) and try once more
+        if not grouped or "No available kernel" not in str(e):
+            raise
+        k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+        return _sdpa(q, k, v, scale=scale, past=past, grouped=False)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, scale: float, past: int, grouped: bool) -> Tensor:
     with sdpa_kernel(_kernels(q.device)):
-        if not bottom_right:
+        if past == 0:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
+        lq, lk = q.shape[2], k.shape[2]
         if q.device.type == "cuda":
             from torch.nn.attention.bias import causal_lower_right
 

@@ -8,7 +8,7 @@ log-softmax chunk by chunk, so no [tokens, V / tp] logits are kept (in fp32 or o
 Rows run either right-padded ([B, T], padded to a multiple of `ParallelConfig.seq_multiple`;
 causal attention: padding at the end changes nothing before it) or packed into one sequence
 (`packing`, THD `PackedSeqParams`, for Transformer Engine and `attention.SDPAttention` alike).
-Context parallelism always runs packed: each CP rank holds chunks r and 2cp−1−r of every
+Context parallelism needs packing: each CP rank holds chunks r and 2cp−1−r of every
 sequence, and the log-probs are all-gathered differentiably (backward: reduce-scatter), so every
 CP rank computes the same loss and back-propagates into its own chunks (`grads.finish_backward`
 averages the CP ranks' gradients, which that gather multiplied by cp).
@@ -42,10 +42,14 @@ def megatron_logprobs(
     """[B, T] float32 log p(input_ids[t] | input_ids[:t]) with gradients into this rank's shard.
 
     Right-padded rows: padded positions never influence real ones (their log-probs are garbage and
-    must be outside the loss mask). `pack` (always under context parallelism): run the rows' real
+    must be outside the loss mask). `pack` (required under context parallelism): run the rows' real
     tokens as one packed sequence (`packing`), which needs `attention_mask`.
     """
-    if pack or par.cp > 1:
+    if par.cp > 1 and not pack:
+        raise ValueError(
+            "megatron_logprobs: context parallelism needs pack=True (it splits packed sequences)"
+        )
+    if pack:
         return _packed_logprobs(
             model, input_ids, attention_mask, par=par, cp_group=cp_group, temperature=temperature
         )
