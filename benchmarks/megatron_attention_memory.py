@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--max-dense", type=int, default=4096, help="longest L for megatron's dense attention")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    commit = subprocess.run(  # the code this run imports (the tree may move while it runs)
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
 
     import torch.distributed as dist
 
@@ -208,8 +211,7 @@ def main() -> None:
                   "vocab": args.vocab, "params": n_params, "dtype": "float32"},
         "device": "cpu (gloo world 1, megatron local spec + cpu_compat)", "threads": torch.get_num_threads(),
         "platform": platform.platform(), "torch": torch.__version__,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 cwd=ROOT).stdout.strip(),
+        "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
