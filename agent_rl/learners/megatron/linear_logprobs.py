@@ -32,6 +32,17 @@ def chunk_tokens(vocab_local: int) -> int:
     return max(1, LOGIT_CHUNK_BYTES // (4 * vocab_local))
 
 
+def _chunk_logits(h: Tensor, weight: Tensor, temperature: float):
+    """(start, end, fp32 logits / T of tokens start:end) for each chunk of tokens."""
+    n, step = h.shape[0], chunk_tokens(weight.shape[0])
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        z = (h[a:b] @ weight.t()).float()
+        if temperature != 1.0:
+            z /= temperature
+        yield a, b, z
+
+
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, labels: Tensor, temperature: float, vocab_start: int, group):
@@ -41,12 +52,7 @@ class _LinearLogprobs(torch.autograd.Function):
         local = torch.where(owned, local, torch.zeros_like(local))
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse = torch.empty(n, dtype=torch.float32, device=h.device)
-        step = chunk_tokens(v_local)
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            z = (h[a:b] @ weight.t()).float()
-            if temperature != 1.0:
-                z /= temperature
+        for a, b, z in _chunk_logits(h, weight, temperature):
             m = z.max(dim=-1).values
             if group is not None:
                 dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
@@ -65,19 +71,13 @@ class _LinearLogprobs(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         h, weight, local, owned, lse = ctx.saved_tensors
         t = ctx.temperature
-        n, v_local = h.shape[0], weight.shape[0]
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         dw = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
             if ctx.needs_input_grad[1]
             else None
         )
-        step = chunk_tokens(v_local)
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            z = (h[a:b] @ weight.t()).float()
-            if t != 1.0:
-                z /= t
+        for a, b, z in _chunk_logits(h, weight, t):
             # d lp / d z = (onehot(y) − softmax(z / T)) / T, times the upstream gradient
             dz = z.sub_(lse[a:b, None]).exp_().mul_(-grad[a:b, None].float())
             rows = torch.arange(b - a, device=h.device)
