@@ -63,10 +63,16 @@ def batch(model_dir):
     return collate(make_groups(model_dir, seed=0)).policy
 
 
-def _spec(model_dir, layout, **learner):
+PPO = {"loss": "ppo_clip", "advantage": "grpo"}
+"""A token-level loss in micro-batches of 2 trajectories: gradients accumulate over 3 backward passes per step."""
+
+
+def _spec(model_dir, layout, algorithm=None, **learner):
     from agent_rl.learners.megatron import megatron_spec
 
-    return megatron_spec(recipe(model_dir, backend="megatron", **LAYOUTS[layout], **learner).learner_spec)
+    return megatron_spec(
+        recipe(model_dir, algorithm, backend="megatron", **LAYOUTS[layout], **learner).learner_spec
+    )
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
@@ -75,20 +81,28 @@ def runs(request, model_dir, batch, tmp_path_factory):
     specs = {"fp32": _spec(model_dir, request.param)}
     for name, learner in SETTINGS.items():
         specs[f"bf16-{name}"] = _spec(model_dir, request.param, dtype="bfloat16", **learner)
+    specs["fp32-ppo"] = _spec(model_dir, request.param, PPO, micro_batch_size=2)
+    specs["bf16-ppo"] = _spec(model_dir, request.param, PPO, micro_batch_size=2, dtype="bfloat16")
     assert specs["bf16-full-uniform"].recompute.granularity == "full"
     return specs, run_rank_steps(specs, [batch], tmp_path_factory.mktemp("bf16_runs"))
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("setting", [*SETTINGS, "ppo"])
 def test_bf16_step_agrees_with_fp32(runs, batch, setting):
+    """Every recompute setting (VCPO: one backward per trajectory), and a loss whose gradients accumulate over
+    micro-batches (ppo: the fp32 main gradient must sum them)."""
     _, got = runs
-    ref, run = got["fp32"], got[f"bf16-{setting}"]
+    ref, run = (
+        (got["fp32-ppo"], got["bf16-ppo"]) if setting == "ppo" else (got["fp32"], got[f"bf16-{setting}"])
+    )
     real = batch.attention_mask.bool().clone()
     real[:, 0] = False
     lp, lp_ref = run["logprobs"][real], ref["logprobs"][real]
     assert float((lp - lp_ref).abs().max()) > 0  # it really ran in bf16
     assert torch.all((lp - lp_ref).abs() <= LOGPROB_ATOL * (1 + lp_ref.abs()))
     for key in ("grad_norm", "traj_grad_norm_mean", "traj_grad_norm_max"):
+        if setting == "ppo" and key != "grad_norm":
+            continue  # per-trajectory norms are exact OPOB's
         assert run["metrics"][key] == pytest.approx(ref["metrics"][key], rel=GRAD_RTOL), key
     for name, g in ref["grads"].items():
         assert run["grads"][name].dtype == torch.float32, name
