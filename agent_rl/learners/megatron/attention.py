@@ -11,7 +11,7 @@ place in the local spec (`model.build_gpt_model`, whenever Transformer Engine is
   attention inside each sequence's span of `cu_seqlens_q_padded`, one call per sequence, so no
   token attends across a sequence boundary;
 - context parallelism (THD only: `logprobs.megatron_logprobs` packs whenever cp > 1): every CP
-  rank holds chunks r and 2cp−1−r of every sequence (`packing.cp_partition_index`, the load
+  rank holds chunks r and 2cp−1−r of every sequence (`cp_layout.cp_partition_index`, the load
   balancing of megatron's `get_thd_batch_on_this_cp_rank`). K and V are all-gathered over the CP
   group (megatron's `gather_from_sequence_parallel_region`; backward: reduce-scatter) and each
   local query chunk j attends to the keys [0, (j+1)·c) of its sequence, the causal diagonal
@@ -40,7 +40,7 @@ from megatron.core.utils import divide
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from agent_rl.learners.megatron.packing import cp_partition_index
+from agent_rl.learners.megatron.cp_layout import cp_partition_index
 
 _CPU_KERNELS = [SDPBackend.FLASH_ATTENTION]
 _CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]

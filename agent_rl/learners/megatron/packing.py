@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_rl.learners.megatron.cp_layout import cp_partition_index
 from agent_rl.learners.megatron.model import ParallelConfig
 
 
@@ -95,16 +96,6 @@ def thd_partition_index(layout: PackLayout, cp_rank: int, cp: int) -> Tensor:
     which megatron's `get_thd_batch_on_this_cp_rank` uses; written out so that it is tested on CPU.
     """
     return cp_partition_index(layout.cu_seqlens(padded=True).tolist(), cp_rank, cp)
-
-
-def cp_partition_index(bounds: list[int], cp_rank: int, cp: int) -> Tensor:
-    """thd_partition_index from the padded sequence boundaries (cu_seqlens_padded as a list)."""
-    parts = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        chunk = (end - start) // (2 * cp)
-        for c in (cp_rank, 2 * cp - 1 - cp_rank):
-            parts.append(torch.arange(start + c * chunk, start + (c + 1) * chunk))
-    return torch.cat(parts)
 
 
 def packed_seq_params(layout: PackLayout, device: torch.device | str):
