@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-LOGIT_CHUNK_BYTES = 256 * 2**20
-"""fp32 bytes of one chunk's logits [chunk, V / tp]; forward and backward hold about three such tensors."""
+from agent_rl.learners.memory import MEGATRON_LOGIT_CHUNK_BYTES as LOGIT_CHUNK_BYTES
+
+# LOGIT_CHUNK_BYTES: fp32 bytes of one chunk's logits [chunk, V / tp] (the memory model's constant).
 
 
 def chunk_tokens(vocab_local: int) -> int:
