@@ -302,9 +302,9 @@ def _logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
     return 12 * d.vocab * span
 
 
-def megatron_logprob_chunk_tokens(vocab_local: int) -> int:
-    """Tokens per chunk of megatron's log-probs: fp32 logits of MEGATRON_LOGIT_CHUNK_BYTES."""
-    return max(1, MEGATRON_LOGIT_CHUNK_BYTES // (4 * vocab_local))
+def megatron_logprob_chunk(vocab: int, tp: int = 1) -> int:
+    """Tokens per chunk of the Megatron learner's log-probs (it sizes its chunks in bytes of fp32 logits)."""
+    return max(1, MEGATRON_LOGIT_CHUNK_BYTES // (4 * vocab // tp))
 
 
 def _megatron_logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
@@ -349,7 +349,7 @@ def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) ->
         recompute=recompute,  # type: ignore[arg-type]
         attention="fused",  # torch: SDPA; megatron: Transformer Engine's, else SDPAttention (torch SDPA)
         logprobs="chunked" if lc.backend == "megatron" else "full",
-        logprob_chunk_tokens=megatron_logprob_chunk_tokens(dims.vocab),
+        logprob_chunk_tokens=megatron_logprob_chunk(dims.vocab, lc.tp),
         lora_rank=lc.lora.rank if lc.lora is not None else None,
         lora_targets=tuple(lc.lora.target_modules) if lc.lora is not None else LORA_TARGETS,
         opob=opob,  # type: ignore[arg-type]
