@@ -97,6 +97,7 @@ bench: install system-deps
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/long_context.py
 	$(PY) benchmarks/packing.py
+	$(PY) -m benchmarks.megatron_attention_memory
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/orchestration.py

@@ -200,8 +200,8 @@ class LearnerConfig(Strict):
     warmup_steps: int = Field(0, ge=0)
     """Steps of linear lr warm-up from lr/warmup_steps to lr."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute precision of the learner's forward/backward: bfloat16 runs under autocast with fp32 master
-    weights."""
+    """Compute precision of the learner's forward/backward, fp32 master weights either way. bfloat16: torch runs
+    under autocast; megatron keeps bf16 parameters with fp32 main copies and gradients (megatron's bf16)."""
     dp: int = Field(1, ge=1)
     """Data-parallel ranks; each takes whole prompt groups of the batch (one process per rank)."""
     tp: int = Field(1, ge=1)
@@ -209,8 +209,8 @@ class LearnerConfig(Strict):
     sp: bool = False
     """Megatron sequence parallelism over the tensor-parallel ranks (needs tp >= 2)."""
     cp: int = Field(1, ge=1)
-    """Megatron context-parallel size: each trajectory is split into 2*cp load-balanced chunks (needs
-    Transformer Engine's attention)."""
+    """Megatron context-parallel size: each packed trajectory is split into 2*cp load-balanced chunks, K/V
+    all-gathered per layer (Transformer Engine's attention where installed, else torch SDPA)."""
     gradient_checkpointing: bool | Literal["full", "selective"] = False
     """Recompute activations in the backward pass instead of keeping them. torch: true (Hugging Face's per-layer
     checkpointing). megatron: true or full (every layer's input kept, the layer recomputed; `recompute_method`,
@@ -229,7 +229,8 @@ class LearnerConfig(Strict):
     follows tokens, not rows, when lengths vary: verl's dynamic batch size. The update is unchanged."""
     pack_sequences: bool | None = None
     """Run each micro-batch's trajectories as one packed sequence instead of right-padded rows; no token attends
-    across trajectories. Megatron: THD with Transformer Engine, a block-causal mask on CPU. Torch: position ids
+    across trajectories. Megatron: THD (Transformer Engine's attention, or torch SDPA one sequence at a time
+    without it), required by context parallelism (cp > 1 splits each packed sequence). Torch: position ids
     restart per trajectory, causal SDPA per trajectory (flash-attention 2's variable-length kernel where
     installed). Default (None): on for both."""
     lora: LoraConfig | None = None
@@ -260,6 +261,11 @@ class LearnerConfig(Strict):
         if self.sp and self.tp < 2:
             raise ValueError(
                 "learner.sp (sequence parallelism) shards over tensor-parallel ranks: set learner.tp >= 2"
+            )
+        if self.cp > 1 and self.pack_sequences is False:
+            raise ValueError(
+                "learner.pack_sequences: false with learner.cp > 1: context parallelism splits packed sequences; "
+                "remove pack_sequences or set cp: 1"
             )
         return self
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from agent_rl.config import Recipe
 
 GiB = 2**30
+MEGATRON_LOGIT_CHUNK_BYTES = 256 * 2**20
+"""megatron's log-probs (megatron/linear_logprobs.py): fp32 bytes of one chunk's logits [chunk, V / tp]."""
 Backend = Literal["torch", "megatron"]
 DType = Literal["float32", "bfloat16"]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -130,7 +132,7 @@ class Setup:
     )
     recompute: Literal["none", "full", "selective"] = "none"
     attention: Literal["fused", "eager"] = (
-        "fused"  # eager materialises [heads, S, S] scores (megatron local spec)
+        "fused"  # eager materialises [heads, S, S] scores (megatron-core's local DotProductAttention)
     )
     logprobs: Literal["full", "chunked"] = "full"  # full: [tokens, vocab] fp32 log-softmax kept for backward
     logprob_chunk_tokens: int = 4096  # chunked: tokens per chunk
@@ -186,8 +188,15 @@ def _per_layer_token_bytes(d: ModelDims, s: Setup) -> int:
     torch learner (transformers' Qwen2/Llama layer, SDPA): each RMSNorm keeps its input, 1/rms and the
     normalised input in fp32; q (after RoPE), k, v, the attention output and its log-sum-exp; the MLP keeps
     gate, silu(gate), up and their product. Under bf16 autocast every linear keeps its own bf16 copy of its
-    input (q, k, v: three; gate, up: two). Megatron's local spec keeps k and v repeated to every query head,
-    the fused fc1 output (gate and up, 2 x ffn) and RoPE's cos/sin per layer.
+    input (q, k, v: three; gate, up: two). megatron-core's own local DotProductAttention (`attention="eager"`, the
+    learner before SDPAttention) keeps k and v repeated to every query head, the fused fc1 output (gate and up, 2 x ffn) and RoPE's cos/sin per layer.
+
+    Megatron (the local spec with `megatron.attention.SDPAttention`; parameters and compute in the learner's
+    dtype, no autocast): each RMSNorm keeps its input and a per-token fp32 scale (`rms_norm.py`), each linear
+    its input (the normalised inputs, the attention output); the fused QKV output (v is a view of it), q and k
+    after RoPE with K/V at their num_query_groups heads (grouped-query kernels), the attention's fp32
+    log-sum-exp per head; the fc1 output (2 x ffn), silu(gate), its product with up and the product's input to
+    fc2; RoPE's cos and sin for q and for k. Where K/V are expanded to the query heads (CUDA fp32) add 8(q-kv).
     """
     h, q, kv, f, a, hd = d.hidden, d.q_dim, d.kv_dim, d.ffn, d.heads, d.head_dim
     bf16 = s.compute_dtype == "bfloat16"
@@ -195,9 +204,12 @@ def _per_layer_token_bytes(d: ModelDims, s: Setup) -> int:
         if bf16:
             return 26 * h + 8 + 4 * q + 4 * kv + 4 * a + 8 * f
         return 24 * h + 8 + 8 * q + 8 * kv + 4 * a + 16 * f
-    if bf16:  # RoPE: one cos/sin pair for q and k (fp32: a pair each)
-        return 22 * h + 8 + 8 * q + 10 * f + 8 * hd
-    return 24 * h + 8 + 16 * q + 20 * f + 16 * hd
+    if s.attention == "eager":  # megatron-core's own DotProductAttention: K/V repeated to every query head
+        if bf16:  # under autocast (the learner before SDPAttention): one cos/sin pair for q and k
+            return 22 * h + 8 + 8 * q + 10 * f + 8 * hd
+        return 24 * h + 8 + 16 * q + 20 * f + 16 * hd
+    b = 2 if bf16 else 4  # the model's dtype
+    return b * (4 * h + 3 * q + 3 * kv + 5 * f + 4 * hd) + 8 + 4 * a
 
 
 def _score_bytes(s: Setup) -> int:
@@ -221,6 +233,9 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         Term("weights", 4 * p, "fp32 master weights"),
         Term("adam", 8 * trainable, "AdamW exp_avg + exp_avg_sq (fp32)"),
     ]
+    megatron_bf16 = s.backend == "megatron" and bf16
+    if megatron_bf16:  # megatron's bf16 scheme: the model itself is bf16, `weights` are its fp32 main copies
+        static.append(Term("bf16_weights", 2 * p, "the model's bf16 parameters"))
     if s.opob == "exact":
         static.append(Term("opob_sums", 8 * trainable, "exact OPOB: two gradient-sized fp32 running sums"))
     # Phase 1: the optimizer step (gradients complete, AdamW's foreach scratch on CUDA).
@@ -250,11 +265,15 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         acts = [Term("activations", d.layers * a_layer)]
         layer_backward += scores
     else:  # full: each layer's input kept (the fp32 residual stream), one layer recomputed at a time
-        acts = [Term("checkpoints", d.layers * 4 * d.hidden * t)]
+        residual = 2 if megatron_bf16 else 4  # megatron's residual stream is in the model's dtype
+        acts = [Term("checkpoints", d.layers * residual * d.hidden * t)]
         layer_backward += a_layer + scores
     if s.attention == "eager":
         acts.append(Term("attention_mask", (t if s.packed else tokens) ** 2, "bool [S, S]"))
-    final_norm = (10 * d.hidden + 4 if bf16 else 12 * d.hidden + 4) * t
+    if s.backend == "megatron":  # the final RMSNorm's input and scale, its output kept by the log-prob head
+        final_norm = ((4 if megatron_bf16 else 8) * d.hidden + 4) * t
+    else:
+        final_norm = (10 * d.hidden + 4 if bf16 else 12 * d.hidden + 4) * t
     rope_ids = (8 + 8 * d.head_dim) * t
     acts.append(Term("embedding_norm_rope", final_norm + rope_ids))
     if bf16 and s.backend == "torch":
@@ -262,7 +281,7 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         acts.append(
             Term("bf16_weight_copies", 2 * kept, "autocast's casts, kept by each linear for backward")
         )
-    logprob = _logprob_workspace(d, s, t)
+    logprob = _megatron_logprob_workspace(d, s, t) if s.backend == "megatron" else _logprob_workspace(d, s, t)
     grads_so_far = 4 * trainable if s.opob != "exact" else 4 * (d.vocab * d.hidden if not s.lora_rank else 0)
     backward = [
         *static,
@@ -289,6 +308,22 @@ def _logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
     return 12 * d.vocab * span
 
 
+def megatron_logprob_chunk(vocab: int, tp: int = 1) -> int:
+    """Tokens per chunk of the Megatron learner's log-probs (it sizes its chunks in bytes of fp32 logits)."""
+    return max(1, MEGATRON_LOGIT_CHUNK_BYTES // (4 * vocab // tp))
+
+
+def _megatron_logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
+    """Bytes of megatron's log-prob head (megatron/linear_logprobs.py) at its peak, the start of backward.
+
+    Chunked always: one chunk's fp32 logits [c, V], turned in place into their gradient (and cast to bf16 for the
+    GEMMs in bf16), the fp32 dW accumulator [V, H] and one chunk's dW product in the model's dtype."""
+    span = min(t, s.logprob_chunk_tokens) if s.logprobs == "chunked" else t
+    b = 2 if s.compute_dtype == "bfloat16" else 4
+    cast = 2 if b == 2 else 0
+    return (4 + cast) * d.vocab * span + (4 + b) * d.vocab * d.hidden
+
+
 def max_trajectory_tokens(d: ModelDims, s: Setup, memory_bytes: int, *, ceiling: int = 1 << 24) -> int:
     """The longest trajectory (tokens) whose step fits in `memory_bytes`; 0 when not even one token does."""
     if step_memory(d, s, 1).total > memory_bytes:
@@ -308,17 +343,6 @@ def max_trajectory_tokens(d: ModelDims, s: Setup, memory_bytes: int, *, ceiling:
 # -- a recipe's learner -> Setup, and the warning before a run -------------------------------------------
 
 
-def megatron_attention(device: str) -> Literal["fused", "eager"]:
-    """Transformer Engine's attention on a GPU where TE is installed (fused); else megatron's local spec (eager)."""
-    if device != "cuda":
-        return "eager"
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return "eager"
-    return "fused"
-
-
 def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) -> Setup:
     """The memory-relevant settings of a recipe's learner for the model `dims` on `device`."""
     lc, ac = recipe.learner, recipe.algorithm
@@ -329,10 +353,11 @@ def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) ->
         backend=lc.backend,
         compute_dtype=lc.dtype,
         recompute=recompute,  # type: ignore[arg-type]
-        attention="fused" if lc.backend == "torch" else megatron_attention(device),
-        # the torch learner's log-probs: chunked (vcpo.logprobs.linear_logprobs), learner.logprob_chunk_tokens
-        logprobs="chunked" if lc.backend == "torch" else "full",
-        logprob_chunk_tokens=lc.logprob_chunk_tokens if lc.backend == "torch" else Setup.logprob_chunk_tokens,
+        attention="fused",  # torch: SDPA; megatron: Transformer Engine's, else SDPAttention (torch SDPA)
+        logprobs="chunked",  # torch: vcpo.logprobs.linear_logprobs; megatron: megatron/linear_logprobs.py
+        logprob_chunk_tokens=(
+            lc.logprob_chunk_tokens if lc.backend == "torch" else megatron_logprob_chunk(dims.vocab, lc.tp)
+        ),
         lora_rank=lc.lora.rank if lc.lora is not None else None,
         lora_targets=tuple(lc.lora.target_modules) if lc.lora is not None else LORA_TARGETS,
         opob=opob,  # type: ignore[arg-type]

@@ -34,15 +34,6 @@ def test_sequence_parallel_pads_only_the_total_and_context_parallel_every_sequen
     assert cp.cu_seqlens(padded=False).tolist() == [0, 3, 9, 10]
 
 
-def test_block_causal_mask_keeps_each_token_to_its_own_sequence_and_past():
-    layout = packing.plan(MASK[:2], ParallelConfig())
-    allowed = ~packing.block_causal_mask(layout)[0, 0]
-    want = torch.zeros(9, 9, dtype=torch.bool)
-    want[:3, :3] = torch.ones(3, 3).tril().bool()
-    want[3:, 3:] = torch.ones(6, 6).tril().bool()
-    assert torch.equal(allowed, want)
-
-
 @pytest.mark.parametrize("cp", [2, 3])
 def test_thd_partition_gives_each_cp_rank_chunk_r_and_its_mirror_of_every_sequence(cp):
     layout = packing.plan(MASK, ParallelConfig(cp=cp))

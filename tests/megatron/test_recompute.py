@@ -48,7 +48,7 @@ def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path)
     got = torch.load(out)
     saved = {name: got[name][0] for name in settings}
     # full recompute keeps only each layer's input; block recomputes layer 1 of 2, keeps layer 2's activations;
-    # selective drops the attention scores (and the MLP's activations)
+    # selective drops what core attention keeps (its q, k, v, output and log-sum-exp; no scores with SDPA), and the MLP's
     assert saved["full"] < saved["full-block-1"] < saved["off"]
     assert saved["selective-attn-mlp"] < saved["selective-attn"] < saved["off"]
     assert saved["full"] < 0.5 * saved["off"]

@@ -123,8 +123,13 @@ def megatron_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], s: ModelShape, 
     return out
 
 
+def named_parameters(params: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{megatron name: parameter} of a model, or the mapping itself (e.g. `MainParams.named()`)."""
+    return dict(params) if isinstance(params, Mapping) else dict(params.named_parameters())
+
+
 def load_hf_into_megatron(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
     hf: Mapping[str, torch.Tensor],
     s: ModelShape,
     *,
@@ -132,14 +137,15 @@ def load_hf_into_megatron(
     tp_size: int,
     te: bool,
 ) -> None:
-    """Copy an HF state dict into this rank's live Megatron shard; every parameter must be covered exactly.
+    """Copy an HF state dict into this rank's live Megatron shard (a model, or {megatron name: parameter});
+    every parameter must be covered exactly.
 
     Also sets megatron's `tensor_model_parallel` / `partition_dim` attributes, which megatron-core
     0.16 leaves unset on weights built with `perform_initialization=False`; the gradient norm
     (TP-duplicates counted once) depends on them.
     """
     local = hf_to_megatron(hf, s, tp_rank=tp_rank, tp_size=tp_size, te=te)
-    params = dict(model.named_parameters())
+    params = named_parameters(model)
     missing, unexpected = sorted(set(params) - set(local)), sorted(set(local) - set(params))
     if missing or unexpected:
         raise KeyError(
@@ -159,13 +165,15 @@ def load_hf_into_megatron(
             p.partition_stride = 1  # type: ignore[attr-defined]
 
 
-def gather_hf_state_dict(model: torch.nn.Module, s: ModelShape, *, tp_group, te: bool) -> Tensors:
+def gather_hf_state_dict(
+    model: torch.nn.Module | Mapping[str, torch.Tensor], s: ModelShape, *, tp_group, te: bool
+) -> Tensors:
     """All TP shards gathered (every TP rank gets the result), converted to HF names, on the CPU."""
     import torch.distributed as dist
 
     tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
     shards: list[Tensors] = [{} for _ in range(tp_size)]
-    for name, p in model.named_parameters():
+    for name, p in named_parameters(model).items():
         t = p.detach()
         if tp_size > 1 and shard_dim(name) is not None:
             parts = [torch.empty_like(t) for _ in range(tp_size)]

@@ -53,3 +53,8 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
             )
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from agent_rl.learners.megatron.rms_norm import rms_norm
+
+        return rms_norm(x, self.weight, self.eps)

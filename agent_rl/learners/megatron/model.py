@@ -1,9 +1,15 @@
 """Megatron-core GPTModel built from a Hugging Face config's shape, for TP / SP / CP.
 
-Two layer specs: Transformer Engine's (GPUs; norms fused into the following linear, flash /
-cuDNN attention that also serves context parallelism and packed THD sequences) and the
-local megatron spec with `cpu_compat.SequenceParallelRMSNorm` (CPU tests; attention from a
-dense mask). `uses_te_spec` tells the weight converter which parameter names to expect.
+Two layer specs: Transformer Engine's (GPUs where TE is installed, the first choice; norms
+fused into the following linear, TE's flash / cuDNN attention for packed THD sequences and
+context parallelism) and megatron's local spec (CPU, and GPUs without TE) with
+`cpu_compat.SequenceParallelRMSNorm` and `attention.SDPAttention`: torch's fused attention,
+O(S) memory, packed sequences and context parallelism too. `uses_te_spec` tells the weight
+converter which parameter names to expect; `attention_backend` names the attention in use.
+
+The model is `gpt.HiddenStatesGPTModel`: its forward returns the final norm's output, and
+`linear_logprobs` applies the output layer chunk by chunk. Parameters are in `dtype`
+(bfloat16: megatron's bf16 training, fp32 main copies in `mixed_precision.MainParams`).
 """
 
 from __future__ import annotations
@@ -125,8 +131,9 @@ def build_gpt_model(
     recompute: Recompute = Recompute(),
 ):
     """This rank's GPTModel shard (untrained: load weights with convert.load_hf_into_megatron)."""
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from agent_rl.learners.megatron.gpt import HiddenStatesGPTModel
 
     shape.check_tp(par.tp)
     config = transformer_config(shape, par, dtype=dtype, cpu=cpu, recompute=recompute)
@@ -136,31 +143,29 @@ def build_gpt_model(
 
         layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
     else:
-        if par.cp > 1:
-            raise RuntimeError(
-                "context parallelism needs Transformer Engine attention (pip install transformer-engine)"
-            )
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+        from agent_rl.learners.megatron.attention import SDPAttention
         from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
 
         layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
         layer.submodules.input_layernorm = SequenceParallelRMSNorm
         layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        attn = layer.submodules.self_attention.submodules
+        attn.core_attention = SDPAttention  # megatron's DotProductAttention keeps [heads, s, s] scores
         if shape.qk_norm:
-            attn = layer.submodules.self_attention.submodules
             attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
         final_norm = SequenceParallelRMSNorm
     block = TransformerBlockSubmodules(layer_specs=[layer] * shape.layers, layer_norm=final_norm)
     theta = int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta
-    model = GPTModel(
+    model = HiddenStatesGPTModel(
         config,
         block,
         vocab_size=shape.vocab_size,
         max_sequence_length=shape.max_positions,
         pre_process=True,
         post_process=True,
-        parallel_output=True,  # logits stay vocab-sharded; log-probs use vocab-parallel cross entropy
+        parallel_output=True,  # the output weight stays vocab-sharded (linear_logprobs)
         share_embeddings_and_output_weights=shape.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=theta,
@@ -199,3 +204,8 @@ def freeze_padding_row(model: torch.nn.Module, shape: ModelShape, *, tp_rank: in
 def uses_te_spec(cpu: bool) -> bool:
     """GPUs use Transformer Engine layers when TE is installed; the CPU path always uses the local spec."""
     return not cpu and have_transformer_engine()
+
+
+def attention_backend(cpu: bool) -> str:
+    """The attention the model runs: Transformer Engine's where it is used, else torch SDPA (attention.py)."""
+    return "transformer_engine" if uses_te_spec(cpu) else "torch_sdpa"

@@ -3,13 +3,10 @@
 A micro-batch arrives as right-padded rows [B, T]; trajectories in RL differ in length by
 an order of magnitude, so the padded layout wastes most of its compute on padding. Packing
 concatenates the rows' real tokens into one sequence [1, S] (S = Σ lengths plus the little
-padding the parallel layout needs) and keeps sequences apart in attention:
-
-- Transformer Engine (GPUs): megatron's THD format, `PackedSeqParams` with cu_seqlens;
-  RoPE restarts at every sequence;
-- local attention (the CPU tests): a block-diagonal causal mask. RoPE then runs on the
-  packed positions, which changes nothing: with attention confined to one sequence, scores
-  depend only on offsets within it.
+padding the parallel layout needs) and keeps sequences apart in attention with megatron's
+THD format: `PackedSeqParams` with cu_seqlens, which Transformer Engine's attention
+and `attention.SDPAttention` (one causal attention per sequence) both take; RoPE restarts at
+every sequence (megatron's THD rotary path), so each row sees exactly what it sees alone.
 
 Padding: under context parallelism every sequence is padded to a multiple of
 `ParallelConfig.seq_multiple` (each CP rank holds chunks r and 2cp−1−r *of every sequence*,
@@ -24,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_rl.learners.megatron.cp_layout import cp_partition_index
 from agent_rl.learners.megatron.model import ParallelConfig
 
 
@@ -91,28 +89,13 @@ def positions(layout: PackLayout, device: torch.device | str = "cpu") -> Tensor:
     return torch.cat([torch.arange(n, device=device) for n in layout.padded])[None]
 
 
-def block_causal_mask(layout: PackLayout, device: torch.device | str = "cpu") -> Tensor:
-    """[1, 1, S, S] bool, True = masked: causal within each sequence's span, nothing across spans."""
-    seq = torch.repeat_interleave(
-        torch.arange(len(layout.padded), device=device), torch.tensor(layout.padded, device=device)
-    )
-    pos = torch.arange(layout.total, device=device)
-    allowed = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
-    return ~allowed[None, None]
-
-
 def thd_partition_index(layout: PackLayout, cp_rank: int, cp: int) -> Tensor:
     """Pack positions this CP rank holds: chunks r and 2cp−1−r of every sequence, sequences in order.
 
     The same positions as Transformer Engine's `thd_get_partitioned_indices(cu_seqlens_padded, S, cp, r)`,
     which megatron's `get_thd_batch_on_this_cp_rank` uses; written out so that it is tested on CPU.
     """
-    parts = []
-    for start, span in zip(layout.starts, layout.padded, strict=True):
-        chunk = span // (2 * cp)
-        for c in (cp_rank, 2 * cp - 1 - cp_rank):
-            parts.append(torch.arange(start + c * chunk, start + (c + 1) * chunk))
-    return torch.cat(parts)
+    return cp_partition_index(layout.cu_seqlens(padded=True).tolist(), cp_rank, cp)
 
 
 def packed_seq_params(layout: PackLayout, device: torch.device | str):

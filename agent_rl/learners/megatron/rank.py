@@ -3,6 +3,10 @@
 Runs inside a process where torch.distributed is already initialised with world size
 dp * tp * cp (the facade starts them; a single-process run initialises a 1-rank group).
 Megatron's own order "tp-cp-dp" places the TP ranks of a replica next to each other.
+
+Precision (learner.dtype): float32 trains the model's own parameters; bfloat16 builds the model
+in bf16 (forward and backward in bf16, every recompute setting) and gives vcpo.Step and AdamW
+fp32 main copies (`mixed_precision.MainParams`), megatron's bf16 scheme.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
 from agent_rl.learners.megatron.grads import ShardGroups
 from agent_rl.learners.megatron.logprobs import megatron_logprobs
+from agent_rl.learners.megatron.mixed_precision import MainParams
 from agent_rl.learners.megatron.model import (
     ParallelConfig,
     Recompute,
+    attention_backend,
     build_gpt_model,
     freeze_padding_row,
     uses_te_spec,
@@ -98,49 +104,65 @@ class MegatronRank:
         hf_config, hf_state = load_hf_weights(rs.model_path)
         self.shape: ModelShape = shape_from_hf_config(hf_config)
         self.te = uses_te_spec(self.cpu)
-        # Master weights stay fp32 (AdamW on the shard); bf16 compute goes through autocast.
+        self.attention = attention_backend(self.cpu)
+        compute = DTYPES[rs.compute_dtype]
         self.model = build_gpt_model(
-            self.shape, spec.par, dtype=torch.float32, cpu=self.cpu, recompute=spec.recompute
+            self.shape, spec.par, dtype=compute, cpu=self.cpu, recompute=spec.recompute
         )
-        load_hf_into_megatron(
-            self.model, hf_state, self.shape, tp_rank=self.tp_rank, tp_size=spec.par.tp, te=self.te
-        )
+        # What AdamW and vcpo.Step train: the model's own fp32 parameters, or fp32 main copies of bf16 ones.
+        self.main = MainParams(self.model) if compute != torch.float32 else None
+        self.trained: torch.nn.Module = self.main if self.main is not None else self.model
+        self._load_weights(hf_state)
         del hf_state
         freeze_padding_row(self.model, self.shape, tp_rank=self.tp_rank)
         self.model.train()
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend), global rank 0
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        decay = [p for p in self.trained.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.trained.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": rs.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=rs.lr,
             betas=rs.betas,
         )
+        if self.main is not None:
+            self.main.attach(self.optimizer)
         self.scheduler = build_scheduler(
             self.optimizer, schedule=rs.lr_schedule, warmup_steps=rs.warmup_steps, total_steps=rs.total_steps
         )
-        self._autocast = DTYPES[rs.compute_dtype] if rs.compute_dtype != "float32" else None
         self._step = sharded_step(
-            self.model, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs
+            self.trained, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs
         )
 
+    def fp32_parameters(self) -> dict[str, torch.Tensor]:
+        """The fp32 weights under megatron names: the main copies in bf16, else the model's parameters."""
+        return self.main.named() if self.main is not None else dict(self.model.named_parameters())
+
+    def _load_weights(self, hf_state: dict[str, torch.Tensor]) -> None:
+        load_hf_into_megatron(
+            self.fp32_parameters(),
+            hf_state,
+            self.shape,
+            tp_rank=self.tp_rank,
+            tp_size=self.spec.par.tp,
+            te=self.te,
+        )
+        if self.main is not None:
+            self.main.copy_to_model()
+
     def logprobs(
-        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, _module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        device = "cpu" if self.cpu else "cuda"
-        with torch.autocast(
-            device, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
-        ):
-            return megatron_logprobs(
-                model,
-                input_ids,
-                attention_mask,
-                par=self.spec.par,
-                dense_mask=not self.te,
-                cp_group=self.groups.cp,
-                temperature=self.spec.temperature,
-                pack=self.spec.pack,
-            )
+        """[B, T] log-probs of this rank's model (vcpo's logprob_fn: `_module` is what the Step trains, the
+        model itself or its fp32 main copies; the forward always runs the model)."""
+        return megatron_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            par=self.spec.par,
+            cp_group=self.groups.cp,
+            temperature=self.spec.temperature,
+            pack=self.spec.pack,
+        )
 
     def step(self, shares: list[PolicyBatch]) -> dict[str, float]:
         """One optimizer update; `shares[d]` is DP rank d's batch (TP/CP ranks of a replica take the same)."""
@@ -190,7 +212,7 @@ class MegatronRank:
     def _gather_fp32(self) -> dict[str, torch.Tensor] | None:
         if self.cp_rank != 0 or self.dp_rank != 0:
             return None  # CP and DP replicas hold identical shards: TP ranks of replica 0 gather
-        state = gather_hf_state_dict(self.model, self.shape, tp_group=self.groups.tp, te=self.te)
+        state = gather_hf_state_dict(self.fp32_parameters(), self.shape, tp_group=self.groups.tp, te=self.te)
         return state if dist.get_rank() == 0 else None
 
     # -- checkpoints: the torch learner's layout (model.safetensors under HF names, learner.json, rng) --
@@ -236,8 +258,7 @@ class MegatronRank:
                 f"{src}: checkpoint of backend={meta.get('backend')} tp={meta.get('tp')} cp={meta.get('cp')}; "
                 f"this learner is megatron tp={par.tp} cp={par.cp} (the optimizer shards must match)"
             )
-        state = load_file(str(src / "model.safetensors"))
-        load_hf_into_megatron(self.model, state, self.shape, tp_rank=self.tp_rank, tp_size=par.tp, te=self.te)
+        self._load_weights(load_file(str(src / "model.safetensors")))
         opt = torch.load(optim, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scheduler.load_state_dict(opt["scheduler"])
