@@ -104,42 +104,24 @@ def recipe(model_dir: Path, cell: Cell):
     })  # fmt: skip
 
 
-def join_single_rank_group(device: str) -> None:
-    """A 1-rank default process group (the Megatron rank needs one), once per process."""
-    import torch.distributed as dist
-
-    from agent_rl.learners._dp import _free_port, join_rank_group
-
-    if not dist.is_initialized():
-        join_rank_group(
-            0, 1, f"tcp://127.0.0.1:{_free_port()}", "cuda:0" if device.startswith("cuda") else "cpu"
-        )
-
-
 class Rank:
-    """A torch or Megatron learner rank behind one interface: `step(batch)`, `logprobs(ids, mask)`, `model`."""
+    """One learner rank built in this process as the in-process pool builds it (`learners.rank_kind`, then the
+    kind's builder with no process group to join; Megatron's joins a 1-rank group of its own):
+    `step(batch)`, `logprobs(ids, mask)`, `model`, `vocab`."""
 
     def __init__(self, model_dir: Path, cell: Cell, device: str):
-        spec = recipe(model_dir, cell).learner_spec
+        from agent_rl.learners import rank_kind
+
+        kind = rank_kind(recipe(model_dir, cell).learner_spec)
         self.backend = cell.backend
-        if cell.backend == "megatron":
-            from agent_rl.learners.megatron import megatron_spec, require_megatron
-
-            require_megatron()
-            join_single_rank_group(device)
-            from agent_rl.learners.megatron.rank import MegatronRank
-
-            self.impl: Any = MegatronRank(megatron_spec(spec))
-        else:
-            from agent_rl.learners._torch_rank import TorchRank
-            from agent_rl.learners.torch_learner import rank_spec
-
-            self.impl = TorchRank(rank_spec(spec), device=device)
+        self.impl: Any = kind.build(kind.spec, 0, 1, None, device)
+        self._step_args = kind.step_args
         self.model = self.impl.model
         self.vocab: int = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
 
     def step(self, batch) -> dict[str, float]:
-        return self.impl.step([batch] if self.backend == "megatron" else batch)
+        (args,) = self._step_args([batch], 1)
+        return self.impl.step(*args)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         fn = self.impl.logprobs if self.backend == "megatron" else self.impl._logprobs

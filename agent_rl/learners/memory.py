@@ -127,7 +127,7 @@ class Setup:
         "fused"  # eager materialises [heads, S, S] scores (megatron local spec)
     )
     logprobs: Literal["full", "chunked"] = "full"  # full: [tokens, vocab] fp32 log-softmax kept for backward
-    logprob_chunk_tokens: int = 4096  # chunked: tokens per chunk
+    logprob_chunk_tokens: int = 1024  # chunked: tokens per chunk (learner.logprob_chunk_tokens)
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = LORA_TARGETS
     opob: Literal["exact", "proxy", "none"] = (
@@ -180,8 +180,9 @@ def _per_layer_token_bytes(d: ModelDims, s: Setup) -> int:
     torch learner (transformers' Qwen2/Llama layer, SDPA): each RMSNorm keeps its input, 1/rms and the
     normalised input in fp32; q (after RoPE), k, v, the attention output and its log-sum-exp; the MLP keeps
     gate, silu(gate), up and their product. Under bf16 autocast every linear keeps its own bf16 copy of its
-    input (q, k, v: three; gate, up: two). Megatron's local spec keeps k and v repeated to every query head,
-    the fused fc1 output (gate and up, 2 x ffn) and RoPE's cos/sin per layer.
+    input (q, k, v: three; gate, up: two). Megatron's local spec (SDPA core attention, parameters in the compute
+    dtype) keeps each norm's input and output, the fused qkv and fc1 outputs (gate and up, 2 x ffn) and RoPE's
+    cos/sin for q and k.
     """
     h, q, kv, f, a, hd = d.hidden, d.q_dim, d.kv_dim, d.ffn, d.heads, d.head_dim
     bf16 = s.compute_dtype == "bfloat16"
@@ -189,9 +190,10 @@ def _per_layer_token_bytes(d: ModelDims, s: Setup) -> int:
         if bf16:
             return 26 * h + 8 + 4 * q + 4 * kv + 4 * a + 8 * f
         return 24 * h + 8 + 8 * q + 8 * kv + 4 * a + 16 * f
-    if bf16:  # RoPE: one cos/sin pair for q and k (fp32: a pair each)
-        return 22 * h + 8 + 8 * q + 10 * f + 8 * hd
-    return 24 * h + 8 + 16 * q + 20 * f + 16 * hd
+    # megatron: parameters in the compute dtype (no autocast: every activation in it but 1/rms and the
+    # log-sum-exp); SDPA keeps q and k after RoPE, the fused qkv output (v is a view of it), the output and lse
+    b = 2 if bf16 else 4
+    return b * (4 * h + 4 * hd + 3 * q + 3 * kv + 5 * f) + 8 + 4 * a
 
 
 def _score_bytes(s: Setup) -> int:
@@ -211,8 +213,13 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
     p = d.params
     trainable = d.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else p
     bf16 = s.compute_dtype == "bfloat16"
+    bf16_params = s.backend == "megatron" and bf16  # megatron's scheme: a bf16 model, fp32 main copies
     static = [
-        Term("weights", 4 * p, "fp32 master weights"),
+        Term(
+            "weights",
+            (6 if bf16_params else 4) * p,
+            "bf16 model + fp32 main copies" if bf16_params else "fp32",
+        ),
         Term("adam", 8 * trainable, "AdamW exp_avg + exp_avg_sq (fp32)"),
     ]
     if s.opob == "exact":
@@ -243,8 +250,8 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
     elif s.recompute == "selective":  # megatron: core attention recomputed in backward, the rest kept
         acts = [Term("activations", d.layers * a_layer)]
         layer_backward += scores
-    else:  # full: each layer's input kept (the fp32 residual stream), one layer recomputed at a time
-        acts = [Term("checkpoints", d.layers * 4 * d.hidden * t)]
+    else:  # full: each layer's input kept (the residual stream; fp32 under autocast), one layer recomputed
+        acts = [Term("checkpoints", d.layers * (2 if bf16_params else 4) * d.hidden * t)]
         layer_backward += a_layer + scores
     if s.attention == "eager":
         acts.append(Term("attention_mask", (t if s.packed else tokens) ** 2, "bool [S, S]"))
@@ -280,6 +287,10 @@ def _logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
     forward holds less (bf16 logits, their fp32 copy and the log-softmax: 10; proxy OPOB's Σp² pass: the
     log-softmax and one [t, V] fp32 temporary, 8). Chunked: the same over one chunk at a time."""
     span = min(t, s.logprob_chunk_tokens) if s.logprobs == "chunked" else t
+    if s.backend == "megatron" and s.logprobs == "chunked":
+        # megatron's chunks: fp32, softmax and its gradient in place in one [c, V] logits chunk; bf16: the GEMM's
+        # bf16 output, its fp32 copy, the fp32 gradient and its bf16 copy for the output layer's backward
+        return (12 if s.compute_dtype == "bfloat16" else 4) * d.vocab * span
     return 12 * d.vocab * span
 
 
@@ -302,15 +313,13 @@ def max_trajectory_tokens(d: ModelDims, s: Setup, memory_bytes: int, *, ceiling:
 # -- a recipe's learner -> Setup, and the warning before a run -------------------------------------------
 
 
-def megatron_attention(device: str) -> Literal["fused", "eager"]:
-    """Transformer Engine's attention on a GPU where TE is installed (fused); else megatron's local spec (eager)."""
-    if device != "cuda":
-        return "eager"
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return "eager"
-    return "fused"
+MEGATRON_LOGIT_CHUNK_BYTES = 256 * 2**20
+"""learners/megatron/linear_logprobs.LOGIT_CHUNK_BYTES: fp32 bytes of one chunk's logits [chunk, V / tp]."""
+
+
+def megatron_logprob_chunk(vocab: int, tp: int = 1) -> int:
+    """Tokens per chunk of the Megatron learner's log-probs (it sizes its chunks in bytes of fp32 logits)."""
+    return max(1, MEGATRON_LOGIT_CHUNK_BYTES // (4 * vocab // tp))
 
 
 def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) -> Setup:
@@ -323,7 +332,11 @@ def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) ->
         backend=lc.backend,
         compute_dtype=lc.dtype,
         recompute=recompute,  # type: ignore[arg-type]
-        attention="fused" if lc.backend == "torch" else megatron_attention(device),
+        attention="fused",  # torch: SDPA; megatron: its SDPA core attention, or Transformer Engine's
+        logprobs="chunked",
+        logprob_chunk_tokens=(
+            megatron_logprob_chunk(dims.vocab, lc.tp) if lc.backend == "megatron" else lc.logprob_chunk_tokens
+        ),
         lora_rank=lc.lora.rank if lc.lora is not None else None,
         lora_targets=tuple(lc.lora.target_modules) if lc.lora is not None else LORA_TARGETS,
         opob=opob,  # type: ignore[arg-type]

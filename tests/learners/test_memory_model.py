@@ -94,8 +94,6 @@ def test_per_layer_activations_are_what_autograd_saves(tmp_path: Path, backend: 
     dims = mm.ModelDims.from_config(SMALL | {"model_type": "qwen2"})
     setup = mm.Setup(backend=backend, compute_dtype=dtype)  # type: ignore[arg-type]
     per_token = mm._per_layer_token_bytes(dims, setup)
-    if backend == "megatron":  # the local spec keeps [heads, S, S] probabilities too (eager attention)
-        per_token += dims.heads * tokens * mm._score_bytes(setup)
     assert saved[2] - saved[1] == per_token * tokens
 
 
@@ -113,7 +111,10 @@ MEASURED_CELLS = {
         Cell("torch", 2048, 2, dtype="float32"),  # exact OPOB: one trajectory per backward
         Cell("torch", 1024, 4, opob="proxy", recompute=True, dtype="float32"),  # 4 rows per forward
     ],
-    "megatron": [Cell("megatron", 1024, 2, dtype="float32")],  # eager attention: [heads, S, S] scores
+    "megatron": [
+        Cell("megatron", 2048, 2, dtype="float32"),
+        Cell("megatron", 2048, 2, dtype="bfloat16", recompute=True),  # bf16 model + fp32 main copies
+    ],
 }
 
 
