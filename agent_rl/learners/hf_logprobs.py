@@ -38,6 +38,13 @@ class HFLogprobs:
         self, model: nn.Module, *, pack: bool = True, chunk_tokens: int = CHUNK_TOKENS, compile: bool = False
     ):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
+        if pack and _linear_attention_cannot_pack(base):
+            log.info(
+                "%s: Gated DeltaNet layers keep packed trajectories apart only with flash-linear-attention "
+                "(pip install flash-linear-attention); micro-batches run as padded rows",
+                type(base).__name__,
+            )
+            pack = False
         self.model, self.pack, self.chunk_tokens = model, pack, chunk_tokens
         self.decoder: nn.Module = base.get_decoder()
         self.head: nn.Module = base.get_output_embeddings()
@@ -140,3 +147,12 @@ def _head_is_linear(base: nn.Module, decoder: nn.Module, head: nn.Module | None)
     finally:
         base.train(was_training)
     return bool(torch.equal(want, got))
+
+
+def _linear_attention_cannot_pack(base: nn.Module) -> bool:
+    """A hybrid model (Qwen3-Next / Qwen3.5: linear-attention layers) without flash-linear-attention installed:
+    transformers' torch fallback of the gated delta rule refuses packed sequences."""
+    import importlib.util
+
+    layers = getattr(base.config, "layer_types", None) or ()
+    return "linear_attention" in layers and importlib.util.find_spec("fla") is None
