@@ -248,7 +248,9 @@ def write(cells: dict[tuple, Cell], out: Path) -> dict:
         "heldout": held,
         "summary": summary(held, {m: v["chosen_lr"] for m, v in sel.items()}),
     }  # fmt: skip
-    missing = {part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "ablate")}
+    missing = {
+        part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "fill", "ablate")
+    }
     report["missing"] = missing
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

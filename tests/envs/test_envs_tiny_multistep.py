@@ -1,0 +1,80 @@
+"""tiny_multistep: seeded 2-3 term problems, a teacher that stops early at each turn, traces that replay exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import envs
+from envs import tiny_arith, tiny_multistep
+
+SPEC = Path(__file__).resolve().parents[2] / "envs" / "tiny_multistep.yaml"
+
+
+def test_tasks_are_seeded_sums_of_two_or_three_products_and_train_and_test_seeds_differ():
+    assert tiny_multistep.make_tasks(50, 0) == tiny_multistep.make_tasks(50, 0)
+    tasks = tiny_multistep.make_tasks(2000, 0)
+    lengths = [len(tiny_multistep.terms_of(t)) for t in tasks]
+    assert set(lengths) == {2, 3} and 0.45 < lengths.count(2) / len(lengths) < 0.55
+    for t in tasks[:200]:
+        values = [int(a) * int(b) for a, b in (term.split(" * ") for term in tiny_multistep.terms_of(t))]
+        assert int(t.answer) == sum(values)
+    test = {t.problem for t in tiny_multistep.make_tasks(500, 1)}
+    assert not test & {t.problem for t in tasks}
+
+
+def test_the_env_file_loads_its_generator_and_the_budgets_fit_three_calls():
+    spec = envs.load(SPEC)
+    assert spec.data.splits["train"].generator == "tiny_multistep"
+    assert spec.turns.max_turns >= max(tiny_multistep.TERMS) + 1  # every call, then the answer
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.8])
+def test_a_complete_trace_takes_every_go_on_decision_so_it_comes_at_rate_to_the_n(rate: float):
+    traces = tiny_multistep.teacher_traces(4000, seed=7, continue_rate=rate)
+    for n in tiny_multistep.TERMS:
+        of_n = [t for t in traces if len(tiny_multistep.terms_of(t.task)) == n]
+        share = sum(t.used_tool for t in of_n) / len(of_n)
+        # binomial: ~2000 traces per n, so one standard error is at most 0.011; 4 SE of slack
+        assert abs(share - rate**n) < 0.045, (n, share)
+
+
+def test_complete_traces_carry_the_running_sum_and_early_stops_box_a_wrong_guess():
+    for t in tiny_multistep.teacher_traces(300, seed=3, continue_rate=0.6):
+        final = t.segments[-1].text
+        assert (final == f"\\boxed{{{t.task.answer}}}") == t.used_tool
+        calls = [s.text for s in t.segments if s.kind == "model" and s.text.startswith("```python")]
+        outputs = [int(s.text) for s in t.segments if s.kind == "observation"]
+        terms = tiny_multistep.terms_of(t.task)
+        for i, (code, out) in enumerate(zip(calls, outputs, strict=True)):
+            expr = code.removeprefix("```python\nprint(").removesuffix(")\n```\n")
+            assert expr == (terms[0] if i == 0 else f"{outputs[i - 1]} + {terms[i]}")
+            assert out == eval(expr)  # the arithmetic the sandbox will do
+        assert len(calls) == len(terms) if t.used_tool else len(calls) < len(terms)
+
+
+@pytest.mark.asyncio(loop_scope="module")  # the module-wide sandbox lives on this loop
+async def test_teacher_traces_replay_through_the_env_with_identical_tokens_and_reward(tok, sandbox):
+    """SFT data and RL episodes agree token for token: encode_trace == what the env builds from the same turns,
+    through the real sandbox, and the reward is 1 exactly for the complete traces."""
+    spec = envs.load(SPEC)
+    traces = tiny_multistep.teacher_traces(16, seed=11, continue_rate=0.6)
+    assert any(t.used_tool for t in traces) and any(not t.used_tool for t in traces)
+    for trace in traces:
+        expect_ids, expect_mask = tiny_arith.encode_trace(trace, tok, envs.make(spec, tok))
+        env = envs.make(spec, tok, sandbox=sandbox)
+        ids = env.reset(trace.task)
+        mask = [0] * len(ids)
+        model = [s for s in trace.segments if s.kind == "model"]
+        for i, seg in enumerate(model):
+            sampled = tok.encode(seg.text, add_special_tokens=False) + (
+                [tok.eos_token_id] if i == len(model) - 1 else []
+            )
+            res = await env.step(sampled)
+            ids += sampled + res.observation_ids
+            mask += [1] * len(sampled) + [0] * len(res.observation_ids)
+        assert res.done and res.info.finish == "answer"
+        assert (ids, mask) == (expect_ids, expect_mask)
+        assert res.reward == (1.0 if trace.used_tool else 0.0), trace
+        assert sum(mask) <= spec.turns.max_response_tokens
