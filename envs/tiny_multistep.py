@@ -2,25 +2,26 @@
 
 The staleness study's harder task (issue 38). tiny_arith is learned in ~10 RL steps and saturates at ~0.76,
 because its whole skill is one decision (the first token: call the tool or guess). Here a problem is a sum of
-2 or 3 products, "What is 482 * 37 + 215 * 41 + 308 * 52?", which the teacher solves one term per turn,
-carrying the running sum it read from the previous tool output (tiny_chain's trace shape):
+2 or 3 products, "What is 48 * 37 + 21 * 41 + 30 * 52?", which the teacher solves one term per turn, carrying
+the running sum it read from the previous tool output (tiny_chain's trace shape):
 
     ```python
-    print(482 * 37)                 -> 17834
+    print(48 * 37)                  -> 1776
     ```
     ```python
-    print(17834 + 215 * 41)         -> 26649
+    print(1776 + 21 * 41)           -> 2637
     ```
     ...
-    \\boxed{42665}
+    \\boxed{4197}
 
 and at every turn boundary (before the first call and after each output) the teacher goes on with the tool with
 probability `continue_rate`, else stops and boxes a wrong guess. A warm start trained on those traces solves a
-problem only if it takes every one of n decisions the right way AND copies every running sum (five or six
+problem only if it takes every one of n decisions the right way AND copies every running sum (four or five
 digits) and every term without a slip, so it starts low (about continue_rate^n times its copy accuracy), and RL
 has several decisions and several copies to improve, each credited only through the final 0/1 reward: a
 longer climb than one first-token decision. The reward is tiny_arith's exact integer match; nothing rewards
-the number of turns, and a model may put the whole sum in one print if RL finds that.
+the number of turns, and a model may put the whole sum in one print if RL finds that. Operands are two-digit
+(products a few-million-parameter model cannot do in its head) to keep episodes, and so the RL step, short.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TERMS = (2, 3)  # products per problem: 2 or 3 tool calls
 
 
 def _term(rng: random.Random) -> tuple[str, int]:
-    a, b = rng.randint(100, 999), rng.randint(10, 99)
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
     return f"{a} * {b}", a * b
 
 

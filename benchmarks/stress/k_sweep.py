@@ -8,17 +8,19 @@ The next level of the lr-matched study (`level_b_fair`, issue 28) on a task the 
 envs/tiny_multistep.yaml (2-3 tool calls per problem; warm start `benchmarks.stress.multistep_warm`), the full
 stack, every batch exactly k versions stale (`rollout.fixed_lag`). Parts, in the order `run` does them:
 
-- calibrate: sync (k=0) plain REINFORCE and VCPO at every lr of LRS, seed 0, with the held-out curve: does sync
-  RL climb well above the warm start, and for how long (the results' calibration table);
+- calibrate: sync (k=0) VCPO and plain REINFORCE, seed 0 (not a selection or held-out seed), with the held-out
+  curve: does sync RL climb well above the warm start, and for how long (with the k=0 held-out runs, which
+  have the same curves, the results' calibration table);
 - select: every method at every lr of LRS on seeds SELECT_SEEDS at k = SELECT_LAG; each method's lr is the one
   with the highest mean final there (held-out seeds never read);
 - heldout: each method at its chosen lr on seeds HELDOUT_SEEDS at every k of LAGS, lowest k first.
 
 VCPO is selected like every other method (no recipe lr). At k = 0 every IS weight is 1 and ESS/B = 1, so tis, mis,
 m2po and the ESS lr alone make plain's update and OPOB alone makes VCPO's: those cells are plain's and VCPO's
-runs at the method's own lr (`level_b_fair.SAME_AS_AT_K0`). Every run evaluates every EVAL_EVERY steps (under a
-fixed lag that is the policy k versions back, logged as eval/policy_version) and once more from its final
-checkpoint (the learner's own policy, `final_eval`): the final is the result, the curve gives the area under it.
+runs at the method's own lr (`level_b_fair.SAME_AS_AT_K0`). Every calibration and held-out run evaluates every
+EVAL_EVERY steps (under a fixed lag that is the policy k versions back, logged as eval/policy_version), and every
+run once more from its final checkpoint (the learner's own policy, `final_eval`): the final is the result, the
+curve gives the area under it. Selection runs skip the periodic evals: the choice reads finals only.
 
 Resumable: a run counts once final_eval.json exists; its numbers are kept in k_sweep.json, so the run dirs can go
 and a later session finishes the sweep with the same command.
@@ -51,7 +53,7 @@ LAGS = (0, 4, 8, 16, 32, 64)
 SELECT_LAG = 8
 SELECT_SEEDS = (0, 1, 2)
 HELDOUT_SEEDS = (3, 4, 5, 6, 7)
-CALIBRATE = (("plain", 0), ("vcpo", 0))  # (method, seed) at k = 0, every lr
+CALIBRATE = (("vcpo", 2e-4, 0), ("plain", 2e-4, 0))  # (method, lr, seed) at k = 0: a first look at sync RL
 STEPS = 80
 EVAL_EVERY = 10
 WARM_START = (
@@ -184,12 +186,17 @@ class Planned:
     seed: int
     sets: tuple[str, ...]
 
+    @property
+    def curve(self) -> bool:
+        """Whether the run evaluates periodically: the selection reads only finals, so it saves those evals."""
+        return self.part != "select"
+
 
 def plan(part: str, cells: dict[tuple, Cell]) -> list[Planned]:
     """The runs PART still needs, in the order they should run. Finished runs and k = 0 cells that are another
     method's run are left out; heldout plans only the methods whose lr is chosen."""
     if part == "calibrate":
-        want = [(m, lr, 0, s) for m, s in CALIBRATE for lr in LRS]
+        want = [(m, lr, 0, s) for m, lr, s in CALIBRATE]
     elif part == "select":
         want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in METHODS]
     elif part == "heldout":
@@ -231,7 +238,7 @@ class Runner:
     def train_cmd(self, p: Planned) -> list[str]:
         sets = [f"model.path={self.warm}", f"rollout.fixed_lag={p.k}", f"train.seed={p.seed}",
                 f"train.steps={self.steps}", f"name={p.name}", f"logging.run_dir={self.runs / p.name}",
-                "logging.tensorboard=false", "checkpoint.every=0", f"eval.every={self.eval_every}", *p.sets]  # fmt: skip
+                "logging.tensorboard=false", "checkpoint.every=0", f"eval.every={self.eval_every if p.curve else 0}", *p.sets]  # fmt: skip
         cmd = ["nice", "-n", str(self.nice), sys.executable, "-m", "agent_rl.cli", "train", self.recipe]
         return cmd + [x for s in sets for x in ("--set", s)]
 

@@ -51,7 +51,8 @@ def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
 
 
 def separated(d: float | None, se: float | None) -> bool | None:
-    if d is None or not se:
+    """|d| > 2 SE (None while either cell has a single run: no spread to judge by)."""
+    if d is None or se is None:
         return None
     return abs(d) > SEPARATION * se
 
@@ -70,9 +71,10 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
     n = len(ks.HELDOUT_SEEDS)
     for k in map(str, ks.LAGS):
         # at k = 0 several methods can be the same runs (plain's or VCPO's at one lr): rank each set of runs once,
-        # under the first method of METHODS that has it
+        # under the method whose runs they are if it chose that lr, else the first of METHODS that did
         runs_of: dict[tuple, str] = {}
-        for m in (m for m in ks.METHODS if m in held and held[m][k]["n"]):
+        measured = [m for m in ks.METHODS if m in held and held[m][k]["n"]]
+        for m in sorted(measured, key=lambda m: ks.twin(m, int(k)) != m):
             runs_of.setdefault((ks.twin(m, int(k)), chosen[m]), m)
         ranked = sorted(runs_of.values(), key=lambda m: -held[m][k]["mean"])
         s: dict = {"methods": sum(m in held and held[m][k]["n"] > 0 for m in ks.METHODS),
@@ -107,8 +109,10 @@ def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
 
 def _gap(d: float, se: float | None, sep: bool | None) -> str:
     """'0.05 ± 0.02 (2.5 SE; separated)', or without a spread yet '0.05 (no spread yet)'."""
-    if not se:
+    if se is None:
         return f"{abs(d):.2f} (no spread yet; not separated)"
+    if se == 0:
+        return f"{abs(d):.2f} (no spread; {'separated' if sep else 'not separated'})"
     return f"{abs(d):.2f} ± {se:.2f} ({abs(d) / se:.1f} SE; {'separated' if sep else 'not separated'})"
 
 
@@ -149,15 +153,22 @@ def verdict_lines(summ: dict[str, dict]) -> list[str]:
     return [verdict_line(k, summ[k]) for k in sorted(summ, key=lambda k: (order(k), int(k)))]
 
 
-def calibration(cells: dict[tuple, ks.Cell]) -> list[dict]:
-    """The sync calibration runs: each one's held-out curve (policy version -> accuracy)."""
+def calibration(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) -> list[dict]:
+    """Synchronous RL from the warm start: the calibration runs (seed 0), then each method's k=0 held-out runs at
+    its chosen lr, as the mean held-out accuracy at each policy version (the same versions in every k=0 run)."""
     rows = []
-    for m, seed in ks.CALIBRATE:
-        for lr in ks.LRS:
-            c = cells.get((m, lr, 0, seed))
-            if c is not None:
-                rows.append({"method": m, "lr": lr, "seed": seed, "curve": c.curve, "final": c.final_accuracy,
-                             "auc": c.auc})  # fmt: skip
+    for m, lr, seed in ks.CALIBRATE:
+        if (c := cells.get((m, lr, 0, seed))) is not None:
+            rows.append({"method": m, "lr": lr, "seeds": [seed], "curve": [list(p) for p in c.curve]})
+    seen = set()
+    for m, lr in chosen.items():
+        runs = ks.finals(cells, m, lr, 0, ks.HELDOUT_SEEDS) if lr is not None else []
+        if not runs or (ks.twin(m, 0), lr) in seen:
+            continue
+        seen.add((ks.twin(m, 0), lr))
+        versions = sorted(set.intersection(*(set(dict(c.curve)) for c in runs)))
+        curve = [[v, statistics.mean(dict(c.curve)[v] for c in runs)] for v in versions]
+        rows.append({"method": ks.twin(m, 0), "lr": lr, "seeds": [c.seed for c in runs], "curve": curve})
     return rows
 
 
@@ -229,12 +240,12 @@ def markdown(report: dict) -> str:
     cal = report["calibration"]
     if cal:
         versions = sorted({v for r in cal for v, _ in r["curve"]})
-        lines += ["", "## Calibration: synchronous RL (k=0, seed 0) from the warm start, held-out accuracy by step", "",
-                  "| method | lr | " + " | ".join(f"step {v}" for v in versions) + " |",
-                  "|---|---|" + "---|" * len(versions)]  # fmt: skip
+        lines += ["", "## Calibration: synchronous RL (k=0) from the warm start, held-out accuracy by step (mean over seeds)",
+                  "", "| method | lr | seeds | " + " | ".join(f"step {v}" for v in versions) + " |",
+                  "|---|---|---|" + "---|" * len(versions)]  # fmt: skip
         for r in cal:
-            by = dict(r["curve"])
-            lines.append(f"| {LABEL[r['method']]} | {lr_text(r['lr'])} | "
+            by = dict((int(v), a) for v, a in r["curve"])
+            lines.append(f"| {LABEL[r['method']]} | {lr_text(r['lr'])} | {','.join(map(str, r['seeds']))} | "
                          + " | ".join(f"{by[v]:.2f}" if v in by else "" for v in versions) + " |")  # fmt: skip
     lines += ["", "## Missing runs", ""]
     miss = report["missing"]
@@ -263,7 +274,7 @@ def write(cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False) -> dict:
                    "heldout_seeds": list(ks.HELDOUT_SEEDS), "steps": ks.STEPS, "eval_every": ks.EVAL_EVERY,
                    "separation_se": SEPARATION},
         "cells": [c.row() for _, c in sorted(cells.items())],
-        "calibration": calibration(cells),
+        "calibration": calibration(cells, chosen),
         "selection": sel,
         "heldout": held,
         "summary": summary(held, chosen),

@@ -187,3 +187,43 @@ def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_m
         elif s.get("vcpo_minus_best_se"):
             assert f"is behind {LABEL[s['best']]}" in line
             _says(gaps[0], s["vcpo_minus_best"], s["vcpo_minus_best_se"])
+
+
+def test_at_k0_methods_that_are_the_same_runs_are_ranked_once_under_the_method_whose_runs_they_are(
+    tmp_path: Path,
+) -> None:
+    best = dict.fromkeys(ks.METHODS, ks.LRS[0])  # every method at one lr: at k=0 only two sets of runs
+    rows = _selection(best) + [
+        (m, ks.LRS[0], 0, s, a) for m, a in (("plain", 0.5), ("vcpo", 0.6)) for s in ks.HELDOUT_SEEDS
+    ]
+    s0 = write(_cells(rows), tmp_path / "k_sweep.json", quiet=True)["summary"]["0"]
+    assert (s0["best"], s0["second"], s0["vcpo_ahead"]) == ("vcpo", "plain", True)
+    assert s0["complete"] and s0["methods"] == len(ks.METHODS)
+
+
+def test_each_planned_run_is_a_valid_recipe_with_its_lag_seed_lr_and_method(tmp_path: Path) -> None:
+    """The runner's command line, loaded as agent-rl loads it: every method's overrides validate, the run is
+    exactly k stale, and selection runs skip the periodic evals (the choice reads finals only)."""
+    from agent_rl.config import load_recipe
+
+    root = Path(__file__).resolve().parents[3]
+    runner = ks.Runner(tmp_path, recipe=str(root / ks.RECIPE))
+    planned = ks.plan("select", {})[: len(ks.METHODS)] + ks.plan("heldout", _cells(_selection(BEST)))[-1:]
+    assert {ks.NAME.match(p.name).group(1) for p in planned[:-1]} == set(ks.METHODS)
+    for p in planned:
+        cmd = runner.train_cmd(p)
+        assert cmd[:3] == ["nice", "-n", "19"]
+        recipe = load_recipe(cmd[cmd.index("train") + 1], cmd[cmd.index("train") + 3 :: 2])
+        assert (recipe.rollout.fixed_lag, recipe.train.seed, recipe.train.steps) == (p.k, p.seed, ks.STEPS)
+        assert recipe.run_dir == tmp_path / p.name
+        assert recipe.eval.every == (0 if p.part == "select" else ks.EVAL_EVERY)
+        method = ks.NAME.match(p.name).group(1)
+        assert recipe.algorithm.loss == {
+            "plain": "reinforce",
+            "tis": "tis_seq",
+            "mis": "mis",
+            "m2po": "m2po",
+        }.get(method, "vcpo")
+        assert (recipe.algorithm.ess_lr_rule == "sqrt") == (method in ("vcpo", "ess_lr"))
+        assert (recipe.algorithm.advantage == "opob") == (method in ("vcpo", "opob"))
+        assert f"learner.lr={recipe.learner.lr:g}" in p.sets
