@@ -284,6 +284,7 @@ def run_all(runner: Runner, out: Path, jobs: int, parts: tuple[str, ...] = PARTS
                 p = todo.pop(0)
                 started.add(p.name)
                 running[pool.submit(runner, p)] = p
+                print(f"start {p.name} ({p.part}; its progress: {runner.runs / p.name}.log)", flush=True)
             if not running:
                 break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

@@ -23,8 +23,8 @@ FENCE = "```"
 CONTINUE_RATE = 0.5
 SFT_TRACES, SFT_DRILLS, SFT_SEED, SFT_DRILL_SEED = 3000, 3000, 7, 8
 SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=256, warmup_steps=10)
-# the main job's 2.1M-parameter Qwen2 (at hidden 128 it copied three-digit operands with slips even after SFT:
-# held-out 0.00 on the first version of this task)
+# the main job's 2.1M-parameter Qwen2 (at hidden 128 it copied three-digit operands with slips after SFT: held-out
+# 0.00 on the first version of the task)
 MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 
 
