@@ -47,6 +47,7 @@ run-real: install system-deps
 ## The default test suite (what CI runs).
 test: install verifiers system-deps
 	.venv/bin/ruff check .
+	$(MAKE) docs
 	$(PY) -m pytest -q
 
 ## The suite against the newest versions pyproject.toml allows (torch held at the CPU build), in .venv-latest:
@@ -98,6 +99,14 @@ trl-venv: .venv-trl/.installed
 
 bench-trl: install system-deps trl-venv
 	$(PY) benchmarks/vs_trl.py
+
+## The documentation site (mkdocs.yml, docs/; make test builds it): --strict, so a broken link, a missing page or a
+## stale generated page (regenerate: .venv/bin/python -m scripts.docs.generate) fails. docs-serve: 127.0.0.1:8000.
+.PHONY: docs docs-serve
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 lint: install
 	.venv/bin/ruff check .

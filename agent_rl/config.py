@@ -22,7 +22,8 @@ __all__ = ["ConfigError", "LearnerSpec", "Recipe", "load_recipe"]
 class Strict(BaseModel):
     """Base: unknown keys are errors, values are frozen after validation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # use_attribute_docstrings: the docstring under a field is its description (docs: the recipe reference)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(Strict):
@@ -31,6 +32,8 @@ class ModelConfig(Strict):
     tokenizer: str | None = None
     """Tokenizer directory; defaults to `path`."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """Precision of the weights the engines serve (and the learner publishes to them); learner.dtype picks the
+    learner's compute precision."""
 
 
 class EngineConfig(Strict):
@@ -42,8 +45,12 @@ class EngineConfig(Strict):
     count: int = Field(1, ge=1)
     """Number of engine replicas started here (embedded, or local vllm); external servers: one per url."""
     urls: tuple[str, ...] = ()
+    """Running SGLang/vLLM servers (or `agent-rl serve` processes) to sample from instead of starting engines;
+    one replica per url."""
     max_batch: int = Field(EngineOptions.max_batch, ge=1)
+    """Embedded engines: requests decoded together (KV-cache slots)."""
     max_seq_len: int = Field(EngineOptions.max_seq_len, ge=16)
+    """Embedded engines: prompt + output tokens per request (the KV cache's length)."""
     weight_sync: Literal["memory", "disk", "nccl"] = "memory"
     """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: torch.distributed
     broadcast from learner rank 0 into the engines (SGLang's weight group): NCCL on GPUs, gloo on CPU."""
@@ -81,9 +88,15 @@ class EnvRef(Strict):
 
 class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of every rollout call (the torch learner requires 1.0: its importance ratios are
+    taken at T=1)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0: off)."""
     top_k: int = -1
+    """Sample among the top_k most likely tokens only (-1: off)."""
     max_concurrent_episodes: int = Field(64, ge=1)
+    """Episodes in flight at once across all rollout workers (the admission rule of `buffer` may allow
+    fewer)."""
     fixed_lag: int | None = Field(None, ge=0)
     """Research switch: every batch is exactly this many versions stale (deterministic lag injection).
 
@@ -99,7 +112,7 @@ class RolloutConfig(Strict):
     """Agent calls under a constraint (response_format, tool_choice): the behaviour log-prob the learner gets.
     unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
     the mask is part of the environment); masked: that of the masked distribution sampled from (the weights
-    then carry each token's mask log-normaliser). README, "Constrained decoding"."""
+    then carry each token's mask log-normaliser). docs/guides/openai-gateway.md, "Constrained decoding"."""
     workers: int = Field(1, ge=1, le=256)
     """Rollout processes. 1: episodes run on the driver's event loop (in-process). N > 1: they are sharded over
     N local processes (agent_rl/rollout/sharded.py), each with its own envs, sandbox and gateway, talking to the
@@ -143,9 +156,12 @@ class BufferConfig(Strict):
 
 class TrainConfig(Strict):
     steps: int = Field(..., ge=1)
+    """Optimizer steps of the run (also the length of a decaying lr schedule)."""
     batch_prompts: int = Field(..., ge=1)
     """Groups (prompts) per optimizer step; each group has the env's n samples."""
     seed: int = 0
+    """Seed of the prompt order, the engines' sampling streams, the trajectory log's sampling and the
+    learner."""
 
 
 LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -155,6 +171,7 @@ class LoraConfig(Strict):
     """LoRA (PEFT): the torch learner trains low-rank adapters only and publishes adapter tensors alone."""
 
     rank: int = Field(8, ge=1)
+    """Rank r of each adapter's A (r x in) and B (out x r) matrices (PEFT's r)."""
     alpha: float = Field(16.0, gt=0)
     """Scale α/rank on B·A, as PEFT's lora_alpha."""
     dropout: float = Field(0.0, ge=0, lt=1)
@@ -168,17 +185,32 @@ class LoraConfig(Strict):
 
 class LearnerConfig(Strict):
     backend: Literal["torch", "megatron"] = "torch"
+    """torch: Hugging Face model, AdamW, data parallel over processes; megatron: megatron-core GPTModel with
+    tp/sp/cp (`pip install 'agent-rl[gpu]'`)."""
     lr: float = Field(1e-6, gt=0)
+    """Base learning rate of AdamW (VCPO's ESS rule scales it per step; the schedule multiplies it)."""
     weight_decay: float = Field(0.1, ge=0)
+    """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (beta1, beta2)."""
     grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this before each optimizer step."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After the warm-up: constant, or a cosine or linear decay that reaches 0 at train.steps."""
     warmup_steps: int = Field(0, ge=0)
+    """Steps of linear lr warm-up from lr/warmup_steps to lr."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute precision of the learner's forward/backward: bfloat16 runs under autocast with fp32 master
+    weights."""
     dp: int = Field(1, ge=1)
+    """Data-parallel ranks; each takes whole prompt groups of the batch (one process per rank)."""
     tp: int = Field(1, ge=1)
+    """Megatron tensor-parallel size (the ranks of one group always share a node)."""
     sp: bool = False
+    """Megatron sequence parallelism over the tensor-parallel ranks (needs tp >= 2)."""
     cp: int = Field(1, ge=1)
+    """Megatron context-parallel size: each trajectory is split into 2*cp load-balanced chunks (needs
+    Transformer Engine's attention)."""
     gradient_checkpointing: bool | Literal["full", "selective"] = False
     """Recompute activations in the backward pass instead of keeping them. torch: true (Hugging Face's per-layer
     checkpointing). megatron: true or full (every layer's input kept, the layer recomputed; `recompute_method`,
@@ -187,6 +219,7 @@ class LearnerConfig(Strict):
     """megatron, full: uniform (layers in chunks of recompute_num_layers, each chunk's input kept) or block
     (the first recompute_num_layers layers recomputed, the rest keep their activations)."""
     recompute_num_layers: int = Field(1, ge=1)
+    """megatron, full: layers per recomputed chunk (uniform) or the number of layers recomputed (block)."""
     recompute_modules: tuple[Literal["core_attn", "mlp"], ...] = ("core_attn",)
     """megatron, selective: the submodules whose activations are recomputed."""
     micro_batch_size: int = Field(4, ge=1)
@@ -264,11 +297,21 @@ LossName = Literal[
 
 class AlgorithmConfig(Strict):
     loss: LossName = "vcpo"
+    """The policy-gradient loss (vcpo.LOSSES): vcpo is sequence-level truncated IS; the others are the
+    comparison losses (tis_token, tis_seq, mis, icepop, m2po, ppo_clip, gspo, cispo, reinforce)."""
     advantage: Literal["grpo", "rloo", "opob"] = "opob"
+    """The baseline subtracted from rewards: opob (VCPO's off-policy optimal baseline, needs a sequence-
+    weighted loss), grpo (group mean, std-scaled), rloo (leave-one-out mean)."""
     is_truncation: float = Field(8.0, gt=0)
+    """c in min(w, c): the truncation of each trajectory's importance weight."""
     ess_lr_rule: Literal["sqrt", "linear", "none"] = "sqrt"
+    """How the batch's ESS ratio scales the step's lr: sqrt(min(1, ESS/B / ess_base_ratio)) (for Adam),
+    linear, or none."""
     ess_base_ratio: float = Field(1.0, gt=0, le=1)
+    """rho_0: batches with ESS/B at or above it are not damped by the ESS rule."""
     opob_mode: Literal["exact", "proxy"] = "exact"
+    """exact: one backward pass per trajectory for its gradient norm; proxy: a forward-only logit-gradient
+    proxy (cheaper, approximate)."""
     opob_weight: Literal["default", "reference"] = "default"
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)
@@ -308,14 +351,18 @@ class CheckpointConfig(Strict):
     every: int = Field(0, ge=0)
     """Steps between checkpoints; 0 = only at the end."""
     keep: int = Field(2, ge=1)
+    """Checkpoints kept in RUN_DIR/checkpoints; older ones are removed after each save."""
 
 
 class EvalConfig(Strict):
     every: int = Field(0, ge=0)
     """Steps between evaluations of the current policy; 0 = never during training."""
     split: str = "test"
+    """The env data split evaluated."""
     limit: int | None = Field(None, ge=1)
+    """Evaluate at most this many tasks of the split (None: all)."""
     samples_per_task: int = Field(1, ge=1)
+    """Samples per task; accuracy is averaged over them."""
 
 
 class MonitorConfig(Strict):
@@ -328,6 +375,7 @@ class MonitorConfig(Strict):
     the buffer's staleness bound follows the ESS (lowered toward 0 below `adapt_ess_floor`, raised back toward
     buffer.max_staleness while healthy)."""
     window: int = Field(10, ge=1)
+    """Steps the monitor looks back over."""
     min_unhealthy: int = Field(9, ge=1)
     """Warn when at least this many of the last `window` steps are unhealthy."""
     warmup: int = Field(5, ge=1)
@@ -341,6 +389,7 @@ class MonitorConfig(Strict):
     is_weight_ceiling: float | None = Field(None, gt=1)
     """A step whose largest IS weight exceeds this is unhealthy (None: off)."""
     rollback_lr_factor: float = Field(0.5, gt=0, lt=1)
+    """rollback: multiply the lr by this at each rollback."""
     max_rollbacks: int = Field(3, ge=1)
     """rollback: after this many, the next warning stops the run instead."""
     adapt_ess_floor: float = Field(0.3, gt=0, le=1)
@@ -367,15 +416,21 @@ class NodeKind(Strict):
     named after the kind: `ray start ... --resources '{"NAME": 1}'` (recipes/launch_cluster.sh does)."""
 
     count: int = Field(1, ge=1)
+    """How many nodes of this kind the cluster has."""
     cpus: int = Field(..., ge=1)
+    """CPUs of each node of this kind."""
     gpus: int = Field(0, ge=0)
+    """GPUs of each node of this kind."""
 
 
 class RoleResources(Strict):
     """What each process of one role asks Ray for, and on which kind of node it runs."""
 
     cpus: float = Field(1.0, gt=0)
+    """CPUs each process of this role asks Ray for (processes topology without Ray: ignored; see
+    placement.cores)."""
     gpus: float = Field(0.0, ge=0)
+    """GPUs each process of this role asks Ray for (an SGLang engine started by Ray: its --tp)."""
     node: str | None = None
     """A key of placement.nodes: the process runs only on nodes of that kind; None: wherever Ray finds room."""
 
@@ -466,19 +521,33 @@ class LearnerSpec:
 
 class Recipe(Strict):
     name: str
+    """The recipe's name: the run directory defaults to runs/<name>."""
     model: ModelConfig
+    """The policy model: where its weights and tokenizer are."""
     engines: EngineConfig = EngineConfig()
+    """The inference engines the rollouts sample from, and how weights reach them."""
     envs: EnvRef
+    """The environment files for training and evaluation."""
     rollout: RolloutConfig = RolloutConfig()
+    """Sampling settings and the rollout workers."""
     buffer: BufferConfig = BufferConfig()
+    """The partial-rollout buffer: the staleness bound k and admission."""
     train: TrainConfig
+    """Length of the run and the batch."""
     learner: LearnerConfig = LearnerConfig()
+    """The learner: backend, optimizer, parallelism, memory settings, LoRA."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    """The loss and baseline (VCPO by default) and the ESS learning-rate rule."""
     logging: LoggingConfig = LoggingConfig()
+    """Where metrics and recorded trajectories go."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often to checkpoint and how many to keep."""
     eval: EvalConfig = EvalConfig()
+    """Periodic evaluation during training and `agent-rl eval`."""
     placement: PlacementConfig = PlacementConfig()
+    """Where each role runs: one process (inprocess), pinned processes on one machine, or Ray nodes."""
     monitor: MonitorConfig = MonitorConfig()
+    """The collapse early warning and the loop's response to it."""
 
     @model_validator(mode="after")
     def _monitor_response_fits_the_run(self) -> Recipe:

@@ -108,7 +108,8 @@ def main_train(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the recipe, write its resolved config and print the placement plan; train nothing",
+        help="validate the recipe, write its resolved config and print the placement plan; train nothing "
+        "(train and --dry-run both warn first when the learner's step on the longest trajectory cannot fit)",
     )
     args = p.parse_args(argv)
     address = placement.cluster_address(args.address)  # --address, else $RAY_ADDRESS (as Ray's own tools)
@@ -122,6 +123,10 @@ def main_train(argv: list[str] | None = None) -> int:
         recipe = rundir.load_saved(Path(args.resume))
     else:
         recipe = load_recipe(args.recipe, args.set, check_model=True)
+    from agent_rl.learners.memory import check_recipe  # before anything loads: will the learner's step fit?
+
+    if (warning := check_recipe(recipe)) is not None:
+        print(f"{args.recipe or args.resume}: {warning}", file=sys.stderr, flush=True)
     if args.dry_run:
         import envs
 

@@ -224,7 +224,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
         f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']}), torch {result['torch']}, "
-        f"{result['dtype']}, greedy, output lengths cycle {result['output_lengths']}, best of {result['repeats']} "
+        f"{result['dtype']}, greedy, output lengths cycle {tuple(result['output_lengths'])}, best of {result['repeats']} "
         "interleaved runs per cell. tok/s = useful output tokens per wall second; tok/CPU-s = per second of CPU "
         "the system's processes used (steadier on a loaded machine). Ratios are between systems of the same run.",
     ]

@@ -1,17 +1,21 @@
-"""Every figure a README table attributes to a results file is the figure in that file.
+"""Every measured figure the README and the docs show is the figure in its results file.
 
-The format (README.md, "Benchmarks"): any markdown table of README.md with a column whose header starts
-with "source" is checked. Each backticked item in that column reads `FILE: KEY = VALUE`; FILE (a JSON file
-under benchmarks/results/) may be left out after a cell's first item, KEY is a path into the file (names
-joined by dots, `[2]` list indices, `["a key"]` for keys with other characters), VALUE is the figure as the
-row quotes it (`1,645`, `0.53`, `29%`: a trailing % is the file's fraction x 100). The file must hold VALUE
-at KEY to the quoted precision, and the row must quote VALUE outside its source column.
+Figures reach the README and the site three ways, each checked here:
+- generated blocks (`<!-- BEGIN generated: NAME -->`, scripts/docs/generate.py from benchmarks/results/*.json):
+  the committed text must equal what the results files give now;
+- results files included whole into a page (`[results: benchmarks/results/NAME.md](...)`, by the site's hook);
+- a table with a column whose header starts with "source" (none today; the format stays for a figure that must be
+  quoted by hand): each backticked item in that column reads `FILE: KEY = VALUE` and the file must hold VALUE at KEY.
+Anywhere else on the front page and on the benchmark and study pages, a measured figure typed by hand fails
+`test_no_figure_is_typed_by_hand`. The staleness verdict's words are recomputed from the study's per-seed runs.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 from functools import cache
 from pathlib import Path
 
@@ -19,10 +23,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+GENERATED_BLOCK = re.compile(r"<!-- BEGIN generated: (\w+) -->\n(.*?)<!-- END generated: \1 -->", re.S)
 ITEM = re.compile(
     r"^(?:(?P<file>[\w./-]+\.json):\s*)?(?P<key>.+?)\s+=\s+(?P<value>-?[\d,]*\.?\d+)(?P<pct>%)?$"
 )
 STEP = re.compile(r'\.?([A-Za-z_][\w-]*)|\[(-?\d+)\]|\["([^"]+)"\]')
+
+
+def hand_written_pages() -> list[Path]:
+    """README.md and the docs pages people write (not the generated references, not docs/_incoming/)."""
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [p for p in pages if "_incoming" not in p.parts and p.parent.name != "reference"]
 
 
 def _cells(line: str) -> list[str]:
@@ -67,8 +79,8 @@ def results(name: str) -> object:
     return json.loads((RESULTS / name).read_text())
 
 
-def figures(text: str) -> list[tuple[str, str, str, str, str]]:
-    """(README line, file, key, value as quoted, the row's other cells) for every sourced figure."""
+def figures(text: str, name: str = "README.md") -> list[tuple[str, str, str, str, str]]:
+    """(page:line, file, key, value as quoted, the row's other cells) for every sourced figure of a page."""
     out = []
     for _, header, rows in tables(text):
         col = next((i for i, h in enumerate(header) if h.lower().startswith("source")), None)
@@ -80,21 +92,17 @@ def figures(text: str) -> list[tuple[str, str, str, str, str]]:
             others, file = " ".join(c for i, c in enumerate(cells) if i != col), None
             for item in re.findall(r"`([^`]+)`", cells[col]):
                 m = ITEM.match(item.strip())
-                assert m, f"README.md:{line}: source item {item!r} is not `FILE: KEY = VALUE`"
+                assert m, f"{name}:{line}: source item {item!r} is not `FILE: KEY = VALUE`"
                 file = m["file"] or file
-                assert file, f"README.md:{line}: {item!r} names no results file"
-                out.append((f"README.md:{line}", file, m["key"], m["value"] + (m["pct"] or ""), others))
+                assert file, f"{name}:{line}: {item!r} names no results file"
+                out.append((f"{name}:{line}", file, m["key"], m["value"] + (m["pct"] or ""), others))
     return out
 
 
-README_FIGURES = figures((ROOT / "README.md").read_text())
+SOURCED = [f for p in hand_written_pages() for f in figures(p.read_text(), str(p.relative_to(ROOT)))]
 
 
-def test_the_readme_quotes_sourced_figures() -> None:
-    assert len(README_FIGURES) >= 30, "the README's benchmark table lost its source column"
-
-
-@pytest.mark.parametrize("where,file,key,quoted,row", README_FIGURES, ids=[f[0] for f in README_FIGURES])
+@pytest.mark.parametrize("where,file,key,quoted,row", SOURCED, ids=[f[0] for f in SOURCED])
 def test_a_quoted_figure_is_the_one_in_its_results_file(where, file, key, quoted, row) -> None:
     assert (RESULTS / file).is_file(), f"{where}: benchmarks/results/{file} does not exist"
     actual = lookup(results(file), key)
@@ -103,7 +111,7 @@ def test_a_quoted_figure_is_the_one_in_its_results_file(where, file, key, quoted
     got = float(actual) * (100 if quoted.endswith("%") else 1)  # type: ignore[arg-type]
     decimals = len(number.split(".")[1]) if "." in number else 0
     assert abs(got - want) <= 0.5 * 10**-decimals + 1e-9, (
-        f"{where}: {file} {key} is {actual}, the README says {quoted}"
+        f"{where}: {file} {key} is {actual}, the page says {quoted}"
     )
     assert re.search(rf"(?<![\d.,]){re.escape(quoted)}(?![\d])", row), (
         f"{where}: the row does not quote {quoted}"
@@ -117,16 +125,128 @@ def test_the_format_catches_a_wrong_figure() -> None:
     )
     (fig, traj) = figures(text)
     assert fig[1:4] == ("vcpo_overhead.json", "ratio_median_vs_grpo.vcpo_proxy", "1.04") and traj[1] == fig[1]
-    with pytest.raises(AssertionError, match="the README says 1.03"):
+    with pytest.raises(AssertionError, match="the page says 1.03"):
         test_a_quoted_figure_is_the_one_in_its_results_file(*fig[:3], "1.03", "1.03")
     with pytest.raises(AssertionError, match="the row does not quote 64"):
         test_a_quoted_figure_is_the_one_in_its_results_file(*traj)
 
 
-def test_make_bench_runs_every_benchmark_the_readme_lists() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("\n## Benchmarks") :].split("\n## ", 2)[1]
-    listed = set(re.findall(r"^\| `(benchmarks/\w+\.py)`", section, re.M))  # the benchmark table's commands
+def test_generated_docs_equal_what_the_results_files_give_now() -> None:
+    from scripts.docs import generate
+
+    assert generate.stale() == [], "run .venv/bin/python -m scripts.docs.generate"
+
+
+def test_the_readme_carries_the_headline_block() -> None:
+    blocks = dict(GENERATED_BLOCK.findall((ROOT / "README.md").read_text()))
+    assert "headline" in blocks, "README.md lost its generated headline block"
+    assert blocks["headline"].count("[More](docs/") >= 3, "each headline figure links to its page"
+
+
+# A measured figure typed by hand: a number with two or more decimals (0.75, 1.56) or a ratio (1.3×). Versions
+# and design values go in code spans; a sentence that states a goal or a target may name one.
+TYPED = re.compile(r"(?<![\w.-])(\d+\.\d+\s?×|\d+\.\d{2,})(?!\w|\.\d)")
+
+
+def typed_figures(text: str) -> list[str]:
+    text = GENERATED_BLOCK.sub("", text)
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)|<https?://[^>]*>", "]", text)
+    out = []
+    for sentence in re.split(r"(?<=[.!?])\s+|\n\n|\n\|", text):
+        if re.search(r"\b(goal|target)s?\b", sentence, re.I):
+            continue
+        out += [m[0] for m in TYPED.finditer(sentence)]
+    return out
+
+
+LINTED = [
+    ROOT / "README.md",
+    *sorted((DOCS / "benchmarks").glob("*.md")),
+    *sorted((DOCS / "studies").glob("*.md")),
+]
+
+
+@pytest.mark.parametrize("page", LINTED, ids=[str(p.relative_to(ROOT)) for p in LINTED])
+def test_no_figure_is_typed_by_hand(page: Path) -> None:
+    found = typed_figures(page.read_text())
+    assert not found, (
+        f"{page.relative_to(ROOT)}: figures typed by hand: {found}; include the results file, or write them "
+        "from it with a generated block (scripts/docs/figures.py)"
+    )
+
+
+def test_the_lint_sees_a_typed_figure_and_spares_code_and_goals() -> None:
+    assert typed_figures("async k=2 reaches it 1.56× sooner, accuracy 0.75.") == ["1.56×", "0.75"]
+    assert typed_figures("run `trl==1.16`; the goal was 1.6× on whole-process time.") == []
+    assert typed_figures("<!-- BEGIN generated: x -->\n0.75\n<!-- END generated: x -->\n") == []
+
+
+def _claims(text: str) -> dict[tuple[int, str], str]:
+    """(k, the lr VCPO ran at) -> the verdict word the README's staleness lines give."""
+    out = {}
+    for k, body in re.findall(r"^- k=(\d+): (.*)$", text, re.M):
+        for lr, word in re.findall(
+            r"VCPO at (\S+)(?: \(the baseline's lr\))? vs .+? at \S+: \*\*([a-z ]+)\*\*", body
+        ):
+            out[int(k), lr] = word
+    return out
+
+
+def _lr_text(lr: float) -> str:
+    return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
+
+
+def expected_words() -> dict[tuple[int, str], str]:
+    """The verdicts recomputed from level_b_fair.json's per-seed finals, without its summary: SE of a mean =
+    std / sqrt(n); of a difference of two independent cells, sqrt(se_a² + se_b²); ahead/behind at |d| >= 2 SE."""
+    report = results("stress/level_b_fair.json")
+    d = report["design"]
+    seeds, same = d["heldout_seeds"], d["same_as_at_k0"]
+
+    def cell(method: str, lr: float, k: int) -> list[float]:
+        m = same.get(method, method) if k == 0 else method
+        return [c["final_accuracy"] for c in report["cells"]
+                if (c["method"], c["lr"], c["k"]) == (m, lr, k) and c["seed"] in seeds]  # fmt: skip
+
+    def word(a: list[float], b: list[float]) -> str:
+        if len(a) < 2 or len(b) < 2:
+            return "missing"
+        diff = statistics.mean(a) - statistics.mean(b)
+        se = math.hypot(statistics.stdev(a) / math.sqrt(len(a)), statistics.stdev(b) / math.sqrt(len(b)))
+        return "not separated" if se == 0 or abs(diff) / se < 2 else ("ahead" if diff > 0 else "behind")
+
+    chosen = {m: v["chosen_lr"] for m, v in report["selection"].items() if v["chosen_lr"] is not None}
+    out = {}
+    for k in d["lags"]:
+        scored = {m: cell(m, lr, k) for m, lr in chosen.items()}
+        best = max((m for m in scored if scored[m]), key=lambda m: statistics.mean(scored[m]))
+        for lr in {d["recipe_lr"], chosen[best]}:
+            out[k, _lr_text(lr)] = word(cell("vcpo", lr, k), scored[best])
+    return out
+
+
+def test_the_staleness_verdict_words_are_what_the_per_seed_runs_say() -> None:
+    readme = (ROOT / "README.md").read_text()
+    claims = _claims(dict(GENERATED_BLOCK.findall(readme))["headline"])
+    assert claims == expected_words()
+    outside = GENERATED_BLOCK.sub("", readme)
+    assert not re.search(r"\b(ahead|behind)\b", outside), (
+        "README.md: a verdict ('ahead'/'behind') outside the generated block: state it from the file"
+    )
+
+
+def test_the_verdict_check_catches_a_word_changed_by_hand() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = dict(GENERATED_BLOCK.findall(readme))["headline"]
+    edited = block.replace("**not separated**", "**behind**", 1)
+    assert edited != block and _claims(edited) != expected_words()
+
+
+def test_make_bench_runs_every_benchmark_the_docs_list() -> None:
+    text = (DOCS / "benchmarks" / "index.md").read_text()
+    listed = set(re.findall(r"^\| `(benchmarks/\w+\.py)`", text, re.M))  # the benchmark table's commands
     makefile = (ROOT / "Makefile").read_text()
 
     def recipe(name: str) -> str:  # a target's lines, and those of the targets it runs with $(MAKE)

@@ -27,6 +27,9 @@ TOOLS = [
 QUESTION = "Compute 3 * 4"
 CODE = "print(3 * 4)"
 FINAL = "The answer is 12."
+CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "' + CODE + '"}}\n</tool_call>'
+SECOND_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(4 * 3)"}}\n</tool_call>'
+TWO_CALLS = CALL + "\n" + SECOND_CALL  # one reply with two calls (parallel tool calls)
 
 
 def conversation(call_id: str = "call_0") -> list[dict]:
@@ -48,8 +51,9 @@ def conversation(call_id: str = "call_0") -> list[dict]:
     ]
 
 
-def build_tool_model(base: Path, out: Path, steps: int = 150) -> Path:
-    """Copy `base`, give it the Hermes template, over-fit the two turns (loss on the answers only); return the dir."""
+def build_tool_model(base: Path, out: Path, steps: int = 150, first_reply: str = CALL) -> Path:
+    """Copy `base`, give it the Hermes template, over-fit the two turns (loss on the answers only; the first
+    answers the question with `first_reply`); return the dir."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,9 +62,8 @@ def build_tool_model(base: Path, out: Path, steps: int = 150) -> Path:
     tok = AutoTokenizer.from_pretrained(base)
     tok.chat_template = HERMES_TOOLS
     msgs = conversation()
-    call = '<tool_call>\n{"name": "python", "arguments": {"code": "' + CODE + '"}}\n</tool_call>'
     rows = []
-    for context, answer in ((msgs[:1], call), (msgs, FINAL)):
+    for context, answer in ((msgs[:1], first_reply), (msgs, FINAL)):
         prompt = tok.apply_chat_template(context, tools=TOOLS, tokenize=False, add_generation_prompt=True)
         p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         a_ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]

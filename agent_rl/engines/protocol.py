@@ -75,6 +75,7 @@ class SGLangSampling(Strict):
         ]
         if len(given) > 1:
             raise ValueError(f"give at most one of json_schema, regex, ebnf, structural_tag; got {given}")
+        self.to_params()  # the engine's own checks of the values (temperature >= 0, top_p, top_k), at parse time
         return self
 
     def to_params(self, index: int = 0) -> SamplingParams:

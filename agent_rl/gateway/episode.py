@@ -5,9 +5,9 @@ the staleness bound sees its versions while the agent runs; a split starts a for
 delivers with the group, all sharing the episode's reward. A group that goes over the bound stops
 the session (the agent's next call gets a 409) and the episode is abandoned like any other. An
 episode interrupted by a checkpoint restarts from scratch on resume: an agent's Python state cannot
-be saved. Engine failures after retries and agents that raise are infrastructure errors (the group
-is dropped and re-sampled, never scored 0); an agent that runs out of budget (409) without handling
-it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
+be saved. Engine failures after retries, the gateway's own errors (500) and agents that raise are
+infrastructure errors (the group is dropped and re-sampled, never scored 0); an agent that runs out of
+budget (409) without handling it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ async def run_agent_episode(
         if buffer.doomed(traj.group_id):
             return False
         if session.stats.errors:
-            raise AgentEpisodeError(f"episode {traj.uid}: engine failed: {session.stats.errors[-1]}") from e
+            raise AgentEpisodeError(f"episode {traj.uid}: {session.stats.errors[-1]}") from e
         cut = bool(session.calls) and session.calls[-1].finish_reason == "length"
         if session.over is None and not cut:
             counters.agent_errors += 1
@@ -126,4 +126,5 @@ async def run_agent_episode(
     counters.agent_calls += len(session.calls)
     counters.agent_splits += asm.splits
     counters.agent_rerendered += session.stats.rerendered
+    counters.constrained_masked_fallback_tokens += sum(c.masked_fallback for c in session.calls)
     return True

@@ -62,6 +62,11 @@ class OpenBody(_Body):
     limits: LimitsBody = LimitsBody()
 
 
+class ClaimBody(_Body):
+    wait_s: float = Field(0.0, ge=0)
+    """How long to wait for a task (at most 60 s); 0: answer at once (204 when none is pending)."""
+
+
 class CloseBody(_Body):
     reward: float | None = None
     answer: str | None = None
@@ -163,9 +168,8 @@ def add_session_routes(app: web.Application, key: web.AppKey) -> None:
 
     async def claim(request: web.Request) -> web.Response:
         gw = request.app[key]
-        raw = await request.read()
-        wait_s = float(json.loads(raw).get("wait_s", 0.0)) if raw.strip() else 0.0
-        item = await gw.board.claim(min(max(wait_s, 0.0), 60.0))
+        body = await parse(request, ClaimBody)
+        item = await gw.board.claim(min(body.wait_s, 60.0))
         if item is None:
             return web.Response(status=204)
         task = {"id": item.task.id, "problem": item.task.problem, "numbers": list(item.task.numbers)}

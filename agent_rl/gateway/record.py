@@ -29,16 +29,25 @@ class Call:
     aborts: int = 0
     extended: bool = False
     seconds: float = 0.0
-    unmasked_logprobs: tuple[float, ...] | None = None  # constrained calls: the same tokens without the mask
+    # constrained calls: the same tokens without the mask; None when the engine did not report them (SGLang, vLLM)
+    unmasked_logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # when the agent asked for them
+    constrained: bool = False  # sampled under a grammar (response_format, tool_choice, strict tools)
 
     def behaviour(self, constrained: str = "unmasked") -> tuple[float, ...]:
         """The log-probs the learner takes as log mu: under a constraint, `unmasked` (the default) gives the
         full-vocabulary policy's log-prob of each token (the mask counts as part of the environment), `masked`
-        the log-prob of the masked distribution sampled from (README, "Constrained decoding")."""
+        the log-prob of the masked distribution sampled from (README, "Constrained decoding"). An engine that
+        reports no unmasked log-probs (`masked_fallback`) gets the masked ones under either setting."""
         if constrained == "masked" or self.unmasked_logprobs is None:
             return self.logprobs
         return self.unmasked_logprobs
+
+    @property
+    def masked_fallback(self) -> int:
+        """Tokens of a constrained call whose behaviour log-prob is the masked one because the engine reported
+        no unmasked ones (counted in `rollout/constrained_masked_fallback_tokens`)."""
+        return len(self.token_ids) if self.constrained and self.unmasked_logprobs is None else 0
 
 
 @dataclass

@@ -13,7 +13,15 @@ from aiohttp import web
 
 from agent_rl.gateway.record import EngineFailed, SessionOver
 from agent_rl.openai import responses
-from agent_rl.openai.errors import NotFound, as_error, error, error_body, parse, parse_body
+from agent_rl.openai.errors import (
+    NotFound,
+    as_error,
+    client_error,
+    error_body,
+    parse,
+    parse_body,
+    server_error,
+)
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 
 if TYPE_CHECKING:
@@ -44,29 +52,36 @@ def add_routes(app: web.Application) -> None:
 async def chat_reply(gw: Gateway, sid: str, raw: bytes, where: str) -> Reply:
     """POST /sessions/{sid}/v1/chat/completions, body in, answer out (the aiohttp route and the in-process
     transport both call it): 409 when the session is over, 502 when the engines failed after retries
-    (recorded as such), a request's own mistakes as OpenAI 4xx bodies (recorded as client errors)."""
+    (recorded as such), a request's own mistakes as OpenAI 4xx bodies (recorded as client errors), anything
+    else a 500 with its traceback in the log (recorded as an error of the gateway, never the agent's)."""
     try:
         s = gw.session(sid)
     except NotFound as e:
-        return Reply.json(*as_error(e, where))  # type: ignore[misc]
+        return Reply.json(*as_error(e, where))
     try:
         req = parse_body(raw, ChatReq)
         warn_unknown(req, "gateway /v1/chat/completions")
         body = await gw.complete(s, req)
-    except SessionOver as e:
-        return Reply.json(409, error_body(409, str(e), code="session_over"))
-    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(str(e))
-        return Reply.json(502, error_body(502, str(e)))
     except Exception as e:
-        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
-        reply = as_error(e, where)
-        if reply is None:
-            raise
-        return Reply.json(*reply)
+        return Reply.json(*_failed(s, e, where))
     if not req.stream:
         return Reply.json(200, body)
     return Reply(200, _events(body, req), "text/event-stream")
+
+
+def _failed(s: Session, e: Exception, where: str) -> tuple[int, dict]:
+    """The reply to a request of session `s` that raised `e`, recorded on the session by whose fault it was."""
+    if isinstance(e, SessionOver):
+        return 409, error_body(409, str(e), code="session_over")
+    if isinstance(e, EngineFailed):  # engine down after retries: a 502, and the episode records why
+        s.stats.errors.append(str(e))
+        return 502, error_body(502, str(e))
+    reply = client_error(e, where)
+    if reply is not None:
+        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
+        return reply
+    s.stats.errors.append(f"gateway internal error: {type(e).__name__}: {e}")
+    return server_error(e, where)
 
 
 def models_reply(gw: Gateway, sid: str, where: str) -> Reply:
@@ -74,7 +89,7 @@ def models_reply(gw: Gateway, sid: str, where: str) -> Reply:
     try:
         gw.session(sid)
     except NotFound as e:
-        return Reply.json(*as_error(e, where))  # type: ignore[misc]
+        return Reply.json(*as_error(e, where))
     data = [{"id": gw.model_name, "object": "model", "owned_by": "agent-rl"}]
     return Reply.json(200, {"object": "list", "data": data})
 
@@ -115,19 +130,15 @@ async def _models(request: web.Request) -> web.Response:
     return _send(models_reply(gw, request.match_info["sid"], f"{request.method} {request.path}"))
 
 
-async def _guarded(s: Session, run):
-    """Run a request of session `s`: 409 when the session is over, 502 (counted as an engine failure) when the
-    engines failed; anything else is the request's own fault (a 4xx through the middleware, counted as such)."""
+async def _guarded(s: Session, request: web.Request, run) -> web.StreamResponse:
+    """Run a request of session `s`; a failure is answered and recorded as `chat_reply` does (`_failed`)."""
     try:
         return await run()
-    except SessionOver as e:
-        return error(409, str(e), code="session_over")
-    except EngineFailed as e:  # engine down after retries: the agent gets a 502, the episode records why
-        s.stats.errors.append(str(e))
-        return error(502, str(e))
-    except Exception as e:
-        s.stats.client_errors.append(f"{type(e).__name__}: {e}")
+    except web.HTTPException:
         raise
+    except Exception as e:
+        status, body = _failed(s, e, f"{request.method} {request.path}")
+        return web.json_response(body, status=status)
 
 
 async def _responses(request: web.Request) -> web.StreamResponse:
@@ -141,7 +152,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         warn_unknown(req, "gateway /v1/responses")
         return await responses.handle(request, req, store, lambda c: gw.complete(s, c))
 
-    return await _guarded(s, run)
+    return await _guarded(s, request, run)
 
 
 async def _chat(request: web.Request) -> web.Response:

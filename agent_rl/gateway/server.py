@@ -39,7 +39,7 @@ from agent_rl.gateway.prompt import Answered, PromptBuilder
 from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
 from agent_rl.gateway.routes import GATEWAY, add_routes
 from agent_rl.openai import chat, responses, structured
-from agent_rl.openai.errors import NotFound, errors_to_json
+from agent_rl.openai.errors import Invalid, NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
@@ -105,6 +105,7 @@ class Gateway:
         )
         self.url: str | None = None
         self.engine_retries = 0
+        self.warned_masked = False  # logged once: constrained calls fell back to masked log-probs
         self._runner: web.AppRunner | None = None
         self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
         self._starting: asyncio.Lock | None = None
@@ -160,9 +161,9 @@ class Gateway:
         should_stop: Callable[[], bool] | None = None,
     ) -> Session:
         if sid in self.sessions:
-            raise ValueError(f"session {sid!r} is already open")
+            raise Invalid(f"session {sid!r} is already open", param="session_id")
         if "/" in sid:
-            raise ValueError(f"session id {sid!r} must not contain '/'")
+            raise Invalid(f"session id {sid!r} must not contain '/'", param="session_id")
         s = Session(sid, sampling, limits, seed, on_call, should_stop)
         self.sessions[sid] = s
         return s
@@ -264,7 +265,7 @@ class Gateway:
         toks: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
-        unmasked: list[float] = []
+        unmasked: list[float] | None = []  # None once a constrained segment came without them (SGLang)
         tops: list = []
         aborts, finish = 0, "length"
         c = params.constraint
@@ -287,7 +288,18 @@ class Gateway:
             toks += gen.token_ids
             lps += gen.logprobs
             vers += gen.versions
-            unmasked += gen.unmasked_logprobs or []
+            if unmasked is not None and gen.unmasked_logprobs is not None:
+                unmasked += gen.unmasked_logprobs
+            elif c is not None and gen.token_ids:
+                # the engine reports only the masked log-probs (SGLang, vLLM): the learner gets those, counted
+                unmasked = None
+                if not self.warned_masked:
+                    self.warned_masked = True
+                    log.warning(
+                        "gateway: the engine reports no unmasked log-probs for constrained calls (SGLang and vLLM "
+                        "do not); their masked log-probs are the behaviour log-probs "
+                        "(rollout/constrained_masked_fallback_tokens counts the tokens)"
+                    )
             tops += gen.top_logprobs or []
             finish = gen.finish_reason
             if finish != "abort":
@@ -301,8 +313,9 @@ class Gateway:
             finish,
             aborts,
             extended,
-            unmasked_logprobs=tuple(unmasked) if c is not None else None,
+            unmasked_logprobs=tuple(unmasked) if c is not None and unmasked is not None else None,
             top_logprobs=tuple(tuple(t) for t in tops) if params.top_logprobs else None,
+            constrained=c is not None,
         )
 
     async def _generate(self, ids: list[int], params: SamplingParams, rid: str):

@@ -68,7 +68,9 @@ def render_text(
     template_kwargs: dict | None = None,
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template; use /v1/completions with a text prompt")
+        raise Invalid(
+            "the tokenizer has no chat template; use /v1/completions with a text prompt", param="messages"
+        )
     import jinja2
 
     try:
@@ -143,15 +145,21 @@ def logprob_content(
 
 
 def message(
-    text: str, parser: Callable[[str], ParsedOutput] | None, reasoning: ReasoningParser | None = None
+    text: str,
+    parser: Callable[[str], ParsedOutput] | None,
+    reasoning: ReasoningParser | None = None,
+    finish: str = "stop",
 ) -> tuple[dict, bool]:
     """The assistant message for a completion text (reasoning split off first, then tool calls parsed from
-    the rest); True when it carries tool calls."""
+    the rest); True when it carries tool calls. Complete calls before one that max_tokens cut (`finish`
+    "length") are kept and the unfinished one dropped; an unfinished call without the cut is plain text."""
     thought = None
     if reasoning is not None:
         thought, rest = reasoning(text)
         text = rest or ""
     parsed = parser(text) if parser is not None else ParsedOutput(text)
+    if parsed.partial is not None and finish != "length":
+        parsed = ParsedOutput(text)
     msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if thought is not None:
         msg["reasoning_content"] = thought
@@ -178,7 +186,7 @@ def choice(
     stop_reason: int | str | None = None,
     reasoning: ReasoningParser | None = None,
 ) -> dict:
-    msg, has_calls = message(text, parser, reasoning)
+    msg, has_calls = message(text, parser, reasoning, finish)
     return {
         "index": index,
         "message": msg,

@@ -1,33 +1,49 @@
-"""HTTP error replies in OpenAI's body and strict request parsing, shared by `agent-rl serve` and the gateway."""
+"""HTTP error replies in OpenAI's body and strict request parsing, shared by `agent-rl serve`, the gateway and the
+embedded engine's native routes.
+
+A reply is a 4xx only when the request was recognised as wrong where it is validated: a `ClientError`
+(`Invalid` 400, `NotFound` 404) raised by request parsing (`parse`, `validate`: malformed JSON, a body that
+does not fit its model) or by a check on the request's values, or the engine's own `BadRequest` (a prompt
+longer than the context, a constraint that does not compile). Anything else that escapes a handler is a bug or
+a failure of the server: a 500 with OpenAI's body whose message names the exception, and its traceback in the
+server log (`agent_rl.openai.errors`). A ValueError or KeyError from deep inside the server is never taken for
+the client's mistake.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+import logging
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from agent_rl.engines.api import EngineError
+from agent_rl.engines.api import BadRequest
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
-class Invalid(ValueError):
-    """A client mistake answered with 400 and OpenAI's `param`/`code` (a template that refuses the messages,
-    a prompt longer than the context, an option with a value we cannot honour)."""
+class ClientError(Exception):
+    """A request recognised as wrong; answered with `status` and OpenAI's `param`/`code`."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
-
-
-class NotFound(LookupError):
-    """Answered with 404 (e.g. an unknown model); `param` names the field."""
+    status = 400
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class Invalid(ClientError, ValueError):
+    """A client mistake answered with 400 (a template that refuses the messages, a prompt longer than the
+    context, a body that does not parse, an option with a value we cannot honour)."""
+
+
+class NotFound(ClientError, LookupError):
+    """Answered with 404 (e.g. an unknown model or session); `param` names the field."""
+
+    status = 404
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | int | None = None) -> dict:
@@ -46,26 +62,25 @@ def error(
     return web.json_response(error_body(status, message, param=param, code=code), status=status)
 
 
-def as_error(e: Exception, where: str) -> tuple[int, dict] | None:
-    """(status, OpenAI error body) for a request that raised `e`; None when `e` is no request error (a bug)."""
-    if isinstance(e, json.JSONDecodeError):
-        return 400, error_body(400, f"{where}: malformed JSON body: {e}")
-    if isinstance(e, NotFound):
-        return 404, error_body(404, f"{where}: {e}", param=e.param, code=e.code)
-    if isinstance(e, ValidationError):
-        errs = e.errors()
-        param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
-        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
-        if isinstance(cause, Invalid):  # raised by a model validator: it names the field itself
-            return 400, error_body(400, f"{where}: {cause}", param=cause.param, code=cause.code)
-        return 400, error_body(400, f"{where}: {one_line(e)}", param=param)
-    if isinstance(e, Invalid):
-        return 400, error_body(400, f"{where}: {e}", param=e.param, code=e.code)
-    if isinstance(e, (ValueError, KeyError, TypeError)):  # BadRequest is a ValueError
-        return 400, error_body(400, f"{where}: {e}", code=getattr(e, "code", None))
-    if isinstance(e, EngineError):
-        return 500, error_body(500, f"{where}: {e}")
+def client_error(e: BaseException, where: str) -> tuple[int, dict] | None:
+    """(status, OpenAI error body) when `e` is a recognised client mistake; None for anything else (a 500)."""
+    if isinstance(e, ClientError):
+        return e.status, error_body(e.status, f"{where}: {e}", param=e.param, code=e.code)
+    if isinstance(e, BadRequest):  # the engine refused the request itself (too long, bad ids, bad grammar)
+        return 400, error_body(400, f"{where}: {e}")
     return None
+
+
+def server_error(e: BaseException, where: str) -> tuple[int, dict]:
+    """A 500 for an exception that is no client mistake; its traceback goes to the server log."""
+    log.error("%s: internal error", where, exc_info=e)
+    message = f"{where}: internal server error: {type(e).__name__}: {e} (the traceback is in the server log)"
+    return 500, error_body(500, message)
+
+
+def as_error(e: BaseException, where: str) -> tuple[int, dict]:
+    """The reply to a request that raised `e`: its 4xx when recognised as the client's mistake, else a logged 500."""
+    return client_error(e, where) or server_error(e, where)
 
 
 @web.middleware
@@ -75,10 +90,8 @@ async def errors_to_json(request: web.Request, handler):
     except web.HTTPException:
         raise
     except Exception as e:
-        reply = as_error(e, f"{request.method} {request.path}")
-        if reply is None:
-            raise
-        return web.json_response(reply[1], status=reply[0])
+        status, body = as_error(e, f"{request.method} {request.path}")
+        return web.json_response(body, status=status)
 
 
 def one_line(e: ValidationError) -> str:
@@ -92,12 +105,28 @@ def one_line(e: ValidationError) -> str:
     return f"{e.title}: " + "; ".join(parts)
 
 
+def validate(model: type[M], data: Any) -> M:
+    """`model` from a request's data; a body that does not fit is `Invalid`, naming the first field at fault."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errs = e.errors()
+        cause = (errs[0].get("ctx") or {}).get("error") if errs else None
+        if isinstance(cause, ClientError):  # raised by a model validator: it names the field itself
+            raise cause from None
+        param = ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+        raise Invalid(one_line(e), param=param) from None
+
+
 async def parse(request: web.Request, model: type[M]) -> M:
     return parse_body(await request.read(), model)
 
 
 def parse_body(raw: bytes, model: type[M]) -> M:
-    data = json.loads(raw) if raw.strip() else {}
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise Invalid(f"malformed JSON body: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"request body must be a JSON object, got {type(data).__name__}")
-    return model.model_validate(data)
+        raise Invalid(f"request body must be a JSON object, got {type(data).__name__}")
+    return validate(model, data)

@@ -78,6 +78,10 @@ class OpenAISampling(Lenient):
                 raise Invalid(f"{name}={getattr(self, name)!r} is not supported (only 0)", param=name)
         if self.logit_bias:
             raise Invalid(f"logit_bias={self.logit_bias!r} is not supported (only empty)", param="logit_bias")
+        try:  # the engine's own checks of the values (temperature >= 0, top_p in (0, 1], top_k, stop), here
+            self.to_params(1)
+        except ValueError as e:
+            raise Invalid(str(e), param=str(e).split(" ", 1)[0]) from None
         return self
 
     def to_params(self, default_max_tokens: int, index: int = 0) -> SamplingParams:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field
 
-from agent_rl.openai.errors import Invalid, NotFound
+from agent_rl.openai.errors import Invalid, NotFound, validate
 from agent_rl.openai.protocol import ChatReq, Lenient
 
 STORE = 1000  # responses `serve` remembers for previous_response_id
@@ -49,12 +49,21 @@ class ResponsesReq(Lenient):
     top_k: int = -1
 
 
+def _field(item: dict, key: str, where: str) -> Any:
+    """`item[key]`; a missing key is the request's mistake (400 naming the item and the key)."""
+    if key not in item:
+        raise Invalid(f"{where}: {item.get('type', 'message')} item needs {key!r}", param="input")
+    return item[key]
+
+
 def _text(content: Any, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
+    if not isinstance(content, list):
+        raise Invalid(f"{where}: content must be a string or a list of parts, got {content!r}", param="input")
     parts = []
     for p in content:
-        kind = p.get("type")
+        kind = p.get("type") if isinstance(p, dict) else type(p).__name__
         if kind not in ("input_text", "output_text", "text"):
             raise Invalid(
                 f"{where}: content part of type {kind!r} is not supported (text only)", param="input"
@@ -72,12 +81,12 @@ def input_messages(items: str | list[dict]) -> list[dict]:
         kind = it.get("type", "message")
         where = f"input[{i}]"
         if kind == "message":
-            out.append({"role": it["role"], "content": _text(it.get("content"), where)})
+            out.append({"role": _field(it, "role", where), "content": _text(it.get("content"), where)})
         elif kind == "function_call":
             call = {
-                "id": it["call_id"],
+                "id": _field(it, "call_id", where),
                 "type": "function",
-                "function": {"name": it["name"], "arguments": it["arguments"]},
+                "function": {"name": _field(it, "name", where), "arguments": _field(it, "arguments", where)},
             }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -87,7 +96,13 @@ def input_messages(items: str | list[dict]) -> list[dict]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = it.get("output")
-            out.append({"role": "tool", "tool_call_id": it["call_id"], "content": _text(output, where)})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _field(it, "call_id", where),
+                    "content": _text(output, where),
+                }
+            )
         elif kind == "reasoning":
             continue
         else:
@@ -118,6 +133,8 @@ def to_chat(req: ResponsesReq, previous: list[dict]) -> tuple[ChatReq, list[dict
     if not messages:
         raise Invalid("input is empty", param="input")
     fmt = (req.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise Invalid(f"text.format must be an object, got {fmt!r}", param="text.format")
     response_format = None
     if fmt and fmt.get("type") == "json_schema":
         response_format = {
@@ -144,7 +161,7 @@ def to_chat(req: ResponsesReq, previous: list[dict]) -> tuple[ChatReq, list[dict
         "logprobs": bool(req.top_logprobs is not None),
         "top_logprobs": req.top_logprobs,
     }
-    return ChatReq.model_validate({k: v for k, v in body.items() if v is not None}), messages
+    return validate(ChatReq, {k: v for k, v in body.items() if v is not None}), messages
 
 
 def to_response(req: ResponsesReq, chat: dict, rid: str) -> dict:

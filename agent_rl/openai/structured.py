@@ -1,8 +1,9 @@
 """OpenAI's structured-output options as an engine `Constraint`: `response_format`, `tool_choice`,
 `parallel_tool_calls` and `strict` function tools, enforced by grammar-constrained sampling.
 
-What is enforced (tool calls in the tool parser's own format, Hermes / Qwen:
-`<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, calls separated by a newline):
+What is enforced (tool calls in the format of the `hermes` parser and its alias `qwen`, Hermes / Qwen2.5 /
+Qwen3: `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, calls separated by a newline;
+other parsers take `tool_choice: "auto"` without strict tools and no `response_format` beside tools):
 
 | request | constraint |
 |---|---|
@@ -15,19 +16,23 @@ What is enforced (tool calls in the tool parser's own format, Hermes / Qwen:
 
 Under a forced call, ARGS match the tool's `parameters` schema whether or not it is strict (a call
 that does not parse is of no use to the agent); under "auto", only strict tools' ARGS are checked.
-The grammars are written with xgrammar (imported here only when a request needs one).
+The grammars are written with xgrammar (a core dependency, imported here when a request needs one). A schema
+the client sent that xgrammar cannot compile is the request's mistake (400 naming the field).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rl.engines.api import Constraint, EngineError
+from agent_rl.engines.api import Constraint
 from agent_rl.openai.errors import Invalid
 from agent_rl.openai.protocol import ChatReq, ToolDef
+from agent_rl.openai.tool_parsers import get_parser, parse_hermes
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_PARALLEL = 8  # calls one forced response may hold when parallel_tool_calls is not false
@@ -64,6 +69,18 @@ def response_schema(response_format: dict | None) -> dict | None:
 
 
 def for_chat(req: ChatReq, parser: str) -> Structure:
+    """The constraint and extra stops of a chat request under tool parser `parser` (see the table above)."""
+    out = _for_chat(req, parser)
+    if out.constraint is not None and req.ignore_eos:
+        raise Invalid(
+            "ignore_eos cannot be combined with response_format, tool_choice or strict tools (the grammar "
+            "ends at EOS)",
+            param="ignore_eos",
+        )
+    return out
+
+
+def _for_chat(req: ChatReq, parser: str) -> Structure:
     schema = response_schema(req.response_format)
     tools = req.tools or []
     choice = req.tool_choice
@@ -72,16 +89,17 @@ def for_chat(req: ChatReq, parser: str) -> Structure:
         if isinstance(choice, dict) or choice == "required":
             raise Invalid(f"tool_choice {choice!r} needs tools", param="tool_choice")
         return Structure(None if schema is None else Constraint("json_schema", _dumps(schema)))
-    if parser != "hermes":
+    if get_parser(parser) is not parse_hermes:  # hermes and its alias qwen: the format the grammar writes
         if choice not in (None, "auto") or schema is not None or any(t.function.strict for t in tools):
             raise Invalid(
                 f"tool_choice {choice!r}, strict tools and response_format with tools need a tool-call "
-                f"format to enforce; this server's tool parser is {parser!r} (use hermes)",
+                f"format to enforce; this server's tool parser is {parser!r} (use hermes or qwen)",
                 param="tool_choice",
             )
         return Structure()
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
         named = [t for t in tools if t.function.name == name]
         if choice.get("type") != "function" or not named:
             raise Invalid(
@@ -95,7 +113,8 @@ def for_chat(req: ChatReq, parser: str) -> Structure:
     stop = (CALL_CLOSE,) if single else ()
     if schema is not None:
         xgr = _xgr()
-        answer = xgr.Grammar.from_json_schema(_dumps(schema), any_whitespace=False)
+        with _client_schema("response_format"):
+            answer = xgr.Grammar.from_json_schema(_dumps(schema), any_whitespace=False)
         calls = xgr.Grammar.from_ebnf(calls_ebnf(tools, single=single, strict_only=True))
         return Structure(Constraint("ebnf", str(xgr.Grammar.union(answer, calls))), stop)
     if any(t.function.strict for t in tools):
@@ -118,15 +137,12 @@ def calls_ebnf(tools: list[ToolDef], *, single: bool, strict_only: bool) -> str:
     def lit(text: str) -> Any:
         return xgr.Grammar.from_ebnf("root ::= " + json.dumps(text, ensure_ascii=False))
 
+    def args(t: ToolDef) -> Any:
+        with _client_schema(f"tools[{t.function.name}].function.parameters"):
+            return xgr.Grammar.from_json_schema(_dumps(_args_schema(t, strict_only)), any_whitespace=False)
+
     one = xgr.Grammar.union(
-        *(
-            xgr.Grammar.concat(
-                lit(_call_head(t)),
-                xgr.Grammar.from_json_schema(_dumps(_args_schema(t, strict_only)), any_whitespace=False),
-                lit(_call_tail()),
-            )
-            for t in tools
-        )
+        *(xgr.Grammar.concat(lit(_call_head(t)), args(t), lit(_call_tail())) for t in tools)
     )
     text = str(one)
     if single:
@@ -162,11 +178,16 @@ def _dumps(x: Any) -> str:
 
 
 def _xgr() -> Any:
-    try:
-        import xgrammar
-    except ImportError as e:
-        raise EngineError(
-            f"this request needs constrained decoding, which needs xgrammar on the server: "
-            f"pip install 'agent-rl[structured]' ({e})"
-        ) from None
+    import xgrammar  # a core dependency; imported on the first request that needs a grammar
+
     return xgrammar
+
+
+@contextmanager
+def _client_schema(param: str) -> Iterator[None]:
+    """xgrammar refusing a JSON schema the client sent (RuntimeError, or ValueError / TypeError on its shape) is
+    the request's mistake: a 400 naming `param`."""
+    try:
+        yield
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise Invalid(f"{param}: the JSON schema does not compile to a grammar: {e}", param=param) from None

@@ -10,7 +10,10 @@
   by `;`, optionally after `<|python_tag|>`; there is no content beside them.
 - `none` never parses tool calls.
 Output that does not parse (bad JSON, no name, an unclosed block, text after the calls) stays plain
-text with no tool calls, so the agent sees what the model wrote.
+text with no tool calls, so the agent sees what the model wrote. One exception: complete calls followed
+by one unfinished call come back as those calls with the unfinished text in `partial`; when the reply
+was cut by max_tokens (finish_reason "length") the agent gets the complete calls (chat.message),
+otherwise the whole text as before.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class ParsedCall:
 class ParsedOutput:
     content: str | None
     tool_calls: tuple[ParsedCall, ...] = ()
+    partial: str | None = None  # an unfinished call after the complete ones (the text from where it starts)
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -40,8 +44,11 @@ def parse_hermes(text: str) -> ParsedOutput:
     start = text.find("<tool_call>")
     if start < 0:
         return ParsedOutput(text)
+    last_close = text.rfind("</tool_call>")
+    cut = text.find("<tool_call>", last_close + len("</tool_call>") if last_close >= 0 else start)
+    closed = text[start:cut] if cut >= 0 else text[start:]  # the blocks before an unclosed last one
     calls = []
-    for body in _HERMES.findall(text[start:]):
+    for body in _HERMES.findall(closed):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError:
@@ -50,11 +57,11 @@ def parse_hermes(text: str) -> ParsedOutput:
         if call is None:
             return ParsedOutput(text)
         calls.append(call)
-    # every opened block must be closed: an unclosed one means the model was cut off mid-call
-    if not calls or text.count("<tool_call>") != len(calls):
+    # every opened block before the last one must be closed
+    if not calls or closed.count("<tool_call>") != len(calls):
         return ParsedOutput(text)
     content = text[:start].strip()
-    return ParsedOutput(content or None, tuple(calls))
+    return ParsedOutput(content or None, tuple(calls), text[cut:] if cut >= 0 else None)
 
 
 def _call(obj: object) -> ParsedCall | None:
@@ -80,6 +87,10 @@ def parse_llama3_json(text: str) -> ParsedOutput:
         try:
             obj, end = decoder.raw_decode(body, at)
         except json.JSONDecodeError:
+            if (
+                calls and body[at] == "{"
+            ):  # a last object that does not parse: unfinished if the reply was cut
+                return ParsedOutput(None, tuple(calls), body[at:])
             return ParsedOutput(text)
         call = _call(obj)
         if call is None:

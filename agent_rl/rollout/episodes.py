@@ -77,6 +77,8 @@ class RolloutCounters:
     agent_splits: int = 0
     agent_rerendered: int = 0  # agent prompts rendered in full rather than by the prefix-extension rule
     agent_errors: int = 0  # of `errors`: the agent raised (its bug, or a 4xx it did not handle), no engine
+    # sampled under a constraint by an engine that reports no unmasked log-probs: the masked ones are log mu
+    constrained_masked_fallback_tokens: int = 0
 
     def __add__(self, other: RolloutCounters) -> RolloutCounters:
         return RolloutCounters(

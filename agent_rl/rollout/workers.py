@@ -165,6 +165,8 @@ class Rates:
                 "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
                 "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
                 "rollout/agent_errors": c.agent_errors,
+                # cumulative; 0 with the embedded engine (it reports unmasked log-probs), > 0 with SGLang/vLLM
+                "rollout/constrained_masked_fallback_tokens": c.constrained_masked_fallback_tokens,
             }
             if c.agent_calls
             else {}

@@ -34,6 +34,11 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+class WeightsRejected(ValueError):
+    """A weight update or adapter that does not fit the model (unknown names, wrong shapes, NaN or inf): the
+    sender's mistake (the embedded engine raises it as its BadRequest, which its server answers with a 400)."""
+
+
 @torch.no_grad()
 def copy_weights_(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> int:
     """Copy `tensors` (Hugging Face names) into `model`'s parameters in place; return how many were copied.
@@ -43,16 +48,16 @@ def copy_weights_(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> int:
     params = dict(model.named_parameters(remove_duplicate=False))
     unknown = [n for n in tensors if n not in params]
     if unknown:
-        raise KeyError(
+        raise WeightsRejected(
             f"weight update names unknown parameters {unknown[:5]} (expected names like {next(iter(params))!r})"
         )
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
-            raise ValueError(
+            raise WeightsRejected(
                 f"weight update {name}: shape {tuple(t.shape)} != parameter shape {tuple(params[name].shape)}"
             )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ValueError(f"weight update {name}: contains NaN or inf")
+            raise WeightsRejected(f"weight update {name}: contains NaN or inf")
     for name, t in tensors.items():
         params[name].copy_(t)
     return len(tensors)

@@ -11,8 +11,6 @@ import torch
 
 from agent_rl.engines.api import BadRequest, Constraint, SamplingParams
 
-pytest.importorskip("xgrammar")
-
 SCHEMA = {
     "type": "object",
     "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},

@@ -108,11 +108,11 @@ async def test_update_from_safetensors_dir_matches_a_fresh_load_of_that_checkpoi
 
 async def test_bad_weight_update_is_refused_and_leaves_weights_untouched(engine):
     ref = await engine.generate(PROMPT, GREEDY, request_id="r")
-    with pytest.raises(KeyError, match="unknown parameters"):
+    with pytest.raises(BadRequest, match="unknown parameters"):  # the caller's mistake (a 400 over HTTP)
         await engine.update_weights(version=1, tensors={"model.nope.weight": torch.zeros(2)})
     params = dict(engine.scheduler.model.named_parameters())
     good = {"model.norm.weight": torch.ones_like(params["model.norm.weight"])}
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(BadRequest, match="NaN"):
         await engine.update_weights(
             version=1, tensors={**good, "lm_head.weight": params["lm_head.weight"] * float("nan")}
         )

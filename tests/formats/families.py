@@ -5,8 +5,9 @@
 (151643 <|endoftext|>, 151644 <|im_start|>, 151645 <|im_end|>, ..., 151657 <tool_call>, 151667 <think>,
 151668 </think>: the order Qwen's tokenizer_config.json lists them in) and, for Llama, Llama 3's
 header/turn tokens after them. `family_model(family, dir)` writes a 2-layer model of that family
-(transformers config classes, random init) with that tokenizer and template: a real checkpoint layout
-the engine and the learners load as they would a downloaded one.
+(transformers config classes) with that tokenizer and template: a real checkpoint layout the engine and
+the learners load as they would a downloaded one. Every weight is random, norm scales and biases too
+(transformers initialises those to 1 and 0, which would let a swapped or dropped norm pass unseen).
 """
 
 from __future__ import annotations
@@ -57,12 +58,18 @@ def qwen_tokenizer(out: Path) -> Path:
     return out
 
 
+FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
+MISTRAL_WINDOW = 6  # sliding_window of the Mistral model: every parity prompt is longer (9+ tokens)
+
+
 def family_model(family: str, tokenizer_dir: Path, out: Path, *, seed: int = 0) -> Path:
-    """A 2-layer random `family` model (qwen3, qwen2, llama) with the Qwen tokenizer and the family's template."""
+    """A 2-layer random `family` model (qwen3, qwen2, llama, mistral) with the Qwen tokenizer and the family's
+    template (Mistral: the Hermes tool template, as a Mistral fine-tune that writes Hermes calls would ship)."""
     import torch
     from transformers import (
         AutoModelForCausalLM,
         LlamaConfig,
+        MistralConfig,
         PreTrainedTokenizerFast,
         Qwen2Config,
         Qwen3Config,
@@ -86,6 +93,11 @@ def family_model(family: str, tokenizer_dir: Path, out: Path, *, seed: int = 0) 
         template, eos = TEMPLATES["llama3_json"], "<|eot_id|>"
         tok.add_special_tokens({"additional_special_tokens": LLAMA3_SPECIAL})
         tok.bos_token = "<|begin_of_text|>"
+    elif family == "mistral":  # Llama's layout plus sliding-window attention on every layer
+        cfg = MistralConfig(
+            **small, head_dim=16, tie_word_embeddings=False, rope_theta=1e6, sliding_window=MISTRAL_WINDOW
+        )
+        template, eos = TEMPLATES["hermes_tools"], "<|im_end|>"
     else:
         raise ValueError(family)
     tok.eos_token, tok.pad_token, tok.chat_template = eos, "<|endoftext|>", template
@@ -93,11 +105,28 @@ def family_model(family: str, tokenizer_dir: Path, out: Path, *, seed: int = 0) 
     cfg.bos_token_id = tok.bos_token_id
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomise_constants(model)
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def randomise_constants(model) -> None:
+    """Draw every parameter that init left constant: norm scales (ones) from U(0.5, 1.5), so each channel and
+    each norm differs (a swapped q_norm / k_norm changes the output), biases (zeros) from N(0, 0.08)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                if name.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+                elif name.endswith(".bias"):
+                    p.normal_(0.0, 0.08)
+                else:
+                    raise AssertionError(f"{name}: constant after init, and no rule to draw it")
 
 
 def overfit(

@@ -147,7 +147,34 @@ def test_hermes_parser_reads_calls_and_leaves_unparseable_output_as_text() -> No
         '<tool_call>{"name": "a", "arguments": {}</tool_call>',  # bad JSON
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
         '<tool_call>{"name": "a", "arguments": {}}',  # never closed
-        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"',  # second cut off
     ):
         out = parse_hermes(bad)
         assert out.tool_calls == () and out.content == bad
+    # complete calls before one cut off: kept, the unfinished one reported apart (chat.message keeps them only
+    # when max_tokens cut the reply)
+    cut = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b"'
+    out = parse_hermes(cut)
+    assert (
+        [c.name for c in out.tool_calls] == ["a"]
+        and out.partial == '<tool_call>{"name": "b"'
+        and out.content is None
+    )
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_a_call_cut_by_max_tokens_leaves_the_complete_calls_and_finish_reason_length(parser) -> None:
+    from agent_rl.openai.tool_parsers import get_parser
+
+    first = {
+        "hermes": '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n',
+        "llama3_json": '{"name": "a", "parameters": {"x": 1}}; ',
+    }[parser]
+    cut = first + {"hermes": '<tool_call>{"name": "b", "argu', "llama3_json": '{"name": "b", "param'}[parser]
+    length = chat.choice(0, cut, "length", get_parser(parser), None)
+    assert length["finish_reason"] == "length"
+    assert [c["function"]["name"] for c in length["message"]["tool_calls"]] == ["a"]
+    assert json.loads(length["message"]["tool_calls"][0]["function"]["arguments"]) == {"x": 1}
+    # an unfinished call the budget did not cut (the model stopped there) is no call: the text, as before
+    stop = chat.choice(0, cut, "stop", get_parser(parser), None)
+    assert stop["finish_reason"] == "stop" and "tool_calls" not in stop["message"]
+    assert stop["message"]["content"] == cut

@@ -83,3 +83,73 @@ async def test_an_engine_that_is_gone_is_a_502_counted_as_an_engine_failure(fron
     assert e.value.status_code == 502
     s = fronts.session()
     assert len(s.stats.errors) == 1 and s.stats.client_errors == []
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_values_the_engine_refuses_are_400s_found_when_the_request_is_read(fronts, front):
+    c = client(fronts, front)
+    with pytest.raises(openai.BadRequestError) as e:
+        await c.chat.completions.create(model="policy", messages=[USER], temperature=-1)
+    assert e.value.body["param"] == "temperature" and "-1" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # the grammar ends at EOS: refused before sampling
+        await c.chat.completions.create(
+            model="policy",
+            messages=[USER],
+            response_format={"type": "json_object"},
+            extra_body={"ignore_eos": True},
+        )
+    assert e.value.body["param"] == "ignore_eos"
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+    with pytest.raises(openai.BadRequestError) as e:  # a tool schema xgrammar cannot compile
+        await c.chat.completions.create(model="policy", messages=[USER], tools=[bad], tool_choice="required")
+    assert e.value.body["param"] == "tools[f].function.parameters" and "nonsense" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # a Responses input item without its call_id
+        await c.responses.create(model="policy", input=[{"type": "function_call_output", "output": "12"}])
+    assert "'call_id'" in e.value.body["message"] and e.value.body["param"] == "input"
+    if front == "gateway":
+        s = fronts.session()
+        assert s.stats.errors == [] and len(s.stats.client_errors) == 4
+
+
+@pytest.mark.parametrize("front", FRONTS)
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]"])
+async def test_a_body_that_is_no_json_object_is_a_400(fronts, front, raw):
+    import aiohttp
+
+    url = fronts.base_url(front) + "/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, data=raw) as r:
+        assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("front", FRONTS)
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_a_server_bug_is_a_500_with_its_traceback_in_the_log_never_a_client_error(
+    fronts, front, api, monkeypatch, caplog
+):
+    """A KeyError from inside the server (an injected bug: the structured-output planner raises) is no client
+    mistake: a 500 whose message names it, its traceback in the server's log, and on the gateway it counts as the
+    gateway's error (the episode fails as infrastructure), not as the agent's."""
+    from agent_rl.openai import structured
+
+    def broken(req, parser):
+        raise KeyError("injected bug")
+
+    monkeypatch.setattr(structured, "for_chat", broken)
+    c = client(fronts, front)
+    with (
+        caplog.at_level("ERROR", logger="agent_rl.openai.errors"),
+        pytest.raises(openai.InternalServerError) as e,
+    ):
+        if api == "chat":
+            await c.chat.completions.create(model="policy", messages=[USER], max_tokens=4)
+        else:
+            await c.responses.create(model="policy", input="Compute 3 * 4", max_output_tokens=4)
+    assert e.value.status_code == 500 and e.value.body["type"] == "server_error"
+    assert "KeyError" in e.value.body["message"] and "injected bug" in e.value.body["message"]
+    (record,) = [
+        r for r in caplog.records if r.exc_info and r.name == "agent_rl.openai.errors"
+    ]  # not asyncio's
+    assert record.exc_info[0] is KeyError and "in broken" in caplog.text  # the traceback, down to the raise
+    if front == "gateway":
+        s = fronts.session()
+        assert s.stats.client_errors == [] and len(s.stats.errors) == 1

@@ -1,6 +1,9 @@
 """Agent frameworks' structured outputs, each through its real package, against `serve` and the gateway: the
 output parses into the framework's type, and on the gateway the recorded tokens and log-probs are the ones the
-engine returned (behaviour log-probs: unmasked, checked against the engine's own report)."""
+engine returned, and the session closes (POST /sessions/{id}/close) into trajectories that carry them as behaviour
+log-probs: unmasked with the embedded engine (checked against the engine's own report), the masked ones in front
+of an engine that reports no unmasked log-probs (`gateway_sglang_api`: the embedded engine's SGLang-native API
+through the real `SGLangClient`, as with SGLang)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("xgrammar")
-FRONTS = ["serve", "gateway"]
+FRONTS = ["serve", "gateway", "gateway_sglang_api"]
 
 
 class Verdict(BaseModel):
@@ -19,14 +21,24 @@ class Verdict(BaseModel):
     sure: bool
 
 
-def check_recorded(fronts, front) -> None:
-    if front != "gateway":
+async def check_recorded(fronts, front) -> None:
+    if front == "serve":
         return
     calls = fronts.session().calls
-    assert calls and all(c.unmasked_logprobs is not None for c in calls)  # every call was constrained
+    assert calls and all(c.constrained for c in calls)  # every call was constrained
     for c in calls:
         assert len(c.logprobs) == len(c.token_ids) == len(c.versions) and set(c.versions) == {0}
-        assert all(u <= m + 1e-6 for m, u in zip(c.logprobs, c.unmasked_logprobs, strict=True))
+        if front == "gateway":
+            assert all(u <= m + 1e-6 for m, u in zip(c.logprobs, c.unmasked_logprobs, strict=True))
+        else:  # no unmasked log-probs from this engine: the masked ones stand in, counted
+            assert c.unmasked_logprobs is None and c.masked_fallback == len(c.token_ids)
+    status, closed = await fronts.close()
+    assert status == 200, closed
+    trained = [
+        lp for t in closed["trajectories"] for lp, m in zip(t["logprobs"], t["loss_mask"], strict=True) if m
+    ]
+    behaviour = [lp for c in calls for lp in (c.unmasked_logprobs or c.logprobs)]
+    assert sorted(trained) == sorted(behaviour) and len(trained) == sum(len(c.token_ids) for c in calls)
 
 
 @pytest.mark.parametrize("front", FRONTS)
@@ -40,7 +52,7 @@ async def test_agents_sdk_output_type_with_chat_and_responses_models(fronts, fro
         agent = Agent(name="judge", output_type=Verdict, model=kind(model="policy", openai_client=c))
         result = await Runner.run(agent, "Is 3 * 4 twelve?")
         assert isinstance(result.final_output, Verdict)
-        check_recorded(fronts, front)
+        await check_recorded(fronts, front)
 
 
 @pytest.mark.parametrize("front", FRONTS)
@@ -52,7 +64,7 @@ async def test_langchain_with_structured_output(fronts, front):
     for method in ("json_schema", "function_calling"):
         out = await llm.with_structured_output(Verdict, method=method).ainvoke("Is 3 * 4 twelve?")
         assert isinstance(out, Verdict)
-    check_recorded(fronts, front)
+    await check_recorded(fronts, front)
 
 
 @pytest.mark.parametrize("front", FRONTS)
@@ -65,7 +77,7 @@ async def test_pydantic_ai_structured_output(fronts, front):
     model = OpenAIChatModel("policy", provider=OpenAIProvider(base_url=fronts.base_url(front), api_key="x"))
     result = await Agent(model, output_type=Verdict).run("Is 3 * 4 twelve?")
     assert isinstance(result.output, Verdict)
-    check_recorded(fronts, front)
+    await check_recorded(fronts, front)
 
 
 @pytest.mark.parametrize("front", FRONTS)
@@ -101,4 +113,4 @@ async def test_smolagents_tool_calling_agent_with_tool_choice_required(fronts, f
         getattr(s, "error", None) for s in agent.memory.steps
     ]  # the forced tool call parsed, and smolagents ran its tool on it
     assert agent.memory.steps[-1].tool_calls[0].name == "final_answer"
-    check_recorded(fronts, front)
+    await check_recorded(fronts, front)

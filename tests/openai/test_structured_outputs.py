@@ -15,7 +15,6 @@ from agent_rl.openai.protocol import ChatReq
 from agent_rl.types import Trajectory
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("xgrammar")
 
 FRONTS = ["serve", "gateway"]
 SEARCH = {
@@ -145,3 +144,20 @@ def test_which_constraint_each_request_gets():
     )
     with pytest.raises(ValueError, match="tool parser is 'none'"):
         structured.for_chat(req(tools=tools, tool_choice="required"), "none")
+
+
+def test_qwen_is_the_hermes_format_for_constrained_decoding():
+    """`--tool-parser qwen` (Qwen3's) is the same parser as hermes: every structured option is enforced alike."""
+    tools = [*TOOLS, SEARCH]
+    named = {"type": "function", "function": {"name": "search"}}
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    for kw in (
+        {"tools": tools, "tool_choice": "required"},
+        {"tools": tools, "tool_choice": named},
+        {"tools": strict},
+        {"tools": tools, "response_format": VERDICT},
+    ):
+        assert structured.for_chat(req(**kw), "qwen") == structured.for_chat(req(**kw), "hermes")
+        assert structured.for_chat(req(**kw), "qwen").constraint is not None
+    with pytest.raises(ValueError, match="use hermes or qwen"):
+        structured.for_chat(req(tools=tools, tool_choice="required"), "llama3_json")

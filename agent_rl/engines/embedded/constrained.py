@@ -10,7 +10,7 @@ the one of the masked distribution actually sampled from; `advance` also returns
 log-prob under the same settings without the mask (`Generation.unmasked_logprobs`), so the learner
 can tell the mask's log-normaliser apart (see README, "Constrained decoding").
 
-xgrammar is imported on the first constrained request (`pip install xgrammar`).
+xgrammar (a core dependency) is imported on the first constrained request.
 """
 
 from __future__ import annotations
@@ -24,14 +24,10 @@ import torch
 from agent_rl.engines.api import BadRequest, Constraint
 from agent_rl.engines.embedded.sampling import RowParams, filtered_logprobs
 
-INSTALL = "constrained decoding needs xgrammar: pip install 'agent-rl[structured]' (or pip install xgrammar)"
-
 
 def xgrammar() -> Any:
-    try:
-        import xgrammar as xgr
-    except ImportError as e:
-        raise BadRequest(f"{INSTALL} ({e})") from None
+    import xgrammar as xgr
+
     return xgr
 
 

@@ -24,7 +24,7 @@ from agent_rl.engines.embedded.lora import MergedAdapter
 from agent_rl.engines.embedded.sampling import TopList
 from agent_rl.engines.embedded.scheduler import Output, Request, Scheduler
 from agent_rl.weights.adapters import Adapter
-from agent_rl.weights.tensors import read_safetensors_dir
+from agent_rl.weights.tensors import WeightsRejected, read_safetensors_dir
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class EmbeddedEngine:
             self.scheduler.update_weights(version, tensors=new)
             self.lora.rebase(self.scheduler.model, new)  # full weights: the new base of any adapter
 
-        await self.call(run)
+        await self._checked(run)
 
     async def load_adapter(
         self, *, version: int, adapter: Adapter | None = None, path: str | None = None, name: str = ""
@@ -80,13 +80,23 @@ class EmbeddedEngine:
         """LoRA: merge `adapter` (or the PEFT directory `path`) into the weights (embedded/lora.py)."""
         if (path is None) == (adapter is None):
             raise BadRequest("load_adapter needs exactly one of adapter= or path=")
-        loaded = adapter if adapter is not None else Adapter.load(path)  # type: ignore[arg-type]
+        try:
+            loaded = adapter if adapter is not None else Adapter.load(path)  # type: ignore[arg-type]
+        except (FileNotFoundError, ValueError) as e:  # Adapter.load reads and checks the directory only
+            raise BadRequest(f"adapter {path}: {e}") from None
 
         def run() -> None:
             self.lora.apply(self.scheduler.model, loaded, name or f"v{version}")
             self.scheduler.weights_changed(version)
 
-        await self.call(run)
+        await self._checked(run)
+
+    async def _checked(self, run: Callable[[], None]) -> None:
+        """Run a weight change on the engine thread; weights that do not fit the model are the caller's BadRequest."""
+        try:
+            await self.call(run)
+        except WeightsRejected as e:
+            raise BadRequest(str(e)) from None
 
     async def unload_adapter(self) -> None:
         await self.call(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agent_rl.weights.adapters import Adapter
+from agent_rl.weights.tensors import WeightsRejected
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,14 +41,14 @@ class MergedAdapter:
         pairs = adapter.pairs()
         for w, (a, b) in pairs.items():
             if w not in params:
-                raise KeyError(f"adapter {name!r}: {w} is not a weight of this model")
+                raise WeightsRejected(f"adapter {name!r}: {w} is not a weight of this model")
             out, inp = params[w].shape
             if a.shape != (adapter.rank, inp) or b.shape != (out, adapter.rank):
-                raise ValueError(
+                raise WeightsRejected(
                     f"adapter {name!r}: {w} A {tuple(a.shape)} / B {tuple(b.shape)} do not fit weight {(out, inp)} at rank {adapter.rank}"
                 )
             if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-                raise ValueError(f"adapter {name!r}: {w} contains NaN or inf")
+                raise WeightsRejected(f"adapter {name!r}: {w} contains NaN or inf")
         for w in [w for w in self.base if w not in pairs]:  # targeted by the last adapter, not by this one
             params[w].copy_(self.base.pop(w))
         for w, (a, b) in pairs.items():

@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from agent_rl.engines.embedded.web import ENGINE
-from agent_rl.openai.errors import parse
+from agent_rl.openai.errors import Invalid, parse
 from agent_rl.weights.adapters import Adapter
 
 
@@ -46,7 +46,7 @@ class UpdateWeightVersionReq(BaseModel):
 async def load_lora_adapter(request: web.Request) -> web.Response:
     req = await parse(request, LoadLoRAAdapterReq)
     if not Path(req.lora_path).is_dir():
-        raise ValueError(f"lora_path {req.lora_path!r} is not a directory on the server's machine")
+        raise Invalid(f"lora_path {req.lora_path!r} is not a directory on the server's machine")
     engine = request.app[ENGINE]
     adapter = Adapter.load(req.lora_path)
     await engine.load_adapter(version=engine.version, adapter=adapter, name=req.lora_name)
@@ -57,7 +57,7 @@ async def update_weight_version(request: web.Request) -> web.Response:
     """Tokens sampled from now on carry `new_version` (SGLang: set after loading an adapter)."""
     req = await parse(request, UpdateWeightVersionReq)
     if not req.new_version.isdigit():
-        raise ValueError(f"new_version must be an integer string here, got {req.new_version!r}")
+        raise Invalid(f"new_version must be an integer string here, got {req.new_version!r}")
     engine = request.app[ENGINE]
     aborted = await engine.abort() if req.abort_all_requests else 0
     await engine.call(lambda: engine.scheduler.weights_changed(int(req.new_version)))
@@ -83,7 +83,7 @@ def check_lora_path(lora_path: object, loaded: str | None) -> None:
     names = lora_path if isinstance(lora_path, list) else [lora_path]
     for n in names:
         if n is not None and n != loaded:
-            raise ValueError(
+            raise Invalid(
                 f"lora_path {n!r} is not the loaded adapter ({loaded!r}); the embedded engine serves one"
             )
 

@@ -1,5 +1,8 @@
 """A plain-torch decoder for Hugging Face Qwen2 / Qwen3 / Llama / Mistral checkpoints, read from safetensors.
 
+Mistral's sliding-window attention is a mask (a query sees the last `sliding_window` keys); the KV cache
+still holds every position of a request (correct, not the memory saving of a rolling cache).
+
 Parameter names are the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint or a learner's `state_dict()` copies in without a name map. One `forward` serves
 prefill and decode: every row brings its own positions, and the rows are a contiguous range of
@@ -48,6 +51,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    # Mistral: a query at position p attends to keys p - sliding_window + 1 .. p (as transformers masks it)
+    sliding_window: int | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -67,8 +72,11 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ValueError(f"{path}: rope type {rope_type!r} is not supported (only 'default' RoPE)")
-        if c.get("use_sliding_window") or (arch == "MistralForCausalLM" and c.get("sliding_window")):
-            raise ValueError(f"{path}: sliding-window attention is not supported")
+        if c.get("use_sliding_window"):  # Qwen2/Qwen3: a window on some layers only (max_window_layers)
+            raise ValueError(f"{path}: use_sliding_window (Qwen's per-layer window) is not supported")
+        window = c.get("sliding_window") if arch == "MistralForCausalLM" else None  # Mistral: every layer
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"{path}: sliding_window must be a positive integer or null, got {window!r}")
         if c.get("mlp_bias") or c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{path}: only SwiGLU MLPs without bias are supported (mlp_bias, hidden_act)")
         heads = c["num_attention_heads"]
@@ -91,6 +99,7 @@ class ModelConfig:
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             max_position_embeddings=c.get("max_position_embeddings", 2048),
             eos_token_ids=tuple(dict.fromkeys(eos)),
+            sliding_window=window,
         )
 
 
@@ -298,8 +307,12 @@ class CausalLM(nn.Module):
         dtype = self.head.weight.dtype
         b, s = tokens.shape
         nkv = self.cfg.num_kv_heads
-        # A query at position p sees keys 0..p of its own slot; padded queries see garbage nobody reads.
-        hidden = torch.arange(key_len)[None, None, :] > positions[:, :, None]
+        # A query at position p sees keys 0..p of its own slot (the last `sliding_window` of them under a window:
+        # the cache keeps every position, the mask hides the older ones); padded queries see garbage nobody reads.
+        keys = torch.arange(key_len)[None, None, :]
+        hidden = keys > positions[:, :, None]
+        if self.cfg.sliding_window is not None:
+            hidden |= keys <= positions[:, :, None] - self.cfg.sliding_window
         slot_rows = (
             torch.arange(start, start + b)[:, None, None] * nkv + torch.arange(nkv)
         ) * cache.max_seq_len

@@ -36,7 +36,7 @@ from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, trim_stop
 from agent_rl.openai import chat, responses, structured
-from agent_rl.openai.errors import NotFound, parse
+from agent_rl.openai.errors import Invalid, NotFound, parse
 from agent_rl.openai.protocol import ChatReq, CompletionReq, OpenAISampling, warn_unknown
 from agent_rl.openai.reasoning import ReasoningParser, get_reasoning_parser
 from agent_rl.openai.tool_parsers import ParsedOutput, get_parser
@@ -82,7 +82,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(req.prompt, list):
         ids = req.prompt
     elif tok is None:
-        raise ValueError(f"{request.app[MODEL_PATH]} has no tokenizer files: send token ids, not text")
+        raise Invalid(f"{request.app[MODEL_PATH]} has no tokenizer files: send token ids, not text")
     else:
         ids = tok(req.prompt)["input_ids"]
     chat.check_context(len(ids), engine.scheduler.max_seq_len, param="prompt")
@@ -153,7 +153,7 @@ async def _chat(request: web.Request, req: ChatReq, as_dict: bool = False):
     engine = request.app[ENGINE]
     tok = engine.scheduler.tokenizer
     if tok is None:
-        raise ValueError(f"{request.app[MODEL_PATH]} has no tokenizer files: chat needs a chat template")
+        raise Invalid(f"{request.app[MODEL_PATH]} has no tokenizer files: chat needs a chat template")
     ids = chat.render(
         tok,
         chat.template_messages(req.messages),
@@ -383,7 +383,7 @@ async def _stream(
             if is_chat:
                 delta: dict = {}
                 if whole:
-                    msg, has_calls = chat.message(rest, parser, reasoning)
+                    msg, has_calls = chat.message(rest, parser, reasoning, finish)
                     delta = {k: msg[k] for k in ("reasoning_content", "content") if k in msg}
                     if has_calls:
                         delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(msg["tool_calls"])]

@@ -30,7 +30,7 @@ from agent_rl.engines.embedded.lora_routes import check_lora_path
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, tokenizer, trim_stop
 from agent_rl.engines.protocol import AbortReq, ContinueReq, GenerateReq, PauseReq, UpdateFromDiskReq
-from agent_rl.openai.errors import errors_to_json, parse
+from agent_rl.openai.errors import Invalid, errors_to_json, parse
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _generate_result(req: GenerateReq, engine: EmbeddedEngine, out: Output) -> d
 async def abort_request(request: web.Request) -> web.Response:
     req = await parse(request, AbortReq)
     if not req.abort_all and not req.rid:
-        raise ValueError("give rid, or abort_all=true")
+        raise Invalid("give rid, or abort_all=true")
     n = await request.app[ENGINE].abort(None if req.abort_all else req.rid)
     return web.json_response({"success": True, "num_aborted": n})
 
@@ -125,11 +125,11 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     req = await parse(request, UpdateFromDiskReq)
     engine = request.app[ENGINE]
     if not Path(req.model_path).exists():
-        raise ValueError(f"model_path {req.model_path!r} does not exist on the server's machine")
+        raise Invalid(f"model_path {req.model_path!r} does not exist on the server's machine")
     try:
         version = engine.version if req.weight_version is None else int(req.weight_version)
     except ValueError:
-        raise ValueError(f"weight_version must be an integer string, got {req.weight_version!r}") from None
+        raise Invalid(f"weight_version must be an integer string, got {req.weight_version!r}") from None
     aborted = await engine.abort() if req.abort_all_requests else 0
     await engine.update_weights(version=version, path=req.model_path)
     return web.json_response(

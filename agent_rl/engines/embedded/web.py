@@ -6,6 +6,7 @@ from aiohttp import web
 
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Output
+from agent_rl.openai.errors import Invalid
 
 ENGINE = web.AppKey("engine", EmbeddedEngine)
 MODEL_PATH = web.AppKey("model_path", str)
@@ -14,7 +15,7 @@ MODEL_PATH = web.AppKey("model_path", str)
 def tokenizer(request: web.Request):
     tok = request.app[ENGINE].scheduler.tokenizer
     if tok is None:
-        raise ValueError(f"{request.app[MODEL_PATH]} has no tokenizer files: send token ids, not text")
+        raise Invalid(f"{request.app[MODEL_PATH]} has no tokenizer files: send token ids, not text")
     return tok
 
 

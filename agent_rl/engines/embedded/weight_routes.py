@@ -28,7 +28,7 @@ from agent_rl.engines.protocol import (
     InitWeightsUpdateGroupReq,
     UpdateWeightsFromDistributedReq,
 )
-from agent_rl.openai.errors import parse
+from agent_rl.openai.errors import Invalid, parse
 from agent_rl.weights import group as weight_group
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     req = await parse(request, InitWeightsUpdateGroupReq)
     state = request.app[GROUPS]
     if req.group_name in state.groups:
-        raise ValueError(
+        raise Invalid(
             f"group_name {req.group_name!r} is already joined; /destroy_weights_update_group it first"
         )
     endpoint = weight_group.Endpoint(req.master_address, req.master_port, "gloo")
@@ -98,7 +98,7 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     req = await parse(request, UpdateWeightsFromDistributedReq)
     state, engine = request.app[GROUPS], request.app[ENGINE]
     if req.group_name not in state.groups:
-        raise ValueError(
+        raise Invalid(
             f"group_name {req.group_name!r} is not joined (joined: {sorted(state.groups)}); "
             "call /init_weights_update_group first"
         )
@@ -109,7 +109,7 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     try:
         version = engine.version if req.weight_version is None else int(req.weight_version)
     except ValueError:
-        raise ValueError(f"weight_version must be an integer string, got {req.weight_version!r}") from None
+        raise Invalid(f"weight_version must be an integer string, got {req.weight_version!r}") from None
     group, backend = state.groups[req.group_name]
     meta = weight_group.TensorMeta(tuple(req.names), tuple(req.dtypes), tuple(tuple(s) for s in req.shapes))
     aborted = await engine.abort() if req.abort_all_requests else 0

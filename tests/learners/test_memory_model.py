@@ -1,0 +1,214 @@
+"""The memory model (agent_rl/learners/memory.py): its counts against the models, against what autograd saves,
+against peaks measured in a fresh process on CPU, and against the H200 figures of issue 33; the warning that
+`agent-rl train` prints before a run that cannot fit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.learners import memory as mm
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _learner_bench import QWEN25_05B, SMALL, Cell, Rank, batch, write_model  # noqa: E402
+
+H200_BYTES = 141 * 10**9
+
+
+def _qwen(**kw) -> dict:
+    return QWEN25_05B | {"model_type": "qwen2"} | kw
+
+
+@pytest.mark.parametrize(
+    "cls, cfg",
+    [
+        ("Qwen2", _qwen()),  # Qwen2.5-0.5B: tied embeddings, q/k/v biases
+        ("Qwen2", _qwen(tie_word_embeddings=False, num_hidden_layers=2)),
+        ("Llama", {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 3,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160}),
+        ("Qwen3", {"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160, "head_dim": 32}),
+    ],
+)  # fmt: skip
+def test_parameter_count_equals_the_transformers_model(cls: str, cfg: dict) -> None:
+    import transformers
+
+    config = getattr(transformers, f"{cls}Config")(**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):  # shapes only: a 0.5B model costs nothing here
+        model = getattr(transformers, f"{cls}ForCausalLM")(config)
+    assert mm.ModelDims.from_config(cfg).params == sum(p.numel() for p in model.parameters())
+
+
+def test_qwen25_05b_is_494m_parameters() -> None:
+    assert mm.ModelDims.from_config(_qwen()).params == 494_032_768  # Qwen2.5-0.5B's model card: 0.49B
+
+
+def test_lora_parameters_equal_peft_adapters(tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(write_model(tmp_path / "m", SMALL))
+    peft = get_peft_model(model, LoraConfig(r=8, target_modules=list(mm.LORA_TARGETS)))
+    trainable = sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    assert mm.ModelDims.from_model_dir(tmp_path / "m").lora_params(8) == trainable
+
+
+def _saved_activation_bytes(fn, model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages autograd saves for backward while fn() runs, weights (and autocast's
+    copies of them: a parameter's shape, or its transpose) left out."""
+    weight_shapes = {tuple(p.shape) for p in model.parameters()} | {
+        tuple(p.shape)[::-1] for p in model.parameters()
+    }
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if tuple(t.shape) not in weight_shapes:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.megatron)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_per_layer_activations_are_what_autograd_saves(tmp_path: Path, backend: str, dtype: str) -> None:
+    """One more layer saves exactly the model's per-token count for each token: the difference of a 2-layer
+    and a 1-layer model (200 tokens: no activation has a weight's shape)."""
+    tokens = 200
+    saved = {}
+    for layers in (1, 2):
+        model_dir = write_model(tmp_path / f"l{layers}", SMALL | {"num_hidden_layers": layers})
+        rank = Rank(model_dir, Cell(backend, tokens, 2, dtype=dtype), "cpu")  # type: ignore[arg-type]
+        b = batch(2, tokens, SMALL["vocab_size"])
+        saved[layers] = _saved_activation_bytes(
+            lambda rank=rank, b=b: rank.logprobs(b.input_ids[:1], b.attention_mask[:1]), rank.model
+        )
+    dims = mm.ModelDims.from_config(SMALL | {"model_type": "qwen2"})
+    setup = mm.Setup(backend=backend, compute_dtype=dtype)  # type: ignore[arg-type]
+    per_token = mm._per_layer_token_bytes(dims, setup)
+    if backend == "megatron":  # the local spec keeps [heads, S, S] probabilities too (eager attention)
+        per_token += dims.heads * tokens * mm._score_bytes(setup)
+    assert saved[2] - saved[1] == per_token * tokens
+
+
+def _model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("mem") / "small", SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _model_dir(tmp_path_factory)
+
+
+MEASURED_CELLS = {
+    "torch": [
+        Cell("torch", 2048, 2, dtype="float32"),  # exact OPOB: one trajectory per backward
+        Cell("torch", 1024, 4, opob="proxy", recompute=True, dtype="float32"),  # 4 rows per forward
+    ],
+    "megatron": [Cell("megatron", 1024, 2, dtype="float32")],  # eager attention: [heads, S, S] scores
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.megatron)])
+def test_estimate_is_within_25_percent_of_the_measured_peak(small_model: Path, backend: str) -> None:
+    """Measured: a fresh process's peak resident memory over one step (benchmarks/_cpu_peak.py says why that
+    stands in for torch.cuda.max_memory_allocated); 25 %: the issue's acceptance bound."""
+    from _cpu_peak import measure
+    from gpu_learners import setup_for
+
+    cells = MEASURED_CELLS[backend]
+    results = measure([{"model_dir": str(small_model), "cell": _fields(c)} for c in cells])
+    dims = mm.ModelDims.from_model_dir(small_model)
+    for cell, res in zip(cells, results, strict=True):
+        est = mm.step_memory(dims, setup_for(cell, "cpu", dims), cell.length).total
+        assert 0.75 <= est / res["peak_bytes"] <= 1.25, (cell.name, est, res["peak_bytes"])
+
+
+def _fields(cell: Cell) -> dict:
+    return {k: v for k, v in cell.as_dict().items() if k not in ("name", "tokens")}
+
+
+# Measured on one H200 (issue 33, 2026-11-26, bf16 autocast, the 0.5B shape): the model must land within 25 %.
+H200 = [
+    # torch learner, 8 x 4096, exact OPOB, no checkpointing: 25 GiB
+    (mm.Setup(compute_dtype="bfloat16", device="cuda"), 4096, 25.0),
+    # proxy OPOB, micro-batch 4, checkpointing: 37 GiB
+    (mm.Setup(compute_dtype="bfloat16", device="cuda", recompute="full", opob="proxy", micro_batch_rows=4), 4096, 37.0),
+    # 2 x 32768 with checkpointing (exact OPOB): 70 GiB
+    (mm.Setup(compute_dtype="bfloat16", device="cuda", recompute="full"), 32768, 70.0),
+    # Megatron, local spec (eager attention), one 4096-token trajectory: 59.7 GiB
+    (mm.Setup(backend="megatron", compute_dtype="bfloat16", device="cuda", attention="eager", packed=True), 4096, 59.7),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("setup, tokens, gib", H200)
+def test_estimate_is_within_25_percent_of_the_h200_measurements(
+    setup: mm.Setup, tokens: int, gib: float
+) -> None:
+    est = mm.step_memory(mm.ModelDims.from_config(_qwen()), setup, tokens).total / mm.GiB
+    assert 0.75 <= est / gib <= 1.25, est
+
+
+def test_megatron_eager_attention_cannot_hold_8k_on_an_h200_and_fused_attention_can_hold_128k() -> None:
+    """Issue 33: 8192 tokens did not fit on the H200 with the local spec; O(S) attention + recompute must."""
+    dims = mm.ModelDims.from_config(_qwen())
+    eager = mm.Setup(
+        backend="megatron", compute_dtype="bfloat16", device="cuda", attention="eager", packed=True
+    )
+    assert mm.max_trajectory_tokens(dims, eager, H200_BYTES) < 8192
+    fused = mm.Setup(backend="megatron", compute_dtype="bfloat16", device="cuda", recompute="full",
+                     logprobs="chunked")  # fmt: skip
+    assert mm.max_trajectory_tokens(dims, fused, H200_BYTES) >= 131072
+
+
+def test_max_trajectory_tokens_is_the_longest_that_fits() -> None:
+    dims = mm.ModelDims.from_config(_qwen())
+    setup = mm.Setup(compute_dtype="bfloat16", device="cuda", recompute="full")
+    budget = 80 * mm.GiB
+    n = mm.max_trajectory_tokens(dims, setup, budget)
+    assert mm.step_memory(dims, setup, n).total <= budget < mm.step_memory(dims, setup, n + 1).total
+    assert mm.max_trajectory_tokens(dims, setup, mm.step_memory(dims, setup, 1).total - 1) == 0
+
+
+def _recipe(model_dir: Path, **learner):
+    from agent_rl.config import Recipe
+
+    return Recipe.model_validate({
+        "name": "mem", "model": {"path": str(model_dir)}, "envs": {"train": "unused.yaml"},
+        "train": {"steps": 1, "batch_prompts": 1}, "engines": {"max_seq_len": 65536}, "learner": learner,
+    })  # fmt: skip
+
+
+def test_check_recipe_warns_with_the_numbers_and_what_to_change(small_model: Path) -> None:
+    recipe = _recipe(small_model)
+    dims = mm.ModelDims.from_model_dir(small_model)
+    need = mm.step_memory(dims, mm.setup_of(recipe, dims, "cuda"), 65536).total
+    small_gpu = mm.DeviceMemory("cuda:0 (test)", need // 2)
+    warning = mm.check_recipe(recipe, small_gpu)
+    assert warning is not None and "65536-token trajectory (engines.max_seq_len)" in warning
+    assert "learner.gradient_checkpointing: true" in warning and "learner.dtype: bfloat16" in warning
+    assert mm.check_recipe(recipe, mm.DeviceMemory("cuda:0 (test)", need)) is None
+
+
+def test_train_dry_run_prints_the_memory_warning(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    """The CLI path: a recipe whose longest trajectory (engines.max_seq_len) needs more than this machine has."""
+    from agent_rl.trainer import main_train
+
+    recipe = tmp_path / "r.yaml"
+    env = ROOT / "envs" / "tiny_arith.yaml"
+    recipe.write_text(json.dumps({
+        "name": "mem", "model": {"path": str(tiny_model_dir)}, "envs": {"train": str(env)},
+        "train": {"steps": 1, "batch_prompts": 1}, "engines": {"max_seq_len": 1 << 24},
+        "logging": {"run_dir": str(tmp_path / "run")},
+    }))  # fmt: skip
+    assert main_train([str(recipe), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: learner memory: a step on one 16777216-token trajectory" in err
