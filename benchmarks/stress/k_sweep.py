@@ -1,6 +1,6 @@
 """Level (b), the k-sweep: every method at its own best lr, accuracy and collapse rate against staleness up to k=64.
 
-    nice -n 19 .venv/bin/python -m benchmarks.stress.k_sweep run        # everything still missing, resumable
+    nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run        # everything still missing, resumable
     .venv/bin/python -m benchmarks.stress.k_sweep plan [PART]           # the runs still to go, in order
     .venv/bin/python -m benchmarks.stress.k_sweep report                # -> benchmarks/results/stress/k_sweep.{json,md,png}
 
@@ -56,9 +56,6 @@ HELDOUT_SEEDS = (3, 4, 5, 6, 7)
 CALIBRATE = (("vcpo", 2e-4, 0), ("plain", 2e-4, 0))  # (method, lr, seed) at k = 0: a first look at sync RL
 STEPS = 80
 EVAL_EVERY = 10
-WARM_START = (
-    0.0  # held-out accuracy of the warm start (runs/tiny_multistep/warm_eval.json); set once it is built
-)
 PREFIX = "ksweep"
 NAME = re.compile(rf"{PREFIX}_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
 PARTS = ("calibrate", "select", "heldout")
@@ -77,10 +74,12 @@ class Cell:
     curve: tuple[tuple[int, float], ...]  # (policy version, held-out accuracy), version 0 = the warm start
     ess: tuple[float, ...]
     steps: int
+    warm: float  # held-out accuracy of the warm start the run started from (its warm_eval.json)
 
     @property
     def collapsed(self) -> bool:
-        return self.final_accuracy < WARM_START
+        """Ended below where it started."""
+        return self.final_accuracy < self.warm
 
     @property
     def auc(self) -> float:
@@ -102,11 +101,25 @@ class Cell:
     def from_row(cls, r: dict) -> Cell:
         return cls(r["method"], float(r["lr"]), int(r["k"]), int(r["seed"]), float(r["final_accuracy"]),
                    tuple((int(v), float(a)) for v, a in r["curve"]), tuple(float(e) for e in r["ess"]),
-                   int(r["steps"]))  # fmt: skip
+                   int(r["steps"]), float(r["warm"]))  # fmt: skip
 
 
 def run_name(method: str, lr: float, k: int, seed: int) -> str:
     return f"{PREFIX}_{method}_lr{lr:g}_k{k}_s{seed}"
+
+
+def warm_start_accuracy(warm: str | Path) -> float | None:
+    """The held-out accuracy of the warm start at WARM (multistep_warm writes it beside, in warm_eval.json), or
+    None while it is not built."""
+    path = Path(warm).parent / "warm_eval.json"
+    if not path.is_file():
+        return None
+    acc = json.loads(path.read_text()).get("accuracy")
+    if not isinstance(acc, (int, float)) or not math.isfinite(acc):
+        raise ValueError(
+            f"{path}: field accuracy is {acc!r}; delete the file to evaluate the warm start again"
+        )
+    return float(acc)
 
 
 def read_run(run: Path, warm_start: float) -> Cell | None:
@@ -131,21 +144,26 @@ def read_run(run: Path, warm_start: float) -> Cell | None:
             curve[version] = float(r["eval/accuracy"])
     curve[steps] = final  # the learner's own policy after the last step
     return Cell(method, lr, k, seed, final, tuple(sorted(curve.items())),
-                tuple(float(r["vcpo/ess_ratio"]) for r in trained), steps)  # fmt: skip
+                tuple(float(r["vcpo/ess_ratio"]) for r in trained), steps, warm_start)  # fmt: skip
 
 
 def read_cells(
     runs_dir: Path, earlier: Path | None = None, warm_start: float | None = None
 ) -> dict[tuple, Cell]:
     """Every finished run under runs_dir plus the cells an earlier report kept; a run dir wins over its kept
-    copy. Keyed by (method, lr, k, seed)."""
+    copy. Keyed by (method, lr, k, seed). warm_start: the warm start's held-out accuracy (default: WARM's
+    warm_eval.json; a finished run with neither is an error)."""
     cells: dict[tuple, Cell] = {}
     if earlier is not None and earlier.is_file():
         for r in json.loads(earlier.read_text())["cells"]:
             c = Cell.from_row(r)
             cells[(c.method, c.lr, c.k, c.seed)] = c
     for path in sorted(runs_dir.glob(f"{PREFIX}_*/final_eval.json")):
-        cell = read_run(path.parent, WARM_START if warm_start is None else warm_start)
+        if warm_start is None and (warm_start := warm_start_accuracy(WARM)) is None:
+            raise ValueError(
+                f"{path.parent}: finished, but {Path(WARM).parent / 'warm_eval.json'} is missing"
+            )
+        cell = read_run(path.parent, warm_start)
         if cell is not None:
             cells[(cell.method, cell.lr, cell.k, cell.seed)] = cell
     return cells
@@ -192,18 +210,21 @@ class Planned:
         return self.part != "select"
 
 
-def plan(part: str, cells: dict[tuple, Cell]) -> list[Planned]:
+def plan(
+    part: str, cells: dict[tuple, Cell], methods: tuple[str, ...] = METHODS, lags: tuple[int, ...] = LAGS
+) -> list[Planned]:
     """The runs PART still needs, in the order they should run. Finished runs and k = 0 cells that are another
-    method's run are left out; heldout plans only the methods whose lr is chosen."""
+    method's run are left out; heldout plans only the methods whose lr is chosen. `methods` and `lags` narrow
+    it to a first slice (say VCPO and the strongest baseline at k = 0, 8, 32, 64: the question answered soonest);
+    the report always counts the whole sweep."""
     if part == "calibrate":
-        want = [(m, lr, 0, s) for m, lr, s in CALIBRATE]
+        want = [(m, lr, 0, s) for m, lr, s in CALIBRATE if m in methods]
     elif part == "select":
-        want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in METHODS]
+        want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in METHODS if m in methods]
     elif part == "heldout":
         chosen = select_lrs(cells)
-        want = [
-            (m, lr, k, s) for k in LAGS for s in HELDOUT_SEEDS for m, lr in chosen.items() if lr is not None
-        ]
+        want = [(m, lr, k, s) for k in LAGS if k in lags for s in HELDOUT_SEEDS for m, lr in chosen.items()
+                if lr is not None and m in methods]  # fmt: skip
     else:
         raise ValueError(f"plan: part {part!r} is not one of {', '.join(PARTS)}")
     out, seen = [], set()
@@ -221,6 +242,15 @@ def plan_all(cells: dict[tuple, Cell]) -> list[Planned]:
     return [p for part in PARTS for p in plan(part, cells)]
 
 
+def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
+    """--methods vcpo,m2po / --lags 0,8: each item checked against the sweep's own list."""
+    items = tuple(cast(x) for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in known]
+    if bad or not items:
+        raise SystemExit(f"k_sweep: --{what} {text!r}: {bad or 'empty'} not in {', '.join(map(str, known))}")
+    return items
+
+
 # ----------------------------------------------------------------------------------------------------- runner
 
 
@@ -233,7 +263,7 @@ class Runner:
     warm: str = WARM
     steps: int = STEPS
     eval_every: int = EVAL_EVERY
-    nice: int = 19
+    nice: int = 15  # the machine is shared: runs yield to interactive work
 
     def train_cmd(self, p: Planned) -> list[str]:
         sets = [f"model.path={self.warm}", f"rollout.fixed_lag={p.k}", f"train.seed={p.seed}",
@@ -268,7 +298,14 @@ class Runner:
         return msg
 
 
-def run_all(runner: Runner, out: Path, jobs: int, parts: tuple[str, ...] = PARTS) -> None:
+def run_all(
+    runner: Runner,
+    out: Path,
+    jobs: int,
+    parts: tuple[str, ...] = PARTS,
+    methods: tuple[str, ...] = METHODS,
+    lags: tuple[int, ...] = LAGS,
+) -> None:
     """Every missing run of PARTS, `jobs` at a time, re-planning after each finishes (a method's held-out runs
     start as soon as its selection is complete); the report is rewritten after every `jobs` runs."""
     from benchmarks.stress.k_sweep_report import write
@@ -278,8 +315,8 @@ def run_all(runner: Runner, out: Path, jobs: int, parts: tuple[str, ...] = PARTS
     with ThreadPoolExecutor(jobs) as pool:
         running: dict[Future, Planned] = {}
         while True:
-            cells = read_cells(runner.runs, out)
-            todo = [p for part in parts for p in plan(part, cells) if p.name not in started]
+            cells = read_cells(runner.runs, out, warm_start_accuracy(runner.warm))
+            todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
             while todo and len(running) < jobs:
                 p = todo.pop(0)
                 started.add(p.name)
@@ -298,9 +335,16 @@ def run_all(runner: Runner, out: Path, jobs: int, parts: tuple[str, ...] = PARTS
                     flush=True,
                 )
                 if done % jobs == 0:
-                    write(read_cells(runner.runs, out), out, quiet=True)
-    write(read_cells(runner.runs, out), out, quiet=True)
-    missing = [p.name for p in plan_all(read_cells(runner.runs, out))]
+                    write(
+                        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)),
+                        out,
+                        quiet=True,
+                        warm_dir=runner.warm,
+                    )
+    write(
+        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)), out, quiet=True, warm_dir=runner.warm
+    )
+    missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm_start_accuracy(runner.warm)))]
     print(
         f"k_sweep: {len(missing)} runs missing" + (f" (first: {', '.join(missing[:3])})" if missing else "")
     )
@@ -312,15 +356,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("part", nargs="?", help=f"plan/run: one of {', '.join(PARTS)} (default: all, in order)")
     ap.add_argument("--runs", default="runs", type=Path)
     ap.add_argument("--out", default="benchmarks/results/stress/k_sweep.json", type=Path)
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one core each)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
+    )
     ap.add_argument("--warm", default=WARM, help="the warm start (a copy keeps it steady)")
+    ap.add_argument(
+        "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
+    )
+    ap.add_argument(
+        "--lags", default=",".join(map(str, LAGS)), help="heldout: only these k (comma-separated)"
+    )
     args = ap.parse_args(argv)
     if args.part is not None and args.part not in PARTS:
         raise SystemExit(f"k_sweep: part {args.part!r} is not one of {', '.join(PARTS)}")
     parts = (args.part,) if args.part else PARTS
+    methods = _names(args.methods, METHODS, "methods")
+    lags = _names(args.lags, LAGS, "lags", int)
     if args.command == "plan":
-        cells = read_cells(args.runs, args.out)
-        runs = [p for part in parts for p in plan(part, cells)]
+        cells = read_cells(args.runs, args.out, warm_start_accuracy(args.warm))
+        runs = [p for part in parts for p in plan(part, cells, methods, lags)]
         for p in runs:
             print(p.name, p.k, p.seed, " ".join(p.sets))
         pending = [m for m, lr in select_lrs(cells).items() if lr is None]
@@ -332,15 +386,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'/'.join(parts)}: {len(runs)} runs to go", file=sys.stderr)
         return
     if args.command == "run":
-        if not (Path(args.warm) / "config.json").is_file():
-            raise SystemExit(
-                f"k_sweep: no warm start at {args.warm}: run `python -m benchmarks.stress.multistep_warm` first"
-            )
-        run_all(Runner(args.runs, warm=args.warm), args.out, args.jobs, parts)
+        if warm_start_accuracy(args.warm) is None:  # the first step of the sweep: the warm start (~1 h here)
+            from benchmarks.stress.multistep_warm import build
+
+            print(f"k_sweep: no warm start at {args.warm}: building it first", flush=True)
+            build(Path(args.warm).parent)
+        run_all(Runner(args.runs, warm=args.warm), args.out, args.jobs, parts, methods, lags)
         return
     from benchmarks.stress.k_sweep_report import write
 
-    write(read_cells(args.runs, args.out), args.out)
+    write(read_cells(args.runs, args.out, warm_start_accuracy(args.warm)), args.out, warm_dir=args.warm)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from benchmarks.stress.level_b_fair import LABEL
 from benchmarks.stress.level_b_fair_report import lr_text
 
 SEPARATION = 2.0  # a lead counts as separated beyond this many standard errors of the difference
-COMMAND = "nice -n 19 .venv/bin/python -m benchmarks.stress.k_sweep run"
+COMMAND = "nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run"
 
 
 def stats(values: list[float]) -> dict:
@@ -188,6 +188,15 @@ def _fmt(c: dict, n: int) -> str:
     return txt + ("" if c["n"] == n else f" ({c['n']}/{n})")
 
 
+def _warm(acc: float | None) -> str:
+    return f"held-out {acc:.2f}" if acc is not None else "not built yet: no run can start"
+
+
+def _heldout_runs(methods: int) -> int:
+    """Held-out runs of `methods` methods at every k (an upper bound: at k = 0 some are another method's runs)."""
+    return methods * len(ks.LAGS) * len(ks.HELDOUT_SEEDS)
+
+
 def markdown(report: dict) -> str:
     d = report["design"]
     chosen = {m: v["chosen_lr"] for m, v in report["selection"].items()}
@@ -195,8 +204,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# Staleness study, level (b), the k-sweep: every method at its best lr, k up to 64 (`benchmarks.stress.k_sweep`)",
         "",
-        f"{len(report['cells'])} runs. Task: tiny_multistep (`envs/tiny_multistep.yaml`: a sum of 2-3 products, one tool "
-        f"call per product), warm start `runs/tiny_multistep/sft` (held-out {d['warm_start']:.2f}), "
+        f"{len(report['cells'])} runs. Task: tiny_multistep (`envs/tiny_multistep.yaml`: one affine step applied 2-3 "
+        f"times, one tool call per application), warm start `runs/tiny_multistep/sft` ({_warm(d['warm_start'])}), "
         f"{d['steps']} steps of 8 prompts x 8 samples, every batch exactly k versions stale (`rollout.fixed_lag`), "
         f"void masking off. Each method's lr is chosen on seeds {','.join(map(str, ks.SELECT_SEEDS))} at k={ks.SELECT_LAG} "
         f"from {', '.join(map(lr_text, ks.LRS))}; every other number is over held-out seeds "
@@ -250,25 +259,39 @@ def markdown(report: dict) -> str:
     lines += ["", "## Missing runs", ""]
     miss = report["missing"]
     total = sum(len(v) for v in miss.values())
+    unchosen = [m for m, lr in chosen.items() if lr is None]
     for part, names in miss.items():
+        later = ""
+        if part == "heldout" and unchosen:  # planned only once a method's selection is complete
+            later = (f" planned so far, and up to {_heldout_runs(len(unchosen))} more once the lr of "
+                     f"{', '.join(LABEL[m] for m in unchosen)} is chosen")  # fmt: skip
         lines.append(
-            f"- {part}: {len(names)} runs to go" + (f" (first: {', '.join(names[:3])})" if names else "")
+            f"- {part}: {len(names)} runs to go{later}"
+            + (f" (first: {', '.join(names[:3])})" if names else "")
         )
-    if total:
-        lines += ["", f"{total} runs missing; `{COMMAND}` finishes them (it resumes: finished runs are skipped, and "
-                  "the held-out runs of a method start once its selection is complete)."]  # fmt: skip
+    if total or unchosen:
+        later = " (and the held-out runs above, once the lrs are chosen)" if unchosen else ""
+        lines += ["", f"{total} runs missing{later}; `{COMMAND}` finishes them: it builds the warm start first "
+                  "when it is missing, then resumes (finished runs are skipped, and the held-out runs of a method "
+                  "start once its selection is complete)."]  # fmt: skip
     else:
         lines += ["", "None: the sweep is complete."]
     return "\n".join(lines) + "\n"
 
 
-def write(cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False) -> dict:
-    """k_sweep.{json,md,png} from every finished cell."""
+def write(cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False, warm_dir: str = ks.WARM) -> dict:
+    """k_sweep.{json,md,png} from every finished cell (warm_dir: the warm start, for its accuracy before any run)."""
+    warms = {c.warm for c in cells.values()}
+    if len(warms) > 1:
+        raise ValueError(
+            f"k_sweep: runs from warm starts of different accuracy {sorted(warms)}: one sweep, one warm start"
+        )
+    warm = warms.pop() if warms else ks.warm_start_accuracy(warm_dir)
     sel = selection(cells)
     chosen = {m: v["chosen_lr"] for m, v in sel.items()}
     held = heldout(cells, chosen)
     report = {
-        "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE, "warm_start": ks.WARM_START,
+        "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE, "warm_start": warm,
                    "methods": list(ks.METHODS), "lrs": list(ks.LRS), "lags": list(ks.LAGS),
                    "select_lag": ks.SELECT_LAG, "select_seeds": list(ks.SELECT_SEEDS),
                    "heldout_seeds": list(ks.HELDOUT_SEEDS), "steps": ks.STEPS, "eval_every": ks.EVAL_EVERY,
@@ -334,7 +357,8 @@ def _plot(report: dict, png: Path) -> None:
         ax.set_xlabel("staleness k (versions)")
         ax.set_title(title, fontsize=9)
     for ax in axes[:2]:
-        ax.axhline(warm, color="grey", linestyle=":", linewidth=1)
+        if warm is not None:
+            ax.axhline(warm, color="grey", linestyle=":", linewidth=1)
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
     fig.tight_layout()

@@ -18,7 +18,7 @@ RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "stre
 
 
 def _cell(method: str, lr: float, k: int, seed: int, acc: float) -> ks.Cell:
-    return ks.Cell(method, lr, k, seed, acc, ((0, 0.1), (ks.STEPS, acc)), (1.0, 0.5), ks.STEPS)
+    return ks.Cell(method, lr, k, seed, acc, ((0, 0.1), (ks.STEPS, acc)), (1.0, 0.5), ks.STEPS, 0.1)
 
 
 def _cells(rows) -> dict[tuple, ks.Cell]:
@@ -113,9 +113,12 @@ def test_a_run_is_read_at_the_policy_versions_its_evals_measured_and_its_auc_is_
     assert cell.steps == ks.STEPS and not cell.collapsed
 
 
-def test_bad_input_names_the_file_and_the_field(tmp_path: Path) -> None:
+def test_bad_input_names_the_file_and_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default warm start, runs/tiny_multistep/sft, is relative: none here
     _finish(tmp_path, "plain", ks.LRS[0], 8, 0, acc=float("nan"))
     with pytest.raises(ValueError, match=r"final_eval.json: field accuracy is nan"):
+        ks.read_cells(tmp_path, warm_start=0.1)
+    with pytest.raises(ValueError, match=r"finished, but .*warm_eval.json is missing"):
         ks.read_cells(tmp_path)
     with pytest.raises(SystemExit, match="part 'bogus' is not one of calibrate, select, heldout"):
         ks.main(["plan", "bogus", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
@@ -150,7 +153,7 @@ def test_the_verdict_names_the_best_method_says_whether_vcpo_is_ahead_and_puts_t
     md = (tmp_path / "k_sweep.md").read_text()
     assert (
         "\n".join(lines) in md
-        and "runs missing; `nice -n 19 .venv/bin/python -m benchmarks.stress.k_sweep run`" in md
+        and "runs missing; `nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run`" in md
     )
     assert (tmp_path / "k_sweep.png").is_file()
 
@@ -212,7 +215,7 @@ def test_each_planned_run_is_a_valid_recipe_with_its_lag_seed_lr_and_method(tmp_
     assert {ks.NAME.match(p.name).group(1) for p in planned[:-1]} == set(ks.METHODS)
     for p in planned:
         cmd = runner.train_cmd(p)
-        assert cmd[:3] == ["nice", "-n", "19"]
+        assert cmd[:3] == ["nice", "-n", "15"]
         recipe = load_recipe(cmd[cmd.index("train") + 1], cmd[cmd.index("train") + 3 :: 2])
         assert (recipe.rollout.fixed_lag, recipe.train.seed, recipe.train.steps) == (p.k, p.seed, ks.STEPS)
         assert recipe.run_dir == tmp_path / p.name
@@ -227,3 +230,34 @@ def test_each_planned_run_is_a_valid_recipe_with_its_lag_seed_lr_and_method(tmp_
         assert (recipe.algorithm.ess_lr_rule == "sqrt") == (method in ("vcpo", "ess_lr"))
         assert (recipe.algorithm.advantage == "opob") == (method in ("vcpo", "opob"))
         assert f"learner.lr={recipe.learner.lr:g}" in p.sets
+
+
+def test_a_first_slice_plans_only_its_methods_and_lags_and_bad_names_are_refused(tmp_path: Path) -> None:
+    """`--methods vcpo,m2po --lags 0,8,32,64`: the runs that answer the question soonest, nothing else."""
+    sel = ks.plan("select", {}, methods=("vcpo", "m2po"))
+    assert {ks.NAME.match(p.name).group(1) for p in sel} == {"vcpo", "m2po"}
+    assert len(sel) == 2 * len(ks.LRS) * len(ks.SELECT_SEEDS)
+    held = ks.plan("heldout", _cells(_selection(BEST)), methods=("vcpo", "m2po"), lags=(0, 8, 32, 64))
+    assert {(ks.NAME.match(p.name).group(1), p.k) for p in held} == {
+        (m, k) for m in ("vcpo", "m2po") for k in (0, 8, 32, 64)
+    } - {("m2po", 0)} | {("plain", 0)}  # at k=0 M2PO's cell is plain's run at M2PO's lr
+    assert len(ks.plan("heldout", _cells(_selection(BEST)))) > len(held)
+    with pytest.raises(SystemExit, match=r"--methods 'vcpo,ppo': \['ppo'\] not in plain, tis"):
+        ks.main(["plan", "--methods", "vcpo,ppo", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match=r"--lags '8,12': \[12\] not in 0, 4, 8"):
+        ks.main(["plan", "--lags", "8,12", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def test_the_warm_start_accuracy_is_read_beside_it_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    warm = tmp_path / "tiny_multistep" / "sft"
+    warm.mkdir(parents=True)
+    assert ks.warm_start_accuracy(warm) is None  # not built yet: `run` builds it first
+    (warm.parent / "warm_eval.json").write_text(json.dumps({"accuracy": 0.12, "tasks": 100}))
+    assert ks.warm_start_accuracy(warm) == 0.12
+    (warm.parent / "warm_eval.json").write_text(json.dumps({"accuracy": None}))
+    with pytest.raises(ValueError, match=r"warm_eval.json: field accuracy is None"):
+        ks.warm_start_accuracy(warm)
+    # a run below its warm start collapsed; one at or above it did not
+    assert (
+        _cell("vcpo", ks.LRS[0], 8, 3, 0.05).collapsed and not _cell("vcpo", ks.LRS[0], 8, 3, 0.1).collapsed
+    )
