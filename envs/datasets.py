@@ -216,6 +216,11 @@ def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], Datase
 
         tasks = tiny_chain.make_tasks(source.size, source.seed, source.easy_fraction, source.chain_fraction)
         report = DatasetReport("tiny_chain", rows=len(tasks))
+    elif source.generator == "tiny_multistep":
+        from envs import tiny_multistep
+
+        tasks = tiny_multistep.make_tasks(source.size, source.seed)
+        report = DatasetReport("tiny_multistep", rows=len(tasks))
     else:
         if source.dataset is not None:
             raw = _builtin(source.dataset, source.part, root)

@@ -71,7 +71,7 @@ class DataSource(Strict):
     """Dotted path into a row for the problem text (e.g. `prompt.0.content`); file sources only."""
     answer_field: str = "answer"
     id_field: str | None = None
-    generator: Literal["tiny_arith", "tiny_chain"] | None = None
+    generator: Literal["tiny_arith", "tiny_chain", "tiny_multistep"] | None = None
     size: int = Field(1000, ge=1)
     """Generator sources: number of tasks."""
     seed: int = 0
@@ -88,7 +88,7 @@ class DataSource(Strict):
         if len(kinds) != 1:
             raise ValueError(
                 f"give exactly one of dataset (one of {', '.join(BUILTIN_DATASETS)}), path (a parquet/jsonl file) "
-                f"or generator (tiny_arith, tiny_chain); got {kinds or 'none'}"
+                f"or generator (tiny_arith, tiny_chain, tiny_multistep); got {kinds or 'none'}"
             )
         return self
 

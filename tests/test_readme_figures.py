@@ -183,14 +183,16 @@ def test_the_lint_sees_a_typed_figure_and_spares_code_and_goals() -> None:
     assert typed_figures("<!-- BEGIN generated: x -->\n0.75\n<!-- END generated: x -->\n") == []
 
 
-def _claims(text: str) -> dict[tuple[int, str], str]:
-    """(k, the lr VCPO ran at) -> the verdict word the README's staleness lines give."""
+def _claims(text: str) -> dict[tuple[int, str, str], str]:
+    """(k, who: VCPO or one of its parts alone, the lr it ran at) -> the verdict word the README's staleness
+    lines give."""
     out = {}
     for k, body in re.findall(r"^- k=(\d+): (.*)$", text, re.M):
-        for lr, word in re.findall(
-            r"VCPO at (\S+)(?: \(the baseline's lr\))? vs .+? at \S+: \*\*([a-z ]+)\*\*", body
+        for who, lr, word in re.findall(
+            r"(VCPO|ESS lr alone|OPOB alone) at (\S+)(?: \(the baseline's lr\))? vs .+? at \S+: \*\*([a-z ]+)\*\*",
+            body,
         ):
-            out[int(k), lr] = word
+            out[int(k), who, lr] = word
     return out
 
 
@@ -198,7 +200,7 @@ def _lr_text(lr: float) -> str:
     return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
-def expected_words() -> dict[tuple[int, str], str]:
+def expected_words() -> dict[tuple[int, str, str], str]:
     """The verdicts recomputed from level_b_fair.json's per-seed finals, without its summary: SE of a mean =
     std / sqrt(n); of a difference of two independent cells, sqrt(se_a² + se_b²); ahead/behind at |d| >= 2 SE."""
     report = results("stress/level_b_fair.json")
@@ -223,7 +225,10 @@ def expected_words() -> dict[tuple[int, str], str]:
         scored = {m: cell(m, lr, k) for m, lr in chosen.items()}
         best = max((m for m in scored if scored[m]), key=lambda m: statistics.mean(scored[m]))
         for lr in {d["recipe_lr"], chosen[best]}:
-            out[k, _lr_text(lr)] = word(cell("vcpo", lr, k), scored[best])
+            out[k, "VCPO", _lr_text(lr)] = word(cell("vcpo", lr, k), scored[best])
+        # each of VCPO's parts alone at the recipe's lr
+        for part, who in (("ess_lr", "ESS lr alone"), ("opob", "OPOB alone")):
+            out[k, who, _lr_text(d["recipe_lr"])] = word(cell(part, d["recipe_lr"], k), scored[best])
     return out
 
 

@@ -1,6 +1,6 @@
 """Level (b), lr-matched: every stabiliser at its best learning rate against VCPO, and VCPO's parts ablated.
 
-    benchmarks/stress/level_b_fair.sh select|heldout|ablate|report     (the runner; this module plans and reports)
+    benchmarks/stress/level_b_fair.sh select|heldout|fill|ablate|report   (the runner; this module plans and reports)
     .venv/bin/python -m benchmarks.stress.level_b_fair plan PART        # the runs PART still needs, one per line
     .venv/bin/python -m benchmarks.stress.level_b_fair report           # -> benchmarks/results/stress/level_b_fair.*
 
@@ -11,6 +11,9 @@ the held-out seeds at k in LAGS. VCPO runs at the recipe's lr (RECIPE_LR, no sel
 alone (ess_lr: the ESS-scaled lr on the GRPO baseline; opob: the OPOB baseline without lr scaling), at every lr of
 LRS on the held-out seeds. At k = 0 every IS weight is 1 and ESS/B = 1, so tis/mis/m2po/ess_lr make plain's update
 and opob makes VCPO's: those cells are plain's and VCPO's runs (`same_as`).
+
+`fill` (issue 39) is the part of `ablate` the verdict table reads: at every k, VCPO at the best baseline's own lr
+and each part alone at the recipe's lr, so that "VCPO at the baseline's lr" exists for every k.
 
 Resumable: a run counts once its final_eval.json exists; the report also keeps the cells an earlier report wrote
 (level_b_fair.json), so a study can be finished in another session after its run dirs are gone.
@@ -117,6 +120,16 @@ def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
     return chosen
 
 
+def best_baseline(cells: dict[tuple, Cell], k: int) -> tuple[str, float] | None:
+    """The baseline with the highest held-out mean at its chosen lr at lag k, and that lr (None until one has a
+    held-out seed). The same pick as the report's verdict row."""
+    means = {}
+    for method, lr in select_lrs(cells).items():
+        if lr is not None and (accs := accuracies(cells, method, lr, k, HELDOUT_SEEDS)):
+            means[(method, lr)] = statistics.mean(accs)
+    return max(means, key=lambda m: means[m]) if means else None
+
+
 def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]:
     """The runs PART still needs, in priority order: (name, k, seed, overrides). Runs already finished and
     k = 0 cells that are another method's run are left out."""
@@ -127,15 +140,24 @@ def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]
         chosen = select_lrs(cells)
         picks = [("vcpo", RECIPE_LR)] + [(m, lr) for m, lr in chosen.items() if lr is not None]
         want = [(m, lr, k, s) for k in (4, 8, 0) for s in HELDOUT_SEEDS for m, lr in picks]
+    elif part == "fill":
+        # the verdict table's cells: VCPO at the best baseline's lr, each part at the recipe's lr
+        for k in LAGS:
+            best = best_baseline(cells, k)
+            picks = [("vcpo", best[1])] if best else []
+            picks += [("ess_lr", RECIPE_LR), ("opob", RECIPE_LR)]
+            want += [(m, lr, k, s) for m, lr in picks for s in HELDOUT_SEEDS]
     elif part == "ablate":
         chosen = [lr for lr in select_lrs(cells).values() if lr is not None]
-        order = sorted({lr for lr in chosen if lr != RECIPE_LR}, key=lambda lr: -chosen.count(lr)) + [RECIPE_LR]
-        order += [lr for lr in LRS if lr not in order]  # the lrs most baselines chose first, the recipe lr, the rest
+        # the lrs most baselines chose first, the recipe lr, the rest
+        order = sorted({lr for lr in chosen if lr != RECIPE_LR}, key=lambda lr: -chosen.count(lr))
+        order += [RECIPE_LR]
+        order += [lr for lr in LRS if lr not in order]
         # VCPO first at each lr: "VCPO at the baseline's lr" says whether the gap was the learning rate
         methods = ("vcpo", *(m for m in ABLATIONS if m != "vcpo"))
         want = [(m, lr, k, s) for lr in order for k in (4, 8, 0) for m in methods for s in HELDOUT_SEEDS]
     else:
-        raise ValueError(f"plan: part {part!r} is not one of select, heldout, ablate")
+        raise ValueError(f"plan: part {part!r} is not one of select, heldout, fill, ablate")
     out, seen = [], set()
     for method, lr, k, seed in want:
         if k == 0:
@@ -154,7 +176,7 @@ def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["plan", "report"])
-    ap.add_argument("part", nargs="?", help="plan: select | heldout | ablate")
+    ap.add_argument("part", nargs="?", help="plan: select | heldout | fill | ablate")
     ap.add_argument("--runs", default="runs", type=Path)
     ap.add_argument("--out", default="benchmarks/results/stress/level_b_fair.json", type=Path)
     args = ap.parse_args(argv)

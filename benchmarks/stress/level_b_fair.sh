@@ -3,21 +3,22 @@
 # Usage: benchmarks/stress/level_b_fair.sh PART    (run the parts in this order; each resumes where it stopped)
 #   select   plain/tis/mis/m2po x lr {5e-5, 1.5e-4, 5e-4} at k=4, seeds 0-2 (36 runs): picks each method's lr
 #   heldout  each baseline at its chosen lr and VCPO at the recipe's 5e-4, k in {0,4,8}, seeds 3-7
+#   fill     the verdict table's cells (issue 39): VCPO at the best baseline's lr, ESS lr alone and OPOB alone at 5e-4
 #   ablate   VCPO, ESS lr alone and OPOB alone at every lr, k in {0,4,8}, seeds 3-7 (the baselines' chosen lrs first)
 #   report   benchmarks/results/stress/level_b_fair.{json,md,png} from the finished runs (each part ends with it)
-# JOBS=2 (runs at a time), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=0 (no periodic eval: the final checkpoint is what is scored).
-# Every run is trained under nice -n $NICE (default 19), then its final checkpoint is evaluated (final_eval.json: the run counts
+# JOBS=1 (runs at a time; the machine is shared), WARM=runs/tiny_tir/sft (the warm start; a copy keeps it steady), STEPS=40, EVAL_EVERY=0 (no periodic eval: the final checkpoint is what is scored).
+# Every run is trained under nice -n $NICE (default 15), then its final checkpoint is evaluated (final_eval.json: the run counts
 # from then on) and the checkpoint is deleted. Run dirs: runs/stress_f_<method>_lr<lr>_k<k>_s<seed>.
 set -euo pipefail
 {  # braces: bash reads the whole script before running it, so editing the file mid-study is safe
 cd "$(dirname "$0")/../.."
-PART=${1:?usage: benchmarks/stress/level_b_fair.sh select|heldout|ablate|report}
-JOBS=${JOBS:-2}
+PART=${1:?usage: benchmarks/stress/level_b_fair.sh select|heldout|fill|ablate|report}
+JOBS=${JOBS:-1}
 STEPS=${STEPS:-40}
 WARM=${WARM:-runs/tiny_tir/sft}
 EVAL_EVERY=${EVAL_EVERY:-0}
 PY=.venv/bin/python
-NICE=${NICE:-19}
+NICE=${NICE:-15}
 export WARM STEPS EVAL_EVERY PY NICE
 [ -f "$WARM/model.safetensors" ] || { echo "no warm start at $WARM: run 'make run' first (or set WARM=DIR)" >&2; exit 2; }
 run() {  # name lag seed [--set ...]

@@ -100,6 +100,7 @@ def summary(held: dict, chosen: dict[str, float | None]) -> dict[str, dict]:
             s[f"vcpo_minus_{part}"], s[f"vcpo_minus_{part}_se"] = difference(v, p)
         vb = _cell(held, "vcpo", s["best_baseline_lr"], k)  # VCPO at the best baseline's own lr
         s["vcpo_at_baseline_lr_mean"], s["vcpo_at_baseline_lr_se"] = vb["mean"], vb["se"]
+        s["vcpo_at_baseline_lr_n"] = vb["n"]
         s["vcpo_at_baseline_lr_minus_best_baseline"], s["vcpo_at_baseline_lr_minus_best_baseline_se"] = (
             difference(vb, b)
         )
@@ -117,6 +118,11 @@ def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
         return "missing"
     txt = f"{mean:+.2f}" if signed else f"{mean:.2f}"
     return txt + (f" ± {se:.2f}" if se is not None else "")
+
+
+def _seeds(n: int | None) -> str:
+    """' (3/5 seeds)' for a cell that does not have every held-out seed yet, else ''."""
+    return "" if n is None or n == len(HELDOUT_SEEDS) else f" ({n}/{len(HELDOUT_SEEDS)} seeds)"
 
 
 def verdict(s: dict, k: str) -> str:
@@ -137,15 +143,16 @@ def verdict(s: dict, k: str) -> str:
     parts = []
     for part in ("ess_lr", "opob"):
         if s[f"{part}_mean"] is not None:
-            parts.append(f"{LABEL[part]} {_pm(s[f'{part}_mean'], s[f'{part}_se'])} "
+            parts.append(f"{LABEL[part]} {_pm(s[f'{part}_mean'], s[f'{part}_se'])}{_seeds(s[f'{part}_n'])} "
                          f"({_pm(s[f'{part}_minus_best_baseline'], s[f'{part}_minus_best_baseline_se'], True)} vs the baseline)")  # fmt: skip
     if parts:
         text += " Alone at the same lr: " + "; ".join(parts) + "."
     if s["vcpo_at_baseline_lr_mean"] is not None and s["best_baseline_lr"] != RECIPE_LR:
-        text += (f" VCPO at the baseline's lr: {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])} "
+        text += (f" VCPO at the baseline's lr: {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}"
+                 f"{_seeds(s.get('vcpo_at_baseline_lr_n'))} "
                  f"({_pm(s['vcpo_at_baseline_lr_minus_best_baseline'], s['vcpo_at_baseline_lr_minus_best_baseline_se'], True)}).")  # fmt: skip
     if not s["complete"]:
-        text += " (incomplete: not every cell has its 5 held-out seeds)"
+        text += f" (incomplete: not every cell has its {len(HELDOUT_SEEDS)} held-out seeds)"
     return text
 
 
@@ -184,8 +191,9 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
         lines.append(
             f"| {k} | {name}{_pm(s['best_baseline_mean'], s['best_baseline_se'])} | {_pm(s['vcpo_mean'], s['vcpo_se'])} "
             f"| {_pm(s['vcpo_minus_best_baseline'], s['vcpo_minus_best_baseline_se'], True)} "
-            f"| {_pm(s['ess_lr_mean'], s['ess_lr_se'])} | {_pm(s['opob_mean'], s['opob_se'])} "
-            f"| {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])} |"
+            f"| {_pm(s['ess_lr_mean'], s['ess_lr_se'])}{_seeds(s['ess_lr_n'] or None)} "
+            f"| {_pm(s['opob_mean'], s['opob_se'])}{_seeds(s['opob_n'] or None)} "
+            f"| {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}{_seeds(s.get('vcpo_at_baseline_lr_n') or None)} |"
         )
     lines += ["", *[verdict(s, k) for k, s in report["summary"].items()], ""]
     lines += [f"## lr selection (k={SELECT_LAG}, seeds {','.join(map(str, SELECT_SEEDS))}; mean ± std; **chosen**)", "",
@@ -230,6 +238,7 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
             if part != "heldout" or all(chosen.values())
             else " (and the baselines whose lr is not chosen yet)"
         )
+        pending += " (the verdict table's cells)" if part == "fill" else ""
         lines.append(f"- `benchmarks/stress/level_b_fair.sh {part}`: {len(names)} runs to go{pending}"
                      + (f" (first: {', '.join(names[:3])})" if names else ""))  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -248,7 +257,9 @@ def write(cells: dict[tuple, Cell], out: Path) -> dict:
         "heldout": held,
         "summary": summary(held, {m: v["chosen_lr"] for m, v in sel.items()}),
     }  # fmt: skip
-    missing = {part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "ablate")}
+    missing = {
+        part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "fill", "ablate")
+    }
     report["missing"] = missing
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

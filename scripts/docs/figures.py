@@ -38,6 +38,8 @@ class Comparison:
     against: str  # "TIS (seq) at 1.5e-4" ...
     diff: float | None
     se: float | None
+    n: int = 0  # seeds of the `what` cell so far
+    of: int = 0  # the held-out seeds it is to have
 
     @property
     def z(self) -> float | None:
@@ -47,8 +49,8 @@ class Comparison:
 
     @property
     def word(self) -> str:
-        """ahead / behind (|gap| >= 2 SE), not separated, or missing (a cell without its seeds)."""
-        if self.diff is None:
+        """ahead / behind (|gap| >= 2 SE), not separated, or missing (a cell with fewer than 2 seeds: no SE)."""
+        if self.diff is None or self.n < 2:
             return "missing"
         z = self.z
         if z is None or abs(z) < SEPARATED_AT_SE:
@@ -56,29 +58,42 @@ class Comparison:
         return "ahead" if self.diff > 0 else "behind"
 
     def text(self) -> str:
+        head = f"{self.what} vs {self.against}: **{self.word}**"
         if self.diff is None:
-            return f"{self.what} vs {self.against}: **missing** (not run yet)"
-        spread = f" ± {self.se:.2f}, {abs(self.z):.1f} SE" if self.z is not None else ", no spread yet"
-        return f"{self.what} vs {self.against}: **{self.word}** ({self.diff:+.2f}{spread})"
+            return f"{head} (not run yet)"
+        if self.n < 2:
+            return f"{head} ({self.n} of {self.of} seeds run: {self.diff:+.2f}, no spread yet)"
+        spread = f" ± {self.se:.2f}, {abs(self.z):.1f} SE" if self.z is not None else ", no spread"
+        seeds = f"; {self.n} of {self.of} seeds" if self.n < self.of else ""
+        return f"{head} ({self.diff:+.2f}{spread}{seeds})"
+
+
+PARTS_ALONE = ("ess_lr", "opob")  # VCPO's parts, each alone at the recipe's lr (level_b_fair's ablation)
 
 
 def staleness_comparisons() -> list[Comparison]:
-    """Per k of the lr-matched study: VCPO at the recipe's lr, and VCPO at the best baseline's own lr, each
-    against the best baseline at its chosen lr."""
+    """Per k of the lr-matched study: VCPO at the recipe's lr, VCPO at the best baseline's own lr, and each of
+    VCPO's parts alone at the recipe's lr, each against the best baseline at its chosen lr."""
     from benchmarks.stress.level_b_fair import LABEL
 
     report = load("stress/level_b_fair.json")
+    of = len(report["design"]["heldout_seeds"])
     out = []
     for k, s in report["summary"].items():
         if not s.get("best_baseline"):
             continue
         base = f"{LABEL[s['best_baseline']]} at {lr_text(s['best_baseline_lr'])}"
-        out.append(Comparison(int(k), f"VCPO at {lr_text(s['vcpo_lr'])}", base,
-                              s["vcpo_minus_best_baseline"], s["vcpo_minus_best_baseline_se"]))  # fmt: skip
+        recipe = lr_text(s["vcpo_lr"])
+        out.append(Comparison(int(k), f"VCPO at {recipe}", base, s["vcpo_minus_best_baseline"],
+                              s["vcpo_minus_best_baseline_se"], s["vcpo_n"], of))  # fmt: skip
         if s["best_baseline_lr"] != s["vcpo_lr"]:
+            n = s.get("vcpo_at_baseline_lr_n", of if s["vcpo_at_baseline_lr_se"] is not None else 0)
             out.append(Comparison(int(k), f"VCPO at {lr_text(s['best_baseline_lr'])} (the baseline's lr)", base,
                                   s["vcpo_at_baseline_lr_minus_best_baseline"],
-                                  s["vcpo_at_baseline_lr_minus_best_baseline_se"]))  # fmt: skip
+                                  s["vcpo_at_baseline_lr_minus_best_baseline_se"], n, of))  # fmt: skip
+        for part in PARTS_ALONE:
+            out.append(Comparison(int(k), f"{LABEL[part]} at {recipe}", base, s[f"{part}_minus_best_baseline"],
+                                  s[f"{part}_minus_best_baseline_se"], s[f"{part}_n"], of))  # fmt: skip
     return out
 
 
@@ -89,12 +104,14 @@ def _runs_left() -> tuple[int, dict[str, int]]:
 
 
 def staleness_verdict() -> str:
-    """The lr-matched study's verdict per k, with the standard errors (benchmarks/results/stress/level_b_fair.json)."""
+    """The lr-matched study's verdict per k, with the standard errors (benchmarks/results/stress/level_b_fair.json),
+    and the cells it still lacks with the command that runs them."""
     report = load("stress/level_b_fair.json")
     d = report["design"]
     done, left = _runs_left()
+    comparisons = staleness_comparisons()
     by_k: dict[int, list[Comparison]] = {}
-    for c in staleness_comparisons():
+    for c in comparisons:
         by_k.setdefault(c.k, []).append(c)
     lines = [
         f"Toy model, tiny_arith, {d['steps']} steps, every batch exactly k versions stale; each baseline at the lr "
@@ -103,8 +120,13 @@ def staleness_verdict() -> str:
         f'"ahead"/"behind" only at {SEPARATED_AT_SE:g} SE or more:',
         "",
     ]
-    for k, comparisons in by_k.items():
-        lines.append(f"- k={k}: " + "; ".join(c.text() for c in comparisons) + ".")
+    for k, cs in by_k.items():
+        lines.append(f"- k={k}: " + "; ".join(c.text() for c in cs) + ".")
+    short = [f"{c.what.split(' (')[0]} at k={c.k} ({c.n} of {c.of} seeds)" for c in comparisons if c.n < c.of]
+    if short:
+        fill = len(report.get("missing", {}).get("fill", []))
+        lines += ["", f"Cells of this verdict without all their seeds: {', '.join(short)}; "
+                      f"`benchmarks/stress/level_b_fair.sh fill` runs them ({fill} runs, resumable)."]  # fmt: skip
     runs = f"{done} runs"
     if left:
         runs += "; not run yet: " + ", ".join(

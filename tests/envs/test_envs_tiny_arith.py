@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trace_replay import replay
 
 import envs
 from envs import tiny_arith
@@ -75,17 +76,7 @@ async def test_teacher_traces_replay_through_the_env_with_identical_tokens(tok, 
     assert any(t.used_tool for t in traces) and any(not t.used_tool and "*" in t.task.problem for t in traces)
     for trace in traces:
         expect_ids, expect_mask = tiny_arith.encode_trace(trace, tok, envs.make(spec, tok))
-        env = envs.make(spec, tok, sandbox=sandbox)
-        ids = env.reset(trace.task)
-        mask = [0] * len(ids)
-        model = [s for s in trace.segments if s.kind == "model"]
-        for i, seg in enumerate(model):
-            sampled = tok.encode(seg.text, add_special_tokens=False) + (
-                [tok.eos_token_id] if i == len(model) - 1 else []
-            )
-            res = await env.step(sampled)
-            ids += sampled + res.observation_ids
-            mask += [1] * len(sampled) + [0] * len(res.observation_ids)
+        ids, mask, res = await replay(trace, spec, tok, sandbox)
         assert res.done and res.info.finish == "answer"
         assert (ids, mask) == (expect_ids, expect_mask)
         solved = trace.used_tool or tiny_arith.is_easy(trace.task)

@@ -151,5 +151,23 @@ def test_bad_input_names_the_file_and_the_field(tmp_path: Path, capsys: pytest.C
     _finish(tmp_path, "plain", LRS[0], 4, 0, float("nan"))
     with pytest.raises(ValueError, match=r"final_eval.json: field accuracy is nan"):
         read_cells(tmp_path)
-    with pytest.raises(SystemExit, match="part 'bogus' is not one of select, heldout, ablate"):
+    with pytest.raises(SystemExit, match="part 'bogus' is not one of select, heldout, fill, ablate"):
         main(["plan", "bogus", "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "x.json")])
+
+
+def test_fill_plans_vcpo_at_each_ks_best_baseline_lr_and_each_part_at_the_recipe_lr() -> None:
+    """Issue 39: the verdict table's cells for every k; here M2PO (5e-5) is the best baseline at k=8 and TIS
+    (1.5e-4) at k=4, so VCPO runs at 5e-5 for k=8 and at 1.5e-4 for k=4."""
+    best = {"plain": LRS[1], "tis": LRS[1], "mis": LRS[1], "m2po": LRS[0]}
+    rows = _selection(best)
+    for s in HELDOUT_SEEDS:
+        rows += [("plain", LRS[1], 4, s, 0.5), ("tis", LRS[1], 4, s, 0.7), ("m2po", LRS[0], 4, s, 0.6)]
+        rows += [("plain", LRS[1], 8, s, 0.5), ("tis", LRS[1], 8, s, 0.6), ("m2po", LRS[0], 8, s, 0.7)]
+        rows += [("vcpo", LRS[1], 4, s, 0.7), ("opob", RECIPE_LR, 4, s, 0.7)]  # already run
+    names = {n for n, *_ in plan("fill", _cells(rows))}
+    want = {run_name("vcpo", LRS[0], 8, s) for s in HELDOUT_SEEDS}
+    want |= {run_name("ess_lr", RECIPE_LR, k, s) for k in (4, 8) for s in HELDOUT_SEEDS}
+    want |= {run_name("opob", RECIPE_LR, 8, s) for s in HELDOUT_SEEDS}
+    # k=0: ESS lr alone is plain's run, OPOB alone VCPO's; no baseline measured at k=0 yet, so no VCPO pick
+    want |= {run_name(m, RECIPE_LR, 0, s) for m in ("plain", "vcpo") for s in HELDOUT_SEEDS}
+    assert names == want

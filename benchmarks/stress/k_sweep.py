@@ -1,0 +1,402 @@
+"""Level (b), the k-sweep: every method at its own best lr, accuracy and collapse rate against staleness up to k=64.
+
+    nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run        # everything still missing, resumable
+    .venv/bin/python -m benchmarks.stress.k_sweep plan [PART]           # the runs still to go, in order
+    .venv/bin/python -m benchmarks.stress.k_sweep report                # -> benchmarks/results/stress/k_sweep.{json,md,png}
+
+The next level of the lr-matched study (`level_b_fair`, issue 28) on a task the toy does not saturate (issue 38):
+envs/tiny_multistep.yaml (2-3 tool calls per problem; warm start `benchmarks.stress.multistep_warm`), the full
+stack, every batch exactly k versions stale (`rollout.fixed_lag`). Parts, in the order `run` does them:
+
+- calibrate: sync (k=0) VCPO and plain REINFORCE, seed 0 (not a selection or held-out seed), with the held-out
+  curve: does sync RL climb well above the warm start, and for how long (with the k=0 held-out runs, which
+  have the same curves, the results' calibration table);
+- select: every method at every lr of LRS on seeds SELECT_SEEDS at k = SELECT_LAG; each method's lr is the one
+  with the highest mean final there (held-out seeds never read);
+- heldout: each method at its chosen lr on seeds HELDOUT_SEEDS at every k of LAGS, lowest k first.
+
+VCPO is selected like every other method (no recipe lr). At k = 0 every IS weight is 1 and ESS/B = 1, so tis, mis,
+m2po and the ESS lr alone make plain's update and OPOB alone makes VCPO's: those cells are plain's and VCPO's
+runs at the method's own lr (`level_b_fair.SAME_AS_AT_K0`). Every calibration and held-out run evaluates every
+EVAL_EVERY steps (under a fixed lag that is the policy k versions back, logged as eval/policy_version), and every
+run once more from its final checkpoint (the learner's own policy, `final_eval`): the final is the result, the
+curve gives the area under it. Selection runs skip the periodic evals: the choice reads finals only.
+
+Resumable: a run counts once final_eval.json exists; its numbers are kept in k_sweep.json, so the run dirs can go
+and a later session finishes the sweep with the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.stress import final_eval
+from benchmarks.stress.level_b_fair import OVERRIDES, SAME_AS_AT_K0
+
+RECIPE = "recipes/tiny_multistep.yaml"
+WARM = "runs/tiny_multistep/sft"
+METHODS = ("plain", "tis", "mis", "m2po", "ess_lr", "opob", "vcpo")
+LRS = (1e-4, 2e-4, 4e-4, 8e-4)
+LAGS = (0, 4, 8, 16, 32, 64)
+SELECT_LAG = 8
+SELECT_SEEDS = (0, 1, 2)
+HELDOUT_SEEDS = (3, 4, 5, 6, 7)
+CALIBRATE = (("vcpo", 2e-4, 0), ("plain", 2e-4, 0))  # (method, lr, seed) at k = 0: a first look at sync RL
+STEPS = 80
+EVAL_EVERY = 10
+PREFIX = "ksweep"
+NAME = re.compile(rf"{PREFIX}_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
+PARTS = ("calibrate", "select", "heldout")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One finished run: what it ran, the learner's final held-out accuracy, the held-out curve against the
+    policy version it measured, and the ESS ratio (ESS/B) of every trained step."""
+
+    method: str
+    lr: float
+    k: int
+    seed: int
+    final_accuracy: float
+    curve: tuple[tuple[int, float], ...]  # (policy version, held-out accuracy), version 0 = the warm start
+    ess: tuple[float, ...]
+    steps: int
+    warm: float  # held-out accuracy of the warm start the run started from (its warm_eval.json)
+
+    @property
+    def collapsed(self) -> bool:
+        """Ended below where it started."""
+        return self.final_accuracy < self.warm
+
+    @property
+    def auc(self) -> float:
+        """Area under the held-out accuracy curve over policy versions 0..steps, divided by steps (the mean
+        accuracy of the run's policies; trapezoids between the measured versions)."""
+        pts = sorted(dict(self.curve).items())
+        area = sum((v1 - v0) * (a0 + a1) / 2 for (v0, a0), (v1, a1) in zip(pts, pts[1:], strict=False))
+        span = pts[-1][0] - pts[0][0]
+        return area / span if span else pts[0][1]
+
+    @property
+    def ess_mean(self) -> float | None:
+        return statistics.mean(self.ess) if self.ess else None
+
+    def row(self) -> dict:
+        return asdict(self) | {"collapsed": self.collapsed, "auc": self.auc, "ess_mean": self.ess_mean}
+
+    @classmethod
+    def from_row(cls, r: dict) -> Cell:
+        return cls(r["method"], float(r["lr"]), int(r["k"]), int(r["seed"]), float(r["final_accuracy"]),
+                   tuple((int(v), float(a)) for v, a in r["curve"]), tuple(float(e) for e in r["ess"]),
+                   int(r["steps"]), float(r["warm"]))  # fmt: skip
+
+
+def run_name(method: str, lr: float, k: int, seed: int) -> str:
+    return f"{PREFIX}_{method}_lr{lr:g}_k{k}_s{seed}"
+
+
+def warm_start_accuracy(warm: str | Path) -> float | None:
+    """The held-out accuracy of the warm start at WARM (multistep_warm writes it beside, in warm_eval.json), or
+    None while it is not built."""
+    path = Path(warm).parent / "warm_eval.json"
+    if not path.is_file():
+        return None
+    acc = json.loads(path.read_text()).get("accuracy")
+    if not isinstance(acc, (int, float)) or not math.isfinite(acc):
+        raise ValueError(
+            f"{path}: field accuracy is {acc!r}; delete the file to evaluate the warm start again"
+        )
+    return float(acc)
+
+
+def read_run(run: Path, warm_start: float) -> Cell | None:
+    """The cell of a finished run dir (final_eval.json written), else None."""
+    m = NAME.match(run.name)
+    final = final_eval.read(run)
+    if m is None or final is None:
+        return None
+    if not math.isfinite(final):
+        raise ValueError(
+            f"{run / 'final_eval.json'}: field accuracy is {final}; delete the file to re-evaluate the run"
+        )
+    method, lr, k, seed = m.group(1), float(m.group(2)), int(m.group(3)), int(m.group(4))
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    trained = [r for r in recs if "vcpo/ess_ratio" in r]
+    steps = max((int(r["step"]) for r in recs), default=-1) + 1
+    curve = {0: warm_start}
+    for r in recs:
+        if "eval/accuracy" in r:
+            # the engines' policy: version eval/policy_version (older runs: step + 1 - k, the lagged copy)
+            version = int(r.get("eval/policy_version", max(0, int(r["step"]) + 1 - k)))
+            curve[version] = float(r["eval/accuracy"])
+    curve[steps] = final  # the learner's own policy after the last step
+    return Cell(method, lr, k, seed, final, tuple(sorted(curve.items())),
+                tuple(float(r["vcpo/ess_ratio"]) for r in trained), steps, warm_start)  # fmt: skip
+
+
+def read_cells(
+    runs_dir: Path, earlier: Path | None = None, warm_start: float | None = None
+) -> dict[tuple, Cell]:
+    """Every finished run under runs_dir plus the cells an earlier report kept; a run dir wins over its kept
+    copy. Keyed by (method, lr, k, seed). warm_start: the warm start's held-out accuracy (default: WARM's
+    warm_eval.json; a finished run with neither is an error)."""
+    cells: dict[tuple, Cell] = {}
+    if earlier is not None and earlier.is_file():
+        for r in json.loads(earlier.read_text())["cells"]:
+            c = Cell.from_row(r)
+            cells[(c.method, c.lr, c.k, c.seed)] = c
+    for path in sorted(runs_dir.glob(f"{PREFIX}_*/final_eval.json")):
+        if warm_start is None and (warm_start := warm_start_accuracy(WARM)) is None:
+            raise ValueError(
+                f"{path.parent}: finished, but {Path(WARM).parent / 'warm_eval.json'} is missing"
+            )
+        cell = read_run(path.parent, warm_start)
+        if cell is not None:
+            cells[(cell.method, cell.lr, cell.k, cell.seed)] = cell
+    return cells
+
+
+def twin(method: str, k: int) -> str:
+    """The method whose runs a cell is: at k = 0 the corrected methods make plain's or VCPO's update."""
+    return SAME_AS_AT_K0.get(method, method) if k == 0 else method
+
+
+def finals(cells: dict[tuple, Cell], method: str, lr: float, k: int, seeds: tuple[int, ...]) -> list[Cell]:
+    """The finished runs of (method, lr, k) over these seeds (k = 0 of a same-as method: its twin's)."""
+    m = twin(method, k)
+    return [cells[key] for s in seeds if (key := (m, lr, k, s)) in cells]
+
+
+def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
+    """Each method's lr: the highest mean final at k = SELECT_LAG over the selection seeds (ties: the lower lr).
+    None until every lr has every selection seed. Held-out seeds are never read here."""
+    chosen: dict[str, float | None] = {}
+    for method in METHODS:
+        means = {}
+        for lr in LRS:
+            runs = finals(cells, method, lr, SELECT_LAG, SELECT_SEEDS)
+            if len(runs) == len(SELECT_SEEDS):
+                means[lr] = statistics.mean(c.final_accuracy for c in runs)
+        chosen[method] = max(means, key=lambda lr: means[lr]) if len(means) == len(LRS) else None
+    return chosen
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run to do: its name, part, lag, seed and the recipe overrides (lr and method)."""
+
+    name: str
+    part: str
+    k: int
+    seed: int
+    sets: tuple[str, ...]
+
+    @property
+    def curve(self) -> bool:
+        """Whether the run evaluates periodically: the selection reads only finals, so it saves those evals."""
+        return self.part != "select"
+
+
+def plan(
+    part: str, cells: dict[tuple, Cell], methods: tuple[str, ...] = METHODS, lags: tuple[int, ...] = LAGS
+) -> list[Planned]:
+    """The runs PART still needs, in the order they should run. Finished runs and k = 0 cells that are another
+    method's run are left out; heldout plans only the methods whose lr is chosen. `methods` and `lags` narrow
+    it to a first slice (say VCPO and the strongest baseline at k = 0, 8, 32, 64: the question answered soonest);
+    the report always counts the whole sweep."""
+    if part == "calibrate":
+        want = [(m, lr, 0, s) for m, lr, s in CALIBRATE if m in methods]
+    elif part == "select":
+        want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in METHODS if m in methods]
+    elif part == "heldout":
+        chosen = select_lrs(cells)
+        want = [(m, lr, k, s) for k in LAGS if k in lags for s in HELDOUT_SEEDS for m, lr in chosen.items()
+                if lr is not None and m in methods]  # fmt: skip
+    else:
+        raise ValueError(f"plan: part {part!r} is not one of {', '.join(PARTS)}")
+    out, seen = [], set()
+    for method, lr, k, seed in want:
+        key = (twin(method, k), lr, k, seed)
+        if key in cells or key in seen:
+            continue
+        seen.add(key)
+        sets = (f"learner.lr={lr:g}", *OVERRIDES[key[0]].split())
+        out.append(Planned(run_name(*key), part, k, seed, sets))
+    return out
+
+
+def plan_all(cells: dict[tuple, Cell]) -> list[Planned]:
+    return [p for part in PARTS for p in plan(part, cells)]
+
+
+def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
+    """--methods vcpo,m2po / --lags 0,8: each item checked against the sweep's own list."""
+    items = tuple(cast(x) for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in known]
+    if bad or not items:
+        raise SystemExit(f"k_sweep: --{what} {text!r}: {bad or 'empty'} not in {', '.join(map(str, known))}")
+    return items
+
+
+# ----------------------------------------------------------------------------------------------------- runner
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How `run` trains and scores one planned run (nice level, paths, budgets)."""
+
+    runs: Path
+    recipe: str = RECIPE
+    warm: str = WARM
+    steps: int = STEPS
+    eval_every: int = EVAL_EVERY
+    nice: int = 15  # the machine is shared: runs yield to interactive work
+
+    def train_cmd(self, p: Planned) -> list[str]:
+        sets = [f"model.path={self.warm}", f"rollout.fixed_lag={p.k}", f"train.seed={p.seed}",
+                f"train.steps={self.steps}", f"name={p.name}", f"logging.run_dir={self.runs / p.name}",
+                "logging.tensorboard=false", "checkpoint.every=0", f"eval.every={self.eval_every if p.curve else 0}", *p.sets]  # fmt: skip
+        cmd = ["nice", "-n", str(self.nice), sys.executable, "-m", "agent_rl.cli", "train", self.recipe]
+        return cmd + [x for s in sets for x in ("--set", s)]
+
+    def trained(self, run: Path) -> bool:
+        metrics = run / "metrics.jsonl"
+        if not metrics.is_file() or not (run / "checkpoints" / "latest").exists():
+            return False
+        steps = {json.loads(line).get("step") for line in metrics.read_text().splitlines() if line.strip()}
+        return self.steps - 1 in steps
+
+    def __call__(self, p: Planned) -> str:
+        """Train (unless a finished training is there), score the final checkpoint, drop the checkpoints."""
+        run = self.runs / p.name
+        if final_eval.read(run) is not None:
+            return f"{p.name}: done already"
+        if not self.trained(run):
+            shutil.rmtree(run, ignore_errors=True)
+            self.runs.mkdir(parents=True, exist_ok=True)
+            with open(self.runs / f"{p.name}.log", "w") as log:
+                proc = subprocess.run(self.train_cmd(p), stdout=log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+            if proc.returncode:
+                return f"FAILED {p.name} (exit {proc.returncode}; {self.runs / p.name}.log)"
+        msg = final_eval.evaluate(run)
+        if final_eval.read(run) is not None:
+            shutil.rmtree(run / "checkpoints", ignore_errors=True)
+        return msg
+
+
+def run_all(
+    runner: Runner,
+    out: Path,
+    jobs: int,
+    parts: tuple[str, ...] = PARTS,
+    methods: tuple[str, ...] = METHODS,
+    lags: tuple[int, ...] = LAGS,
+) -> None:
+    """Every missing run of PARTS, `jobs` at a time, re-planning after each finishes (a method's held-out runs
+    start as soon as its selection is complete); the report is rewritten after every `jobs` runs."""
+    from benchmarks.stress.k_sweep_report import write
+
+    started: set[str] = set()
+    done, t0 = 0, time.time()
+    with ThreadPoolExecutor(jobs) as pool:
+        running: dict[Future, Planned] = {}
+        while True:
+            cells = read_cells(runner.runs, out, warm_start_accuracy(runner.warm))
+            todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
+            while todo and len(running) < jobs:
+                p = todo.pop(0)
+                started.add(p.name)
+                running[pool.submit(runner, p)] = p
+                print(f"start {p.name} ({p.part}; its progress: {runner.runs / p.name}.log)", flush=True)
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                p = running.pop(f)
+                done += 1
+                left = len(todo) + len(running)
+                eta = (time.time() - t0) / done * left  # completions so far already run `jobs` at a time
+                print(
+                    f"[{done} done, {left} to go, part {p.part}, ETA {eta / 3600:.1f} h] {f.result()}",
+                    flush=True,
+                )
+                if done % jobs == 0:
+                    write(
+                        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)),
+                        out,
+                        quiet=True,
+                        warm_dir=runner.warm,
+                    )
+    write(
+        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)), out, quiet=True, warm_dir=runner.warm
+    )
+    missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm_start_accuracy(runner.warm)))]
+    print(
+        f"k_sweep: {len(missing)} runs missing" + (f" (first: {', '.join(missing[:3])})" if missing else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["plan", "run", "report"])
+    ap.add_argument("part", nargs="?", help=f"plan/run: one of {', '.join(PARTS)} (default: all, in order)")
+    ap.add_argument("--runs", default="runs", type=Path)
+    ap.add_argument("--out", default="benchmarks/results/stress/k_sweep.json", type=Path)
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
+    )
+    ap.add_argument("--warm", default=WARM, help="the warm start (a copy keeps it steady)")
+    ap.add_argument(
+        "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
+    )
+    ap.add_argument(
+        "--lags", default=",".join(map(str, LAGS)), help="heldout: only these k (comma-separated)"
+    )
+    args = ap.parse_args(argv)
+    if args.part is not None and args.part not in PARTS:
+        raise SystemExit(f"k_sweep: part {args.part!r} is not one of {', '.join(PARTS)}")
+    parts = (args.part,) if args.part else PARTS
+    methods = _names(args.methods, METHODS, "methods")
+    lags = _names(args.lags, LAGS, "lags", int)
+    if args.command == "plan":
+        cells = read_cells(args.runs, args.out, warm_start_accuracy(args.warm))
+        runs = [p for part in parts for p in plan(part, cells, methods, lags)]
+        for p in runs:
+            print(p.name, p.k, p.seed, " ".join(p.sets))
+        pending = [m for m, lr in select_lrs(cells).items() if lr is None]
+        if "heldout" in parts and pending:
+            print(
+                f"heldout: no lr chosen yet for {', '.join(pending)} (the selection plans them)",
+                file=sys.stderr,
+            )
+        print(f"{'/'.join(parts)}: {len(runs)} runs to go", file=sys.stderr)
+        return
+    if args.command == "run":
+        if warm_start_accuracy(args.warm) is None:  # the first step of the sweep: the warm start (~1 h here)
+            from benchmarks.stress.multistep_warm import build
+
+            print(f"k_sweep: no warm start at {args.warm}: building it first", flush=True)
+            build(Path(args.warm).parent)
+        run_all(Runner(args.runs, warm=args.warm), args.out, args.jobs, parts, methods, lags)
+        return
+    from benchmarks.stress.k_sweep_report import write
+
+    write(read_cells(args.runs, args.out, warm_start_accuracy(args.warm)), args.out, warm_dir=args.warm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""The k-sweep's report: calibration, lr selection, per (method, k) final ± SE, collapse rate, AUC, ESS, the verdict.
+
+Written by `python -m benchmarks.stress.k_sweep report` (and by `run` as runs finish) to
+benchmarks/results/stress/k_sweep.{json,md,png}.
+
+Statistics: mean and sample std over the held-out seeds a cell has; SE = std / sqrt(n); the SE of a difference
+of two cells = sqrt(se_a² + se_b²) (separate runs, not paired draws). A lead is "separated" when it is more than
+2 SE of the difference. The verdict at each k names the method with the highest held-out mean final (each at
+its own chosen lr), its lead over the second and, where VCPO is not that method, VCPO's gap to it; the lags
+where VCPO is not ahead come first. The sentences are built from the summary fields in k_sweep.json, and
+`verdict_lines` is the one function that words them (the test re-derives them from the file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks.stress import k_sweep as ks
+from benchmarks.stress.level_b_fair import LABEL
+from benchmarks.stress.level_b_fair_report import lr_text
+
+SEPARATION = 2.0  # a lead counts as separated beyond this many standard errors of the difference
+COMMAND = "nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run"
+
+
+def stats(values: list[float]) -> dict:
+    n = len(values)
+    std = statistics.stdev(values) if n > 1 else None
+    return {"n": n, "mean": statistics.mean(values) if n else None, "std": std,
+            "se": std / math.sqrt(n) if std is not None else None}  # fmt: skip
+
+
+def cell_stats(runs: list[ks.Cell]) -> dict:
+    """final (mean/std/se), collapses, AUC and mean ESS/B of one (method, lr, k) over its runs."""
+    ess = [c.ess_mean for c in runs if c.ess_mean is not None]
+    return stats([c.final_accuracy for c in runs]) | {
+        "collapsed": sum(c.collapsed for c in runs),
+        "auc": stats([c.auc for c in runs]),
+        "ess_mean": statistics.mean(ess) if ess else None,
+    }
+
+
+def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
+    if a["mean"] is None or b["mean"] is None:
+        return None, None
+    se = math.sqrt(a["se"] ** 2 + b["se"] ** 2) if a["se"] is not None and b["se"] is not None else None
+    return a["mean"] - b["mean"], se
+
+
+def separated(d: float | None, se: float | None) -> bool | None:
+    """|d| > 2 SE (None while either cell has a single run: no spread to judge by)."""
+    if d is None or se is None:
+        return None
+    return abs(d) > SEPARATION * se
+
+
+def heldout(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) -> dict[str, dict[str, dict]]:
+    """method -> k -> stats, each method at its chosen lr on the held-out seeds."""
+    return {
+        m: {str(k): cell_stats(ks.finals(cells, m, lr, k, ks.HELDOUT_SEEDS)) for k in ks.LAGS}
+        for m, lr in chosen.items() if lr is not None
+    }  # fmt: skip
+
+
+def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -> dict[str, dict]:
+    """Per k: the best method, its lead over the second, VCPO against the best."""
+    out = {}
+    n = len(ks.HELDOUT_SEEDS)
+    for k in map(str, ks.LAGS):
+        # at k = 0 several methods can be the same runs (plain's or VCPO's at one lr): rank each set of runs once,
+        # under the method whose runs they are if it chose that lr, else the first of METHODS that did
+        runs_of: dict[tuple, str] = {}
+        measured = [m for m in ks.METHODS if m in held and held[m][k]["n"]]
+        for m in sorted(measured, key=lambda m: ks.twin(m, int(k)) != m):
+            runs_of.setdefault((ks.twin(m, int(k)), chosen[m]), m)
+        ranked = sorted(runs_of.values(), key=lambda m: -held[m][k]["mean"])
+        s: dict = {"methods": sum(m in held and held[m][k]["n"] > 0 for m in ks.METHODS),
+                   "complete": all(m in held and held[m][k]["n"] == n for m in ks.METHODS),
+                   "collapsed": {m: held[m][k]["collapsed"] for m in ranked},
+                   "runs": {m: held[m][k]["n"] for m in ranked}}  # fmt: skip
+        if ranked:
+            best = ranked[0]
+            b = held[best][k]
+            s |= {"best": best, "best_lr": chosen[best], "best_mean": b["mean"], "best_se": b["se"]}
+            if len(ranked) > 1:
+                second = ranked[1]
+                lead, lead_se = difference(b, held[second][k])
+                s |= {"second": second, "second_lr": chosen[second], "second_mean": held[second][k]["mean"],
+                      "second_se": held[second][k]["se"], "lead": lead, "lead_se": lead_se,
+                      "lead_separated": separated(lead, lead_se)}  # fmt: skip
+            if "vcpo" in ranked:
+                v = held["vcpo"][k]
+                gap, gap_se = difference(v, b)
+                s |= {"vcpo_ahead": best == "vcpo", "vcpo_lr": chosen["vcpo"], "vcpo_mean": v["mean"],
+                      "vcpo_se": v["se"], "vcpo_minus_best": gap, "vcpo_minus_best_se": gap_se,
+                      "vcpo_gap_separated": separated(gap, gap_se)}  # fmt: skip
+        out[k] = s
+    return out
+
+
+def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
+    if mean is None:
+        return "missing"
+    return (f"{mean:+.2f}" if signed else f"{mean:.2f}") + (f" ± {se:.2f}" if se is not None else "")
+
+
+def _gap(d: float, se: float | None, sep: bool | None) -> str:
+    """'0.05 ± 0.02 (2.5 SE; separated)', or without a spread yet '0.05 (no spread yet)'."""
+    if se is None:
+        return f"{abs(d):.2f} (no spread yet; not separated)"
+    if se == 0:
+        return f"{abs(d):.2f} (no spread; {'separated' if sep else 'not separated'})"
+    return f"{abs(d):.2f} ± {se:.2f} ({abs(d) / se:.1f} SE; {'separated' if sep else 'not separated'})"
+
+
+def _who(s: dict, role: str) -> str:
+    return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {_pm(s[f'{role}_mean'], s[f'{role}_se'])}"
+
+
+def verdict_line(k: str, s: dict) -> str:
+    """One sentence per k, from the summary fields only."""
+    if not s.get("best"):
+        return f"- k={k}: not measured yet."
+    if "vcpo_ahead" not in s:
+        text = f"- k={k}: VCPO not measured yet. Best so far: {_who(s, 'best')}."
+    elif s["vcpo_ahead"]:
+        text = f"- k={k}: VCPO is ahead: {_who(s, 'best')}"
+        text += (f", leading {_who(s, 'second')} by {_gap(s['lead'], s['lead_se'], s['lead_separated'])}."
+                 if "second" in s else ", the only method measured.")  # fmt: skip
+    else:
+        text = (f"- k={k}: VCPO is not ahead: VCPO (lr {lr_text(s['vcpo_lr'])}) {_pm(s['vcpo_mean'], s['vcpo_se'])} "
+                f"is behind {_who(s, 'best')} by {_gap(s['vcpo_minus_best'], s['vcpo_minus_best_se'], s['vcpo_gap_separated'])}.")  # fmt: skip
+        if s["second"] != "vcpo":
+            text += (f" The best leads the second, {_who(s, 'second')}, by "
+                     f"{_gap(s['lead'], s['lead_se'], s['lead_separated'])}.")  # fmt: skip
+    col = [f"{LABEL[m]} {c}/{s['runs'][m]}" for m, c in s["collapsed"].items() if c]
+    text += f" Collapsed: {', '.join(col)}." if col else " No run collapsed."
+    if not s["complete"]:
+        text += f" (incomplete: {s['methods']} of {len(ks.METHODS)} methods, {sum(s['runs'].values())} runs)"
+    return text
+
+
+def verdict_lines(summ: dict[str, dict]) -> list[str]:
+    """The verdict, lags where VCPO is not ahead first (then ahead, then unmeasured), each in k order."""
+
+    def order(k: str) -> int:
+        s = summ[k]
+        return 2 if not s.get("best") else 1 if s.get("vcpo_ahead") else 0
+
+    return [verdict_line(k, summ[k]) for k in sorted(summ, key=lambda k: (order(k), int(k)))]
+
+
+def calibration(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) -> list[dict]:
+    """Synchronous RL from the warm start: the calibration runs (seed 0), then each method's k=0 held-out runs at
+    its chosen lr, as the mean held-out accuracy at each policy version (the same versions in every k=0 run)."""
+    rows = []
+    for m, lr, seed in ks.CALIBRATE:
+        if (c := cells.get((m, lr, 0, seed))) is not None:
+            rows.append({"method": m, "lr": lr, "seeds": [seed], "curve": [list(p) for p in c.curve]})
+    seen = set()
+    for m, lr in chosen.items():
+        runs = ks.finals(cells, m, lr, 0, ks.HELDOUT_SEEDS) if lr is not None else []
+        if not runs or (ks.twin(m, 0), lr) in seen:
+            continue
+        seen.add((ks.twin(m, 0), lr))
+        versions = sorted(set.intersection(*(set(dict(c.curve)) for c in runs)))
+        curve = [[v, statistics.mean(dict(c.curve)[v] for c in runs)] for v in versions]
+        rows.append({"method": ks.twin(m, 0), "lr": lr, "seeds": [c.seed for c in runs], "curve": curve})
+    return rows
+
+
+def selection(cells: dict[tuple, ks.Cell]) -> dict:
+    chosen = ks.select_lrs(cells)
+    return {
+        m: {"chosen_lr": chosen[m],
+            "by_lr": {f"{lr:g}": cell_stats(ks.finals(cells, m, lr, ks.SELECT_LAG, ks.SELECT_SEEDS)) for lr in ks.LRS}}
+        for m in ks.METHODS
+    }  # fmt: skip
+
+
+def _fmt(c: dict, n: int) -> str:
+    if not c["n"]:
+        return "-"
+    txt = _pm(c["mean"], c["se"]) + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+    return txt + ("" if c["n"] == n else f" ({c['n']}/{n})")
+
+
+def _warm(acc: float | None) -> str:
+    return f"held-out {acc:.2f}" if acc is not None else "not built yet: no run can start"
+
+
+def _heldout_runs(methods: int) -> int:
+    """Held-out runs of `methods` methods at every k (an upper bound: at k = 0 some are another method's runs)."""
+    return methods * len(ks.LAGS) * len(ks.HELDOUT_SEEDS)
+
+
+def markdown(report: dict) -> str:
+    d = report["design"]
+    chosen = {m: v["chosen_lr"] for m, v in report["selection"].items()}
+    n_held, n_sel = len(ks.HELDOUT_SEEDS), len(ks.SELECT_SEEDS)
+    lines = [
+        "# Staleness study, level (b), the k-sweep: every method at its best lr, k up to 64 (`benchmarks.stress.k_sweep`)",
+        "",
+        f"{len(report['cells'])} runs. Task: tiny_multistep (`envs/tiny_multistep.yaml`: one affine step applied 2-3 "
+        f"times, one tool call per application), warm start `runs/tiny_multistep/sft` ({_warm(d['warm_start'])}), "
+        f"{d['steps']} steps of 8 prompts x 8 samples, every batch exactly k versions stale (`rollout.fixed_lag`), "
+        f"void masking off. Each method's lr is chosen on seeds {','.join(map(str, ks.SELECT_SEEDS))} at k={ks.SELECT_LAG} "
+        f"from {', '.join(map(lr_text, ks.LRS))}; every other number is over held-out seeds "
+        f"{','.join(map(str, ks.HELDOUT_SEEDS))}, each method at its chosen lr. Final = held-out accuracy (100 tasks, "
+        "T=1) of the final checkpoint; collapsed = final below the warm start; AUC = mean held-out accuracy over the "
+        f"run's policy versions 0..{d['steps']} (trapezoids between evals every {d['eval_every']} steps, which under a "
+        "fixed lag measure the policy k versions back, and the final); ESS = mean ESS/B over trained steps. "
+        "Mean ± SE; [n] = collapsed runs; (n/5) = runs so far. At k=0 tis/mis/m2po/ESS-lr are plain's runs and "
+        "OPOB alone is VCPO's, at the method's own lr.",
+        "",
+        "## Verdict",
+        "",
+        *verdict_lines(report["summary"]),
+        "",
+        "## Final held-out accuracy (mean ± SE [collapsed])",
+        "",
+        "| method (lr) | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |",
+        "|---|" + "---|" * len(ks.LAGS),
+    ]
+    held = report["heldout"]
+    for m in ks.METHODS:
+        if m in held:
+            lines.append(f"| {LABEL[m]} ({lr_text(chosen[m])}) | "
+                         + " | ".join(_fmt(held[m][str(k)], n_held) for k in ks.LAGS) + " |")  # fmt: skip
+    lines += ["", "## Collapse rate, AUC (mean ± SE), mean ESS/B", "",
+              "| method | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
+    for m in ks.METHODS:
+        if m in held:
+            row = []
+            for k in ks.LAGS:
+                c = held[m][str(k)]
+                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {_pm(c['auc']['mean'], c['auc']['se'])}; "
+                           f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
+            lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
+              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in ks.LRS) + " |", "|---|" + "---|" * len(ks.LRS)]  # fmt: skip
+    for m, v in report["selection"].items():
+        row = [_fmt(v["by_lr"][f"{lr:g}"], n_sel) for lr in ks.LRS]
+        row = [f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, ks.LRS, strict=True)]
+        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    cal = report["calibration"]
+    if cal:
+        versions = sorted({v for r in cal for v, _ in r["curve"]})
+        lines += ["", "## Calibration: synchronous RL (k=0) from the warm start, held-out accuracy by step (mean over seeds)",
+                  "", "| method | lr | seeds | " + " | ".join(f"step {v}" for v in versions) + " |",
+                  "|---|---|---|" + "---|" * len(versions)]  # fmt: skip
+        for r in cal:
+            by = dict((int(v), a) for v, a in r["curve"])
+            lines.append(f"| {LABEL[r['method']]} | {lr_text(r['lr'])} | {','.join(map(str, r['seeds']))} | "
+                         + " | ".join(f"{by[v]:.2f}" if v in by else "" for v in versions) + " |")  # fmt: skip
+    lines += ["", "## Missing runs", ""]
+    miss = report["missing"]
+    total = sum(len(v) for v in miss.values())
+    unchosen = [m for m, lr in chosen.items() if lr is None]
+    for part, names in miss.items():
+        later = ""
+        if part == "heldout" and unchosen:  # planned only once a method's selection is complete
+            later = (f" planned so far, and up to {_heldout_runs(len(unchosen))} more once the lr of "
+                     f"{', '.join(LABEL[m] for m in unchosen)} is chosen")  # fmt: skip
+        lines.append(
+            f"- {part}: {len(names)} runs to go{later}"
+            + (f" (first: {', '.join(names[:3])})" if names else "")
+        )
+    if total or unchosen:
+        later = " (and the held-out runs above, once the lrs are chosen)" if unchosen else ""
+        lines += ["", f"{total} runs missing{later}; `{COMMAND}` finishes them: it builds the warm start first "
+                  "when it is missing, then resumes (finished runs are skipped, and the held-out runs of a method "
+                  "start once its selection is complete)."]  # fmt: skip
+    else:
+        lines += ["", "None: the sweep is complete."]
+    return "\n".join(lines) + "\n"
+
+
+def write(cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False, warm_dir: str = ks.WARM) -> dict:
+    """k_sweep.{json,md,png} from every finished cell (warm_dir: the warm start, for its accuracy before any run)."""
+    warms = {c.warm for c in cells.values()}
+    if len(warms) > 1:
+        raise ValueError(
+            f"k_sweep: runs from warm starts of different accuracy {sorted(warms)}: one sweep, one warm start"
+        )
+    warm = warms.pop() if warms else ks.warm_start_accuracy(warm_dir)
+    sel = selection(cells)
+    chosen = {m: v["chosen_lr"] for m, v in sel.items()}
+    held = heldout(cells, chosen)
+    report = {
+        "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE, "warm_start": warm,
+                   "methods": list(ks.METHODS), "lrs": list(ks.LRS), "lags": list(ks.LAGS),
+                   "select_lag": ks.SELECT_LAG, "select_seeds": list(ks.SELECT_SEEDS),
+                   "heldout_seeds": list(ks.HELDOUT_SEEDS), "steps": ks.STEPS, "eval_every": ks.EVAL_EVERY,
+                   "separation_se": SEPARATION},
+        "cells": [c.row() for _, c in sorted(cells.items())],
+        "calibration": calibration(cells, chosen),
+        "selection": sel,
+        "heldout": held,
+        "summary": summary(held, chosen),
+        "missing": {part: [p.name for p in ks.plan(part, cells)] for part in ks.PARTS},
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    text = markdown(report)
+    out.with_suffix(".md").write_text(text)
+    _plot(report, out.with_suffix(".png"))
+    if not quiet:
+        print(text)
+    return report
+
+
+def _plot(report: dict, png: Path) -> None:
+    """Final accuracy vs k with SE bands (collapses marked x, with their count), AUC vs k, ESS vs k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    pos = {k: i for i, k in enumerate(ks.LAGS)}  # k evenly spaced: 0, 4, ..., 64
+    held = report["heldout"]
+    for i, m in enumerate(ks.METHODS):
+        if m not in held:
+            continue
+        ls = "-" if m in ("vcpo", "opob", "ess_lr") else ":"
+        pts = [(k, held[m][str(k)]) for k in ks.LAGS if held[m][str(k)]["n"]]
+        if not pts:
+            continue
+        x = [pos[k] for k, _ in pts]
+        for ax, get in (
+            (axes[0], lambda c: (c["mean"], c["se"])),
+            (axes[1], lambda c: (c["auc"]["mean"], c["auc"]["se"])),
+        ):
+            mean = [get(c)[0] for _, c in pts]
+            se = [get(c)[1] or 0 for _, c in pts]
+            ax.plot(x, mean, ls, marker="o", color=f"C{i}", label=LABEL[m], lw=2 if m == "vcpo" else 1.2)
+            ax.fill_between(x, [a - b for a, b in zip(mean, se, strict=True)],
+                            [a + b for a, b in zip(mean, se, strict=True)], color=f"C{i}", alpha=0.15)  # fmt: skip
+        for (_k, c), xi in zip(pts, x, strict=True):
+            if c["collapsed"]:
+                axes[0].scatter([xi], [c["mean"]], marker="x", s=80, color=f"C{i}", zorder=5)
+                axes[0].annotate(str(c["collapsed"]), (xi, c["mean"]), textcoords="offset points", xytext=(5, 3),
+                                 fontsize=7, color=f"C{i}")  # fmt: skip
+        ess = [(pos[k], c["ess_mean"]) for k, c in pts if c["ess_mean"] is not None]
+        if ess:
+            axes[2].plot(
+                [a for a, _ in ess], [b for _, b in ess], ls, marker="o", color=f"C{i}", label=LABEL[m]
+            )
+    warm = report["design"]["warm_start"]
+    for ax, title in zip(axes, ("final held-out accuracy (mean ± SE; x = collapsed runs)",
+                                "area under the accuracy curve (mean ± SE)", "mean ESS/B over training"), strict=True):  # fmt: skip
+        ax.set_xticks(range(len(ks.LAGS)), [str(k) for k in ks.LAGS])
+        ax.set_xlabel("staleness k (versions)")
+        ax.set_title(title, fontsize=9)
+    for ax in axes[:2]:
+        if warm is not None:
+            ax.axhline(warm, color="grey", linestyle=":", linewidth=1)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

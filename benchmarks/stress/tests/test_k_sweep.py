@@ -1,0 +1,263 @@
+"""The k-sweep's planning, run reading and report (verdict wording against the file), on hand-made runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stress import k_sweep as ks
+from benchmarks.stress.k_sweep_report import SEPARATION, verdict_lines, write
+from benchmarks.stress.level_b_fair import LABEL
+
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "stress" / "k_sweep.json"
+
+
+def _cell(method: str, lr: float, k: int, seed: int, acc: float) -> ks.Cell:
+    return ks.Cell(method, lr, k, seed, acc, ((0, 0.1), (ks.STEPS, acc)), (1.0, 0.5), ks.STEPS, 0.1)
+
+
+def _cells(rows) -> dict[tuple, ks.Cell]:
+    return {(m, lr, k, s): _cell(m, lr, k, s, a) for m, lr, k, s, a in rows}
+
+
+def _selection(best: dict[str, float]) -> list[tuple]:
+    """Every method at every lr on the selection seeds at k=8; best[m] scores 0.6, the others 0.3."""
+    return [
+        (m, lr, ks.SELECT_LAG, s, 0.6 if lr == best[m] else 0.3)
+        for m in ks.METHODS
+        for lr in ks.LRS
+        for s in ks.SELECT_SEEDS
+    ]
+
+
+BEST = dict(zip(ks.METHODS, [ks.LRS[i % len(ks.LRS)] for i in range(len(ks.METHODS))], strict=True))
+
+
+def test_the_lr_is_chosen_at_k8_on_the_selection_seeds_only() -> None:
+    rows = _selection(BEST)
+    # held-out seeds at k=8 and selection seeds at another k that would pick another lr if they were read
+    rows += [(m, lr, ks.SELECT_LAG, s, 0.99 if lr != BEST[m] else 0.0) for m in ks.METHODS for lr in ks.LRS
+             for s in ks.HELDOUT_SEEDS]  # fmt: skip
+    rows += [(m, lr, 4, s, 0.99 if lr != BEST[m] else 0.0) for m in ks.METHODS for lr in ks.LRS for s in ks.SELECT_SEEDS]  # fmt: skip
+    assert ks.select_lrs(_cells(rows)) == BEST
+
+
+def test_heldout_runs_start_per_method_once_its_selection_is_complete_lowest_k_first() -> None:
+    rows = [r for r in _selection(BEST) if not (r[0] == "tis" and r[1] == ks.LRS[0] and r[3] == 2)]
+    cells = _cells(rows)
+    assert ks.select_lrs(cells)["tis"] is None
+    held = ks.plan("heldout", cells)
+    assert not any("_tis_" in p.name for p in held) and any("_mis_" in p.name for p in held)
+    assert [p.k for p in held] == sorted(p.k for p in held)  # k=0 first, k=64 last
+    assert {p.seed for p in held} == set(ks.HELDOUT_SEEDS)
+    mis = next(p for p in held if "_mis_" in p.name and p.k == 8)
+    assert mis.name == ks.run_name("mis", BEST["mis"], 8, mis.seed)
+    assert f"learner.lr={BEST['mis']:g}" in mis.sets and "algorithm.loss=mis" in mis.sets
+
+
+def test_k0_cells_of_the_corrected_methods_are_plains_or_vcpos_runs_at_their_own_lr() -> None:
+    held = [p for p in ks.plan("heldout", _cells(_selection(BEST))) if p.k == 0]
+    names = {p.name for p in held}
+    # tis/mis/m2po/ess_lr make plain's update at k=0 and opob makes VCPO's: their k=0 runs are those
+    assert not any(re.match(r"ksweep_(tis|mis|m2po|ess_lr|opob)_", n) for n in names)
+    expect = {ks.run_name(ks.twin(m, 0), lr, 0, s) for m, lr in BEST.items() for s in ks.HELDOUT_SEEDS}
+    assert names == expect
+
+
+def test_plan_skips_finished_runs_and_the_cells_an_earlier_report_kept(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "out" / "k_sweep.json"
+    _finish(runs, "plain", ks.LRS[0], 8, 0, acc=0.4)
+    write(ks.read_cells(runs, warm_start=0.1), out, quiet=True)
+    later = tmp_path / "later"  # a later session: the run dirs are gone, the report's cells still count
+    _finish(later, "vcpo", ks.LRS[0], 8, 0, acc=0.5)
+    cells = ks.read_cells(later, out, warm_start=0.1)
+    names = [p.name for p in ks.plan("select", cells)]
+    assert (
+        ks.run_name("plain", ks.LRS[0], 8, 0) not in names
+        and ks.run_name("vcpo", ks.LRS[0], 8, 0) not in names
+    )
+    assert len(names) == len(ks.METHODS) * len(ks.LRS) * len(ks.SELECT_SEEDS) - 2
+    runner = ks.Runner(later)
+    assert runner(ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", 8, 0, ())).endswith(
+        "done already"
+    )
+
+
+def _finish(runs: Path, method: str, lr: float, k: int, seed: int, acc: float, evals=()) -> Path:
+    """A run as the runner leaves it: metrics.jsonl (steps with ESS, periodic evals) and final_eval.json."""
+    d = runs / ks.run_name(method, lr, k, seed)
+    d.mkdir(parents=True)
+    recs = [{"step": t, "vcpo/ess_ratio": 1.0 if t < k else 0.25} for t in range(ks.STEPS)]
+    for step, version, a in evals:
+        recs[step] |= {"eval/accuracy": a, "eval/policy_version": version}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "final_eval.json").write_text(json.dumps({"accuracy": acc, "tasks": 100, "seed": seed}))
+    return d
+
+
+def test_a_run_is_read_at_the_policy_versions_its_evals_measured_and_its_auc_is_their_trapezoid_mean(
+    tmp_path: Path,
+) -> None:
+    # k=16: the eval after step 39 ran on the engines' version 24, the one after step 79 on version 64
+    _finish(tmp_path, "tis", ks.LRS[1], 16, 3, acc=0.6, evals=[(39, 24, 0.3), (79, 64, 0.5)])
+    (cell,) = ks.read_cells(tmp_path, warm_start=0.1).values()
+    assert cell.curve == ((0, 0.1), (24, 0.3), (64, 0.5), (ks.STEPS, 0.6))
+    area = 24 * (0.1 + 0.3) / 2 + 40 * (0.3 + 0.5) / 2 + 16 * (0.5 + 0.6) / 2
+    assert cell.auc == pytest.approx(area / ks.STEPS)
+    assert cell.ess_mean == pytest.approx((16 * 1.0 + 64 * 0.25) / ks.STEPS)
+    assert cell.steps == ks.STEPS and not cell.collapsed
+
+
+def test_bad_input_names_the_file_and_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default warm start, runs/tiny_multistep/sft, is relative: none here
+    _finish(tmp_path, "plain", ks.LRS[0], 8, 0, acc=float("nan"))
+    with pytest.raises(ValueError, match=r"final_eval.json: field accuracy is nan"):
+        ks.read_cells(tmp_path, warm_start=0.1)
+    with pytest.raises(ValueError, match=r"finished, but .*warm_eval.json is missing"):
+        ks.read_cells(tmp_path)
+    with pytest.raises(SystemExit, match="part 'bogus' is not one of calibrate, select, heldout"):
+        ks.main(["plan", "bogus", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def _heldout(k: int, finals: dict[str, list[float]]) -> list[tuple]:
+    return [(ks.twin(m, k), BEST[m], k, s, a) for m, accs in finals.items() for s, a in zip(ks.HELDOUT_SEEDS, accs, strict=True)]  # fmt: skip
+
+
+def test_the_verdict_names_the_best_method_says_whether_vcpo_is_ahead_and_puts_the_lags_where_it_is_not_first(
+    tmp_path: Path,
+) -> None:
+    rows = _selection(BEST)
+    low = {m: [0.30, 0.32, 0.28, 0.31, 0.29] for m in ks.METHODS}
+    # k=4: VCPO ahead of TIS but within 2 SE; k=8: M2PO ahead of VCPO by far more than 2 SE
+    rows += _heldout(4, low | {"tis": [0.50, 0.60, 0.40, 0.55, 0.45], "vcpo": [0.60, 0.50, 0.62, 0.48, 0.55]})
+    rows += _heldout(
+        8, low | {"m2po": [0.70, 0.71, 0.69, 0.72, 0.68], "vcpo": [0.40, 0.41, 0.39, 0.42, 0.38]}
+    )
+    report = write(_cells(rows), tmp_path / "k_sweep.json", quiet=True)
+    s4, s8 = report["summary"]["4"], report["summary"]["8"]
+    assert (s4["best"], s4["second"], s4["vcpo_ahead"], s4["lead_separated"]) == ("vcpo", "tis", True, False)
+    assert s4["lead_se"] == pytest.approx(math.sqrt(statistics.variance([0.60, 0.50, 0.62, 0.48, 0.55]) / 5
+                                                    + statistics.variance([0.50, 0.60, 0.40, 0.55, 0.45]) / 5))  # fmt: skip
+    assert (s8["best"], s8["vcpo_ahead"], s8["vcpo_gap_separated"]) == ("m2po", False, True)
+    assert s8["complete"] and not report["summary"]["16"].get("best")
+    lines = verdict_lines(report["summary"])
+    assert lines[0].startswith("- k=8: VCPO is not ahead: VCPO") and "is behind M2PO" in lines[0]
+    assert "SE; separated)" in lines[0]
+    assert lines[1].startswith("- k=4: VCPO is ahead") and "not separated" in lines[1]
+    assert lines[-1] == "- k=64: not measured yet."
+    md = (tmp_path / "k_sweep.md").read_text()
+    assert (
+        "\n".join(lines) in md
+        and "runs missing; `nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run`" in md
+    )
+    assert (tmp_path / "k_sweep.png").is_file()
+
+
+_GAP = re.compile(r"by (\d+\.\d+) ± (\d+\.\d+) \((\d+\.\d) SE; (separated|not separated)\)")
+
+
+def _says(gap: tuple[str, str, str, str], d: float, se: float) -> None:
+    """A worded gap ('by 0.05 ± 0.02 (2.5 SE; separated)') against the file's unrounded numbers."""
+    assert (float(gap[0]), float(gap[1])) == (round(abs(d), 2), round(se, 2))
+    assert gap[3] == ("separated" if abs(d) > SEPARATION * se else "not separated")
+
+
+def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_match_the_numbers() -> None:
+    """benchmarks/results/stress/k_sweep.md says what k_sweep.json says: its verdict lines are the ones the
+    summary gives; 'ahead' exactly where VCPO has the highest held-out mean; 'separated' exactly where a gap is
+    more than 2 SE of the difference."""
+    report = json.loads(RESULTS.read_text())
+    md = RESULTS.with_suffix(".md").read_text()
+    lines = verdict_lines(report["summary"])
+    assert "## Verdict\n\n" + "\n".join(lines) + "\n" in md
+    for line in lines:
+        k = re.match(r"- k=(\d+):", line).group(1)
+        s = report["summary"][k]
+        if "vcpo_ahead" not in s:
+            continue
+        means = {m: c[k]["mean"] for m, c in report["heldout"].items() if c[k]["n"]}
+        assert s["vcpo_ahead"] == (means["vcpo"] == max(means.values()))
+        assert line.startswith(f"- k={k}: VCPO is {'ahead' if s['vcpo_ahead'] else 'not ahead'}")
+        gaps = _GAP.findall(line)
+        if s["vcpo_ahead"]:
+            if s.get("lead_se"):
+                _says(gaps[0], s["lead"], s["lead_se"])
+        elif s.get("vcpo_minus_best_se"):
+            assert f"is behind {LABEL[s['best']]}" in line
+            _says(gaps[0], s["vcpo_minus_best"], s["vcpo_minus_best_se"])
+
+
+def test_at_k0_methods_that_are_the_same_runs_are_ranked_once_under_the_method_whose_runs_they_are(
+    tmp_path: Path,
+) -> None:
+    best = dict.fromkeys(ks.METHODS, ks.LRS[0])  # every method at one lr: at k=0 only two sets of runs
+    rows = _selection(best) + [
+        (m, ks.LRS[0], 0, s, a) for m, a in (("plain", 0.5), ("vcpo", 0.6)) for s in ks.HELDOUT_SEEDS
+    ]
+    s0 = write(_cells(rows), tmp_path / "k_sweep.json", quiet=True)["summary"]["0"]
+    assert (s0["best"], s0["second"], s0["vcpo_ahead"]) == ("vcpo", "plain", True)
+    assert s0["complete"] and s0["methods"] == len(ks.METHODS)
+
+
+def test_each_planned_run_is_a_valid_recipe_with_its_lag_seed_lr_and_method(tmp_path: Path) -> None:
+    """The runner's command line, loaded as agent-rl loads it: every method's overrides validate, the run is
+    exactly k stale, and selection runs skip the periodic evals (the choice reads finals only)."""
+    from agent_rl.config import load_recipe
+
+    root = Path(__file__).resolve().parents[3]
+    runner = ks.Runner(tmp_path, recipe=str(root / ks.RECIPE))
+    planned = ks.plan("select", {})[: len(ks.METHODS)] + ks.plan("heldout", _cells(_selection(BEST)))[-1:]
+    assert {ks.NAME.match(p.name).group(1) for p in planned[:-1]} == set(ks.METHODS)
+    for p in planned:
+        cmd = runner.train_cmd(p)
+        assert cmd[:3] == ["nice", "-n", "15"]
+        recipe = load_recipe(cmd[cmd.index("train") + 1], cmd[cmd.index("train") + 3 :: 2])
+        assert (recipe.rollout.fixed_lag, recipe.train.seed, recipe.train.steps) == (p.k, p.seed, ks.STEPS)
+        assert recipe.run_dir == tmp_path / p.name
+        assert recipe.eval.every == (0 if p.part == "select" else ks.EVAL_EVERY)
+        method = ks.NAME.match(p.name).group(1)
+        assert recipe.algorithm.loss == {
+            "plain": "reinforce",
+            "tis": "tis_seq",
+            "mis": "mis",
+            "m2po": "m2po",
+        }.get(method, "vcpo")
+        assert (recipe.algorithm.ess_lr_rule == "sqrt") == (method in ("vcpo", "ess_lr"))
+        assert (recipe.algorithm.advantage == "opob") == (method in ("vcpo", "opob"))
+        assert f"learner.lr={recipe.learner.lr:g}" in p.sets
+
+
+def test_a_first_slice_plans_only_its_methods_and_lags_and_bad_names_are_refused(tmp_path: Path) -> None:
+    """`--methods vcpo,m2po --lags 0,8,32,64`: the runs that answer the question soonest, nothing else."""
+    sel = ks.plan("select", {}, methods=("vcpo", "m2po"))
+    assert {ks.NAME.match(p.name).group(1) for p in sel} == {"vcpo", "m2po"}
+    assert len(sel) == 2 * len(ks.LRS) * len(ks.SELECT_SEEDS)
+    held = ks.plan("heldout", _cells(_selection(BEST)), methods=("vcpo", "m2po"), lags=(0, 8, 32, 64))
+    assert {(ks.NAME.match(p.name).group(1), p.k) for p in held} == {
+        (m, k) for m in ("vcpo", "m2po") for k in (0, 8, 32, 64)
+    } - {("m2po", 0)} | {("plain", 0)}  # at k=0 M2PO's cell is plain's run at M2PO's lr
+    assert len(ks.plan("heldout", _cells(_selection(BEST)))) > len(held)
+    with pytest.raises(SystemExit, match=r"--methods 'vcpo,ppo': \['ppo'\] not in plain, tis"):
+        ks.main(["plan", "--methods", "vcpo,ppo", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match=r"--lags '8,12': \[12\] not in 0, 4, 8"):
+        ks.main(["plan", "--lags", "8,12", "--runs", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def test_the_warm_start_accuracy_is_read_beside_it_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    warm = tmp_path / "tiny_multistep" / "sft"
+    warm.mkdir(parents=True)
+    assert ks.warm_start_accuracy(warm) is None  # not built yet: `run` builds it first
+    (warm.parent / "warm_eval.json").write_text(json.dumps({"accuracy": 0.12, "tasks": 100}))
+    assert ks.warm_start_accuracy(warm) == 0.12
+    (warm.parent / "warm_eval.json").write_text(json.dumps({"accuracy": None}))
+    with pytest.raises(ValueError, match=r"warm_eval.json: field accuracy is None"):
+        ks.warm_start_accuracy(warm)
+    # a run below its warm start collapsed; one at or above it did not
+    assert (
+        _cell("vcpo", ks.LRS[0], 8, 3, 0.05).collapsed and not _cell("vcpo", ks.LRS[0], 8, 3, 0.1).collapsed
+    )
