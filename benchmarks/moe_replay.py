@@ -71,12 +71,11 @@ def warm_start(base: Path, out: Path, work: Path, quick: bool) -> Path:
         sys.path.insert(0, str(ROOT))
     from agent_rl.tools.sft import run_sft
     from envs.tiny_arith import teacher_traces
-    from examples.pipeline import sft_row
 
     n, drill = (200, 200) if quick else (SFT_TRACES, SFT_DRILL)
-    rows = [sft_row(tr) for tr in teacher_traces(n, seed=7, tool_rate=0.3)]
+    rows = [tr.sft_row() for tr in teacher_traces(n, seed=7, tool_rate=0.3)]
     rows += [
-        sft_row(tr, train_first_token=False)
+        tr.sft_row(train_first_token=False)
         for tr in teacher_traces(drill, seed=8, tool_rate=1.0, easy_fraction=0.0)
     ]
     data = work / "sft.jsonl"

@@ -195,7 +195,6 @@ def _dedupe(tasks: list[Task]) -> tuple[list[Task], int, int]:
     return out, dup, conflict
 
 
-@functools.lru_cache(maxsize=64)
 def env_split(spec: EnvSpec, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
     """An env's split by name (its `data.splits`), with what the loader fixed or dropped."""
     sources = spec.data.splits
@@ -204,6 +203,7 @@ def env_split(spec: EnvSpec, split: str) -> tuple[tuple[Task, ...], DatasetRepor
     return load_split(sources[split], spec.data_root())
 
 
+@functools.lru_cache(maxsize=64)
 def load_split(source: DataSource, root: Path) -> tuple[tuple[Task, ...], DatasetReport]:
     """Tasks of one split (cached per source and root: envs are made per episode and must be cheap)."""
     if source.generator == "tiny_arith":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from float_bounds import TINY_LOGPROB_ATOL
 from tool_model import CODE, FINAL, QUESTION, TOOLS, conversation
 
 from agent_rl.engines.api import EngineOptions, SamplingParams
@@ -61,9 +62,14 @@ async def test_the_in_process_client_records_exactly_what_the_http_client_record
         await inproc.close()
     assert answers[0] == answers[1] == ({"code": CODE}, FINAL)
     a, b = calls
-    assert [(c.prompt_ids, c.token_ids, c.logprobs, c.versions, c.extended) for c in a] == [
-        (c.prompt_ids, c.token_ids, c.logprobs, c.versions, c.extended) for c in b
+    assert [(c.prompt_ids, c.token_ids, c.versions, c.extended) for c in a] == [
+        (c.prompt_ids, c.token_ids, c.versions, c.extended) for c in b
     ]
+    # The same engine serves both sessions, the second from its prefix cache (a prefill of fewer rows rounds
+    # differently): the log-probs agree up to float32 rounding of the tiny model, not bit for bit.
+    for x, y in zip(a, b, strict=True):
+        assert len(x.logprobs) == len(y.logprobs)
+        assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) <= TINY_LOGPROB_ATOL
     assert [c.extended for c in a] == [False, True]
     assert inproc.url is None, "chat completions in-process start no HTTP server"
 
