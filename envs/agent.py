@@ -121,10 +121,14 @@ class AgentEnv:
         return self.spec.turns.max_tokens_per_turn
 
     def tasks(self, split: str) -> tuple[Task, ...]:
-        return env_split(self.spec, split)[0]
+        return self._split(split)[0]
 
     def data_report(self, split: str) -> DatasetReport:
-        return env_split(self.spec, split)[1]
+        return self._split(split)[1]
+
+    def _split(self, split: str) -> tuple[tuple[Task, ...], DatasetReport]:
+        """The split's tasks and data report; envs whose tasks come from elsewhere (verifiers_env.py) override it."""
+        return env_split(self.spec, split)
 
     # -- episode ------------------------------------------------------------------------
     def reset(self, task: Task) -> list[int]:

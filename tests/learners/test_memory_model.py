@@ -128,11 +128,16 @@ def test_estimate_is_within_25_percent_of_the_measured_peak(small_model: Path, b
     from gpu_learners import setup_for
 
     cells = MEASURED_CELLS[backend]
-    results = measure([{"model_dir": str(small_model), "cell": _fields(c)} for c in cells])
+    cases = [{"model_dir": str(small_model), "cell": _fields(c)} for c in cells]
+    # Two fresh processes, the smaller peak of each cell: what else a process allocates during a step (a lazy
+    # import, a thread's malloc arena) only ever adds to the peak, and once in a fresh CI clone it added ~25 MiB
+    # to the bf16 8192-token cell (0.70 of the estimate; 0.94 in every rerun).
+    runs = [measure(cases), measure(cases)]
     dims = mm.ModelDims.from_model_dir(small_model)
-    for cell, res in zip(cells, results, strict=True):
+    for i, cell in enumerate(cells):
+        peak = min(r[i]["peak_bytes"] for r in runs)
         est = mm.step_memory(dims, setup_for(cell, "cpu", dims), cell.length).total
-        assert 0.75 <= est / res["peak_bytes"] <= 1.25, (cell.name, est, res["peak_bytes"])
+        assert 0.75 <= est / peak <= 1.25, (cell.name, est, peak)
 
 
 def _fields(cell: Cell) -> dict:
