@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,7 @@ class Anchor:
 
 def cell_plan(lengths: dict[int, int], *, smoke: bool = False) -> list[Cell]:
     """Every cell, most important first: the anchor and torch proxy+ckpt at the first length, Megatron at the
-    second, the third length's cells, then the rest. `smoke`: one cell of each kind (the first length)."""
+    second, the third length's cells, the fourth's with recompute (does it fit), then the rest. `smoke`: one cell of each kind (the first length)."""
     ls = list(lengths)
 
     def c(backend: str, length: int, **kw: Any) -> Cell:
@@ -197,6 +198,10 @@ def cell_plan(lengths: dict[int, int], *, smoke: bool = False) -> list[Cell]:
         c("anchor", ls[2], recompute=True), c("torch", ls[2], opob="proxy", recompute=True),
         c("torch", ls[2], recompute=True), c("megatron", ls[2], recompute=True),
     ]  # fmt: skip
+    longest = [] if len(ls) < 4 else [
+        c("anchor", ls[3], recompute=True), c("torch", ls[3], opob="proxy", recompute=True),
+        c("megatron", ls[3], recompute=True),
+    ]  # fmt: skip
     rest = []
     for length in ls[:1] if smoke else ls:
         for recompute in (False, True):
@@ -208,7 +213,7 @@ def cell_plan(lengths: dict[int, int], *, smoke: bool = False) -> list[Cell]:
             ]
         rest.append(c("torch", length, opob="proxy", recompute=True, lora=True))
     seen: set[Cell] = set()
-    return [x for x in [*first, *long, *rest] if not (x in seen or seen.add(x))]
+    return [x for x in [*first, *long, *longest, *rest] if not (x in seen or seen.add(x))]
 
 
 def run_cell(
@@ -290,10 +295,18 @@ def ratios_to_anchor(rows: list[dict]) -> None:
 
 
 def run_cells(
-    plan: list[Cell], model_dir: Path, device: str, *, budget_s: float, start: float, liger: bool
+    plan: list[Cell],
+    model_dir: Path,
+    device: str,
+    *,
+    budget_s: float,
+    start: float,
+    liger: bool,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
 ) -> list[dict]:
     """Cells in order while the budget lasts; a cell predicted to end past it (from the tokens/s of cells already
-    measured, and the slowest build so far) is recorded as not run."""
+    measured, and the slowest build so far) is recorded as not run. `on_row` sees the rows after each cell (the
+    run writes them, so a run killed part-way keeps what it measured)."""
     from agent_rl.learners import memory as mm
 
     memory = mm.device_memory().bytes
@@ -319,6 +332,7 @@ def run_cells(
             f"          -> {rows[-1]['status']} {rows[-1].get('tokens_per_s', '')} {rows[-1].get('reason', '')}",
             flush=True,
         )
+        on_row(rows)
     ratios_to_anchor(rows)
     return rows
 
@@ -368,7 +382,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = cell_plan(SMOKE_LENGTHS if smoke else GPU_LENGTHS, smoke=smoke)
         if smoke:  # one timed step, CPU-sized micro-batches
             plan = [replace(c, repeats=1, micro_batch_tokens=256) for c in plan]
-        cells = run_cells(plan, big, device, budget_s=args.budget_s, start=start, liger=liger)
+        partial = args.out / "gpu_learners.partial.json"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+
+        def keep(rows: list[dict]) -> None:
+            partial.write_text(
+                json.dumps({"meta": meta, "correctness": checks, "cells": rows}, indent=2) + "\n"
+            )
+
+        cells = run_cells(plan, big, device, budget_s=args.budget_s, start=start, liger=liger, on_row=keep)
+        partial.unlink(missing_ok=True)
     meta["elapsed_s"] = time.monotonic() - start
     return {"meta": meta, "correctness": checks, "cells": cells, "capacity": capacity(device)}
 
