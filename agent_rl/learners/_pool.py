@@ -85,6 +85,9 @@ def join_rank_group(rank: int, world: int, init_method: str, device: str | None 
     if device is None:
         device = rank_device("auto", rank, world)
     if device.startswith("cuda"):
+        # "cuda" alone (a one-rank group built in this process): the current GPU
+        index = torch.device(device).index
+        device = f"cuda:{torch.cuda.current_device() if index is None else index}"
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group(
         "nccl" if device.startswith("cuda") else "gloo",
