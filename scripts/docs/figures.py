@@ -395,6 +395,167 @@ def reliability_faults() -> str:
     return "\n".join(fault_table(load("reliability.json"))).rstrip() + "\n"
 
 
+# -- both learners on one GPU (benchmarks/results/gpu_learners.json) -------------------------------------------
+
+
+def _gpu_cells() -> tuple[dict, dict[str, dict]]:
+    r = load("gpu_learners.json")
+    return r["meta"], {c["name"]: c for c in r["cells"] if c["status"] == "ok"}
+
+
+def _cell(backend: str, rows: int, length: int, *, ckpt: bool = False, opob: str = "exact") -> str:
+    what = "anchor" if backend == "anchor" else f"{backend} {opob}"
+    return f"{what}{' +ckpt' if ckpt else ''} {rows}x{length}"
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+
+
+def _gpu_pairs(cells: dict[str, dict], num, den) -> list[tuple[str, float]]:
+    """(batch label, num/den tokens/s) for every batch and recompute setting where both cells ran."""
+    out = []
+    for rows, length in ((8, 4096), (4, 8192), (2, 32768), (2, 131072)):
+        for ckpt in (False, True):
+            a, b = cells.get(num(rows, length, ckpt)), cells.get(den(rows, length, ckpt))
+            if a and b:
+                out.append(
+                    (f"{rows} x {length}{' +ckpt' if ckpt else ''}", a["tokens_per_s"] / b["tokens_per_s"])
+                )
+    return out
+
+
+def _proxy(r: int, n: int, c: bool) -> str:
+    return _cell("torch", r, n, ckpt=c, opob="proxy")
+
+
+def _exact(r: int, n: int, c: bool) -> str:
+    return _cell("torch", r, n, ckpt=c)
+
+
+def _megatron(r: int, n: int, c: bool) -> str:
+    return _cell("megatron", r, n, ckpt=c)
+
+
+def _anchor(r: int, n: int, c: bool) -> str:
+    return _cell("anchor", r, n, ckpt=c)
+
+
+def _lora(r: int, n: int, c: bool) -> str:
+    return f"torch proxy{' +ckpt' if c else ''} +lora {r}x{n}"
+
+
+def gpu_learners_line(docs: str = "docs/") -> str:
+    """The front page's sentence: both learners against the anchor on one GPU."""
+    meta, cells = _gpu_cells()
+    vs = _gpu_pairs(cells, _proxy, _anchor)
+    short, long = (
+        [x for b, x in vs if "32768" not in b and "131072" not in b],
+        [x for b, x in vs if "32768" in b or "131072" in b],
+    )
+    meg = cells.get(_megatron(2, 131072, True))
+    anchor = cells.get(_anchor(2, 131072, True))
+    tail = (
+        f"; Megatron trains 2 x 131072 tokens in {meg['peak_gib']:.1f} GiB at "
+        f"{meg['tokens_per_s'] / anchor['tokens_per_s']:.2f}x"
+        if meg and anchor
+        else ""
+    )
+    return (
+        f"Both learners on one {meta['device']} ({meta['date'][:10]}): the torch learner {_span(short)} the tokens/s "
+        f"of transformers + Liger at 4k-8k tokens per trajectory, {_span(long)} at 32k-128k{tail} "
+        f"([learners on a GPU]({docs}benchmarks/gpu-learners.md))."
+    )
+
+
+def gpu_learners_goals(docs: str = "") -> str:
+    """Issue 33's goals against the GPU run, and the memory model's estimate against the measured peaks."""
+    meta, cells = _gpu_cells()
+
+    def listed(pairs: list[tuple[str, float]]) -> str:
+        return "; ".join(f"{b}: {x:.2f}x" for b, x in pairs)
+
+    def word(ok: bool) -> str:
+        return "yes" if ok else "**no**"
+
+    proxy = _gpu_pairs(cells, _proxy, _anchor)
+    mem = [
+        cells[_proxy(r, n, c)]["peak_gib"] / cells[_anchor(r, n, c)]["peak_gib"]
+        for r, n in ((8, 4096), (4, 8192), (2, 32768), (2, 131072))
+        for c in (False, True)
+        if _proxy(r, n, c) in cells and _anchor(r, n, c) in cells
+    ]
+    exact = [(b, 1 / x) for b, x in _gpu_pairs(cells, _exact, _proxy)]  # step time ratio = inverse tokens/s
+    meg = _gpu_pairs(cells, _megatron, _exact)
+    lines = [
+        f"{meta['date'][:10]}, commit {meta['commit']}, {meta['device']}, torch {meta['versions']['torch']}, "
+        f"megatron-core {meta['versions']['megatron-core']}, liger-kernel {meta['versions']['liger-kernel']}; "
+        f"{len(cells)} cells ran in {meta['elapsed_s']:.0f} s.",
+        "",
+        "| goal (issue 33) | measured | reached |",
+        "|---|---|---|",
+        f"| torch proxy OPOB >= 1.0x the anchor's tokens/s at no more memory | {listed(proxy)}; memory "
+        f"{_span(mem)} the anchor's | {word(all(x >= 1 for _, x in proxy) and max(mem) <= 1)} |",
+        f"| exact OPOB's step <= 1.25x proxy's | {listed(exact)} | {word(all(x <= 1.25 for _, x in exact))} |",
+        f"| Megatron TP=1 >= 1.0x the torch learner (exact OPOB both) | {listed(meg)} | "
+        f"{word(all(x >= 1 for _, x in meg))} |",
+    ]
+    for rows, length, what in (
+        (2, 32768, "a 32k-token trajectory trains with recompute"),
+        (2, 131072, "128k fits"),
+    ):
+        c, a = cells.get(_megatron(rows, length, True)), cells.get(_anchor(rows, length, True))
+        got = (
+            f"Megatron {rows} x {length} + recompute: {c['tokens_per_s'] / 1e3:.1f}k tok/s, {c['peak_gib']:.1f} GiB"
+            + (f" ({c['tokens_per_s'] / a['tokens_per_s']:.2f}x the anchor)" if a else "")
+            if c
+            else "did not run"
+        )
+        lines.append(f"| {what} | {got} | {word(c is not None)} |")
+    est = sorted(
+        (c["estimate_gib"] / c["peak_gib"], n)
+        for n, c in cells.items()
+        if c.get("estimate_gib") and c.get("peak_gib")
+    )
+    inside = [x for x, _ in est if 0.75 <= x <= 1.25]
+    outside = [f"{n}: {x:.2f}" for x, n in est if not 0.75 <= x <= 1.25]
+    lines += [
+        "",
+        f"The memory model's estimate over the measured peak (`torch.cuda.max_memory_allocated`): {_span(inside)} "
+        f"in {len(inside)} of {len(est)} cells"
+        + (f"; outside 25 %: {', '.join(outside)}." if outside else "."),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_learners_table(docs: str = "") -> str:
+    """Tokens/s (ratio to the anchor) and peak memory of each learner at the batches users pick between."""
+    meta, cells = _gpu_cells()
+    planned = {c["name"] for c in load("gpu_learners.json")["cells"]}
+    cols = [(8, 4096, False), (8, 4096, True), (4, 8192, True), (2, 32768, True), (2, 131072, True)]
+    rows = [
+        ("anchor", _anchor), ("torch, proxy OPOB", _proxy), ("torch, exact OPOB", _exact),
+        ("megatron TP=1 (exact)", _megatron),
+        ("torch proxy + LoRA r8", _lora),
+    ]  # fmt: skip
+    lines = [
+        f"| {meta['device']}, {meta['date'][:10]} | " + " | ".join(f"{r} x {n}{' +ckpt' if c else ''}" for r, n, c in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]  # fmt: skip
+    for label, name in rows:
+        out = []
+        for r, n, c in cols:
+            x, a = cells.get(name(r, n, c)), cells.get(_anchor(r, n, c))
+            if x is None:
+                out.append("not run (time)" if name(r, n, c) in planned else "")
+                continue
+            ratio = f" ({x['tokens_per_s'] / a['tokens_per_s']:.2f}x)" if a and x is not a else ""
+            out.append(f"{x['tokens_per_s'] / 1e3:.1f}k tok/s{ratio}, {x['peak_gib']:.1f} GiB")
+        lines.append(f"| {label} | " + " | ".join(out) + " |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
@@ -403,4 +564,7 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
     "moe_replay_verdict": lambda docs: moe_replay_verdict(),
     "reliability_faults": lambda docs: reliability_faults(),
+    "gpu_learners_line": lambda docs: gpu_learners_line(docs),
+    "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),
+    "gpu_learners_table": lambda docs: gpu_learners_table(docs),
 }

@@ -42,6 +42,10 @@ RECOMPUTE_RTOL = 1e-6
 """bf16 with recompute vs without: the same ops on the same inputs; only fp32 accumulation order may differ."""
 ADAM_ATOL_PER_LR = 1e-5
 """AdamW replayed on the captured gradient: the same fp32 element-wise ops; a few fp32 ulps of the update (<= lr)."""
+ADAM_WEIGHT_RTOL = 2 * 2.0**-24
+"""The new weight is rounded to float32 once more: the learner's AdamW kernel (CUDA's foreach / fused ones, or
+another CPU vector width) and the replay may land on neighbouring floats: one unit of float32 rounding (2^-24
+relative) on each side (seen on an H200: model.norm.weight 1.19e-7 apart at |w| = 1, lr 2.7e-3)."""
 
 SETTINGS = {
     "off": {},
@@ -133,7 +137,7 @@ def test_bf16_weights_are_the_fp32_main_weights_updated_by_adamw(runs, model_dir
     rounded_away = 0
     for name, w in run["weights"].items():
         assert w.dtype == torch.float32, name  # model.dtype float32: the engines get full precision
-        torch.testing.assert_close(w, want[name], rtol=0, atol=ADAM_ATOL_PER_LR * lr, msg=name)
+        torch.testing.assert_close(w, want[name], rtol=ADAM_WEIGHT_RTOL, atol=ADAM_ATOL_PER_LR * lr, msg=name)
         assert torch.equal(run["model"][name], w.to(torch.bfloat16)), (
             f"{name}: bf16 model != rounded main weights"
         )

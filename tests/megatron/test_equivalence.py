@@ -45,6 +45,10 @@ another order (and TP / CP splits); first-order bound of that sum's rounding."""
 ADAM_ATOL_PER_LR = 1e-5
 """AdamW replayed on the learner's own captured gradient: the same fp32 element-wise ops; a few ulps of an update
 that is at most lr."""
+ADAM_WEIGHT_RTOL = 2 * 2.0**-24
+"""The new weight is rounded to float32 once more: the learner's AdamW kernel (CUDA's foreach / fused ones, or
+another CPU vector width) and the replay may land on neighbouring floats: one unit of float32 rounding (2^-24
+relative) on each side (seen on an H200: model.norm.weight 1.19e-7 apart at |w| = 1, lr 2.7e-3)."""
 
 COMPARED = [
     "learner/loss",
@@ -167,7 +171,7 @@ def test_megatron_update_is_adamw_of_its_gradient_in_hf_names(model_dir, step_re
     for k, w in got["weights"].items():
         assert float((w - initial[k]).abs().max()) > 0.0, f"{k} did not move"
         torch.testing.assert_close(
-            w, want[k], rtol=0, atol=ADAM_ATOL_PER_LR * lr, msg=lambda m, k=k: f"{k}: {m}"
+            w, want[k], rtol=ADAM_WEIGHT_RTOL, atol=ADAM_ATOL_PER_LR * lr, msg=lambda m, k=k: f"{k}: {m}"
         )
 
 

@@ -66,7 +66,7 @@ def build_megatron_rank(
         join_rank_group(rank, world, init_method, device)
     elif not dist.is_initialized():
         join_rank_group(0, 1, f"tcp://127.0.0.1:{free_port()}", device)
-    return MegatronRank(spec)
+    return MegatronRank(spec, device)
 
 
 def _every_share_to_every_rank(shares: Sequence[PolicyBatch], world: int) -> list[tuple[Any, ...]]:

@@ -12,7 +12,8 @@ sequence parallelism over gloo. This module holds every work-around in one place
   that accepts `sequence_parallel` (torch's asserts). Like TE's, it tags its weight with
   `sequence_parallel`, so the learner all-reduces that weight's gradient over TP.
 
-`enable_cpu_megatron` is applied only on machines without CUDA. On GPUs the learner uses
+`enable_cpu_megatron` is applied on machines without CUDA, and in the processes of CPU ranks of a
+multi-rank group on a machine with GPUs. On GPUs the learner uses
 Transformer Engine's layer spec; only a GPU without Transformer Engine falls back to the
 local spec with `SequenceParallelRMSNorm` (plain torch, nothing CPU-specific in it).
 """
@@ -23,11 +24,8 @@ import torch
 
 
 def enable_cpu_megatron() -> None:
-    """Patch the CUDA-only calls megatron-core makes on the TP/SP paths. Idempotent; call after init_process_group."""
-    if torch.cuda.is_available():
-        raise RuntimeError(
-            "cpu_compat.enable_cpu_megatron() is for CPU-only machines; GPUs use Transformer Engine"
-        )
+    """Patch the CUDA-only calls megatron-core makes on the TP/SP paths. Idempotent; call after init_process_group.
+    Process-wide: on a machine with GPUs, only in a CPU rank's own process (`init_model_parallel` says when)."""
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     from megatron.core.tensor_parallel import random as mrandom
 

@@ -57,20 +57,24 @@ class MegatronSpec:
         return self.dp * self.par.tp * self.par.cp
 
 
-def init_model_parallel(par: ParallelConfig, dp: int) -> ShardGroups:
-    """megatron parallel_state for (tp, cp, dp) on the initialised default group; CPU patches when no GPU."""
+def init_model_parallel(par: ParallelConfig, dp: int, *, cpu: bool | None = None) -> ShardGroups:
+    """megatron parallel_state for (tp, cp, dp) on the initialised default group. CPU patches when no GPU, or
+    when this rank computes on CPU (`cpu`) in a group of several ranks (processes of their own: megatron-core's
+    TP/SP paths allocate on the current CUDA device, which a CPU rank must not touch)."""
     from megatron.core import parallel_state as ps
 
     world = dist.get_world_size()
     if world != dp * par.tp * par.cp:
         raise ValueError(f"world size {world} != learner.dp {dp} x tp {par.tp} x cp {par.cp}")
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda or (cpu and world > 1):
         from agent_rl.learners.megatron.cpu_compat import enable_cpu_megatron
 
         enable_cpu_megatron()
+        cuda = False
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, context_parallel_size=par.cp)
-    if torch.cuda.is_available():
+    if cuda:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(0)
@@ -90,11 +94,20 @@ def load_hf_weights(model_dir: str) -> tuple[Any, dict[str, torch.Tensor]]:
     return hf.config, hf.state_dict()
 
 
+def computes_on_cpu(device: str | None) -> bool:
+    """Where this rank computes: `device` when named ("cpu", "cuda", "cuda:N", as the learner's pool resolved
+    learner.device), else the GPU when there is one. Megatron-core puts parameters on the current CUDA device
+    unless told otherwise, so a rank told "cpu" on a GPU machine must say so."""
+    if device not in (None, "auto"):
+        return not device.startswith("cuda")
+    return not torch.cuda.is_available()
+
+
 class MegatronRank:
-    def __init__(self, spec: MegatronSpec) -> None:
+    def __init__(self, spec: MegatronSpec, device: str | None = None) -> None:
         self.spec, rs = spec, spec.rank
-        self.cpu = not torch.cuda.is_available()
-        self.groups = init_model_parallel(spec.par, spec.dp)
+        self.cpu = computes_on_cpu(device)
+        self.groups = init_model_parallel(spec.par, spec.dp, cpu=self.cpu)
         from megatron.core import parallel_state as ps
 
         self.dp_rank = ps.get_data_parallel_rank()
