@@ -184,7 +184,8 @@ class Anchor:
 
 def cell_plan(lengths: dict[int, int], *, smoke: bool = False) -> list[Cell]:
     """Every cell, most important first: the anchor and torch proxy+ckpt at the first length, Megatron at the
-    second, the third length's cells, the fourth's with recompute (does it fit), then the rest. `smoke`: one cell of each kind (the first length)."""
+    second, the third length's cells, the fourth's with recompute (does it fit), then the rest. `smoke`: one
+    cell of each kind (the first length)."""
     ls = list(lengths)
 
     def c(backend: str, length: int, **kw: Any) -> Cell:
