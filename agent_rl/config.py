@@ -409,8 +409,9 @@ class AlgorithmConfig(Strict):
     routing_replay: Literal["off", "rollout"] = "off"
     """Mixture-of-Experts models: rollout replays, in the learner's forward passes, the experts the engine
     routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the
-    learner route. Both log rollout/routing_agreement. Needs a MoE model.path, learner.backend: torch and engines
-    that report routing (embedded; SGLang started with --enable-return-routed-experts; not vLLM)."""
+    learner route. Both log rollout/routing_agreement. Needs a MoE model.path, learner.backend: torch (or megatron
+    at tp = cp = 1, Qwen3-MoE) and engines that report routing (embedded; SGLang started with
+    --enable-return-routed-experts; not vLLM)."""
 
     @field_validator("routing_replay", mode="before")
     @classmethod
@@ -728,11 +729,13 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
-    def _routing_replay_in_the_torch_learner(self) -> Recipe:
-        if self.algorithm.routing_replay == "rollout" and self.learner.backend != "torch":
+    def _routing_replay_where_it_runs(self) -> Recipe:
+        lc = self.learner
+        if self.algorithm.routing_replay == "rollout" and lc.backend == "megatron" and lc.tp * lc.cp > 1:
             raise ValueError(
-                "algorithm.routing_replay: rollout replays routing in the torch learner (learners/routing_replay.py);"
-                f" learner.backend: {self.learner.backend} has no MoE layers: set learner.backend: torch"
+                "algorithm.routing_replay: rollout in the Megatron learner is built for tp = cp = 1 (the MoE "
+                f"learner's layout; got tp={lc.tp}, cp={lc.cp}): set learner.tp: 1 and learner.cp: 1, or "
+                "learner.backend: torch"
             )
         if self.algorithm.routing_replay == "rollout" and self.engines.type == "vllm":
             raise ValueError(
@@ -941,7 +944,8 @@ def env_path_candidates(value: str, recipe_dir: Path, *, from_override: bool = F
 
 
 def check_model_kind(recipe: Recipe, where: Any) -> None:
-    """What the model's architecture rules out: Megatron builds dense decoders only; routing replay needs experts."""
+    """What the model's architecture rules out: Megatron builds dense decoders and Qwen3-MoE (tp = cp = 1) only;
+    routing replay needs experts."""
     import json
 
     from agent_rl.engines.embedded import SPARSE_ARCHITECTURES
@@ -949,11 +953,24 @@ def check_model_kind(recipe: Recipe, where: Any) -> None:
     c = json.loads((Path(recipe.model.path).expanduser() / "config.json").read_text())
     arch = (c.get("architectures") or ["?"])[0]
     experts = c.get("num_experts", c.get("num_local_experts")) or 0
-    if recipe.learner.backend == "megatron" and (arch in SPARSE_ARCHITECTURES or experts):
+    lc = recipe.learner
+    if (
+        lc.backend == "megatron"
+        and arch != "Qwen3MoeForCausalLM"
+        and (arch in SPARSE_ARCHITECTURES or experts)
+    ):
         raise ConfigError(
             [
-                f"{where(('learner', 'backend'))}: learner.backend: megatron does not build {arch} (Mixture-of-Experts "
-                "or linear-attention layers; megatron-core's MoE layer is not wired in): use learner.backend: torch"
+                f"{where(('learner', 'backend'))}: learner.backend: megatron does not build {arch} (linear-attention "
+                "layers or a shared expert; of the MoE models it builds Qwen3MoeForCausalLM): use learner.backend: torch"
+            ]
+        )
+    if lc.backend == "megatron" and arch == "Qwen3MoeForCausalLM" and lc.tp * lc.cp > 1:
+        raise ConfigError(
+            [
+                f"{where(('learner', 'backend'))}: learner.backend: megatron builds {arch} at tp = cp = 1 only (expert "
+                f"and tensor parallelism of its MoE layers are not tested; got tp={lc.tp}, cp={lc.cp}): set "
+                "learner.tp: 1 and learner.cp: 1 (dp may grow), or use learner.backend: torch"
             ]
         )
     if recipe.algorithm.routing_replay == "rollout" and not experts:

@@ -71,13 +71,17 @@ def routers_of(model: nn.Module) -> dict[int, nn.Module]:
 class RoutingReplay:
     """Hooks on a model's routers; `step(...)` scopes a step's records, `rows(...)` a forward pass's rows."""
 
-    def __init__(self, routers: Mapping[int, nn.Module], *, layers: int, replay: bool):
+    def __init__(
+        self, routers: Mapping[int, nn.Module], *, layers: int, replay: bool, top_k: int | None = None
+    ):
+        """`routers`: transformers routers to hook (none: a caller that routes by `choose`, as Megatron's MoE)."""
         self.replay, self.layers = replay, layers
-        self.top_k = int(next(iter(routers.values())).top_k)
+        self.top_k = int(top_k if top_k is not None else next(iter(routers.values())).top_k)
         self._records: dict[bytes, tuple[Tensor, Tensor]] = {}  # row ids -> (experts [n, L, k], counted [n])
         self._rows: tuple[Tensor | None, Tensor | None, Tensor] | None = None  # ids [B,T,L,k], counted, mask
         self._used: dict[int, Tensor] = {}  # layer -> experts the last grad-enabled forward used (recompute)
         self._stats = dict.fromkeys(_STATS, 0.0)
+        self.seq_major = False  # True: routers see [T, B] flattened (Megatron's unpacked layout), not [B, T]
         self._handles = [
             router.register_forward_hook(self._hook(layer, router)) for layer, router in routers.items()
         ]
@@ -160,31 +164,8 @@ class RoutingReplay:
                 if self.replay and used is not None and used.shape[0] == logits.shape[0]:
                     return _gates(logits, used, norm)
                 return output
-            ids, counted, am = self._rows
-            n = logits.shape[0]
-            if n == am.numel():  # padded rows, flattened
-                pick = None
-            elif n == int(am.sum()):  # packed real tokens in row order
-                pick = am.reshape(-1)
-            else:
-                return output
-            real = am.reshape(-1) if pick is None else torch.ones(n, dtype=torch.bool, device=logits.device)
-            used = own
-            if ids is not None and counted is not None:
-                rec = ids[:, :, layer].reshape(n if pick is None else -1, own.shape[1])
-                cnt = counted.reshape(-1)
-                if pick is not None:
-                    rec, cnt = rec[pick], cnt[pick]
-                has = (rec >= 0).all(-1)
-                with torch.no_grad():
-                    same = (own.sort(-1).values == rec.sort(-1).values).all(-1)
-                    scored = cnt & has
-                    self._stats["routing/agree"] += float((same & scored).sum())
-                    self._stats["routing/total"] += float(scored.sum())
-                if self.replay:
-                    used = torch.where(has[:, None], rec, own)
-            self._aux(logits, used, real)
-            if not self.replay:
+            used = self.choose(layer, logits.float().softmax(-1), own)
+            if used is None or not self.replay:
                 return output
             if torch.is_grad_enabled():
                 self._used[layer] = used
@@ -192,11 +173,48 @@ class RoutingReplay:
 
         return hook
 
-    def _aux(self, logits: Tensor, experts: Tensor, real: Tensor) -> None:
+    def choose(self, layer: int, probs: Tensor, own: Tensor) -> Tensor | None:
+        """The experts layer `layer` uses for the tokens of the rows in scope: the recorded ones where replay is
+        on and a record exists, else `own` (the router's top-k [n, k]); counts agreement and the aux loss.
+        `probs`: the router's softmax [n, E]. None when the n tokens are not the rows in scope."""
+        if self._rows is None:
+            return None
+        ids, counted, am = self._rows
+        n = probs.shape[0]
+        if n == am.numel():  # padded rows, flattened
+            pick = None
+        elif n == int(am.sum()):  # packed real tokens in row order
+            pick = am.reshape(-1)
+        else:
+            return None
+
+        def flat(x: Tensor) -> Tensor:  # [B, T, ...] -> [n, ...] in the order the router sees the tokens
+            if self.seq_major and pick is None:
+                x = x.transpose(0, 1)
+            return x.reshape(n if pick is None else am.numel(), *x.shape[2:])
+
+        real = flat(am) if pick is None else torch.ones(n, dtype=torch.bool, device=probs.device)
+        used = own
+        if ids is not None and counted is not None:
+            rec, cnt = flat(ids[:, :, layer]), flat(counted)
+            if pick is not None:
+                rec, cnt = rec[pick], cnt[pick]
+            has = (rec >= 0).all(-1)
+            with torch.no_grad():
+                same = (own.sort(-1).values == rec.sort(-1).values).all(-1)
+                scored = cnt & has
+                self._stats["routing/agree"] += float((same & scored).sum())
+                self._stats["routing/total"] += float(scored.sum())
+            if self.replay:
+                used = torch.where(has[:, None], rec, own)
+        self._aux(probs, used, real)
+        return used
+
+    def _aux(self, probs: Tensor, experts: Tensor, real: Tensor) -> None:
         """transformers' load_balancing_loss_func for one layer: E · Σ_e f_e · P_e over real tokens."""
         with torch.no_grad():
-            e = logits.shape[-1]
-            probs = logits[real].float().softmax(-1)
+            e = probs.shape[-1]
+            probs = probs[real].float()
             if probs.shape[0] == 0:
                 return
             share = torch.nn.functional.one_hot(experts[real], e).float().mean(0)  # [k, E]

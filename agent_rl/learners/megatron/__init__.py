@@ -93,4 +93,5 @@ def megatron_kind(spec: LearnerSpec) -> RankKind:
         name="megatron", spec=ms, build=build_megatron_rank, world=ms.world, dp=ms.dp,
         step_args=_every_share_to_every_rank, rows=_rows_by_replica, sort_rows=False,
         weights_are_collective=True, reports_payload=False,
+        routes=ms.par.tp * ms.par.cp == 1,  # rank r is DP rank r: it takes share r's routing (MoE: moe.py)
     )  # fmt: skip

@@ -4,7 +4,7 @@ Megatron stores Q, K and V of one KV group next to each other (`[q heads of grou
 for every group g) in a single `linear_qkv`, and gate and up projections as `[gate; up]` in
 `linear_fc1`; tensor parallelism then splits whole groups / the two halves separately. The pure
 functions `hf_to_megatron` (one rank's shard) and `megatron_to_hf` (merge of all shards) are
-exact inverses; `load_hf_into_megatron` and `gather_hf_state_dict` apply them to a live model.
+exact inverses (a Qwen3-MoE model's sparse MLPs: `moe_convert.py`); `load_hf_into_megatron` and `gather_hf_state_dict` apply them to a live model.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from agent_rl.learners.megatron.moe_convert import moe_hf_to_megatron, moe_megatron_to_hf
 from agent_rl.learners.megatron.shape import ModelShape
 
 Tensors = dict[str, torch.Tensor]
@@ -82,6 +83,9 @@ def hf_to_megatron(
         if s.qk_norm:  # per-head norms: the same weight on every TP rank
             out[f"{m}.self_attention.q_layernorm.weight"] = hf[f"{a}.q_norm.weight"].clone()
             out[f"{m}.self_attention.k_layernorm.weight"] = hf[f"{a}.k_norm.weight"].clone()
+        if s.moe is not None and s.moe.sparse[i]:  # megatron's MoE layer (moe.py), tp = 1
+            out |= moe_hf_to_megatron(hf, h, m, s.moe)
+            continue
         gate, up = shard(hf[f"{h}.mlp.gate_proj.weight"], 0), shard(hf[f"{h}.mlp.up_proj.weight"], 0)
         out[f"{m}.mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
         out[f"{m}.mlp.linear_fc2.weight"] = shard(hf[f"{h}.mlp.down_proj.weight"], 1)
@@ -112,6 +116,9 @@ def megatron_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], s: ModelShape, 
         if s.qk_norm:
             out[f"{a}.q_norm.weight"] = first[f"{m}.self_attention.q_layernorm.weight"].clone()
             out[f"{a}.k_norm.weight"] = first[f"{m}.self_attention.k_layernorm.weight"].clone()
+        if s.moe is not None and s.moe.sparse[i]:
+            out |= moe_megatron_to_hf(first, h, m, s.moe)
+            continue
         halves = [sh[f"{m}.mlp.linear_fc1.weight"].chunk(2, dim=0) for sh in shards]
         out[f"{h}.mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], dim=0)
         out[f"{h}.mlp.up_proj.weight"] = torch.cat([u for _, u in halves], dim=0)

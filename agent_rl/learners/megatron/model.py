@@ -88,6 +88,8 @@ def transformer_config(
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
+    from agent_rl.learners.megatron.moe import moe_config
+
     return TransformerConfig(
         num_layers=shape.layers,
         hidden_size=shape.hidden,
@@ -119,6 +121,7 @@ def transformer_config(
         use_cpu_initialization=cpu,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint right after
         **recompute.config(shape.layers),
+        **(moe_config(shape.moe) if shape.moe is not None else {}),
     )
 
 
@@ -137,26 +140,23 @@ def build_gpt_model(
 
     shape.check_tp(par.tp)
     config = transformer_config(shape, par, dtype=dtype, cpu=cpu, recompute=recompute)
-    if uses_te_spec(cpu):
+    if uses_te_spec(cpu, moe=shape.moe is not None):
         from megatron.core.extensions.transformer_engine import TENorm
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
+        layers, final_norm = [get_gpt_layer_with_transformer_engine_spec()] * shape.layers, TENorm
     else:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        from agent_rl.learners.megatron.attention import SDPAttention
         from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
 
-        layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
-        layer.submodules.input_layernorm = SequenceParallelRMSNorm
-        layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
-        attn = layer.submodules.self_attention.submodules
-        attn.core_attention = SDPAttention  # megatron's DotProductAttention keeps [heads, s, s] scores
-        if shape.qk_norm:
-            attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
+        sparse = shape.moe.sparse if shape.moe is not None else (False,) * shape.layers
+        if any(sparse):
+            from agent_rl.learners.megatron.moe import patch_missing_te_names
+
+            patch_missing_te_names()
+        experts = shape.moe.experts if shape.moe is not None else None
+        layers = [_local_layer(shape, experts if s else None) for s in sparse]
         final_norm = SequenceParallelRMSNorm
-    block = TransformerBlockSubmodules(layer_specs=[layer] * shape.layers, layer_norm=final_norm)
+    block = TransformerBlockSubmodules(layer_specs=layers, layer_norm=final_norm)
     theta = int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta
     model = HiddenStatesGPTModel(
         config,
@@ -175,6 +175,26 @@ def build_gpt_model(
             if name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
                 p.sequence_parallel = True  # the tag grads.finish_backward sums over TP
     return model if cpu else model.cuda()
+
+
+def _local_layer(shape: ModelShape, experts: int | None):
+    """megatron's local layer spec with torch SDPA and our RMSNorm; `experts`: megatron's MoE layer as the MLP
+    (router, allgather token dispatcher, SequentialMLP: plain torch)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from agent_rl.learners.megatron.attention import SDPAttention
+    from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
+
+    layer = get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=shape.qk_norm
+    )
+    layer.submodules.input_layernorm = SequenceParallelRMSNorm
+    layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attn = layer.submodules.self_attention.submodules
+    attn.core_attention = SDPAttention  # megatron's DotProductAttention keeps [heads, s, s] scores
+    if shape.qk_norm:
+        attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
+    return layer
 
 
 def freeze_padding_row(model: torch.nn.Module, shape: ModelShape, *, tp_rank: int) -> None:
@@ -201,11 +221,12 @@ def freeze_padding_row(model: torch.nn.Module, shape: ModelShape, *, tp_rank: in
     model.embedding.word_embeddings.register_forward_hook(forward_hook)
 
 
-def uses_te_spec(cpu: bool) -> bool:
-    """GPUs use Transformer Engine layers when TE is installed; the CPU path always uses the local spec."""
-    return not cpu and have_transformer_engine()
+def uses_te_spec(cpu: bool, *, moe: bool = False) -> bool:
+    """GPUs use Transformer Engine layers when TE is installed; the CPU path always uses the local spec, and so do
+    MoE models (megatron's local MoE layer is the one tested; TE's grouped-GEMM experts are not wired in)."""
+    return not cpu and not moe and have_transformer_engine()
 
 
-def attention_backend(cpu: bool) -> str:
+def attention_backend(cpu: bool, *, moe: bool = False) -> str:
     """The attention the model runs: Transformer Engine's where it is used, else torch SDPA (attention.py)."""
-    return "transformer_engine" if uses_te_spec(cpu) else "torch_sdpa"
+    return "transformer_engine" if uses_te_spec(cpu, moe=moe) else "torch_sdpa"

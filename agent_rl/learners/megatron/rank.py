@@ -11,6 +11,7 @@ fp32 main copies (`mixed_precision.MainParams`), megatron's bf16 scheme.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from agent_rl.learners.megatron.model import (
 )
 from agent_rl.learners.megatron.shape import ModelShape, shape_from_hf_config
 from agent_rl.learners.megatron.step import sharded_step
+from agent_rl.learners.routing_replay import RouteBatch
 from agent_rl.weights import group as weight_group
 from vcpo.batch import PolicyBatch
 from vcpo.step import RowResults
@@ -116,8 +118,8 @@ class MegatronRank:
         torch.manual_seed(rs.seed)
         hf_config, hf_state = load_hf_weights(rs.model_path)
         self.shape: ModelShape = shape_from_hf_config(hf_config)
-        self.te = uses_te_spec(self.cpu)
-        self.attention = attention_backend(self.cpu)
+        self.te = uses_te_spec(self.cpu, moe=self.shape.moe is not None)
+        self.attention = attention_backend(self.cpu, moe=self.shape.moe is not None)
         compute = DTYPES[rs.compute_dtype]
         self.model = build_gpt_model(
             self.shape, spec.par, dtype=compute, cpu=self.cpu, recompute=spec.recompute
@@ -128,6 +130,12 @@ class MegatronRank:
         self._load_weights(hf_state)
         del hf_state
         freeze_padding_row(self.model, self.shape, tp_rank=self.tp_rank)
+        self._routing = None  # MoE: routing replay and agreement (moe.py)
+        if self.shape.moe is not None:
+            from agent_rl.learners.megatron.moe import attach_routing
+
+            replay = rs.routing_replay == "rollout"
+            self._routing = attach_routing(self.model, self.shape.moe, replay=replay, seq_major=not spec.pack)
         self.model.train()
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend), global rank 0
         decay = [p for p in self.trained.parameters() if p.dim() >= 2]
@@ -167,21 +175,28 @@ class MegatronRank:
     ) -> torch.Tensor:
         """[B, T] log-probs of this rank's model (vcpo's logprob_fn: `_module` is what the Step trains, the
         model itself or its fp32 main copies; the forward always runs the model)."""
-        return megatron_logprobs(
-            self.model,
-            input_ids,
-            attention_mask,
-            par=self.spec.par,
-            cp_group=self.groups.cp,
-            temperature=self.spec.temperature,
-            pack=self.spec.pack,
-        )
+        with self._routing.rows(input_ids, attention_mask) if self._routing else contextlib.nullcontext():
+            return megatron_logprobs(
+                self.model,
+                input_ids,
+                attention_mask,
+                par=self.spec.par,
+                cp_group=self.groups.cp,
+                temperature=self.spec.temperature,
+                pack=self.spec.pack,
+            )
 
-    def step(self, shares: list[PolicyBatch]) -> dict[str, float]:
-        """One optimizer update; `shares[d]` is DP rank d's batch (TP/CP ranks of a replica take the same)."""
+    def step(self, shares: list[PolicyBatch], routes: RouteBatch | None = None) -> dict[str, float]:
+        """One optimizer update; `shares[d]` is DP rank d's batch (TP/CP ranks of a replica take the same).
+        `routes`: an MoE model's rollout routing of this rank's share (replayed and measured: moe.py)."""
         lr = self.scheduler.get_last_lr()[0]
         batch = shares[self.dp_rank].to("cpu" if self.cpu else "cuda")
-        metrics = dict(self._step(batch).as_dict())
+        if self._routing is None:
+            metrics = dict(self._step(batch).as_dict())
+        else:
+            with self._routing.step(batch.input_ids, batch.attention_mask, routes):
+                metrics = dict(self._step(batch).as_dict())
+            metrics |= self._routing.pop_stats()
         self.scheduler.step()
         metrics["lr_scheduled"] = lr
         return metrics

@@ -1,0 +1,175 @@
+"""Qwen3-MoE in the Megatron learner (megatron-core's MoE layer, tp = ep = 1, CPU over gloo) and routing replay in it.
+
+Engine samples of a tiny random Qwen3-MoE (tests/formats/sparse_models.py: 3 layers, the middle one dense, top-2
+of 8 experts, norm_topk_prob) with the engine's routing, edited as in test_moe_replay.py: layer 0's recorded
+experts shifted to a pair the router never picks, layer 2's listed in reverse order (the same set). One step of
+the Megatron rank and of the torch learner's rank (transformers' model, its router hooks) on the same batch and
+routing must give the same gradient and log-probs, replay off and on; replay changes the log-probs (layer 0 then
+runs other experts) and still trains the router through the chosen gates; agreement and the load-balancing loss
+are counted alike. Gradients, not weights after Adam, are compared (test_equivalence.py says why).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import recipe, requires_megatron
+from _moe_helpers import run_moe_rank_steps, torch_rank_step
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "formats")
+)  # the MoE checkpoints and engine samples
+from sparse_models import sparse_model  # noqa: E402
+from test_moe_replay import sample_groups  # noqa: E402
+
+from agent_rl.batch import collate, split_groups  # noqa: E402
+from agent_rl.learners.routing_replay import route_batch  # noqa: E402
+
+pytestmark = requires_megatron
+
+FP32_EPS = 2.0**-23
+TOKENS = 6 * (10 + 12)
+"""Upper bound on the batch's tokens: 6 engine samples of 12 tokens after prompts of <= 10 (sample_groups)."""
+GRAD_RTOL = TOKENS * FP32_EPS
+"""‖g_megatron − g_torch‖ <= TOKENS · FP32_EPS · ‖g_torch‖ per tensor: a weight gradient sums <= TOKENS per-token terms
+in another order (megatron permutes tokens by expert, transformers loops over experts); first-order bound of that
+sum's rounding, as test_equivalence.GRAD_RTOL. Both route in fp32 from the same weights, so they pick the same
+experts (a top-k near-tie within a few ulps would break this; test_moe_replay.py asserts agreement 1.0 likewise)."""
+LOGPROB_ATOL = 1e-4
+"""fp32 log-probs of two implementations of the same network: the engine-vs-transformers parity bound of
+tests/formats (~800 fp32 ulps of a log-prob of magnitude ~10: a 4096-way log-softmax after three layers)."""
+REPLAY_EFFECT = 100 * LOGPROB_ATOL
+"""Replaying layer 0 on other experts must move some log-prob far beyond the implementations' difference."""
+METRIC_RTOL = 2e-4
+"""The load-balancing loss: sums over <= TOKENS tokens of softmax terms, as test_equivalence.METRIC_RTOL."""
+
+CASES = {
+    "off": ({}, "off"),
+    "rollout": ({}, "rollout"),
+    "rollout-padded": (
+        {"pack_sequences": False},
+        "rollout",
+    ),  # rows [S, B] right-padded: the seq-major layout
+    "rollout-dp2": ({"dp": 2}, "rollout"),  # one group per DP rank
+}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return sparse_model("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+
+
+def edited_routes(groups) -> None:
+    """Layer 0's recorded experts shifted ({a, b} -> {a+1, b+1}: never the router's set), layer 2's reversed."""
+    for g in groups:
+        for t in g.trajectories:
+            ids = torch.tensor(t.routed_experts.ids).view(-1, 3, 2)
+            ids[:, 0] = (ids[:, 0] + 1) % 8
+            ids[:, 2] = ids[:, 2].flip(-1)
+            t.routed_experts = type(t.routed_experts).from_ints(ids.flatten().tolist(), 3 * 2)
+
+
+@pytest.fixture(scope="module")
+def groups(moe_dir):
+    gs = sample_groups(moe_dir, "float32")
+    edited_routes(gs)
+    return gs
+
+
+def _routes(b):
+    return route_batch(b.routed_experts, b.policy.loss_mask, b.versions, 0)
+
+
+@pytest.fixture(scope="module")
+def records(moe_dir, groups, tmp_path_factory):
+    """case -> (megatron record of global rank 0, torch learner record on the whole batch)."""
+    from agent_rl.learners.megatron import megatron_spec
+
+    out = {}
+    whole = collate(groups)
+    for name, (layout, replay) in CASES.items():
+        spec = megatron_spec(
+            recipe(moe_dir, {"routing_replay": replay}, backend="megatron", **layout).learner_spec
+        )
+        shares = [collate(s) for s in split_groups(groups, spec.dp)]
+        got = run_moe_rank_steps(
+            {name: spec},
+            [s.policy for s in shares],
+            [_routes(s) for s in shares],
+            tmp_path_factory.mktemp(name),
+        )[name]
+        out[name] = (got, torch_rank_step(spec.rank, whole.policy, _routes(whole)))
+    return out
+
+
+def test_hf_megatron_hf_round_trip_is_exact(moe_dir):
+    """The converter alone: fused experts [E, 2I, H] / [E, H, I] and the router to megatron's per-expert MLPs and back."""
+    from transformers import AutoModelForCausalLM
+
+    from agent_rl.learners.megatron.convert import hf_to_megatron, megatron_to_hf
+    from agent_rl.learners.megatron.shape import shape_from_hf_config
+
+    hf_model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+    hf = hf_model.state_dict()
+    shape = shape_from_hf_config(hf_model.config)
+    assert shape.moe is not None and shape.moe.sparse == (True, False, True) and shape.qk_norm
+    mg = hf_to_megatron(hf, shape, tp_rank=0, tp_size=1, te=False)
+    assert mg["decoder.layers.0.mlp.experts.local_experts.7.linear_fc1.weight"].shape == (64, 64)
+    assert "decoder.layers.1.mlp.linear_fc1.weight" in mg  # the dense layer stays megatron's MLP
+    back = megatron_to_hf([mg], shape, te=False)
+    assert set(back) == set(hf) and all(torch.equal(back[k], v) for k, v in hf.items())
+
+
+def test_live_megatron_model_hands_back_the_hf_weights_exactly(moe_dir, records):
+    """HF -> the built MoE GPTModel (every parameter covered) -> gathered HF weights: bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).state_dict()
+    before = records["off"][0]["before"]
+    assert set(before) == set(hf) and all(torch.equal(before[k], v) for k, v in hf.items())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_moe_step_gradient_equals_the_torch_learners(records, case):
+    got, ref = records[case]
+    assert set(got["grads"]) == set(ref["grads"])
+    assert (
+        float(ref["grads"]["model.layers.0.mlp.gate.weight"].norm()) > 0
+    )  # the router trains, replayed or not
+    for name, g in ref["grads"].items():
+        err = float((got["grads"][name] - g).norm()) / max(float(g.norm()), 1e-30)
+        assert err <= GRAD_RTOL or float(g.norm()) == 0.0, f"{case} {name}: relative gradient error {err:.3g}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "dp2" not in c])
+def test_moe_logprobs_equal_the_torch_learners(records, case):
+    """The current log-probs of every token (RowResults): the Megatron model's equal transformers' forward."""
+    got, ref = records[case]
+    torch.testing.assert_close(got["logprobs"], ref["logprobs"], rtol=0.0, atol=LOGPROB_ATOL)
+
+
+def test_replay_runs_the_recorded_experts(records):
+    """Replay on layer 0's shifted experts changes the log-probs (in both learners alike: the test above) by far more
+    than the two implementations differ; without replay they are the router's own (equal to the torch learner's)."""
+    off, on = records["off"][0]["logprobs"], records["rollout"][0]["logprobs"]
+    assert float((off - on).abs().max()) > REPLAY_EFFECT
+
+
+@pytest.mark.parametrize("case", ["off", "rollout", "rollout-padded"])
+def test_routing_agreement_and_aux_loss_are_counted_as_in_the_torch_learner(records, case):
+    """Agreement is of the router's own top-k with the record. Replay off: layer 0 never agrees, layer 2 always does,
+    1/2 of the (token, MoE layer) pairs. Replay on: layer 2's input comes from layer 0's replayed experts, so its own
+    choice moves too; whatever the count, the torch learner's is the same. The load-balancing loss of the routing in
+    use equals the torch learner's."""
+    from agent_rl.learners.routing_replay import routing_metrics
+
+    got, ref = (routing_metrics([r["metrics"]]) for r in records[case])
+    assert got["rollout/routing_agreement"] == ref["rollout/routing_agreement"]
+    if case == "off":
+        assert got["rollout/routing_agreement"] == 0.5
+    # (token, MoE layer) pairs: 2 sparse layers x 6 samples x 11 recorded sampled tokens (the last is never fed)
+    assert got["rollout/routing_agreement_tokens"] == ref["rollout/routing_agreement_tokens"] == 2 * 6 * 11
+    assert got["learner/moe_aux_loss"] == pytest.approx(ref["learner/moe_aux_loss"], rel=METRIC_RTOL)
