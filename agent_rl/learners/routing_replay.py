@@ -164,7 +164,9 @@ class RoutingReplay:
                 if self.replay and used is not None and used.shape[0] == logits.shape[0]:
                     return _gates(logits, used, norm)
                 return output
-            used = self.choose(layer, logits.float().softmax(-1), own)
+            with torch.no_grad():  # statistics only: nothing saved for backward (checkpointing recounts it)
+                probs = logits.float().softmax(-1)
+            used = self.choose(layer, probs, own)
             if used is None or not self.replay:
                 return output
             if torch.is_grad_enabled():

@@ -46,20 +46,41 @@ REPLAY_EFFECT = 100 * LOGPROB_ATOL
 METRIC_RTOL = 2e-4
 """The load-balancing loss: sums over <= TOKENS tokens of softmax terms, as test_equivalence.METRIC_RTOL."""
 
-CASES = {
-    "off": ({}, "off"),
-    "rollout": ({}, "rollout"),
+CASES = {  # (learner layout, routing_replay, norm_topk_prob)
+    "off": ({}, "off", True),
+    "rollout": ({}, "rollout", True),
     "rollout-padded": (
         {"pack_sequences": False},
         "rollout",
-    ),  # rows [S, B] right-padded: the seq-major layout
-    "rollout-dp2": ({"dp": 2}, "rollout"),  # one group per DP rank
+        True,
+    ),  # rows [S, B] right-padded: seq-major tokens
+    "rollout-recompute": (
+        {"gradient_checkpointing": True},
+        "rollout",
+        True,
+    ),  # layers re-run in backward replay
+    "rollout-dp2": ({"dp": 2}, "rollout", True),  # one group per DP rank
+    "rollout-unnormalised": ({}, "rollout", False),  # gates: softmax over all experts, not renormalised
 }
 
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
     return sparse_model("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+
+
+@pytest.fixture(scope="module")
+def unnormalised_dir(moe_dir, tmp_path_factory):
+    """The same weights with norm_topk_prob false (megatron: moe_router_pre_softmax)."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("qwen3_moe_unnormalised") / "model"
+    shutil.copytree(moe_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["norm_topk_prob"] = False
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
 
 
 def edited_routes(groups) -> None:
@@ -84,15 +105,16 @@ def _routes(b):
 
 
 @pytest.fixture(scope="module")
-def records(moe_dir, groups, tmp_path_factory):
+def records(moe_dir, unnormalised_dir, groups, tmp_path_factory):
     """case -> (megatron record of global rank 0, torch learner record on the whole batch)."""
     from agent_rl.learners.megatron import megatron_spec
 
     out = {}
     whole = collate(groups)
-    for name, (layout, replay) in CASES.items():
+    for name, (layout, replay, norm) in CASES.items():
+        model = moe_dir if norm else unnormalised_dir
         spec = megatron_spec(
-            recipe(moe_dir, {"routing_replay": replay}, backend="megatron", **layout).learner_spec
+            recipe(model, {"routing_replay": replay}, backend="megatron", **layout).learner_spec
         )
         shares = [collate(s) for s in split_groups(groups, spec.dp)]
         got = run_moe_rank_steps(
@@ -158,7 +180,7 @@ def test_replay_runs_the_recorded_experts(records):
     assert float((off - on).abs().max()) > REPLAY_EFFECT
 
 
-@pytest.mark.parametrize("case", ["off", "rollout", "rollout-padded"])
+@pytest.mark.parametrize("case", [c for c in CASES if "dp2" not in c])
 def test_routing_agreement_and_aux_loss_are_counted_as_in_the_torch_learner(records, case):
     """Agreement is of the router's own top-k with the record. Replay off: layer 0 never agrees, layer 2 always does,
     1/2 of the (token, MoE layer) pairs. Replay on: layer 2's input comes from layer 0's replayed experts, so its own

@@ -109,12 +109,11 @@ class _LayerRoutes:
         """(gate scores at the experts used, experts) for `scores` [n, E] (logits, or probabilities pre-softmax)."""
         own_scores, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         r = self.routing
-        if r._rows is None:  # a layer re-run by activation recompute in the backward pass
-            used = (
-                self.used
-                if r.replay and self.used is not None and self.used.shape[0] == own.shape[0]
-                else None
-            )
+        if (
+            r._rows is None
+        ):  # a layer re-run by activation recompute in the backward pass: what its forward used
+            last = r._used.get(self.layer)  # (kept until the step ends, RoutingReplay.step)
+            used = last if r.replay and last is not None and last.shape[0] == own.shape[0] else None
         else:
             with torch.no_grad():
                 probs = scores.float() if self.pre_softmax else scores.float().softmax(-1)
