@@ -108,12 +108,20 @@ def test_train_runs_with_routing_replay_and_logs_agreement(arch, chat_dir, tmp_p
         assert r["learner/moe_aux_loss"] > 0
 
 
-def test_megatron_refuses_moe_and_hybrid_models_at_config_load(chat_dir):
-    for arch in ("qwen3_moe", "qwen3_5"):
+def test_megatron_refuses_hybrid_models_and_moe_beyond_tp1_at_config_load(chat_dir):
+    """Qwen3-MoE builds at tp = cp = 1 (tests/megatron/test_moe_megatron.py); hybrid models and MoE under tensor or
+    context parallelism are refused in one line."""
+    load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "learner.backend=megatron"], check_model=True)
+    for arch in ("qwen3_next", "qwen3_5"):
         with pytest.raises(
             ConfigError, match=r"--set learner.backend=megatron: learner.backend: megatron does not build"
         ):
             load_recipe(SMOKE, [f"model.path={chat_dir(arch)}", "learner.backend=megatron"], check_model=True)
+    with pytest.raises(
+        ConfigError, match=r"megatron builds Qwen3MoeForCausalLM at tp = cp = 1 only .* got tp=2"
+    ):
+        load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "learner.backend=megatron", "learner.tp=2"],
+                    check_model=True)  # fmt: skip
 
 
 def test_routing_replay_needs_a_model_with_experts(chat_dir, tiny_model_dir):
@@ -123,9 +131,13 @@ def test_routing_replay_needs_a_model_with_experts(chat_dir, tiny_model_dir):
         load_recipe(
             SMOKE, [f"model.path={tiny_model_dir}", "algorithm.routing_replay=rollout"], check_model=True
         )
-    with pytest.raises(ConfigError, match=r"routing_replay: rollout replays routing in the torch learner"):
+    with pytest.raises(
+        ConfigError, match=r"routing_replay: rollout in the Megatron learner is built for tp = cp = 1"
+    ):
         load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "algorithm.routing_replay=rollout",
-                            "learner.backend=megatron"])  # fmt: skip
+                            "learner.backend=megatron", "learner.tp=2"])  # fmt: skip
+    load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "algorithm.routing_replay=rollout",
+                        "learner.backend=megatron"], check_model=True)  # fmt: skip
 
 
 def test_routing_replay_is_refused_with_vllm_engines(chat_dir):

@@ -46,21 +46,22 @@ REPLAY_EFFECT = 100 * LOGPROB_ATOL
 METRIC_RTOL = 2e-4
 """The load-balancing loss: sums over <= TOKENS tokens of softmax terms, as test_equivalence.METRIC_RTOL."""
 
-CASES = {  # (learner layout, routing_replay, norm_topk_prob)
-    "off": ({}, "off", True),
-    "rollout": ({}, "rollout", True),
-    "rollout-padded": (
-        {"pack_sequences": False},
-        "rollout",
+CASES = {  # (learner layout, algorithm, norm_topk_prob)
+    "off": ({}, {"routing_replay": "off"}, True),
+    "rollout": ({}, {"routing_replay": "rollout"}, True),
+    # right-padded rows [S, B] (megatron's seq-major token order) several to a forward: micro-batched PPO-clip
+    "rollout-padded-ppo": (
+        {"pack_sequences": False, "micro_batch_size": 6},
+        {"routing_replay": "rollout", "loss": "ppo_clip", "advantage": "grpo"},
         True,
-    ),  # rows [S, B] right-padded: seq-major tokens
+    ),
     "rollout-recompute": (
         {"gradient_checkpointing": True},
-        "rollout",
+        {"routing_replay": "rollout"},
         True,
-    ),  # layers re-run in backward replay
-    "rollout-dp2": ({"dp": 2}, "rollout", True),  # one group per DP rank
-    "rollout-unnormalised": ({}, "rollout", False),  # gates: softmax over all experts, not renormalised
+    ),  # layers re-run
+    "rollout-dp2": ({"dp": 2}, {"routing_replay": "rollout"}, True),  # one group per DP rank
+    "rollout-unnormalised": ({}, {"routing_replay": "rollout"}, False),  # softmax over all experts, no renorm
 }
 
 
@@ -111,11 +112,9 @@ def records(moe_dir, unnormalised_dir, groups, tmp_path_factory):
 
     out = {}
     whole = collate(groups)
-    for name, (layout, replay, norm) in CASES.items():
+    for name, (layout, algorithm, norm) in CASES.items():
         model = moe_dir if norm else unnormalised_dir
-        spec = megatron_spec(
-            recipe(model, {"routing_replay": replay}, backend="megatron", **layout).learner_spec
-        )
+        spec = megatron_spec(recipe(model, algorithm, backend="megatron", **layout).learner_spec)
         shares = [collate(s) for s in split_groups(groups, spec.dp)]
         got = run_moe_rank_steps(
             {name: spec},
@@ -167,10 +166,12 @@ def test_moe_step_gradient_equals_the_torch_learners(records, case):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "dp2" not in c])
-def test_moe_logprobs_equal_the_torch_learners(records, case):
-    """The current log-probs of every token (RowResults): the Megatron model's equal transformers' forward."""
+def test_moe_logprobs_equal_the_torch_learners(records, groups, case):
+    """The current log-probs of every real token (RowResults; padding holds no log-prob): the Megatron model's equal
+    transformers' forward."""
     got, ref = records[case]
-    torch.testing.assert_close(got["logprobs"], ref["logprobs"], rtol=0.0, atol=LOGPROB_ATOL)
+    real = collate(groups).policy.attention_mask.bool()
+    torch.testing.assert_close(got["logprobs"][real], ref["logprobs"][real], rtol=0.0, atol=LOGPROB_ATOL)
 
 
 def test_replay_runs_the_recorded_experts(records):
@@ -195,3 +196,23 @@ def test_routing_agreement_and_aux_loss_are_counted_as_in_the_torch_learner(reco
     # (token, MoE layer) pairs: 2 sparse layers x 6 samples x 11 recorded sampled tokens (the last is never fed)
     assert got["rollout/routing_agreement_tokens"] == ref["rollout/routing_agreement_tokens"] == 2 * 6 * 11
     assert got["learner/moe_aux_loss"] == pytest.approx(ref["learner/moe_aux_loss"], rel=METRIC_RTOL)
+
+
+def test_megatron_learner_replays_the_engines_routing_through_the_facade(moe_dir):
+    """`learner.backend: megatron` with routing replay, built as `agent-rl train` builds it (rank processes), one
+    step on engine samples with the engine's own routing: the learner's log-probs are the engine's at k = 0 (fp32
+    parity bound), its router agrees with the engine's everywhere (fp32, same weights), and the routing metrics
+    reach the step's metrics."""
+    from agent_rl.learners import build
+
+    learner = build(
+        recipe(moe_dir, {"routing_replay": "rollout"}, backend="megatron").learner_spec, pool="processes"
+    )
+    try:
+        m = dict(learner.step(sample_groups(moe_dir, "float32")))
+    finally:
+        learner.close()
+    assert m["rollout/logprob_mismatch_tokens"] == 6 * 12
+    assert m["rollout/logprob_mismatch_max"] <= LOGPROB_ATOL, m
+    assert m["rollout/routing_agreement"] == 1.0
+    assert m["learner/moe_aux_loss"] > 0
