@@ -221,10 +221,15 @@ def saved_activations_worker(
     exit_worker()
 
 
-def rank_step_worker(rank: int, world: int, port: int, specs: dict, shares: list, out: str) -> None:
+def rank_step_worker(
+    rank: int, world: int, port: int, specs: dict, shares: list, out: str, routes: list | None = None
+) -> None:
     """One learner rank: for each MegatronSpec of `specs` (all with the same layout), build a MegatronRank, take one
-    step on `shares` (one PolicyBatch per DP rank) and record, in HF names (TP shards gathered):
-    - `grads`: the fp32 gradient the optimizer steps with (captured right before optimizer.step());
+    step on `shares` (one PolicyBatch per DP rank; MoE: with DP rank d's RouteBatch `routes[d]`) and record, in HF
+    names (TP shards gathered):
+    - `before`: the weights the rank hands out before the step (the HF -> Megatron -> HF round trip);
+    - `grads`: the fp32 gradient the optimizer steps with (captured right before optimizer.step(); zeros for a
+      parameter without one, e.g. an expert that received no token);
     - `weights`: what the learner hands to engines afterwards (hf_state_dict, fp32 here);
     - `model`: the compute model's own parameters afterwards (bf16 for learner.dtype bfloat16);
     - `metrics`, and `logprobs`: the per-trajectory log-probs of that step (RowResults).
@@ -241,17 +246,22 @@ def rank_step_worker(rank: int, world: int, port: int, specs: dict, shares: list
         captured: dict = {}
 
         def capture(*_unused, learner=learner, captured=captured) -> None:
-            grads = {n: p.grad for n, p in learner.fp32_parameters().items()}
+            grads = {
+                n: p.grad if p.grad is not None else torch.zeros_like(p)
+                for n, p in learner.fp32_parameters().items()
+            }
             captured["grads"] = gather_hf_state_dict(
                 grads, learner.shape, tp_group=learner.groups.tp, te=False
             )
 
         learner.optimizer.register_step_pre_hook(capture)
-        metrics = learner.step(shares)
+        before = learner.hf_state_dict()  # a collective on every rank
+        metrics = learner.step(shares, routes[learner.dp_rank]) if routes else learner.step(shares)
         weights = learner.hf_state_dict()  # a collective on every rank
         model = gather_hf_state_dict(learner.model, learner.shape, tp_group=learner.groups.tp, te=False)
         _, rows = learner.last_rows()
         result[name] = {
+            "before": before,
             "metrics": metrics,
             "grads": captured["grads"],
             "weights": weights,
@@ -263,14 +273,14 @@ def rank_step_worker(rank: int, world: int, port: int, specs: dict, shares: list
     exit_worker()
 
 
-def run_rank_steps(specs: dict, shares: list, tmp: Path) -> dict:
+def run_rank_steps(specs: dict, shares: list, tmp: Path, routes: list | None = None) -> dict:
     """rank_step_worker in spec.world gloo processes; {name: record} of global rank 0."""
     from agent_rl.learners._dp import _free_port
 
     world = next(iter(specs.values())).world
     out = tmp / "rank_steps.pt"
     torch.multiprocessing.spawn(
-        rank_step_worker, args=(world, _free_port(), specs, shares, str(out)), nprocs=world
+        rank_step_worker, args=(world, _free_port(), specs, shares, str(out), routes), nprocs=world
     )
     return torch.load(out, weights_only=False)
 

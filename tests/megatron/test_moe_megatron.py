@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import recipe, requires_megatron
-from _moe_helpers import run_moe_rank_steps, torch_rank_step
+from _helpers import recipe, requires_megatron, run_rank_steps
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "formats")
@@ -116,14 +115,29 @@ def records(moe_dir, unnormalised_dir, groups, tmp_path_factory):
         model = moe_dir if norm else unnormalised_dir
         spec = megatron_spec(recipe(model, algorithm, backend="megatron", **layout).learner_spec)
         shares = [collate(s) for s in split_groups(groups, spec.dp)]
-        got = run_moe_rank_steps(
+        got = run_rank_steps(
             {name: spec},
             [s.policy for s in shares],
-            [_routes(s) for s in shares],
             tmp_path_factory.mktemp(name),
+            routes=[_routes(s) for s in shares],
         )[name]
         out[name] = (got, torch_rank_step(spec.rank, whole.policy, _routes(whole)))
     return out
+
+
+def torch_rank_step(rank_spec, batch, routes) -> dict:
+    """The torch learner's rank (transformers' model, its routing replay hooks) on the whole batch: the same record."""
+    from agent_rl.learners._torch_rank import TorchRank
+
+    learner = TorchRank(rank_spec)
+    captured: dict = {}
+
+    def capture(*_unused) -> None:
+        captured["grads"] = {n: p.grad.clone() for n, p in learner.model.named_parameters()}
+
+    learner.optimizer.register_step_pre_hook(capture)
+    metrics = learner.step(batch, routes)
+    return {"metrics": metrics, "grads": captured["grads"], "logprobs": learner.last_rows().logprobs}
 
 
 def test_hf_megatron_hf_round_trip_is_exact(moe_dir):
