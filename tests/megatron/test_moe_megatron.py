@@ -22,7 +22,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "formats")
 )  # the MoE checkpoints and engine samples
 from sparse_models import sparse_model  # noqa: E402
-from test_moe_replay import sample_groups  # noqa: E402
+from test_moe_replay import BF16_DENSE_ENVELOPE, sample_groups  # noqa: E402
 
 from agent_rl.batch import collate, split_groups  # noqa: E402
 from agent_rl.learners.routing_replay import route_batch  # noqa: E402
@@ -212,11 +212,11 @@ def test_routing_agreement_and_aux_loss_are_counted_as_in_the_torch_learner(reco
     assert got["learner/moe_aux_loss"] == pytest.approx(ref["learner/moe_aux_loss"], rel=METRIC_RTOL)
 
 
-def test_megatron_learner_replays_the_engines_routing_through_the_facade(moe_dir):
+def test_megatron_learner_replays_the_engines_routing_through_the_facade(moe_dir, tmp_path):
     """`learner.backend: megatron` with routing replay, built as `agent-rl train` builds it (rank processes), one
     step on engine samples with the engine's own routing: the learner's log-probs are the engine's at k = 0 (fp32
     parity bound), its router agrees with the engine's everywhere (fp32, same weights), and the routing metrics
-    reach the step's metrics."""
+    reach the step's metrics. A checkpoint (fused experts under HF names) loads back to the same weights."""
     from agent_rl.learners import build
 
     learner = build(
@@ -224,9 +224,32 @@ def test_megatron_learner_replays_the_engines_routing_through_the_facade(moe_dir
     )
     try:
         m = dict(learner.step(sample_groups(moe_dir, "float32")))
+        weights = learner.hf_state_dict()
+        learner.save(tmp_path)
+        learner.load(tmp_path)
+        loaded = learner.hf_state_dict()
     finally:
         learner.close()
     assert m["rollout/logprob_mismatch_tokens"] == 6 * 12
     assert m["rollout/logprob_mismatch_max"] <= LOGPROB_ATOL, m
     assert m["rollout/routing_agreement"] == 1.0
     assert m["learner/moe_aux_loss"] > 0
+    assert "model.layers.0.mlp.experts.gate_up_proj" in weights
+    assert set(loaded) == set(weights) and all(torch.equal(loaded[k], v) for k, v in weights.items())
+
+
+def test_megatron_learner_in_bf16_stays_within_the_dense_bf16_mismatch(moe_dir):
+    """bf16 (bf16 model, fp32 main weights) engine and Megatron learner with replay: the learner's log-probs of the
+    engine's samples within the envelope the torch learner is held to (test_moe_replay.BF16_DENSE_ENVELOPE: no dense
+    tiny model's bf16 token mismatch reached it), and the routing agreement is measured."""
+    from agent_rl.learners import build
+
+    rec = recipe(moe_dir, {"routing_replay": "rollout"}, backend="megatron", dtype="bfloat16")
+    rec = rec.model_copy(update={"model": rec.model.model_copy(update={"dtype": "bfloat16"})})
+    learner = build(rec.learner_spec, pool="processes")
+    try:
+        m = dict(learner.step(sample_groups(moe_dir, "bfloat16")))
+    finally:
+        learner.close()
+    assert m["rollout/logprob_mismatch_max"] <= BF16_DENSE_ENVELOPE, m
+    assert 0.0 < m["rollout/routing_agreement"] <= 1.0
