@@ -5,8 +5,15 @@ Adam, are compared: see test_equivalence.py."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# benchmarks/mismatch.py imports its neighbours as a script does (bench_paths): this file alone must collect too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
 from _helpers import make_groups, recipe, reference_step, requires_megatron, run_rank_steps
 
 from agent_rl.learners.megatron.convert import hf_to_megatron, megatron_to_hf
