@@ -27,19 +27,12 @@ def data() -> dict:
 
 _DATA = json.loads(RESULTS.read_text())
 UNTUNED = not (_DATA["tuning"].get("steps", 0) > 0 and _DATA["tuning"].get("same_invocation"))
-# Strict: once a tuned run's results land these must pass, and the marker must go (XPASS fails).
-OPEN = pytest.mark.xfail(
-    UNTUNED,
-    strict=True,
-    reason="vs_trl.json is still the 2026-11-26 run without a tuning pass: run `make bench-trl` (issue 39)",
-)
 
 
 def _tuning_group(cell: str) -> str:
     return "trl" if cell.startswith("trl ") else cell
 
 
-@OPEN
 def test_vs_trl_results_carry_the_tuning_pass_of_the_same_invocation(data: dict) -> None:
     t = data["tuning"]
     assert t["steps"] >= 2 and t.get("same_invocation") is True, (
@@ -58,7 +51,6 @@ def test_vs_trl_results_carry_the_tuning_pass_of_the_same_invocation(data: dict)
         assert r["config"] == t["chosen"][_tuning_group(cell_name(r))]["label"], cell_name(r)
 
 
-@OPEN
 def test_vs_trl_has_the_three_trl_cells(data: dict) -> None:
     names = {cell_name(r) for r in data["cells"]}
     assert {"trl shipped", "trl shipped-constant-lr", "trl closest"} <= names
