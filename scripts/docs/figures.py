@@ -140,6 +140,11 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}×"
 
 
+def _sooner(x: float) -> str:
+    """A time-to-target ratio in the direction it points: "1.40× sooner", or "1.45× later (0.69× sooner)"."""
+    return f"**{_ratio(x)} sooner**" if x >= 1 else f"**{_ratio(1 / x)} later** ({_ratio(x)} sooner)"
+
+
 def _vs_trl_tuned(s: dict) -> bool:
     """Whether the vs_trl results carry a tuning pass of the invocation that measured."""
     return s["tuning"].get("steps", 0) > 0 and bool(s["tuning"].get("same_invocation"))
@@ -164,7 +169,7 @@ def vs_trl_headline() -> str:
     )
     return (
         f"{untuned}agent-rl k={k} (cores busy {busy[f'agent-rl k={k}']:.2f}) reaches {h['target']} "
-        f"**{_ratio(d['speedup_train'])} sooner** in training time than TRL's fastest cell to it "
+        f"{_sooner(d['speedup_train'])} in training time than TRL's fastest cell to it "
         f"({trl.removeprefix('trl ')}: {h['against_config']}, cores busy {busy[trl]:.2f}); "
         f"{_ratio(d['speedup_process'])} in whole-process time, {_ratio(d['speedup_cpu'])} in CPU time "
         f"(time to it × cores busy). {s['seeds']} seeds × {s['steps']} steps"
