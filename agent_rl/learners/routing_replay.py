@@ -72,16 +72,23 @@ class RoutingReplay:
     """Hooks on a model's routers; `step(...)` scopes a step's records, `rows(...)` a forward pass's rows."""
 
     def __init__(
-        self, routers: Mapping[int, nn.Module], *, layers: int, replay: bool, top_k: int | None = None
+        self,
+        routers: Mapping[int, nn.Module],
+        *,
+        layers: int,
+        replay: bool,
+        top_k: int | None = None,
+        seq_major: bool = False,
     ):
-        """`routers`: transformers routers to hook (none: a caller that routes by `choose`, as Megatron's MoE)."""
+        """`routers`: transformers routers to hook (none: a caller that routes by `choose`, as Megatron's MoE).
+        `seq_major`: routers see padded rows as [T, B] flattened (Megatron's unpacked layout), not [B, T]."""
         self.replay, self.layers = replay, layers
         self.top_k = int(top_k if top_k is not None else next(iter(routers.values())).top_k)
         self._records: dict[bytes, tuple[Tensor, Tensor]] = {}  # row ids -> (experts [n, L, k], counted [n])
         self._rows: tuple[Tensor | None, Tensor | None, Tensor] | None = None  # ids [B,T,L,k], counted, mask
         self._used: dict[int, Tensor] = {}  # layer -> experts the last grad-enabled forward used (recompute)
         self._stats = dict.fromkeys(_STATS, 0.0)
-        self.seq_major = False  # True: routers see [T, B] flattened (Megatron's unpacked layout), not [B, T]
+        self.seq_major = seq_major
         self._handles = [
             router.register_forward_hook(self._hook(layer, router)) for layer, router in routers.items()
         ]
@@ -159,21 +166,34 @@ class RoutingReplay:
 
         def hook(module: nn.Module, args: tuple, output: tuple[Tensor, Tensor, Tensor]):
             logits, _weights, own = output
-            if self._rows is None:  # outside a forward of ours: a checkpointed layer re-run in backward?
-                used = self._used.get(layer)
-                if self.replay and used is not None and used.shape[0] == logits.shape[0]:
-                    return _gates(logits, used, norm)
-                return output
+            if not self.in_scope:  # outside a forward of ours: a checkpointed layer re-run in backward?
+                used = self.recomputed(layer, logits.shape[0])
+                return output if used is None else _gates(logits, used, norm)
             with torch.no_grad():  # statistics only: nothing saved for backward (checkpointing recounts it)
                 probs = logits.float().softmax(-1)
             used = self.choose(layer, probs, own)
             if used is None or not self.replay:
                 return output
             if torch.is_grad_enabled():
-                self._used[layer] = used
+                self.remember(layer, used)
             return _gates(logits, used, norm)
 
         return hook
+
+    @property
+    def in_scope(self) -> bool:
+        """Whether a forward pass of ours (`rows`) is running: else a router call is a recomputed layer."""
+        return self._rows is not None
+
+    def remember(self, layer: int, used: Tensor) -> None:
+        """The experts layer `layer` used in this step's forward, for activation recompute to replay."""
+        self._used[layer] = used
+
+    def recomputed(self, layer: int, n: int) -> Tensor | None:
+        """What a layer re-run outside a forward of ours (activation recompute) replays for its `n` tokens: the
+        experts its forward used, when replay is on and the token count matches; else None (its own routing)."""
+        used = self._used.get(layer)
+        return used if self.replay and used is not None and used.shape[0] == n else None
 
     def choose(self, layer: int, probs: Tensor, own: Tensor) -> Tensor | None:
         """The experts layer `layer` uses for the tokens of the rows in scope: the recorded ones where replay is

@@ -418,16 +418,14 @@ def _span(values: list[float]) -> str:
     return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
 
-def _gpu_pairs(cells: dict[str, dict], num, den) -> list[tuple[str, float]]:
-    """(batch label, num/den tokens/s) for every batch and recompute setting where both cells ran."""
+def _gpu_pairs(cells: dict[str, dict], num, den, key: str = "tokens_per_s") -> list[tuple[str, float]]:
+    """(batch label, num/den of `key`) for every batch and recompute setting where both cells ran."""
     out = []
     for rows, length in ((8, 4096), (4, 8192), (2, 32768), (2, 131072)):
         for ckpt in (False, True):
             a, b = cells.get(num(rows, length, ckpt)), cells.get(den(rows, length, ckpt))
             if a and b:
-                out.append(
-                    (f"{rows} x {length}{' +ckpt' if ckpt else ''}", a["tokens_per_s"] / b["tokens_per_s"])
-                )
+                out.append((f"{rows} x {length}{' +ckpt' if ckpt else ''}", a[key] / b[key]))
     return out
 
 
@@ -485,12 +483,7 @@ def gpu_learners_goals(docs: str = "") -> str:
         return "yes" if ok else "**no**"
 
     proxy = _gpu_pairs(cells, _proxy, _anchor)
-    mem = [
-        cells[_proxy(r, n, c)]["peak_gib"] / cells[_anchor(r, n, c)]["peak_gib"]
-        for r, n in ((8, 4096), (4, 8192), (2, 32768), (2, 131072))
-        for c in (False, True)
-        if _proxy(r, n, c) in cells and _anchor(r, n, c) in cells
-    ]
+    mem = [x for _, x in _gpu_pairs(cells, _proxy, _anchor, key="peak_gib")]
     exact = [(b, 1 / x) for b, x in _gpu_pairs(cells, _exact, _proxy)]  # step time ratio = inverse tokens/s
     meg = _gpu_pairs(cells, _megatron, _exact)
     lines = [

@@ -78,8 +78,7 @@ def routers_of(model: nn.Module) -> dict[int, nn.Module]:
 def attach_routing(model: nn.Module, moe: MoEShape, *, replay: bool, seq_major: bool) -> RoutingReplay:
     """A RoutingReplay driving the routers of `model` (`step`/`rows` scopes as in the torch learner).
     `seq_major`: the rows run right-padded ([S, B] flattened, megatron's layout) rather than packed."""
-    routing = RoutingReplay({}, layers=len(moe.sparse), replay=replay, top_k=moe.top_k)
-    routing.seq_major = seq_major
+    routing = RoutingReplay({}, layers=len(moe.sparse), replay=replay, top_k=moe.top_k, seq_major=seq_major)
     routers = routers_of(model)
     if sorted(routers) != [i for i, s in enumerate(moe.sparse) if s]:
         raise ValueError(
@@ -110,10 +109,9 @@ class _LayerRoutes:
         own_scores, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         r = self.routing
         if (
-            r._rows is None
+            not r.in_scope
         ):  # a layer re-run by activation recompute in the backward pass: what its forward used
-            last = r._used.get(self.layer)  # (kept until the step ends, RoutingReplay.step)
-            used = last if r.replay and last is not None and last.shape[0] == own.shape[0] else None
+            used = r.recomputed(self.layer, own.shape[0])
         else:
             with torch.no_grad():
                 probs = scores.float() if self.pre_softmax else scores.float().softmax(-1)
@@ -124,7 +122,7 @@ class _LayerRoutes:
                     "scope padded nor packed (packing with parallel padding is not supported with MoE)"
                 )
             if r.replay:
-                r._used[self.layer] = used
+                r.remember(self.layer, used)
         if used is None or not r.replay:
             return own_scores, own
         return scores.gather(1, used), used
