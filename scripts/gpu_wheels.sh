@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 WHEELS=(
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   typing-extensions==4.16.0 megatron-core==0.16.1 liger-kernel==0.8.5 pytest-asyncio==1.5.0
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-timeout==2.4.0  # the CUDA run of tests/learners, tests/megatron
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2  # scripts/gpu_checks.sh
 )
 # pydantic-core is tagged manylinux_2_17 (manylinux2014), megatron-core manylinux_2_28: name every tag a
 # glibc-2.28 machine accepts, as pip would on that machine.
