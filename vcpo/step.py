@@ -31,6 +31,11 @@ from vcpo.losses import LossInputs, _truncate, get_loss, kl_k3_sum, loss_kwargs
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
 ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm
+FinishFn = Callable[[list[nn.Parameter]], None]  # makes raw backward .grad the full model's, in place
+
+
+def _finished(_params: list[nn.Parameter]) -> None:
+    """Unsharded parameters: what backward leaves in .grad is already the model's gradient."""
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,15 @@ class Step:
         proxy_fn: ProxyFn | None = None,
         grad_sq_fn: GradSqFn = local_grad_sq,
         clip_fn: ClipFn = torch.nn.utils.clip_grad_norm_,
+        finish_fn: FinishFn = _finished,
     ) -> None:
         """logprob_fn / proxy_fn: how to get per-token log-probs (and the proxy) from the model.
         grad_sq_fn / clip_fn: ‖g‖² of one trajectory's gradient and grad clipping; a tensor-parallel
         trainer passes versions that reduce over its TP group (the defaults see local tensors).
+        finish_fn: turns the .grad that backward passes left into the full model's gradient, in place (Megatron:
+        the sequence-parallel sum over TP, the CP average). Called exactly once on every gradient grad_sq_fn did
+        not see: after the micro-batched passes, and on the distillation pass after exact OPOB on its own (exact
+        OPOB's per-trajectory gradients go through grad_sq_fn, which a sharded trainer finishes them in).
         """
         cfg.check()
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -199,7 +209,12 @@ class Step:
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Step: the model has no parameter with requires_grad=True")
-        self.proxy_fn, self.grad_sq_fn, self.clip_fn = proxy_fn, grad_sq_fn, clip_fn
+        self.proxy_fn, self.grad_sq_fn, self.clip_fn, self.finish_fn = (
+            proxy_fn,
+            grad_sq_fn,
+            clip_fn,
+            finish_fn,
+        )
         self.distill = cfg.distill
         # distillation alone (task_weight 0): every task advantage is 0, no baseline pass is needed
         self.task_scale = 1.0 if cfg.distill is None else float(cfg.distill.task_weight)
@@ -227,6 +242,7 @@ class Step:
                         self._distill_pass(batch, rows)
                 else:
                     self._chunked(batch, rows)
+                    self.finish_fn(self.params)
             metrics = self._finish(rows)
             self.last_rows = RowResults(rows.s, rows.adv, rows.base, rows.lp)
             return metrics
@@ -256,7 +272,11 @@ class Step:
         rows.loss *= self.task_scale
 
     def _distill_pass(self, batch: PolicyBatch, rows: _Rows) -> None:
-        """Forward and backward of the distillation term alone, added to the gradients already there."""
+        """Forward and backward of the distillation term alone, finished on its own (finish_fn) and added to the
+        task gradient already there (which exact OPOB finished trajectory by trajectory)."""
+        task = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
         for idx in self._micro_batches(batch, torch.arange(batch.size)):
             sub = batch.select(idx.to(batch.input_ids.device))
             lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
@@ -264,6 +284,10 @@ class Step:
             if (total := d.loss.sum()).requires_grad:
                 total.backward()
             rows.record_distill(idx, d)
+        self.finish_fn(self.params)
+        for p, g in zip(self.params, task, strict=True):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
 
     def _distill(self, lp: Tensor, sub: PolicyBatch) -> DistillOutput:
         s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)

@@ -99,7 +99,7 @@ def _parallel_model(rank: int, world: int, port: int, model_dir: str, par, recom
     torch.set_num_threads(1)
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    groups = init_model_parallel(par, dp=1)
+    groups = init_model_parallel(par, dp=1, cpu=True)
     cfg, state = load_hf_weights(model_dir)
     shape = shape_from_hf_config(cfg)
     model = build_gpt_model(shape, par, cpu=True, **({"recompute": recompute} if recompute else {}))

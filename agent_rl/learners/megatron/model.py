@@ -174,6 +174,10 @@ def build_gpt_model(
         for name, p in model.named_parameters():
             if name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
                 p.sequence_parallel = True  # the tag grads.finish_backward sums over TP
+    if cpu:
+        from agent_rl.learners.megatron.cpu_compat import keep_rotary_on_cpu
+
+        keep_rotary_on_cpu(model)
     return model if cpu else model.cuda()
 
 

@@ -62,7 +62,9 @@ class MegatronSpec:
 def init_model_parallel(par: ParallelConfig, dp: int, *, cpu: bool | None = None) -> ShardGroups:
     """megatron parallel_state for (tp, cp, dp) on the initialised default group. CPU patches when no GPU, or
     when this rank computes on CPU (`cpu`) in a group of several ranks (processes of their own: megatron-core's
-    TP/SP paths allocate on the current CUDA device, which a CPU rank must not touch)."""
+    TP/SP paths allocate on the current CUDA device, which a CPU rank must not touch). A one-rank CPU group on a
+    machine with GPUs may share its process with CUDA work: it gets megatron's CPU RNG tracker only (the model keeps
+    its rotary table on the CPU: cpu_compat.keep_rotary_on_cpu)."""
     from megatron.core import parallel_state as ps
 
     world = dist.get_world_size()
@@ -73,6 +75,11 @@ def init_model_parallel(par: ParallelConfig, dp: int, *, cpu: bool | None = None
         from agent_rl.learners.megatron.cpu_compat import enable_cpu_megatron
 
         enable_cpu_megatron()
+        cuda = False
+    elif cpu:  # one CPU rank in a process that may run CUDA work too: no process-wide patch
+        from agent_rl.learners.megatron.cpu_compat import use_cpu_rng
+
+        use_cpu_rng()
         cuda = False
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, context_parallel_size=par.cp)

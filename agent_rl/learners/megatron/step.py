@@ -35,8 +35,7 @@ def sharded_step(
     logprob_fn: LogprobFn,
 ) -> Step:
     """A vcpo.Step whose gradients, norms and clipping are those of the full (unsharded) model."""
-    per_trajectory = cfg.advantage == "opob" and cfg.opob_mode == "exact"
-    if cfg.advantage == "opob" and not per_trajectory:
+    if cfg.advantage == "opob" and cfg.opob_mode != "exact":
         raise ValueError(
             "algorithm.opob_mode=proxy is not available on the Megatron learner (its logit-gradient proxy "
             "needs the full vocabulary on one rank); use opob_mode: exact"
@@ -47,11 +46,6 @@ def sharded_step(
         finish_backward(params, groups)  # in place: vcpo accumulates these same tensors next
         return grad_sq_norm(params, [p.grad for p in params], groups)
 
-    def clip(_params: list[nn.Parameter], max_norm: float) -> float:
-        if not per_trajectory:
-            finish_backward(params, groups)
-        return clip_grads(params, max_norm, groups)
-
     return Step(
         module,
         optimizer,
@@ -59,5 +53,6 @@ def sharded_step(
         dp_group=groups.dp,
         logprob_fn=logprob_fn,
         grad_sq_fn=trajectory_grad_sq,
-        clip_fn=clip,
+        clip_fn=lambda _params, max_norm: clip_grads(params, max_norm, groups),
+        finish_fn=lambda _params: finish_backward(params, groups),
     )
