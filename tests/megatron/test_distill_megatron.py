@@ -1,6 +1,6 @@
 """On-policy distillation on the Megatron learner: with teacher log-probs in the batch, a MegatronRank's gradient
-(TP=1, and TP=2 with sequence parallelism; gloo processes on the CPU) equals vcpo.Step's on the HF model with the
-same DistillConfig, for the reverse KL as a reward beside the task (exact OPOB, a separate distillation pass) and as
+(TP=2 with sequence parallelism, the layout where the gradient needs the most finishing; gloo processes on the CPU)
+equals vcpo.Step's on the HF model with the same DistillConfig, for the reverse KL as a reward beside the task (exact OPOB, a separate distillation pass) and as
 a loss alone; and the distillation metrics agree. The torch learner's own distillation tests: tests/vcpo/test_distill.py."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ METRIC_RTOL = (
 )
 
 CASES = {  # (learner layout, algorithm.teacher)
-    "tp1-reward+task-exact": ({}, {"mode": "reward", "weight": 1.0, "task_weight": 1.0}),
     "tp2-sp-reward+task-exact": (
         {"tp": 2, "sp": True},
         {"mode": "reward", "weight": 1.0, "task_weight": 1.0},
