@@ -209,12 +209,8 @@ class Step:
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Step: the model has no parameter with requires_grad=True")
-        self.proxy_fn, self.grad_sq_fn, self.clip_fn, self.finish_fn = (
-            proxy_fn,
-            grad_sq_fn,
-            clip_fn,
-            finish_fn,
-        )
+        self.proxy_fn, self.grad_sq_fn, self.clip_fn = proxy_fn, grad_sq_fn, clip_fn
+        self.finish_fn = finish_fn
         self.distill = cfg.distill
         # distillation alone (task_weight 0): every task advantage is 0, no baseline pass is needed
         self.task_scale = 1.0 if cfg.distill is None else float(cfg.distill.task_weight)
