@@ -386,6 +386,40 @@ def goals(cells: list[dict], distill_lr: float | None = None) -> dict:
         out["teacher_step_time_overhead_median"] = statistics.median(over)
         out["teacher_wait_share_of_step"] = statistics.mean(p1[s]["teacher_wait_share"] for s in paired)
         out["teacher_overhead_at_most_10pct"] = statistics.median(over) <= GOAL_OVERHEAD
+    out["also"] = _also(cells, distill_lr)
+    return out
+
+
+def _also(cells: list[dict], distill_lr: float | None) -> dict:
+    """The cells beside the goals, paired by seed: RL + distillation against RL (steps), k=4 − k=0 of RL + distillation
+    and of RL (final accuracy), and the smaller student's finals."""
+    out: dict = {}
+    both0, both4, rl0, rl4 = (_by(cells, m, k, lr) for m, k, lr in
+                               (("both", 0, distill_lr), ("both", 4, distill_lr), ("rl", 0, None), ("rl", 4, None)))  # fmt: skip
+    if seeds := sorted(set(both0) & set(rl0)):
+        ratios = [
+            both0[s]["steps_to_target"] / rl0[s]["steps_to_target"]
+            if both0[s]["steps_to_target"] is not None and rl0[s]["steps_to_target"]
+            else None
+            for s in seeds
+        ]
+        present = [r for r in ratios if r is not None]
+        out["both_over_rl_steps_per_seed"] = ratios
+        out["both_over_rl_steps_mean"] = statistics.mean(present) if present else None
+        out["both_over_rl_steps_se"] = _se(present)
+    for name, k0, k4 in (("both", both0, both4), ("rl", rl0, rl4)):
+        if paired := sorted(set(k0) & set(k4)):
+            gaps = [k4[s]["final3_accuracy"] - k0[s]["final3_accuracy"] for s in paired]
+            out[f"{name}_k4_minus_k0_final_per_seed"] = gaps
+            out[f"{name}_k4_minus_k0_final_mean"] = statistics.mean(gaps)
+            out[f"{name}_k4_minus_k0_final_se"] = _se(gaps)
+    for name, method, lr in (("small_distill", "distill", distill_lr), ("small_rl", "rl", None)):
+        if runs := _by(cells, method, 0, lr, student="small"):
+            finals = [runs[s]["final3_accuracy"] for s in sorted(runs)]
+            out[f"{name}_final_per_seed"] = finals
+            out[f"{name}_peak_per_seed"] = [
+                max(a for _, _, a in runs[s].get("curve", [[0, 0, 0.0]])) for s in sorted(runs)
+            ]
     return out
 
 
@@ -475,12 +509,33 @@ def markdown(out: dict) -> str:
             f"mean {f(gl.get('distill_k4_minus_k0_final_mean'), '{:+.3f}')} ± {f(gl.get('distill_k4_minus_k0_final_se'))} SE): "
             f"**{verdict[gl.get('distill_k4_within_2_points_of_k0')]}**",
         ]
+    a = g.get("also", {})
+
+    def seeds(key: str, fmt: str) -> str:
+        return ", ".join(f(x, fmt) for x in a.get(key, [])) or "-"
+
+    also = [
+        f"- RL + distillation (lr {out.get('distill_lr')}) over RL (3e-4), steps to the target, k=0, per seed "
+        f"{seeds('both_over_rl_steps_per_seed', '{:.2f}')}; mean {f(a.get('both_over_rl_steps_mean'), '{:.2f}')} ± "
+        f"{f(a.get('both_over_rl_steps_se'), '{:.2f}')} SE",
+        f"- k=4 − k=0, final accuracy, RL + distillation: per seed {seeds('both_k4_minus_k0_final_per_seed', '{:+.3f}')}; "
+        f"mean {f(a.get('both_k4_minus_k0_final_mean'), '{:+.3f}')} ± {f(a.get('both_k4_minus_k0_final_se'))} SE; "
+        f"RL: per seed {seeds('rl_k4_minus_k0_final_per_seed', '{:+.3f}')}; mean "
+        f"{f(a.get('rl_k4_minus_k0_final_mean'), '{:+.3f}')} ± {f(a.get('rl_k4_minus_k0_final_se'))} SE",
+        f"- the smaller student (warm start {f(out.get('small_student_accuracy'))}): distilled (lr "
+        f"{out.get('distill_lr')}) final {seeds('small_distill_final_per_seed', '{:.3f}')}, best eval on the way "
+        f"{seeds('small_distill_peak_per_seed', '{:.3f}')}; RL final {seeds('small_rl_final_per_seed', '{:.3f}')}, best "
+        f"{seeds('small_rl_peak_per_seed', '{:.3f}')}",
+    ]
     lines += [
         f"- the teacher's scoring adds <= 10 % to the step time, processes topology (median step time with the "
         f"teacher scoring at weight 0 over without, − 1, per seed "
         f"{', '.join(f(x, '{:+.3f}') for x in g.get('teacher_step_time_overhead_per_seed', [])) or '-'}; the "
         f"learner's wait for scores {f(g.get('teacher_wait_share_of_step'))} of the step): "
         f"**{verdict[g.get('teacher_overhead_at_most_10pct')]}**",
+        "",
+        "Also measured (paired by seed):",
+        *also,
         "",
         f"Cells done ({len(out['cells_done'])}): {', '.join(out['cells_done']) or '-'}.",
         f"Cells not run (yet): {', '.join(out['cells_missing']) or 'none'}.",

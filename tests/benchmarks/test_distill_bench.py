@@ -62,6 +62,24 @@ def test_goals_pair_cells_by_seed():
     assert g["teacher_overhead_at_most_10pct"] is True
 
 
+def test_the_cells_beside_the_goals_pair_by_seed_too():
+    small = dict(
+        _cell("distill", 0, 0, final=0.1), student="small", lr=1e-3, curve=[[0, 0.0, 0.2], [6, 9.0, 0.4]]
+    )
+    cells = [
+        dict(_cell("both", 0, 0, 2, final=0.70), lr=1e-3), dict(_cell("both", 4, 0, 4, final=0.66), lr=1e-3),
+        dict(_cell("both", 0, 1, 12, final=0.72), lr=1e-3), dict(_cell("both", 4, 1, 3, final=0.70), lr=1e-3),
+        _cell("rl", 0, 0, 8, final=0.75), _cell("rl", 4, 0, 8, final=0.76), _cell("rl", 0, 1, 8, final=0.74), small,
+    ]  # fmt: skip
+    a = goals(cells, distill_lr=1e-3)["also"]
+    assert a["both_over_rl_steps_per_seed"] == [0.25, 1.5]
+    assert a["both_over_rl_steps_se"] == pytest.approx((1.5 - 0.25) / 2)
+    assert a["both_k4_minus_k0_final_per_seed"] == pytest.approx([-0.04, -0.02])
+    assert a["rl_k4_minus_k0_final_per_seed"] == pytest.approx([0.01])  # seed 1 has no RL k=4 run: not paired
+    assert a["small_distill_final_per_seed"] == [0.1] and a["small_distill_peak_per_seed"] == [0.4]
+    assert "small_rl_final_per_seed" not in a
+
+
 @pytest.mark.slow  # two `agent-rl train` processes: ~1.5 min on the loaded 2-core machine, not the 60 s of a smoke test
 def test_quick_run_writes_its_results_and_names_the_cells_it_ran(tmp_path):
     out = tmp_path / "out"
