@@ -8,6 +8,7 @@ environment definitions share one loader and one error format:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,12 +91,38 @@ def validation_messages(
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the schema in the docs)"
-        item = next(
-            (set_by[loc[:cut]] for cut in range(len(loc), 0, -1) if loc[:cut] in (set_by or {})), None
-        )
-        where = f"--set {item}" if item is not None else f"{path}:{_line_for(loc, lines)}"
-        out.append(f"{where}: {_dotted(loc)}: {msg}")
+        across = e["type"] == "value_error" and isinstance(
+            e.get("input"), dict
+        )  # a section's (model) validator
+        if across and (named := _named_field(msg, loc, lines, set_by or {})) is not None:
+            # a rule across fields names the fields it is about: point at the one the user set, as they set it
+            msg = msg.removeprefix("Value error, ")
+            out.append(f"{_where(named, path, lines, set_by or {})}: {msg}")
+            continue
+        out.append(f"{_where(loc, path, lines, set_by or {})}: {_dotted(loc)}: {msg}")
     return out
+
+
+def _where(loc: Loc, path: str | Path, lines: dict[Loc, int], set_by: dict[Loc, str]) -> str:
+    """`--set key=value` when an override set `loc` (or a section holding it), else `file:line`."""
+    item = next((set_by[loc[:cut]] for cut in range(len(loc), 0, -1) if loc[:cut] in set_by), None)
+    return f"--set {item}" if item is not None else f"{path}:{_line_for(loc, lines)}"
+
+
+_DOTTED_NAME = re.compile(r"(?<![\w./-])([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)")
+
+
+def _named_field(msg: str, loc: Loc, lines: dict[Loc, int], set_by: dict[Loc, str]) -> Loc | None:
+    """The field a cross-field error is about: of the dotted names its message mentions (under the section `loc`
+    it was raised for, or from the root), the first one a `--set` item set, else the first one the file has."""
+    named = []
+    for m in _DOTTED_NAME.finditer(msg):
+        parts = tuple(m.group(1).split("."))
+        for full in (loc + parts, parts) if loc else (parts,):
+            if full in lines or full in set_by:
+                named.append(full)
+                break
+    return next((n for n in named if n in set_by), named[0] if named else None)
 
 
 def load_model(path: str | Path, model: type[M], *, context: dict[str, Any] | None = None) -> M:

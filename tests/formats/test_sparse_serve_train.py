@@ -24,6 +24,10 @@ from agent_rl.engines.embedded.engine import EmbeddedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "recipes" / "tiny_tir_smoke.yaml"
+MEGATRON = [
+    "learner.backend=megatron",
+    "algorithm.opob_mode=exact",
+]  # the smoke recipe's proxy OPOB is the torch learner's
 
 
 @pytest.fixture(scope="module")
@@ -111,16 +115,16 @@ def test_train_runs_with_routing_replay_and_logs_agreement(arch, chat_dir, tmp_p
 def test_megatron_refuses_hybrid_models_and_moe_beyond_tp1_at_config_load(chat_dir):
     """Qwen3-MoE builds at tp = cp = 1 (tests/megatron/test_moe_megatron.py); hybrid models and MoE under tensor or
     context parallelism are refused in one line."""
-    load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "learner.backend=megatron"], check_model=True)
+    load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", *MEGATRON], check_model=True)
     for arch in ("qwen3_next", "qwen3_5"):
         with pytest.raises(
             ConfigError, match=r"--set learner.backend=megatron: learner.backend: megatron does not build"
         ):
-            load_recipe(SMOKE, [f"model.path={chat_dir(arch)}", "learner.backend=megatron"], check_model=True)
+            load_recipe(SMOKE, [f"model.path={chat_dir(arch)}", *MEGATRON], check_model=True)
     with pytest.raises(
         ConfigError, match=r"megatron builds Qwen3MoeForCausalLM at tp = cp = 1 only .* got tp=2"
     ):
-        load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "learner.backend=megatron", "learner.tp=2"],
+        load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", *MEGATRON, "learner.tp=2"],
                     check_model=True)  # fmt: skip
 
 
@@ -135,9 +139,9 @@ def test_routing_replay_needs_a_model_with_experts(chat_dir, tiny_model_dir):
         ConfigError, match=r"routing_replay: rollout in the Megatron learner is built for tp = cp = 1"
     ):
         load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "algorithm.routing_replay=rollout",
-                            "learner.backend=megatron", "learner.tp=2"])  # fmt: skip
+                            *MEGATRON, "learner.tp=2"])  # fmt: skip
     load_recipe(SMOKE, [f"model.path={chat_dir('qwen3_moe')}", "algorithm.routing_replay=rollout",
-                        "learner.backend=megatron"], check_model=True)  # fmt: skip
+                        *MEGATRON], check_model=True)  # fmt: skip
 
 
 def test_routing_replay_is_refused_with_vllm_engines(chat_dir):

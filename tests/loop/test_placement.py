@@ -51,7 +51,8 @@ def test_an_address_joins_a_cluster_and_the_cli_flag_wins_over_the_recipe(smoke_
 
 def test_megatron_model_parallel_groups_share_a_node_and_replicas_spread(smoke_recipe) -> None:
     recipe = smoke_recipe(
-        "learner.backend=megatron", "learner.tp=4", "learner.sp=true", "learner.dp=2", "rollout.temperature=1.0",
+        "learner.backend=megatron", "algorithm.opob_mode=exact", "learner.tp=4", "learner.sp=true", "learner.dp=2",
+        "rollout.temperature=1.0",
         "engines.count=8", "engines.weight_sync=nccl", "placement.address=auto",
         "placement.nodes={engines: {cpus: 64, gpus: 8}, trainer: {count: 2, cpus: 8, gpus: 4}}",
         "placement.engine={node: engines, gpus: 1, cpus: 4}", "placement.learner={node: trainer, gpus: 1, cpus: 2}",
@@ -97,7 +98,8 @@ def test_roles_that_do_not_fit_their_nodes_are_refused_when_the_recipe_loads(smo
         smoke_recipe("placement.learner={node: gpus}")
     with pytest.raises(ConfigError, match="model-parallel group of 4 ranks shares one node"):
         smoke_recipe(
-            "learner.backend=megatron", "learner.tp=4", "learner.dp=2", "placement.nodes={t: {count: 4, cpus: 8, gpus: 2}}",
+            "learner.backend=megatron", "algorithm.opob_mode=exact", "learner.tp=4", "learner.dp=2",
+            "placement.nodes={t: {count: 4, cpus: 8, gpus: 2}}",
             "placement.learner={node: t, gpus: 1}",
         )  # fmt: skip
     with pytest.raises(ConfigError, match="weight_sync: memory hands tensors over on one machine"):
@@ -108,7 +110,7 @@ def test_fragmented_nodes_fail_the_layout_naming_what_does_not_fit(smoke_recipe)
     # 2 nodes x 3 GPUs hold the 6 ranks' GPUs, but each takes one model-parallel group of 2 and keeps 1 GPU
     # over, so the third group finds no node with 2 free GPUs.
     recipe = smoke_recipe(
-        "learner.backend=megatron", "learner.tp=2", "learner.dp=3", "train.batch_prompts=3",
+        "learner.backend=megatron", "algorithm.opob_mode=exact", "learner.tp=2", "learner.dp=3", "train.batch_prompts=3",
         "placement.nodes={t: {count: 2, cpus: 8, gpus: 3}}", "placement.learner={node: t, gpus: 1}",
     )  # fmt: skip
     with pytest.raises(UserError, match=r"learner ranks 4-5 .* do\(es\) not fit on any t node"):

@@ -41,7 +41,12 @@ def test_the_engine_may_be_a_model_directory_or_a_url():
         ),
         (["algorithm.teacher.engine=m", "algorithm.teacher.mode=forward"], "mode"),
         (
-            ["algorithm.teacher.engine=m", "rollout.temperature=0.7", "learner.backend=megatron"],
+            [
+                "algorithm.teacher.engine=m",
+                "rollout.temperature=0.7",
+                "learner.backend=megatron",
+                "algorithm.opob_mode=exact",
+            ],
             "temperature",
         ),
     ],
