@@ -34,6 +34,8 @@ def test_kernels_fall_in_the_kind_their_name_says(kernel: str, kind: str) -> Non
     assert kind_of(kernel) == kind
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # five profiled learner builds in a subprocess (~20 s): CI's second job, off make test's budget
 def test_cpu_smoke_profiles_every_cell_and_splits_its_busy_time_by_kind(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--cpu-smoke", "--out", str(tmp_path)],
