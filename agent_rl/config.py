@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent_rl.engines.api import EngineOptions
-from envs.yamlio import ConfigError
+from envs.yamlio import ConfigError, where
 
 __all__ = ["ConfigError", "LearnerSpec", "Recipe", "load_recipe"]
 
@@ -862,8 +862,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, *, check_m
     except ValidationError as e:
         raise ConfigError(validation_messages(e, path, lines, set_by)) from None
     if check_model:
-        check_model_dirs(recipe.model, lambda loc: _where(loc, path, lines, set_by))
-        check_model_kind(recipe, lambda loc: _where(loc, path, lines, set_by))
+        check_model_dirs(recipe.model, lambda loc: where(loc, path, lines, set_by))
+        check_model_kind(recipe, lambda loc: where(loc, path, lines, set_by))
     return recipe
 
 
@@ -895,17 +895,6 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[Loc, st
     return set_by
 
 
-def _where(loc: Loc, path: Path, lines: dict[Loc, int], set_by: dict[Loc, str]) -> str:
-    """`--set key=value` if an override set `loc` (or a section holding it), else `file:line`."""
-    for cut in range(len(loc), 0, -1):
-        if loc[:cut] in set_by:
-            return f"--set {set_by[loc[:cut]]}"
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return f"{path}:{lines[loc[:cut]]}"
-    return f"{path}:1"
-
-
 def _resolve_env_paths(
     data: dict[str, Any], path: Path, lines: dict[Loc, int], set_by: dict[Loc, str]
 ) -> None:
@@ -920,13 +909,13 @@ def _resolve_env_paths(
     for loc in slots:
         value = section["train"] if loc[1] == "train" else section["eval"][loc[2]]
         candidates = env_path_candidates(
-            value, path.parent, from_override=_where(loc, path, lines, set_by).startswith("--set")
+            value, path.parent, from_override=where(loc, path, lines, set_by).startswith("--set")
         )
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             tried = ", ".join(str(c) for c in candidates)
             errors.append(
-                f"{_where(loc, path, lines, set_by)}: {'.'.join(map(str, loc[:2]))}"
+                f"{where(loc, path, lines, set_by)}: {'.'.join(map(str, loc[:2]))}"
                 f"{f'[{loc[2]}]' if len(loc) > 2 else ''}: env file {value!r} not found (looked at {tried}); "
                 "give a path relative to the recipe file or an env under envs/"
             )

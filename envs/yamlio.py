@@ -97,13 +97,13 @@ def validation_messages(
         if across and (named := _named_field(msg, loc, lines, set_by or {})) is not None:
             # a rule across fields names the fields it is about: point at the one the user set, as they set it
             msg = msg.removeprefix("Value error, ")
-            out.append(f"{_where(named, path, lines, set_by or {})}: {msg}")
+            out.append(f"{where(named, path, lines, set_by or {})}: {msg}")
             continue
-        out.append(f"{_where(loc, path, lines, set_by or {})}: {_dotted(loc)}: {msg}")
+        out.append(f"{where(loc, path, lines, set_by or {})}: {_dotted(loc)}: {msg}")
     return out
 
 
-def _where(loc: Loc, path: str | Path, lines: dict[Loc, int], set_by: dict[Loc, str]) -> str:
+def where(loc: Loc, path: str | Path, lines: dict[Loc, int], set_by: dict[Loc, str]) -> str:
     """`--set key=value` when an override set `loc` (or a section holding it), else `file:line`."""
     item = next((set_by[loc[:cut]] for cut in range(len(loc), 0, -1) if loc[:cut] in set_by), None)
     return f"--set {item}" if item is not None else f"{path}:{_line_for(loc, lines)}"
