@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
+from agent_rl.learners._optim import adamw, load_adamw_state
 from agent_rl.learners._schedule import build_scheduler
 from agent_rl.learners.hf_logprobs import HFLogprobs
 from agent_rl.learners.routing_replay import RouteBatch, RoutingReplay
@@ -80,13 +81,11 @@ class TorchRank:
         )
         self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
-        # No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
-        decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        self.optimizer = adamw(
+            (p for p in model.parameters() if p.requires_grad),
             lr=spec.lr,
             betas=spec.betas,
+            weight_decay=spec.weight_decay,
         )
         self.scheduler = build_scheduler(
             self.optimizer,
@@ -254,7 +253,7 @@ class TorchRank:
                     f"{src / 'model.safetensors'} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
                 )
         opt = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(opt["optimizer"])
+        load_adamw_state(self.optimizer, opt["optimizer"])
         self.scheduler.load_state_dict(opt["scheduler"])
         rng = src / f"rng_rank{self.rank}.pt"
         if rng.is_file():

@@ -145,7 +145,7 @@ class Setup:
     micro_batch_tokens: int | None = None
     packed: bool = False  # megatron packs a micro-batch into one sequence: eager attention is [S_total]^2
     device: Literal["cpu", "cuda"] = (
-        "cpu"  # CUDA autocast runs softmax in fp32; torch's AdamW is foreach there
+        "cpu"  # CUDA autocast runs softmax in fp32
     )
 
     def rows_per_forward(self, tokens: int) -> int:
@@ -238,8 +238,9 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         static.append(Term("bf16_weights", 2 * p, "the model's bf16 parameters"))
     if s.opob == "exact":
         static.append(Term("opob_sums", 8 * trainable, "exact OPOB: two gradient-sized fp32 running sums"))
-    # Phase 1: the optimizer step (gradients complete, AdamW's foreach scratch on CUDA).
-    scratch = 4 * trainable if s.device == "cuda" else 4 * max(d.vocab * d.hidden, d.hidden * d.ffn)
+    # Phase 1: the optimizer step (gradients complete). The learners' AdamW is fused (learners/_optim.py): no
+    # parameter-sized temporary as foreach keeps on CUDA; at most one parameter's worth is counted.
+    scratch = 4 * max(d.vocab * d.hidden, d.hidden * d.ffn)
     optimizer = [
         *static,
         Term("grads", 4 * trainable),

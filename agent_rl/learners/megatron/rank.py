@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent_rl.learners._optim import adamw, load_adamw_state
 from agent_rl.learners._schedule import build_scheduler
 from agent_rl.learners._torch_rank import DTYPES, RankSpec
 from agent_rl.learners.megatron.convert import gather_hf_state_dict, load_hf_into_megatron
@@ -145,13 +146,7 @@ class MegatronRank:
             self._routing = attach_routing(self.model, self.shape.moe, replay=replay, seq_major=not spec.pack)
         self.model.train()
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend), global rank 0
-        decay = [p for p in self.trained.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.trained.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": rs.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=rs.lr,
-            betas=rs.betas,
-        )
+        self.optimizer = adamw(self.trained.parameters(), lr=rs.lr, betas=rs.betas, weight_decay=rs.weight_decay)
         if self.main is not None:
             self.main.attach(self.optimizer)
         self.scheduler = build_scheduler(
@@ -295,7 +290,7 @@ class MegatronRank:
             )
         self._load_weights(load_file(str(src / "model.safetensors")))
         opt = torch.load(optim, weights_only=True)
-        self.optimizer.load_state_dict(opt["optimizer"])
+        load_adamw_state(self.optimizer, opt["optimizer"])
         self.scheduler.load_state_dict(opt["scheduler"])
         rng = src / f"rng_rank{dist.get_rank()}.pt"
         if rng.is_file():
