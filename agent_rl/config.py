@@ -213,7 +213,8 @@ class LearnerConfig(Strict):
     all-gathered per layer (Transformer Engine's attention where installed, else torch SDPA)."""
     gradient_checkpointing: bool | Literal["full", "selective"] = False
     """Recompute activations in the backward pass instead of keeping them. torch: true (Hugging Face's per-layer
-    checkpointing). megatron: true or full (every layer's input kept, the layer recomputed; `recompute_method`,
+    checkpointing; with proxy OPOB it also keeps every micro-batch's graph of a group until the group's baseline
+    is known, instead of a forward without gradients first). megatron: true or full (every layer's input kept, the layer recomputed; `recompute_method`,
     `recompute_num_layers`), or selective (only `recompute_modules` recomputed, e.g. core attention)."""
     recompute_method: Literal["uniform", "block"] = "uniform"
     """megatron, full: uniform (layers in chunks of recompute_num_layers, each chunk's input kept) or block

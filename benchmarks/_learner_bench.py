@@ -128,21 +128,24 @@ class Rank:
         return fn(self.model, input_ids, attention_mask)
 
 
+GROUP = 2  # trajectories per group in `batch`
+
+
 def batch(rows: int, length: int, vocab: int, *, seed: int = 0, device: str = "cpu"):
-    """`rows` trajectories of `length` tokens in groups of 2 (rewards 1, 0: every group has a gradient); the
+    """`rows` trajectories of `length` tokens in groups of GROUP = 2 (rewards 1, 0: every group has a gradient); the
     first quarter is prompt (loss mask 0); behaviour log-probs -log(vocab), what a random model samples with,
     so importance weights stay near 1."""
     from vcpo.batch import PolicyBatch
 
-    if rows % 2:
-        raise ValueError(f"rows must be even (groups of 2), got {rows}")
+    if rows % GROUP:
+        raise ValueError(f"rows must be even (groups of {GROUP}), got {rows}")
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, length), generator=g)
     loss_mask = torch.zeros(rows, length)
     loss_mask[:, length // 4 :] = 1.0
     behaviour = loss_mask * -math.log(vocab)
-    rewards = torch.tensor([1.0, 0.0] * (rows // 2))
-    groups = torch.arange(rows) // 2
+    rewards = torch.tensor([1.0, 0.0] * (rows // GROUP))
+    groups = torch.arange(rows) // GROUP
     return PolicyBatch(ids, torch.ones_like(ids), loss_mask, behaviour, rewards, groups).to(device)
 
 

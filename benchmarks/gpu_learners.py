@@ -47,7 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _learner_bench import QWEN25_05B, SMALL, Cell, Rank, batch, recipe, timed_steps, write_model  # noqa: E402
+from _learner_bench import GROUP, QWEN25_05B, SMALL, Cell, Rank, batch, recipe, timed_steps, write_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -264,7 +264,8 @@ def setup_for(cell: Cell, device: str, dims):
     """The memory model's view of a cell: through the recipe a user would write for it, as `agent-rl train` sees it."""
     from agent_rl.learners import memory as mm
 
-    return mm.setup_of(recipe(Path("model"), cell), dims, "cuda" if device.startswith("cuda") else "cpu")
+    device_kind = "cuda" if device.startswith("cuda") else "cpu"
+    return mm.setup_of(recipe(Path("model"), cell), dims, device_kind, group_size=GROUP)  # type: ignore[arg-type]
 
 
 def capacity(device: str) -> dict[str, Any]:

@@ -52,6 +52,12 @@ class StepConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 4  # trajectories per forward/backward (proxy mode: whole groups)
     micro_batch_tokens: int | None = None  # and at most this many real tokens (a longer row goes alone)
+    # proxy OPOB, a group larger than a micro-batch: its baseline needs every member's proxy before any backward.
+    # False: a forward without gradients over the group first, then forward + backward per micro-batch. True:
+    # forward with gradients over the group, keeping each micro-batch's graph until the baseline is known, then
+    # their backwards: one forward fewer, at the memory of the group's graphs (worth it under activation
+    # recompute, where a graph holds only each layer's input; the torch learner sets it then).
+    proxy_hold_group: bool = False
     loss_kwargs: Mapping[str, float] = field(default_factory=dict)
     distill: DistillConfig | None = None  # on-policy distillation term (vcpo/distill.py); None: no teacher
 
@@ -313,8 +319,14 @@ class Step:
                 self._proxy_advantages(sub, idx, lp.detach(), gsq, rows)
                 self._loss_backward(batch, idx, rows, extra, sub=sub, lp=lp)
                 continue
+            if cfg.proxy_hold_group:  # a group larger than a micro-batch: its graphs held until the baseline
+                held = [self._proxy_forward(batch, part) for part in parts]
+                self._proxy_advantages_parts(batch, idx, [(s, g) for _, _, s, g in held], rows)
+                for part, (sub, lp, _, _) in zip(parts, held, strict=True):
+                    self._loss_backward(batch, part, rows, extra, sub=sub, lp=lp)  # frees this part's graph
+                continue
             with torch.no_grad():  # a group larger than a micro-batch: baseline from a forward-only pass
-                forwards = [self._proxy_forward(batch, part) for part in parts]
+                forwards = [self._proxy_forward(batch, part)[2:] for part in parts]
             self._proxy_advantages_parts(batch, idx, forwards, rows)
             for part in parts:
                 self._loss_backward(batch, part, rows, extra)
@@ -325,11 +337,13 @@ class Step:
         budget = self.cfg.micro_batch_tokens or math.inf
         return _token_budget_split(idx, lengths, self.cfg.micro_batch_size, budget)
 
-    def _proxy_forward(self, batch: PolicyBatch, idx: Tensor) -> tuple[Tensor, Tensor]:
+    def _proxy_forward(self, batch: PolicyBatch, idx: Tensor) -> tuple[PolicyBatch, Tensor, Tensor, Tensor]:
+        """The rows `idx`, their log-probs (with the graph when gradients are on), and what the baseline needs of
+        them: the sequence log-weights and Σ_t proxy_t over the loss tokens."""
         sub = batch.select(idx.to(batch.input_ids.device))
         lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
-        s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask)
-        return s, (gsq * sub.loss_mask).double().sum(-1)
+        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)
+        return sub, lp, s, (gsq.detach() * sub.loss_mask).double().sum(-1)
 
     def _proxy_advantages(self, sub: PolicyBatch, idx: Tensor, lp: Tensor, gsq: Tensor, rows: _Rows) -> None:
         s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask)

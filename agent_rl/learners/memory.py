@@ -144,9 +144,16 @@ class Setup:
     micro_batch_rows: int = 4
     micro_batch_tokens: int | None = None
     packed: bool = False  # megatron packs a micro-batch into one sequence: eager attention is [S_total]^2
-    device: Literal["cpu", "cuda"] = (
-        "cpu"  # CUDA autocast runs softmax in fp32
-    )
+    group_rows: int = 1  # trajectories per group: proxy OPOB under full recompute holds a group's graphs
+    device: Literal["cpu", "cuda"] = "cpu"  # CUDA autocast runs softmax in fp32
+
+    def rows_held(self, tokens: int) -> int:
+        """Trajectories whose graphs are alive at once: the torch learner's proxy OPOB under full recompute keeps
+        every micro-batch of a group until the group's baseline is known (vcpo StepConfig.proxy_hold_group)."""
+        rows = self.rows_per_forward(tokens)
+        if self.backend == "torch" and self.opob == "proxy" and self.recompute == "full":
+            return max(rows, self.group_rows)
+        return rows
 
     def rows_per_forward(self, tokens: int) -> int:
         """Trajectories of `tokens` tokens in one forward/backward pass (exact OPOB: one)."""
@@ -226,6 +233,8 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
     rows = s.rows_per_forward(tokens)
     t = rows * tokens  # tokens in one forward pass
+    held = s.rows_held(tokens) * tokens  # tokens whose graphs are alive at once (>= t)
+    parts = -(-held // t)  # forwards whose graphs are alive at once
     p = d.params
     trainable = d.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else p
     bf16 = s.compute_dtype == "bfloat16"
@@ -267,18 +276,18 @@ def step_memory(d: ModelDims, s: Setup, tokens: int) -> Estimate:
         layer_backward += scores
     else:  # full: each layer's input kept (the fp32 residual stream), one layer recomputed at a time
         residual = 2 if megatron_bf16 else 4  # megatron's residual stream is in the model's dtype
-        acts = [Term("checkpoints", d.layers * residual * d.hidden * t)]
+        acts = [Term("checkpoints", d.layers * residual * d.hidden * held)]
         layer_backward += a_layer + scores
     if s.attention == "eager":
         acts.append(Term("attention_mask", (t if s.packed else tokens) ** 2, "bool [S, S]"))
     if s.backend == "megatron":  # the final RMSNorm's input and scale, its output kept by the log-prob head
-        final_norm = ((4 if megatron_bf16 else 8) * d.hidden + 4) * t
+        final_norm = (4 if megatron_bf16 else 8) * d.hidden + 4
     else:
-        final_norm = (10 * d.hidden + 4 if bf16 else 12 * d.hidden + 4) * t
-    rope_ids = (8 + 8 * d.head_dim) * t
-    acts.append(Term("embedding_norm_rope", final_norm + rope_ids))
-    if bf16 and s.backend == "torch":
-        kept = d.layer_matmul_params * (1 if s.recompute == "full" else d.layers) + d.vocab * d.hidden
+        final_norm = 10 * d.hidden + 4 if bf16 else 12 * d.hidden + 4
+    rope_ids = 8 + 8 * d.head_dim  # bytes per token, as final_norm
+    acts.append(Term("embedding_norm_rope", (final_norm + rope_ids) * held))
+    if bf16 and s.backend == "torch":  # the head's copy is kept by every held forward
+        kept = d.layer_matmul_params * (1 if s.recompute == "full" else d.layers) + parts * d.vocab * d.hidden
         acts.append(
             Term("bf16_weight_copies", 2 * kept, "autocast's casts, kept by each linear for backward")
         )
@@ -344,8 +353,11 @@ def max_trajectory_tokens(d: ModelDims, s: Setup, memory_bytes: int, *, ceiling:
 # -- a recipe's learner -> Setup, and the warning before a run -------------------------------------------
 
 
-def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) -> Setup:
-    """The memory-relevant settings of a recipe's learner for the model `dims` on `device`."""
+def setup_of(
+    recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"], *, group_size: int = 1
+) -> Setup:
+    """The memory-relevant settings of a recipe's learner for the model `dims` on `device`; `group_size`: the
+    training environment's trajectories per prompt."""
     lc, ac = recipe.learner, recipe.algorithm
     gc = lc.gradient_checkpointing
     recompute = "full" if gc in (True, "full") else ("selective" if gc == "selective" else "none")
@@ -366,6 +378,7 @@ def setup_of(recipe: Recipe, dims: ModelDims, device: Literal["cpu", "cuda"]) ->
         micro_batch_tokens=lc.micro_batch_tokens,
         packed=lc.pack_sequences is not False,  # on by default for both learners
         device=device,
+        group_rows=group_size,
     )
 
 
@@ -399,7 +412,7 @@ def check_recipe(recipe: Recipe, memory: DeviceMemory | None = None) -> str | No
         dims = ModelDims.from_model_dir(recipe.model.path)
     except ValueError as e:
         return f"note: learner memory not estimated: {e}"
-    setup = setup_of(recipe, dims, device)
+    setup = setup_of(recipe, dims, device, group_size=_group_size(recipe))
     longest = recipe.engines.max_seq_len
     est = step_memory(dims, setup, longest)
     if est.total <= memory.bytes or recipe.learner.tp * recipe.learner.cp > 1:
@@ -410,6 +423,16 @@ def check_recipe(recipe: Recipe, memory: DeviceMemory | None = None) -> str | No
         f"{est.describe()}; {memory.name} has {memory.bytes / GiB:.1f} GiB, which fits about {fits} tokens. "
         f"Lower engines.max_seq_len{_remedies(setup)}"
     )
+
+
+def _group_size(recipe: Recipe) -> int:
+    """The training environment's group size (1 where its spec does not load: its own check says why)."""
+    import envs
+
+    try:
+        return envs.load(recipe.envs.train).group_size
+    except (envs.ConfigError, OSError):
+        return 1
 
 
 def _remedies(s: Setup) -> str:

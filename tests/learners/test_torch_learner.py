@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from float_bounds import sum_atol
 from learner_helpers import CPU, first_gradient, make_groups, recipe_for
 
 from agent_rl.learners import build
@@ -162,3 +163,32 @@ def test_all_masked_batch_is_skipped_without_touching_weights(tiny_model_dir: Pa
     assert m["learner/skipped"] == 1.0 and learner.version == 0
     after = learner.hf_state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_proxy_group_held_under_checkpointing_gives_the_update_of_the_forward_only_baseline(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Proxy OPOB with one trajectory per micro-batch and groups of 2: under gradient checkpointing the learner
+    keeps both graphs of a group until its baseline is known (vcpo StepConfig.proxy_hold_group); without, it
+    runs a forward without gradients for the baseline first. The same update either way."""
+    groups = make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.05)
+    for name, ckpt in (("plain", False), ("held", True)):
+        lrn = build(
+            recipe_for(
+                tiny_model_dir,
+                learner={"micro_batch_size": 1, "gradient_checkpointing": ckpt},
+                algorithm={"opob_mode": "proxy"},
+            ).learner_spec
+        )
+        assert lrn.local._step.cfg.proxy_hold_group is ckpt
+        lrn.step(groups)
+        lrn.save(tmp_path / name)
+    plain, held = first_gradient(tmp_path / "plain"), first_gradient(tmp_path / "held")
+    tokens = max(len(t) for g in groups for t in g.trajectories)
+    for k in plain:
+        # the baseline comes from log-probs of another forward (with or without autograd: on another machine
+        # possibly another kernel): each trajectory's log importance weight within sum_atol(tokens), which moves
+        # its weight, hence its share of the gradient, by that relative amount
+        scale = float(plain[k].abs().max())
+        assert scale > 0, k
+        torch.testing.assert_close(held[k], plain[k], rtol=0, atol=sum_atol(tokens) * scale)

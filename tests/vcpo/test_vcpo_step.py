@@ -80,12 +80,51 @@ def test_proxy_mode_equals_explicit_implementation_with_logit_gradient_norms() -
     model = tiny_model()
     batch = make_batch(model, staleness=0.4)
     expected = _explicit_opob_gradient(tiny_model(), batch, c=1.5, variant="default", proxy=True)
-    for mbs in (4, 2):  # whole group in one forward, and a group split over micro-batches
-        got, _ = _update(tiny_model(), batch, is_truncation=1.5, opob_mode="proxy", micro_batch_size=mbs)
+    # whole group in one forward; a group split over micro-batches, with a forward-only pass for its baseline or
+    # with its graphs held until the baseline is known
+    for mbs, hold in ((4, False), (2, False), (2, True)):
+        got, _ = _update(
+            tiny_model(),
+            batch,
+            is_truncation=1.5,
+            opob_mode="proxy",
+            micro_batch_size=mbs,
+            proxy_hold_group=hold,
+        )
         assert torch.allclose(got, expected, rtol=F64_RTOL, atol=F64_ATOL), (
             mbs,
+            hold,
             float((got - expected).abs().max()),
         )
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_proxy_group_split_over_micro_batches_forwards_once_per_part_when_it_holds_the_graphs(
+    hold: bool,
+) -> None:
+    model = tiny_model()
+    batch = make_batch(model, staleness=0.4)
+    forwards = {"grad": 0, "no_grad": 0, "logprob": 0}
+
+    def proxy_fn(m: nn.Module, ids: torch.Tensor, am: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        forwards["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+        return logit_grad_proxy_of(m, ids, am)
+
+    def logprob_fn(m: nn.Module, ids: torch.Tensor, am: torch.Tensor) -> torch.Tensor:
+        forwards["logprob"] += 1
+        return logprobs_of(m, ids, am)
+
+    cfg = StepConfig(opob_mode="proxy", micro_batch_size=2, proxy_hold_group=hold, ess_lr_rule="none")
+    Step(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, logprob_fn=logprob_fn, proxy_fn=proxy_fn)(
+        batch
+    )
+    parts = sum(
+        -(-int(n) // 2) for n in batch.group_index.unique(return_counts=True)[1]
+    )  # groups of 4: 2 parts
+    if hold:  # one forward with gradients per part, nothing else
+        assert forwards == {"grad": parts, "no_grad": 0, "logprob": 0}
+    else:  # a forward-only pass per part for the baseline, then a forward with gradients per part
+        assert forwards == {"grad": 0, "no_grad": parts, "logprob": parts}
 
 
 def test_exact_and_chunked_paths_agree_when_the_baseline_is_the_same() -> None:
