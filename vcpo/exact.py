@@ -31,8 +31,12 @@ GradSqFn = Callable[[list[Tensor]], float]  # ‖g‖² of this rank's gradient 
 
 
 def local_grad_sq(grads: list[Tensor]) -> float:
-    """Σ‖g‖² over the given gradients; a tensor-parallel trainer sums this over its TP group instead."""
-    return float(sum(float(g.double().pow(2).sum()) for g in grads))
+    """Σ‖g‖² over the given gradients, accumulated in float64; a tensor-parallel trainer sums this over its TP
+    group instead. One multi-tensor norm and one device sync per call (one per parameter kept a GPU host-bound:
+    benchmarks/results/gpu_profile.md)."""
+    if not grads:
+        return 0.0
+    return float(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).pow(2).sum())
 
 
 @dataclass
@@ -112,9 +116,9 @@ def exact_opob_group(
             )
         coef = math.exp(res.log_wt) / float(std)
         r_centred = float(rewards[k] - mean)
-        for j, g in grads:
-            acc[j].add_(g, alpha=coef * r_centred)
-            score[j].add_(g, alpha=coef)
+        gs = [g for _, g in grads]  # multi-tensor adds: a few kernels per trajectory, not two per parameter
+        torch._foreach_add_([acc[j] for j, _ in grads], gs, alpha=coef * r_centred)
+        torch._foreach_add_([score[j] for j, _ in grads], gs, alpha=coef)
     for p in params:
         p.grad = None
 
@@ -129,9 +133,8 @@ def exact_opob_group(
     log_w, gsq = opob_weight_inputs(s_t, log_wt_t, tok_t, gsq_t, variant)
     b = opob_baseline(rewards.cpu(), log_w, gsq, torch.zeros(n, dtype=torch.long))
     shift = float(b[0] - mean)
-    for a, sc in zip(acc, score, strict=True):
-        a.add_(sc, alpha=-shift)
-        sc.zero_()
+    torch._foreach_add_(acc, score, alpha=-shift)
+    torch._foreach_zero_(score)
     adv = (rewards.cpu() - b) / float(std)
     return adv, b, results
 
