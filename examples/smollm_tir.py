@@ -19,6 +19,7 @@ import json
 import os
 from pathlib import Path
 
+from agent_rl import errors
 from agent_rl.config import load_recipe
 from envs.tiny_arith import teacher_traces
 from examples.pipeline import RECIPES, run
@@ -87,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(errors.run(main))  # a bad --set or recipe: one line, exit 2

@@ -1,6 +1,7 @@
 """The CPU main job, end to end: tiny model from scratch -> SFT warm start -> async VCPO RL -> report.
 
-Run: `python -m examples.tiny_tir [--fresh]` (what `make run` does); the recipe is recipes/tiny_tir.yaml.
+Run: `python -m examples.tiny_tir [--fresh] [--set KEY=VALUE ...]` (what `make run` does, without --set); the recipe
+is recipes/tiny_tir.yaml.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from agent_rl import errors
 from agent_rl.config import load_recipe
 from agent_rl.tools.tiny import build_tiny
 from envs.tiny_arith import corpus, teacher_traces
@@ -38,12 +40,17 @@ def write_sft_data(base: Path, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fresh", action="store_true", help="delete runs/tiny_tir first")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a recipe field, as agent-rl train --set (e.g. learner.device=cuda; the recorded figures are "
+        "the recipe's as it is)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     # One torch thread: the model's matrices are too small to gain from a second core, and two threads
     # slow down several-fold whenever the sandbox or anything else on the machine wants a core.
     torch.set_num_threads(1)
     return run(
-        load_recipe(RECIPES / "tiny_tir.yaml"),
+        load_recipe(RECIPES / "tiny_tir.yaml", args.set),
         title="tiny_tir",
         build_base=lambda base: build_tiny(base, corpus(), seed=0, **MODEL),
         write_sft_data=write_sft_data,
@@ -53,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(errors.run(main))  # a bad --set or recipe: one line, exit 2

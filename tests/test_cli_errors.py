@@ -243,3 +243,16 @@ def test_serve_on_a_port_in_use_is_one_line(tiny_model_dir):
         )  # fmt: skip
     assert res.returncode == EXIT_USER
     assert "address already in use" in _one_line(res.stderr) and "--port" in res.stderr
+
+
+@pytest.mark.parametrize("example", ["tiny_tir", "smollm_tir"])
+def test_an_examples_typo_in_a_set_is_one_line_before_anything_runs(example, tmp_path):
+    """`python -m examples.tiny_tir --set ...` (make run's job) and the SmolLM2 example: a typo is one line,
+    exit 2, and nothing is written (the run dir, relative to where it runs, stays absent)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", f"examples.{example}", "--set", "learner.lrr=1"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USER, proc.stderr
+    assert _one_line(proc.stderr) == "agent-rl: --set learner.lrr=1: learner.lrr: unknown key (check the spelling; see the schema in the docs)"
+    assert not (tmp_path / "runs").exists()
