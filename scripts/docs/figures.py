@@ -136,6 +136,36 @@ def staleness_verdict() -> str:
     return "\n".join(lines)
 
 
+K_SWEEP_SECTION = "the-k-sweep-k-up-to-64-on-a-task-the-toy-does-not-saturate"  # its heading's anchor
+
+
+def k_sweep_verdict(docs: str | None = "docs/") -> str:
+    """The k-sweep's verdict (benchmarks/results/stress/k_sweep.json) at every k measured so far, worded by the
+    sweep's own report (`k_sweep_report.verdict_lines`), and how much of the sweep is still to run. `docs`: the
+    prefix of the link to the study's section; None on the study's own page (the section follows)."""
+    from benchmarks.stress.k_sweep_report import verdict_lines
+    from benchmarks.stress.level_b_fair import LABEL
+
+    report = load("stress/k_sweep.json")
+    d = report["design"]
+    measured = [line for line in verdict_lines(report["summary"]) if not line.endswith("not measured yet.")]
+    unmeasured = [k for k, s in report["summary"].items() if not s.get("best")]
+    left = sum(len(names) for names in report["missing"].values())
+    unchosen = [LABEL[m] for m, v in report["selection"].items() if v["chosen_lr"] is None]
+    later = f", and the held-out runs of {', '.join(unchosen)} once their lr is chosen" if unchosen else ""
+    lines = [
+        f"The k-sweep, on a task of 2-3 tool calls per problem (tiny_multistep, toy model, {d['steps']} steps), k up "
+        f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']}, final held-out accuracy "
+        f"over seeds {', '.join(map(str, d['heldout_seeds']))} ({len(report['cells'])} runs so far, {left} planned "
+        f"still to run{later}{'' if docs is None else f'; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})'}):",
+        "",
+        *measured,
+    ]
+    if unmeasured:
+        lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
+    return "\n".join(lines)
+
+
 def _ratio(x: float) -> str:
     return f"{x:.2f}×"
 
@@ -224,7 +254,7 @@ def headline(docs: str = "docs/") -> str:
         f"- **Staleness study** (is VCPO better than the stabilisers at their own best lr?): see below. "
         f"[More]({docs}studies/staleness.md)",
     ]
-    return "\n".join(items) + "\n\n" + staleness_verdict()
+    return "\n".join(items) + "\n\n" + staleness_verdict() + "\n\n" + k_sweep_verdict(docs)
 
 
 FULL_VS_TRL = (3, 30)  # seeds x steps of `make bench-trl`
@@ -557,6 +587,7 @@ def gpu_learners_table(docs: str = "") -> str:
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
+    "k_sweep_verdict": lambda docs: k_sweep_verdict(None),  # on the study's page, above the sweep's section
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
