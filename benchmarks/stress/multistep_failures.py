@@ -162,7 +162,8 @@ def markdown(result: dict) -> str:
         "# Why sync RL on tiny_multistep levels off (`benchmarks.stress.multistep_failures`)",
         "",
         f"`{result['command']}`. Every trajectory trained on in the first and the last {WINDOW} steps of the "
-        "k-sweep's synchronous (k=0) runs, by how it ended (shares of the trajectories with N calls due; the "
+        f"k-sweep's runs `{result['glob']}` (by default the synchronous ones, k=0, where each batch is the current "
+        "policy; under a lag k a batch is the policy k versions back), by how it ended (shares of the trajectories with N calls due; the "
         "first failure counts), and every copy of a value (from an output into the next call, or the last "
         "output into the box) by the value's digits.",
         "",
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": portable(f"python -m benchmarks.stress.multistep_failures {argv_text}".strip()),
-              "window": WINDOW, "groups": groups}  # fmt: skip
+              "window": WINDOW, "glob": args.glob, "groups": groups}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")

@@ -53,6 +53,6 @@ def test_the_report_shows_shares_and_copy_accuracy():
     classify(PROMPT, [call(47), call(342), call(2407), box(16862)], 1.0, tally)
     classify(PROMPT, [call(47), call(342), box(2407)], 0.0, tally)
     group = {"runs": ["r"], "trajectories": 2, "first": tally.row(), "last": Tally().row()}
-    text = markdown({"command": "c", "groups": {"vcpo lr 0.0001": group}})
+    text = markdown({"command": "c", "glob": "ksweep_*_k0_s*", "groups": {"vcpo lr 0.0001": group}})
     assert "| first 10 | 3 | 0.50 | 0.50 | 0.00 |" in text
     assert "1.00 (2)" in text  # two 3-digit copies (342 twice), both right
