@@ -6,10 +6,12 @@
 #
 # 1. the learners' tests with CUDA available (tests/learners, tests/megatron, tests/vcpo, 8 pytest workers):
 #    OUTDIR/pytest_cuda.txt; 2. benchmarks/gpu_profile.py (where the torch learner's step goes against the
-#    anchor's): OUTDIR/gpu_profile.{json,md}. Each part has its own time limit (PYTEST_S, PROFILE_S), so
+#    anchor's): OUTDIR/gpu_profile.{json,md}; 3. benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's
+#    graphs held vs a forward without gradients first, 0.5B shape, 2 x 32768, bf16): OUTDIR/proxy_hold.{json,md}.
+#    Each part has its own time limit (PYTEST_S, PROFILE_S, HOLD_S), so
 #    one that hangs does not cost the other. pytest runs verbose: every result is in the file as it lands, so
 #    a run cut at its limit (xdist may lose the summary then) still says which tests failed.
-#    PARTS="pytest profile" (default both) picks the parts; WORKERS (default 12) the pytest workers. Each file
+#    PARTS="pytest profile hold" (default all three) picks the parts; WORKERS (default 12) the pytest workers. Each file
 #    stays on one worker (--dist loadfile): a module fixture (the MoE records: 7 spawned rank groups) is built once,
 #    not once per worker (on 2026-11-27 that ran past the per-test limit on 14 workers).
 set -uo pipefail
@@ -18,7 +20,8 @@ OUTDIR=${1:-${OUT:-gpu_checks_out}}
 mkdir -p "$OUTDIR"
 PYTEST_S=${PYTEST_S:-300}
 PROFILE_S=${PROFILE_S:-150}
-PARTS=${PARTS:-pytest profile}
+HOLD_S=${HOLD_S:-150}
+PARTS=${PARTS:-pytest profile hold}
 WORKERS=${WORKERS:-12}
 pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$OUTDIR/install.txt" 2>&1 || {
   echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): $OUTDIR/install.txt"; exit 2; }
@@ -39,4 +42,11 @@ if [[ " $PARTS " == *" profile "* ]]; then
   timeout "$PROFILE_S" python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR" >"$OUTDIR/gpu_profile.log" 2>&1
   echo "[$(date +%T)] gpu_profile rc=$?"
   tail -3 "$OUTDIR/gpu_profile.log"
+fi
+if [[ " $PARTS " == *" hold "* ]]; then
+  echo "[$(date +%T)] proxy_hold (limit ${HOLD_S} s)"
+  timeout "$HOLD_S" python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
+    --length 32768 --rounds 2 --repeats 2 --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
+  echo "[$(date +%T)] proxy_hold rc=$?"
+  tail -3 "$OUTDIR/proxy_hold.log"
 fi

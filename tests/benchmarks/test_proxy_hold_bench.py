@@ -28,7 +28,7 @@ def test_the_held_group_runs_one_forward_fewer_per_trajectory(tmp_path: Path) ->
     trajectories = 2
     assert result["variants"]["forward-only"]["attention0_forwards"] == 3 * trajectories
     assert result["variants"]["held"]["attention0_forwards"] == 2 * trajectories
-    assert len(result["cpu_ratio_rounds"]) == 2 and result["cpu_ratio"] > 0
+    assert len(result["ratio_rounds"]) == 2 and result["ratio"] > 0 and result["ratio_of"] == "cpu_s"
     held, plain = (result["variants"][v]["estimate_bytes"] for v in ("held", "forward-only"))
     assert held > plain  # the memory model counts the second trajectory's checkpoints
     assert "| held |" in out.with_suffix(".md").read_text()
