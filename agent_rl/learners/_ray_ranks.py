@@ -123,7 +123,11 @@ def _error(rank: int, e: Exception) -> RankError:
     """A lost rank (its node or process died) is one line for the user; a rank's own exception keeps its trace."""
     import ray
 
-    if isinstance(e, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
+    # ObjectLostError: the rank's result lived on a node that died before it was fetched (a node killed while
+    # rank 0 returns its weights for a checkpoint: an ObjectReconstructionFailedError, the task has no retries).
+    lost = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError,
+            ray.exceptions.NodeDiedError)  # fmt: skip
+    if isinstance(e, lost):
         return RankLost(
             f"learner rank {rank} is gone (its node or process died: {type(e).__name__}){LOST_HINT}"
         )
