@@ -175,8 +175,9 @@ def evaluate_checkpoints(run_dir: Path, model: Path, limit: int) -> dict[int, fl
 
 
 def saved_at(run_dir: Path, step: int) -> float:
-    """When checkpoint `step` was complete on disk: the newest file in it."""
-    ck = run_dir / "checkpoints" / f"step_{step}"
+    """When checkpoint `step` was complete on disk: the newest file in it (its directory is step_NNNNNN, zero-padded:
+    found by number, as evaluate_checkpoints finds it)."""
+    (ck,) = [p for p in (run_dir / "checkpoints").glob("step_*") if int(p.name.split("_")[1]) == step]
     return max(p.stat().st_mtime for p in ck.rglob("*") if p.is_file())
 
 
@@ -399,7 +400,8 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
                 )
                 for n in (baseline.name, best["name"])
             ]
-            per_seed.append(ts[0] / ts[1] if None not in ts else None)
+            # a time of 0 (the target met at the start, as in --quick's meaningless accuracies): no ratio, as above
+            per_seed.append(ts[0] / ts[1] if None not in ts and ts[1] else None)
     fixed = fixed_k_summary(results, baseline.name, per_cell.get(f"async k={K_FIXED}"))
     return {
         "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
