@@ -313,21 +313,17 @@ class Step:
             return
         for idx in _packed_groups(batch.group_index, mbs):
             parts = self._micro_batches(batch, idx)
-            if len(parts) == 1:  # one forward holds the whole group: baseline, then backward
-                sub = batch.select(idx.to(batch.input_ids.device))
-                lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
-                self._proxy_advantages(sub, idx, lp.detach(), gsq, rows)
-                self._loss_backward(batch, idx, rows, extra, sub=sub, lp=lp)
-                continue
-            if cfg.proxy_hold_group:  # a group larger than a micro-batch: its graphs held until the baseline
+            # one forward holds the whole group, or (proxy_hold_group) its parts' graphs are held: forwards with
+            # gradients, the baseline, then each part's backward
+            if len(parts) == 1 or cfg.proxy_hold_group:
                 held = [self._proxy_forward(batch, part) for part in parts]
-                self._proxy_advantages_parts(batch, idx, [(s, g) for _, _, s, g in held], rows)
+                self._proxy_advantages(batch, idx, [(s, g) for _, _, s, g in held], rows)
                 for part, (sub, lp, _, _) in zip(parts, held, strict=True):
                     self._loss_backward(batch, part, rows, extra, sub=sub, lp=lp)  # frees this part's graph
                 continue
             with torch.no_grad():  # a group larger than a micro-batch: baseline from a forward-only pass
                 forwards = [self._proxy_forward(batch, part)[2:] for part in parts]
-            self._proxy_advantages_parts(batch, idx, forwards, rows)
+            self._proxy_advantages(batch, idx, forwards, rows)
             for part in parts:
                 self._loss_backward(batch, part, rows, extra)
 
@@ -345,12 +341,7 @@ class Step:
         s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)
         return sub, lp, s, (gsq.detach() * sub.loss_mask).double().sum(-1)
 
-    def _proxy_advantages(self, sub: PolicyBatch, idx: Tensor, lp: Tensor, gsq: Tensor, rows: _Rows) -> None:
-        s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask)
-        self._set_opob(sub.rewards, sub.group_index, s, (gsq * sub.loss_mask).double().sum(-1),
-                       sub.loss_mask.double().sum(-1), idx, rows)  # fmt: skip
-
-    def _proxy_advantages_parts(
+    def _proxy_advantages(
         self, batch: PolicyBatch, idx: Tensor, parts: list[tuple[Tensor, Tensor]], rows: _Rows
     ) -> None:
         dev_idx = idx.to(batch.input_ids.device)
