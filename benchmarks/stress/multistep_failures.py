@@ -34,6 +34,7 @@ from pathlib import Path
 from agent_rl.viewer.log import read_index, read_step
 from agent_rl.viewer.report import step_json, tokenizer_decoder
 from benchmarks.bench_paths import portable
+from benchmarks.stress.k_sweep import NAME  # a sweep run's name: method, lr, k, seed
 
 PROBLEM = re.compile(r"Start at (\d+) and apply x \* (\d+) \+ (\d+), (\d+) times\.")  # envs.tiny_multistep
 CALL = re.compile(r"print\((\d+) \* (\d+) \+ (\d+)\)")
@@ -49,7 +50,6 @@ OUTCOMES = (
     "other",
 )
 WINDOW = 10  # steps at each end of a run
-NAME = re.compile(r"ksweep_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
 
 
 @dataclass
@@ -113,18 +113,21 @@ def classify(prompt: str, turns: list[str], reward: float, tally: Tally | None =
     return outcome
 
 
-def read_run(run: Path, steps: range, tally: Tally) -> int:
-    """Classify every trajectory the run trained on at `steps`; returns how many."""
+def read_run(run: Path, windows: list[tuple[range, Tally]]) -> int:
+    """Classify every trajectory the run trained on at each window's steps into its tally; returns how many.
+    The run's tokenizer and trajectory index are read once."""
     model = json.loads((run / "resolved_config.json").read_text())["model"]
     decode = tokenizer_decoder(model.get("tokenizer") or model["path"])
     index = read_index(run)
+    logged = {x.step for x in index}
     count = 0
-    for s in (s for s in steps if any(x.step == s for x in index)):
-        for group in step_json(read_step(run, s, index), decode)["groups"]:
-            for t in group["trajectories"]:
-                turns = ["".join(b["text"]) for b in t["blocks"] if b["kind"] == "model"]
-                classify(t["prompt"], turns, t["reward"], tally)
-                count += 1
+    for steps, tally in windows:
+        for s in (s for s in steps if s in logged):
+            for group in step_json(read_step(run, s, index), decode)["groups"]:
+                for t in group["trajectories"]:
+                    turns = ["".join(b["text"]) for b in t["blocks"] if b["kind"] == "model"]
+                    classify(t["prompt"], turns, t["reward"], tally)
+                    count += 1
     return count
 
 
@@ -136,14 +139,15 @@ def collect(runs: Path, pattern: str) -> dict:
         if m is None or not (run / "trajectories" / "index.jsonl").is_file():
             continue
         steps = json.loads((run / "resolved_config.json").read_text())["train"]["steps"]
-        if max((x.step for x in read_index(run)), default=-1) < steps - 1:
-            continue  # unfinished: its last window is not there yet
+        if not (run / "final_eval.json").is_file():
+            continue  # unfinished (the sweep scores a run once its training is done): no last window yet
         g = groups.setdefault(
             (m[1], m[2]), {"runs": [], "first": Tally(), "last": Tally(), "trajectories": 0}
         )
         g["runs"].append(run.name)
-        g["trajectories"] += read_run(run, range(WINDOW), g["first"])
-        g["trajectories"] += read_run(run, range(steps - WINDOW, steps), g["last"])
+        g["trajectories"] += read_run(
+            run, [(range(WINDOW), g["first"]), (range(steps - WINDOW, steps), g["last"])]
+        )
         print(f"multistep_failures: {run.name}", file=sys.stderr, flush=True)
     return {
         f"{method} lr {lr}": {"runs": g["runs"], "trajectories": g["trajectories"], "first": g["first"].row(),
