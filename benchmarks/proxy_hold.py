@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="the learner's compute dtype"
     )
+    ap.add_argument("--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "proxy_hold")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
     args = ap.parse_args(argv)
@@ -183,14 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         statistics.median(h[key]) / statistics.median(f[key])
         for h, f in zip(runs["held"], runs["forward-only"], strict=True)
     ]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = args.commit or git.stdout.strip() or "unknown"
     gpu = f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""
     out = {
         "command": portable(
             " ".join(["benchmarks/proxy_hold.py", *(argv if argv is not None else sys.argv[1:])])
         ),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": commit.stdout.strip() or "unknown",
+        "commit": commit,
         "machine": f"{platform.machine()}{gpu}, torch {torch.__version__}",
         "model": portable(str(args.model))
         if args.model

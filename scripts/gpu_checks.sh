@@ -46,7 +46,7 @@ fi
 if [[ " $PARTS " == *" hold "* ]]; then
   echo "[$(date +%T)] proxy_hold (limit ${HOLD_S} s)"
   timeout "$HOLD_S" python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
-    --length 32768 --rounds 2 --repeats 2 --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
+    --length 32768 --rounds 2 --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
   echo "[$(date +%T)] proxy_hold rc=$?"
   tail -3 "$OUTDIR/proxy_hold.log"
 fi
