@@ -253,7 +253,8 @@ class LearnerConfig(Strict):
     def _parallelism_needs_megatron(self) -> LearnerConfig:
         if self.backend == "torch" and (self.tp > 1 or self.sp or self.cp > 1):
             raise ValueError(
-                "tp/sp/cp need learner.backend: megatron (the torch learner is data-parallel only)"
+                "learner.tp, learner.sp and learner.cp need learner.backend: megatron (the torch learner is "
+                "data-parallel only)"
             )
         if self.backend == "megatron" and self.lora is not None:
             raise ValueError(

@@ -88,7 +88,7 @@ def validation_messages(
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the schema in the docs)"
         across = e["type"] == "value_error" and isinstance(
@@ -96,7 +96,6 @@ def validation_messages(
         )  # a section's (model) validator
         if across and (named := _named_field(msg, loc, lines, set_by or {})) is not None:
             # a rule across fields names the fields it is about: point at the one the user set, as they set it
-            msg = msg.removeprefix("Value error, ")
             out.append(f"{where(named, path, lines, set_by or {})}: {msg}")
             continue
         out.append(f"{where(loc, path, lines, set_by or {})}: {_dotted(loc)}: {msg}")

@@ -254,5 +254,8 @@ def test_an_examples_typo_in_a_set_is_one_line_before_anything_runs(example, tmp
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == EXIT_USER, proc.stderr
-    assert _one_line(proc.stderr) == "agent-rl: --set learner.lrr=1: learner.lrr: unknown key (check the spelling; see the schema in the docs)"
+    assert (
+        _one_line(proc.stderr)
+        == "agent-rl: --set learner.lrr=1: learner.lrr: unknown key (check the spelling; see the schema in the docs)"
+    )
     assert not (tmp_path / "runs").exists()

@@ -59,7 +59,7 @@ def test_overrides_apply_and_are_validated():
 def test_cross_field_rule_tp_needs_megatron(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text((DATA / "good.yaml").read_text().replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  tp: 2"))
-    with pytest.raises(ConfigError, match="tp/sp/cp need learner.backend: megatron"):
+    with pytest.raises(ConfigError, match="learner.tp, learner.sp and learner.cp need learner.backend"):
         load_recipe(p)
 
 
@@ -97,6 +97,10 @@ def test_a_rule_across_fields_points_at_the_field_the_user_set(tmp_path):
         e.value
     )  # the backend line moved it down one
     assert "<root>" not in str(e.value) and "Value error" not in str(e.value)
+    with pytest.raises(ConfigError) as e:  # a rule the message names several fields for: the one set
+        load_recipe(DATA / "good.yaml", ["learner.tp=2"])
+    msg = str(e.value)
+    assert msg.startswith("--set learner.tp=2: learner.tp, learner.sp and learner.cp need"), msg
 
 
 def test_local_vllm_engines_need_the_processes_topology_and_disk_weights():

@@ -146,7 +146,9 @@ class MegatronRank:
             self._routing = attach_routing(self.model, self.shape.moe, replay=replay, seq_major=not spec.pack)
         self.model.train()
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend), global rank 0
-        self.optimizer = adamw(self.trained.parameters(), lr=rs.lr, betas=rs.betas, weight_decay=rs.weight_decay)
+        self.optimizer = adamw(
+            self.trained.parameters(), lr=rs.lr, betas=rs.betas, weight_decay=rs.weight_decay
+        )
         if self.main is not None:
             self.main.attach(self.optimizer)
         self.scheduler = build_scheduler(
