@@ -10,8 +10,9 @@ reset_peak_memory_stats on a GPU holding only this learner). Two counters, each 
 
 - "tensors": the bytes of live tensors, counted by torch's CPU allocator while the profiler records memory
   (from before the rank is built, so every allocation carries its size; the peak is the largest running total
-  during the measured step). This is what max_memory_allocated counts on a GPU and what the memory model
-  estimates: the memory-model tests compare it.
+  during the measured step), plus the model's parameters that the allocator never handed out (weights loaded
+  from safetensors stay mapped from the file on CPU; a GPU copies them into allocated memory). This is what
+  max_memory_allocated counts on a GPU and what the memory model estimates: the memory-model tests compare it.
 - "resident": the kernel's high-water mark of resident memory (VmHWM, reset through `/proc/self/clear_refs`).
   The child starts with glibc's mmap threshold fixed at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so every tensor above
   that is a mapping of its own, handed back to the kernel the moment torch frees it, and resident memory
@@ -102,18 +103,20 @@ def _one(case: dict[str, Any], counter: Counter, primed: set[str]) -> dict[str, 
         with torch.profiler.record_function(MEASURED):
             rank.step(b)
         resident = _status("VmHWM") - before
+    peak = resident if profiler is None else tensor_peak(profiler, rank.model)
     del rank
     gc.collect()
-    peak = resident if profiler is None else _tensor_peak(profiler)
     return {"cell": cell.as_dict(), "counter": counter, "peak_bytes": peak, "rss_before_bytes": before}
 
 
 MEASURED = "cpu_peak.measured_step"
 
 
-def _tensor_peak(prof: torch.profiler.profile) -> int:
-    """Largest total of live tensor bytes during the MEASURED range, less the total when profiling began."""
-    events = []  # (time ns, bytes allocated (+) or freed (-), allocator's running total after it)
+def tensor_peak(prof: torch.profiler.profile, model: torch.nn.Module) -> int:
+    """Largest total of live tensor bytes during the MEASURED range, less the total when profiling began, plus
+    the bytes of `model`'s parameters and buffers that the allocator never handed out: weights loaded from
+    safetensors stay mapped from the file (on a GPU they are copied into allocated memory)."""
+    events = []  # (time ns, bytes allocated (+) or freed (-), allocator's running total after it, address)
     window = None
     todo = list(prof.profiler.kineto_results.experimental_event_tree())
     while todo:
@@ -123,16 +126,24 @@ def _tensor_peak(prof: torch.profiler.profile) -> int:
             window = (e.start_time_ns, e.end_time_ns)
         fields = e.extra_fields
         if isinstance(fields, torch._C._profiler._ExtraFields_Allocation) and fields.device.type == "cpu":
-            events.append((e.start_time_ns, fields.alloc_size, fields.total_allocated))
+            events.append((e.start_time_ns, fields.alloc_size, fields.total_allocated, fields.ptr))
     if window is None or not events:
         raise RuntimeError(
             "the profiler recorded no measured step or no allocation: torch's profiler changed?"
         )
     events.sort()
     start = events[0][2] - events[0][1]
-    inside = [total for t, _, total in events if window[0] <= t <= window[1]]
-    entering = [total for t, _, total in events if t < window[0]]
-    return max(inside + entering[-1:]) - start
+    inside = [total for t, _, total, _ in events if window[0] <= t <= window[1]]
+    entering = [total for t, _, total, _ in events if t < window[0]]
+    allocated: set[int] = set()
+    for _, size, _, ptr in events:
+        (allocated.add if size > 0 else allocated.discard)(ptr)
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in (*model.parameters(), *model.buffers())
+    }
+    mapped = sum(n for ptr, n in storages.items() if ptr not in allocated)
+    return max(inside + entering[-1:]) - start + mapped
 
 
 def main() -> None:

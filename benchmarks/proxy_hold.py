@@ -15,8 +15,11 @@ default; qwen2.5-0.5b: gpu_learners' shape). Each variant runs in a fresh proces
 the two alternating for `--rounds` rounds; per process one warm-up step and `--repeats` timed steps. Reported:
 seconds per step (on CPU the process's own CPU seconds, robust to other load on a shared machine, which the
 ratio uses; wall seconds too, synchronised on CUDA, which the ratio uses there), layer 0's attention forwards
-per step (the recomputed forward counts: 3 per trajectory before, 2 held), peak memory (RSS on CPU,
-torch.cuda.max_memory_allocated on CUDA) and the memory model's estimate of each (`agent_rl.learners.memory`).
+per step (the recomputed forward counts: 3 per trajectory before, 2 held), peak memory and the memory model's
+estimate of each (`agent_rl.learners.memory`). Peak memory is of live tensors over a step after the warm-up:
+torch.cuda.max_memory_allocated on CUDA; on CPU torch's CPU allocator under the profiler, in one more fresh
+process per variant, untimed (benchmarks/_cpu_peak.py's "tensors" counter; resident memory also counts the
+autograd graph, kernel scratch and malloc arenas, hundreds of MiB here).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -50,18 +52,12 @@ def cell(length: int, dtype: str = "float32") -> Cell:
 def child(model: Path, length: int, variant: str, repeats: int, device: str, dtype: str) -> dict:
     """One variant in this process: warm-up, then `repeats` timed steps."""
     torch.set_num_threads(1)
-    c = cell(length, dtype)
-    rank = Rank(model, c, device)
-    step = (
-        rank.impl._step
-    )  # the rank's vcpo.Step: the learner sets proxy_hold_group from gradient checkpointing
-    step.cfg = replace(step.cfg, proxy_hold_group=variant == "held")
+    rank, b = _built(model, length, variant, device, dtype)
     calls = [0]
     attention0 = (
         rank.model.get_decoder().layers[0].self_attn
     )  # the recomputed forward calls it again (not its layer's hook)
     attention0.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    b = batch(c.rows, length, rank.vocab, device=device)
     rank.step(b)
     sync(device)
     if device.startswith("cuda"):
@@ -75,9 +71,33 @@ def child(model: Path, length: int, variant: str, repeats: int, device: str, dty
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
         forwards.append(calls[0])
-    peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None  # CPU: memory_child
     return {"cpu_s": cpu, "wall_s": wall, "attention0_forwards": forwards, "peak_bytes": peak}
+
+
+def memory_child(model: Path, length: int, variant: str, dtype: str) -> dict:
+    """CPU: the peak of live tensor bytes over the step after the warm-up, counted from before the rank is built."""
+    from _cpu_peak import MEASURED, tensor_peak
+
+    torch.set_num_threads(1)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        rank, b = _built(model, length, variant, "cpu", dtype)
+        rank.step(b)
+        with torch.profiler.record_function(MEASURED):
+            rank.step(b)
+    return {"peak_bytes": tensor_peak(prof, rank.model)}
+
+
+def _built(model: Path, length: int, variant: str, device: str, dtype: str) -> tuple[Rank, object]:
+    c = cell(length, dtype)
+    rank = Rank(model, c, device)
+    step = (
+        rank.impl._step
+    )  # the rank's vcpo.Step: the learner sets proxy_hold_group from gradient checkpointing
+    step.cfg = replace(step.cfg, proxy_hold_group=variant == "held")
+    return rank, batch(c.rows, length, rank.vocab, device=device)
 
 
 def estimate(model: Path, length: int, variant: str, device: str, dtype: str) -> int:
@@ -102,9 +122,16 @@ def markdown(out: dict) -> str:
         f"processes (alternating), {out['repeats']} timed steps each after a warm-up. The ratio is of {time_label} "
         "per step"
         + ("" if cuda else " (the process's own CPU seconds)")
-        + ", median over all rounds' steps.",
+        + ", median over all rounds' steps. Peak tensor memory: "
+        + (
+            "torch.cuda.max_memory_allocated over the timed steps."
+            if cuda
+            else "live tensor bytes as torch's CPU "
+            "allocator counts them, over a step after the warm-up, in one more process per variant (untimed)."
+        ),
         "",
-        f"| variant | CPU s / step | wall s / step | layer-0 attention forwards / step | peak {'allocated' if cuda else 'RSS'} (MiB) | memory model (MiB) |",
+        "| variant | CPU s / step | wall s / step | layer-0 attention forwards / step | peak tensor memory (MiB) "
+        "| memory model (MiB) |",
         "|---|---|---|---|---|---|",
     ]
     for v in VARIANTS:
@@ -137,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="the learner's compute dtype"
     )
-    ap.add_argument("--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)")
+    ap.add_argument(
+        "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "proxy_hold")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)  # a CPU child: tensor bytes
     args = ap.parse_args(argv)
     if args.length < 8:
         ap.error(f"--length {args.length}: at least 8 tokens")
@@ -151,30 +181,45 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--device {args.device!r}: cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no GPU here ({torch.__version__})")
+    if args.variant is not None and args.memory:
+        print(json.dumps(memory_child(args.model, args.length, args.variant, args.dtype)))
+        return 0
     if args.variant is not None:
         print(json.dumps(child(args.model, args.length, args.variant, args.repeats, args.device, args.dtype)))
         return 0
     shape = args.shape or "tiny"
     model = args.model or write_model(Path(tempfile.mkdtemp()) / shape, SHAPES[shape], device=args.device)
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    cuda = args.device.startswith("cuda")
+
+    def spawn(v: str, *extra: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--model", str(model), "--length", str(args.length), "--variant", v,
+             "--repeats", str(args.repeats), "--device", args.device, "--dtype", args.dtype, *extra],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if proc.returncode:
+            raise SystemExit(f"proxy_hold: the {v} process failed:\n{proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
     for r in range(args.rounds):
         for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
             print(f"proxy_hold: round {r + 1}/{args.rounds}, {v}", file=sys.stderr, flush=True)
-            proc = subprocess.run(
-                [sys.executable, __file__, "--model", str(model), "--length", str(args.length), "--variant", v,
-                 "--repeats", str(args.repeats), "--device", args.device, "--dtype", args.dtype],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if proc.returncode:
-                raise SystemExit(f"proxy_hold: the {v} process failed:\n{proc.stderr[-2000:]}")
-            runs[v].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            runs[v].append(spawn(v))
+    peaks = {}
+    for v in VARIANTS:
+        if cuda:
+            peaks[v] = min(run["peak_bytes"] for run in runs[v])
+        else:
+            print(f"proxy_hold: {v}, peak tensor memory (profiled, untimed)", file=sys.stderr, flush=True)
+            peaks[v] = spawn(v, "--memory")["peak_bytes"]
     key = "wall_s" if args.device.startswith("cuda") else "cpu_s"  # what the ratio compares
     variants = {
         v: {
             "cpu_s": statistics.median(x for run in runs[v] for x in run["cpu_s"]),
             "wall_s": statistics.median(x for run in runs[v] for x in run["wall_s"]),
             "attention0_forwards": max(x for run in runs[v] for x in run["attention0_forwards"]),
-            "peak_bytes": min(run["peak_bytes"] for run in runs[v]),
+            "peak_bytes": peaks[v],
             "estimate_bytes": estimate(model, args.length, v, args.device, args.dtype),
             "runs": runs[v],
         }

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from agent_rl.learners import memory as mm
+
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _learner_bench import SMALL  # noqa: E402
 
 
 @pytest.mark.slow
@@ -31,6 +36,10 @@ def test_the_held_group_runs_one_forward_fewer_per_trajectory(tmp_path: Path) ->
     assert len(result["ratio_rounds"]) == 2 and result["ratio"] > 0 and result["ratio_of"] == "cpu_s"
     held, plain = (result["variants"][v]["estimate_bytes"] for v in ("held", "forward-only"))
     assert held > plain  # the memory model counts the second trajectory's checkpoints
+    # peak tensor memory is counted from before the rank is built: at least the fp32 weights and AdamW's moments
+    params = mm.ModelDims.from_config(SMALL | {"model_type": "qwen2"}).params
+    for v in ("held", "forward-only"):
+        assert result["variants"][v]["peak_bytes"] >= 3 * 4 * params, v
     assert "| held |" in out.with_suffix(".md").read_text()
 
 
