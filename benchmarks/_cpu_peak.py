@@ -13,6 +13,8 @@ reset_peak_memory_stats on a GPU holding only this learner). Two counters, each 
   during the measured step), plus the model's parameters that the allocator never handed out (weights loaded
   from safetensors stay mapped from the file on CPU; a GPU copies them into allocated memory). This is what
   max_memory_allocated counts on a GPU and what the memory model estimates: the memory-model tests compare it.
+  Hand-written over the profiler's event tree because torch (2.13) keeps no allocator statistics on CPU: the
+  profiler's allocation events, each with the allocator's running total, are the one count there is.
 - "resident": the kernel's high-water mark of resident memory (VmHWM, reset through `/proc/self/clear_refs`).
   The child starts with glibc's mmap threshold fixed at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so every tensor above
   that is a mapping of its own, handed back to the kernel the moment torch frees it, and resident memory
