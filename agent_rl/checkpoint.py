@@ -70,11 +70,13 @@ def save(
             f.flush()
             os.fsync(f.fileno())
     except Exception as e:  # torch.save and safetensors report a full disk as their own errors
+        # torch.save's own message hides the errno ("unexpected pos ..."): look at the disk itself, before the
+        # partial checkpoint goes (removing it frees what the write took: a GiB for a 135M model)
+        free = shutil.disk_usage(root).free
         shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint must not keep the disk full
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         full = full or "No space left" in str(e) or "Disk quota exceeded" in str(e)
-        # torch.save's own message hides the errno ("unexpected pos ..."): look at the disk itself
-        if full or shutil.disk_usage(root).free < _FULL_BYTES:
+        if full or free < _FULL_BYTES:
             from agent_rl.errors import UserError
 
             raise UserError(

@@ -18,7 +18,8 @@ from agent_rl.errors import UserError
 
 
 def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files)
 
 
 @pytest.fixture
@@ -29,9 +30,13 @@ def small_disk(tmp_path: Path) -> Path:
     subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+@pytest.mark.parametrize("threshold", ["default", "below_the_partial_write"])
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
-    tiny_model_dir: Path, tmp_path: Path, small_disk: Path
+    tiny_model_dir: Path, tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch, threshold: str
 ) -> None:
+    """below_the_partial_write: a free-space threshold smaller than what the failed write had taken, as with
+    any model whose checkpoint is larger than the threshold (SmolLM2's is ~1.5 GB): the disk must be judged
+    full before the partial checkpoint is removed, or torch.save's "unexpected pos" becomes a traceback."""
     from transformers import AutoTokenizer
 
     from agent_rl.learners import build
@@ -47,6 +52,11 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
     learner = build(recipe.learner_spec)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     try:
+        # One AdamW step (in-process rank) gives the optimizer state its real size, twice the weights.
+        rank = learner.pool.rank
+        for p in rank.model.parameters():
+            p.grad = torch.zeros_like(p)
+        rank.optimizer.step()
         # How big one checkpoint is, measured by writing one on the ordinary disk.
         probe = checkpoint.save(
             tmp_path / "probe",
@@ -59,13 +69,19 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
         size = _du(probe)
         if os.geteuid() != 0:
             pytest.skip("mounting the small tmpfs needs root")
+        # Room for one checkpoint, then the next one's weights and half its optimizer state: the second write
+        # fails inside torch.save, whose error ("unexpected pos ...") carries no errno.
+        learner_files = probe / "learner"
+        cap = size + _du(learner_files / "model.safetensors") + _du(learner_files / "optimizer.pt") // 2
         mount = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.5)}", "tmpfs", str(small_disk)],
+            ["mount", "-t", "tmpfs", "-o", f"size={cap}", "tmpfs", str(small_disk)],
             capture_output=True,
             text=True,
         )
         if mount.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+        if threshold == "below_the_partial_write":
+            monkeypatch.setattr(checkpoint, "_FULL_BYTES", 4096)  # one page: a full tmpfs has less than that
         run_dir = small_disk / "run"
         first = checkpoint.save(
             run_dir,
