@@ -131,4 +131,18 @@ def _error(rank: int, e: Exception) -> RankError:
         return RankLost(
             f"learner rank {rank} is gone (its node or process died: {type(e).__name__}){LOST_HINT}"
         )
+    # A rank still alive in a collective when a peer's node died: gloo or NCCL raise the lost connection as
+    # this rank's own error, which can reach us before Ray reports the dead rank.
+    text = f"{e} {getattr(e, 'cause', '')}"
+    backend = next((b for b in ("gloo", "NCCL") if b in text), None)
+    peer = next((m for m in PEER_LOST if m in text), None)
+    if isinstance(e, ray.exceptions.RayTaskError) and backend and peer:
+        return RankLost(
+            f"learner rank {rank} lost a peer in a {backend} collective ({peer}: another rank's node or process "
+            f"died){LOST_HINT}"
+        )
     return RankError(f"learner rank {rank}: {e}")
+
+
+# How gloo (its TCP transport) and NCCL word a peer that went away mid-collective.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "remote process exited")

@@ -36,3 +36,15 @@ def test_a_ranks_own_exception_keeps_its_text() -> None:
     err = _error(1, ray_exceptions.RayTaskError("call", "Traceback ...\nValueError: bad batch", cause))
     assert isinstance(err, RankError) and not isinstance(err, RankLost)
     assert str(err).startswith("learner rank 1: ") and "bad batch" in str(err)
+
+
+def test_a_collective_that_loses_its_peer_is_one_line_that_says_resume() -> None:
+    """The surviving rank's gloo error when the node of the other rank was killed (make test-heavy, 2026-11-27)."""
+    cause = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:28331: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application."
+    )
+    err = _error(1, ray_exceptions.RayTaskError("call", f"Traceback ...\nRuntimeError: {cause}", cause))
+    assert isinstance(err, RankLost)
+    assert str(err).startswith("learner rank 1 lost a peer in a gloo collective (Connection reset by peer: ")
+    assert "--resume" in str(err) and "\n" not in str(err)
