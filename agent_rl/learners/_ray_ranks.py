@@ -138,8 +138,8 @@ def _error(rank: int, e: Exception) -> RankError:
     peer = next((m for m in PEER_LOST if m in text), None)
     if isinstance(e, ray.exceptions.RayTaskError) and backend and peer:
         return RankLost(
-            f"learner rank {rank} lost a peer in a {backend} collective ({peer}: another rank's node or process "
-            f"died){LOST_HINT}"
+            f"a peer of learner rank {rank} is gone (its {backend} collective: {peer}; another rank's node or "
+            f"process died){LOST_HINT}"
         )
     return RankError(f"learner rank {rank}: {e}")
 

@@ -46,5 +46,7 @@ def test_a_collective_that_loses_its_peer_is_one_line_that_says_resume() -> None
     )
     err = _error(1, ray_exceptions.RayTaskError("call", f"Traceback ...\nRuntimeError: {cause}", cause))
     assert isinstance(err, RankLost)
-    assert str(err).startswith("learner rank 1 lost a peer in a gloo collective (Connection reset by peer: ")
+    assert str(err).startswith(
+        "a peer of learner rank 1 is gone (its gloo collective: Connection reset by peer; "
+    )
     assert "--resume" in str(err) and "\n" not in str(err)
