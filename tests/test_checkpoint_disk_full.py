@@ -30,13 +30,22 @@ def small_disk(tmp_path: Path) -> Path:
     subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
-@pytest.mark.parametrize("threshold", ["default", "below_the_partial_write"])
+@pytest.mark.parametrize(
+    "fails_in, threshold",
+    [("safetensors", "default"), ("torch.save", "default"), ("torch.save", "below_the_partial_write")],
+)
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
-    tiny_model_dir: Path, tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch, threshold: str
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    small_disk: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fails_in: str,
+    threshold: str,
 ) -> None:
-    """below_the_partial_write: a free-space threshold smaller than what the failed write had taken, as with
-    any model whose checkpoint is larger than the threshold (SmolLM2's is ~1.5 GB): the disk must be judged
-    full before the partial checkpoint is removed, or torch.save's "unexpected pos" becomes a traceback."""
+    """fails_in: the write the full disk stops (safetensors names ENOSPC; torch.save's "unexpected pos ..."
+    carries no errno). below_the_partial_write: a free-space threshold smaller than what the failed write had
+    taken, as with any model whose checkpoint is larger than the threshold (SmolLM2's is ~1.5 GB): the disk must
+    be judged full before the partial checkpoint is removed, or torch.save's error becomes a traceback."""
     from transformers import AutoTokenizer
 
     from agent_rl.learners import build
@@ -69,10 +78,10 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_loadable(
         size = _du(probe)
         if os.geteuid() != 0:
             pytest.skip("mounting the small tmpfs needs root")
-        # Room for one checkpoint, then the next one's weights and half its optimizer state: the second write
-        # fails inside torch.save, whose error ("unexpected pos ...") carries no errno.
-        learner_files = probe / "learner"
-        cap = size + _du(learner_files / "model.safetensors") + _du(learner_files / "optimizer.pt") // 2
+        # Room for one checkpoint, then half the next one's weights (the learner writes them first, with
+        # safetensors), or its weights and half its optimizer state (written next, with torch.save).
+        weights, optimizer = (_du(probe / "learner" / f) for f in ("model.safetensors", "optimizer.pt"))
+        cap = size + (weights // 2 if fails_in == "safetensors" else weights + optimizer // 2)
         mount = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={cap}", "tmpfs", str(small_disk)],
             capture_output=True,
