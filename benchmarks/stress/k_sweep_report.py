@@ -70,17 +70,20 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
     out = {}
     n = len(ks.HELDOUT_SEEDS)
     for k in map(str, ks.LAGS):
+        # only cells with every held-out seed in are ranked: a partial cell's mean moves when its last seeds
+        # land; it shows in the table with its count and in the verdict as not ranked yet
+        measured = [m for m in ks.METHODS if m in held and held[m][k]["n"] == n]
+        partial = {m: held[m][k]["n"] for m in ks.METHODS if m in held and 0 < held[m][k]["n"] < n}
         # at k = 0 several methods can be the same runs (plain's or VCPO's at one lr): rank each set of runs once,
         # under the method whose runs they are if it chose that lr, else the first of METHODS that did
         runs_of: dict[tuple, str] = {}
-        measured = [m for m in ks.METHODS if m in held and held[m][k]["n"]]
         for m in sorted(measured, key=lambda m: ks.twin(m, int(k)) != m):
             runs_of.setdefault((ks.twin(m, int(k)), chosen[m]), m)
         ranked = sorted(runs_of.values(), key=lambda m: -held[m][k]["mean"])
-        s: dict = {"methods": sum(m in held and held[m][k]["n"] > 0 for m in ks.METHODS),
+        s: dict = {"methods": len(measured),
                    "complete": all(m in held and held[m][k]["n"] == n for m in ks.METHODS),
                    "collapsed": {m: held[m][k]["collapsed"] for m in ranked},
-                   "runs": {m: held[m][k]["n"] for m in ranked}}  # fmt: skip
+                   "runs": {m: held[m][k]["n"] for m in ranked}, "partial": partial}  # fmt: skip
         if ranked:
             best = ranked[0]
             b = held[best][k]
@@ -120,10 +123,15 @@ def _who(s: dict, role: str) -> str:
     return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {_pm(s[f'{role}_mean'], s[f'{role}_se'])}"
 
 
+def _under_way(s: dict) -> str:
+    """'TIS (seq) 2/5, ...': the cells that have some of their held-out seeds, not all."""
+    return ", ".join(f"{LABEL[m]} {c}/{len(ks.HELDOUT_SEEDS)}" for m, c in s["partial"].items())
+
+
 def verdict_line(k: str, s: dict) -> str:
     """One sentence per k, from the summary fields only."""
     if not s.get("best"):
-        return f"- k={k}: not measured yet."
+        return f"- k={k}: not measured yet." + (f" Under way: {_under_way(s)}." if s.get("partial") else "")
     if "vcpo_ahead" not in s:
         text = f"- k={k}: VCPO not measured yet. Best so far: {_who(s, 'best')}."
     elif s["vcpo_ahead"]:
@@ -138,6 +146,8 @@ def verdict_line(k: str, s: dict) -> str:
                      f"{_gap(s['lead'], s['lead_se'], s['lead_separated'])}.")  # fmt: skip
     col = [f"{LABEL[m]} {c}/{s['runs'][m]}" for m, c in s["collapsed"].items() if c]
     text += f" Collapsed: {', '.join(col)}." if col else " No run collapsed."
+    if s.get("partial"):
+        text += f" Not ranked until all their seeds are in: {_under_way(s)}."
     if not s["complete"]:
         text += f" (incomplete: {s['methods']} of {len(ks.METHODS)} methods, {sum(s['runs'].values())} runs)"
     return text

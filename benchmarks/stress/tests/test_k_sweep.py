@@ -180,7 +180,7 @@ def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_m
         s = report["summary"][k]
         if "vcpo_ahead" not in s:
             continue
-        means = {m: c[k]["mean"] for m, c in report["heldout"].items() if c[k]["n"]}
+        means = {m: c[k]["mean"] for m, c in report["heldout"].items() if c[k]["n"] == len(ks.HELDOUT_SEEDS)}
         assert s["vcpo_ahead"] == (means["vcpo"] == max(means.values()))
         assert line.startswith(f"- k={k}: VCPO is {'ahead' if s['vcpo_ahead'] else 'not ahead'}")
         gaps = _GAP.findall(line)
@@ -190,6 +190,22 @@ def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_m
         elif s.get("vcpo_minus_best_se"):
             assert f"is behind {LABEL[s['best']]}" in line
             _says(gaps[0], s["vcpo_minus_best"], s["vcpo_minus_best_se"])
+
+
+def test_a_cell_with_some_of_its_heldout_seeds_is_shown_with_its_count_and_not_ranked(tmp_path: Path) -> None:
+    """TIS with two of five seeds, both above VCPO's five: VCPO stays the best, the verdict names TIS as under
+    way, the table gives its mean with '(2/5)'; once its five seeds are in, TIS is ranked and ahead."""
+    rows = _selection(BEST) + _heldout(16, {"vcpo": [0.40, 0.41, 0.39, 0.42, 0.38], "m2po": [0.30] * 5})
+    partial = rows + [("tis", BEST["tis"], 16, s, 0.9) for s in ks.HELDOUT_SEEDS[:2]]
+    report = write(_cells(partial), tmp_path / "k_sweep.json", quiet=True)
+    s16 = report["summary"]["16"]
+    assert (s16["best"], s16["second"], s16["partial"]) == ("vcpo", "m2po", {"tis": 2})
+    line = next(x for x in verdict_lines(report["summary"]) if x.startswith("- k=16:"))
+    assert line.startswith("- k=16: VCPO is ahead") and "Not ranked until all their seeds are in: TIS (seq) 2/5." in line
+    assert "0.90 ± 0.00 (2/5)" in (tmp_path / "k_sweep.md").read_text()
+    full = rows + [("tis", BEST["tis"], 16, s, 0.9) for s in ks.HELDOUT_SEEDS]
+    s16 = write(_cells(full), tmp_path / "k_sweep.json", quiet=True)["summary"]["16"]
+    assert (s16["best"], s16["vcpo_ahead"], s16["partial"]) == ("tis", False, {})
 
 
 def test_at_k0_methods_that_are_the_same_runs_are_ranked_once_under_the_method_whose_runs_they_are(
