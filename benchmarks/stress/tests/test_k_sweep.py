@@ -201,7 +201,10 @@ def test_a_cell_with_some_of_its_heldout_seeds_is_shown_with_its_count_and_not_r
     s16 = report["summary"]["16"]
     assert (s16["best"], s16["second"], s16["partial"]) == ("vcpo", "m2po", {"tis": 2})
     line = next(x for x in verdict_lines(report["summary"]) if x.startswith("- k=16:"))
-    assert line.startswith("- k=16: VCPO is ahead") and "Not ranked until all their seeds are in: TIS (seq) 2/5." in line
+    assert (
+        line.startswith("- k=16: VCPO is ahead")
+        and "Not ranked until all their seeds are in: TIS (seq) 2/5." in line
+    )
     assert "0.90 ± 0.00 (2/5)" in (tmp_path / "k_sweep.md").read_text()
     full = rows + [("tis", BEST["tis"], 16, s, 0.9) for s in ks.HELDOUT_SEEDS]
     s16 = write(_cells(full), tmp_path / "k_sweep.json", quiet=True)["summary"]["16"]
