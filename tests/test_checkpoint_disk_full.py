@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,13 @@ def _du(path: Path) -> int:
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Path:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
+def small_disk() -> Path:
+    """The mount point, made outside pytest's tmp_path tree: another pytest session on the machine rotates old
+    numbered tmp dirs away and would move a mounted tmpfs with them, so that the umount below misses it."""
+    mnt = Path(tempfile.mkdtemp(prefix="agent-rl-small-disk-"))
     yield mnt
     subprocess.run(["umount", str(mnt)], capture_output=True)
+    mnt.rmdir()
 
 
 @pytest.mark.parametrize(
