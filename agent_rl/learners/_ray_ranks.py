@@ -133,14 +133,15 @@ def _error(rank: int, e: Exception) -> RankError:
         )
     # A rank still alive in a collective when a peer's node died: gloo or NCCL raise the lost connection as
     # this rank's own error, which can reach us before Ray reports the dead rank.
-    text = f"{e} {getattr(e, 'cause', '')}"
-    backend = next((b for b in ("gloo", "NCCL") if b in text), None)
-    peer = next((m for m in PEER_LOST if m in text), None)
-    if isinstance(e, ray.exceptions.RayTaskError) and backend and peer:
-        return RankLost(
-            f"a peer of learner rank {rank} is gone (its {backend} collective: {peer}; another rank's node or "
-            f"process died){LOST_HINT}"
-        )
+    if isinstance(e, ray.exceptions.RayTaskError):
+        text = f"{e} {e.cause}"
+        backend = next((b for b in ("gloo", "NCCL") if b in text), None)
+        peer = next((m for m in PEER_LOST if m in text), None)
+        if backend and peer:
+            return RankLost(
+                f"a peer of learner rank {rank} is gone (its {backend} collective: {peer}; another rank's node "
+                f"or process died){LOST_HINT}"
+            )
     return RankError(f"learner rank {rank}: {e}")
 
 

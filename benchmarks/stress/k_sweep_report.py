@@ -81,7 +81,7 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
             runs_of.setdefault((ks.twin(m, int(k)), chosen[m]), m)
         ranked = sorted(runs_of.values(), key=lambda m: -held[m][k]["mean"])
         s: dict = {"methods": len(measured),
-                   "complete": all(m in held and held[m][k]["n"] == n for m in ks.METHODS),
+                   "complete": len(measured) == len(ks.METHODS),
                    "collapsed": {m: held[m][k]["collapsed"] for m in ranked},
                    "runs": {m: held[m][k]["n"] for m in ranked}, "partial": partial}  # fmt: skip
         if ranked:
