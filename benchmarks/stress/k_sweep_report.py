@@ -182,13 +182,30 @@ def calibration(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) ->
     return rows
 
 
+def grid_edge(lr: float | None) -> str | None:
+    """'lowest'/'highest' when a chosen lr is the grid's end: the method's best lr may lie beyond the grid."""
+    return None if lr is None else "lowest" if lr == min(ks.LRS) else "highest" if lr == max(ks.LRS) else None
+
+
 def selection(cells: dict[tuple, ks.Cell]) -> dict:
     chosen = ks.select_lrs(cells)
     return {
-        m: {"chosen_lr": chosen[m],
+        m: {"chosen_lr": chosen[m], "grid_edge": grid_edge(chosen[m]),
             "by_lr": {f"{lr:g}": cell_stats(ks.finals(cells, m, lr, ks.SELECT_LAG, ks.SELECT_SEEDS)) for lr in ks.LRS}}
         for m in ks.METHODS
     }  # fmt: skip
+
+
+def edge_lines(sel: dict) -> list[str]:
+    """One line per grid end that some method's chosen lr sits at (none when every choice is inside the grid)."""
+    lines = []
+    for edge, beyond in (("lowest", "below"), ("highest", "above")):
+        names = [LABEL[m] for m, v in sel.items() if grid_edge(v["chosen_lr"]) == edge]
+        if names:
+            lr = min(ks.LRS) if edge == "lowest" else max(ks.LRS)
+            lines.append(f"Chosen at the grid's {edge} lr ({lr_text(lr)}): {', '.join(names)}; their best lr may lie "
+                         f"{beyond} the grid (`LRS` in benchmarks/stress/k_sweep.py).")  # fmt: skip
+    return lines
 
 
 def _fmt(c: dict, n: int) -> str:
@@ -256,6 +273,8 @@ def markdown(report: dict) -> str:
         row = [_fmt(v["by_lr"][f"{lr:g}"], n_sel) for lr in ks.LRS]
         row = [f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, ks.LRS, strict=True)]
         lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    if edges := edge_lines(report["selection"]):
+        lines += ["", *edges]
     cal = report["calibration"]
     if cal:
         versions = sorted({v for r in cal for v, _ in r["curve"]})

@@ -143,7 +143,7 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     """The k-sweep's verdict (benchmarks/results/stress/k_sweep.json) at every k measured so far, worded by the
     sweep's own report (`k_sweep_report.verdict_lines`), and how much of the sweep is still to run. `docs`: the
     prefix of the link to the study's section; None on the study's own page (the section follows)."""
-    from benchmarks.stress.k_sweep_report import verdict_lines
+    from benchmarks.stress.k_sweep_report import edge_lines, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
 
     report = load("stress/k_sweep.json")
@@ -163,6 +163,8 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     ]
     if unmeasured:
         lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
+    if edges := edge_lines(report["selection"]):
+        lines += ["", *edges]
     return "\n".join(lines)
 
 

@@ -211,6 +211,24 @@ def test_a_cell_with_some_of_its_heldout_seeds_is_shown_with_its_count_and_not_r
     assert (s16["best"], s16["vcpo_ahead"], s16["partial"]) == ("tis", False, {})
 
 
+def test_a_chosen_lr_at_either_end_of_the_grid_is_named_as_such_and_one_inside_it_is_not(
+    tmp_path: Path,
+) -> None:
+    """BEST puts plain and the ESS lr alone at the lowest lr, M2PO at the highest, the rest inside the grid."""
+    sel = write(_cells(_selection(BEST)), tmp_path / "k_sweep.json", quiet=True)["selection"]
+    assert {m: v["grid_edge"] for m, v in sel.items() if v["grid_edge"]} == {
+        "plain": "lowest", "ess_lr": "lowest", "m2po": "highest"}  # fmt: skip
+    text = (tmp_path / "k_sweep.md").read_text()
+    assert (
+        "Chosen at the grid's lowest lr (1e-4): plain REINFORCE, ESS lr alone; their best lr may lie below"
+        in text
+    )
+    assert "Chosen at the grid's highest lr (8e-4): M2PO; their best lr may lie above the grid" in text
+    inside = dict.fromkeys(ks.METHODS, ks.LRS[1])
+    write(_cells(_selection(inside)), tmp_path / "k_sweep.json", quiet=True)
+    assert "Chosen at the grid's" not in (tmp_path / "k_sweep.md").read_text()
+
+
 def test_at_k0_methods_that_are_the_same_runs_are_ranked_once_under_the_method_whose_runs_they_are(
     tmp_path: Path,
 ) -> None:
