@@ -24,19 +24,28 @@ curve gives the area under it. Selection runs skip the periodic evals: the choic
 
 Resumable: a run counts once final_eval.json exists; its numbers are kept in k_sweep.json, so the run dirs can go
 and a later session finishes the sweep with the same command.
+
+One sweep, one warm start: every run records the warm start it started from (its held-out accuracy and the sha256
+of its weights, `WarmStart`), and `run` refuses to add runs from any other warm start to a file whose kept runs
+started from one. SFT on another CPU rounds differently, and this small model carries that far: rebuilt on an AVX2
+EPYC the warm start scored 0.12 held out, where the first sweep's (built on another machine) scored 0.08. So the
+sweep runs from a kept copy, WARM, which the repository holds (`multistep_warm` says how it was made).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -46,7 +55,8 @@ from benchmarks.stress import final_eval
 from benchmarks.stress.level_b_fair import OVERRIDES, SAME_AS_AT_K0
 
 RECIPE = "recipes/tiny_multistep.yaml"
-WARM = "runs/tiny_multistep/sft"
+WARM = "benchmarks/results/stress/k_sweep_warm/sft"  # kept: the sweep's runs start from these weights
+OUT = "benchmarks/results/stress/k_sweep2.json"  # the sweep from WARM (k_sweep.json: the first, its warm start lost)
 METHODS = ("plain", "tis", "mis", "m2po", "ess_lr", "opob", "vcpo")
 LRS = (1e-4, 2e-4, 4e-4, 8e-4)
 LAGS = (0, 4, 8, 16, 32, 64)
@@ -75,6 +85,11 @@ class Cell:
     ess: tuple[float, ...]
     steps: int
     warm: float  # held-out accuracy of the warm start the run started from (its warm_eval.json)
+    warm_sha256: str | None = None  # of its weights; None: recorded before runs kept it (2026-11-28)
+
+    @property
+    def warm_start(self) -> WarmStart:
+        return WarmStart(self.warm, self.warm_sha256)
 
     @property
     def collapsed(self) -> bool:
@@ -101,7 +116,28 @@ class Cell:
     def from_row(cls, r: dict) -> Cell:
         return cls(r["method"], float(r["lr"]), int(r["k"]), int(r["seed"]), float(r["final_accuracy"]),
                    tuple((int(v), float(a)) for v, a in r["curve"]), tuple(float(e) for e in r["ess"]),
-                   int(r["steps"]), float(r["warm"]))  # fmt: skip
+                   int(r["steps"]), float(r["warm"]), r.get("warm_sha256"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The warm start runs start from: its held-out accuracy and the sha256 of its weight files (None for runs
+    recorded before runs kept it: then only the accuracy tells two apart)."""
+
+    accuracy: float
+    sha256: str | None
+
+    def same_as(self, other: WarmStart) -> bool:
+        if self.accuracy != other.accuracy:
+            return False
+        return self.sha256 is None or other.sha256 is None or self.sha256 == other.sha256
+
+    def __str__(self) -> str:
+        sha = f"weights sha256 {self.sha256[:12]}" if self.sha256 else "weights not fingerprinted"
+        return f"held-out {self.accuracy:.2f}, {sha}"
+
+    def to_json(self) -> dict:
+        return {"accuracy": self.accuracy, "sha256": self.sha256}
 
 
 def run_name(method: str, lr: float, k: int, seed: int) -> str:
@@ -122,8 +158,43 @@ def warm_start_accuracy(warm: str | Path) -> float | None:
     return float(acc)
 
 
-def read_run(run: Path, warm_start: float) -> Cell | None:
-    """The cell of a finished run dir (final_eval.json written), else None."""
+def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 of a model dir's *.safetensors, their bytes in name order (one file: what `sha256sum` prints)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(
+            f"{model_dir}: no *.safetensors in it: not a finished warm start; delete it to rebuild"
+        )
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def load_warm_start(warm: str | Path) -> WarmStart | None:
+    """The warm start at WARM (accuracy and fingerprint), or None while it is not built."""
+    acc = warm_start_accuracy(warm)
+    return None if acc is None else WarmStart(acc, weights_sha256(warm))
+
+
+def check_same_warm_start(cells: dict[tuple, Cell], warm: WarmStart, where: str, out: Path) -> None:
+    """Refuse, in one line that says what to do, to add runs from WARM to a file whose kept runs started from
+    another warm start."""
+    other = [c for c in cells.values() if not c.warm_start.same_as(warm)]
+    if other:
+        raise SystemExit(
+            f"k_sweep: the warm start at {where} ({warm}) is not the one {len(other)} runs kept in {out} started "
+            f"from ({other[0].warm_start}): one sweep, one warm start. Name that warm start with --warm, or give "
+            "this one its own sweep with --out NEW.json --runs NEW_DIR"
+        )
+
+
+WARM_RECORD = "warm_start.json"  # in a finished run dir: the warm start it started from
+
+
+def read_run(run: Path, warm_start: WarmStart | None) -> Cell | None:
+    """The cell of a finished run dir (final_eval.json written), else None. The run's warm start is the one it
+    recorded (WARM_RECORD), else (a run dir from before runs recorded it) `warm_start`."""
     m = NAME.match(run.name)
     final = final_eval.read(run)
     if m is None or final is None:
@@ -136,30 +207,38 @@ def read_run(run: Path, warm_start: float) -> Cell | None:
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     trained = [r for r in recs if "vcpo/ess_ratio" in r]
     steps = max((int(r["step"]) for r in recs), default=-1) + 1
-    curve = {0: warm_start}
+    curve: dict[int, float] = {}
     for r in recs:
         if "eval/accuracy" in r:
             # the engines' policy: version eval/policy_version (older runs: step + 1 - k, the lagged copy)
             version = int(r.get("eval/policy_version", max(0, int(r["step"]) + 1 - k)))
             curve[version] = float(r["eval/accuracy"])
+    if (run / WARM_RECORD).is_file():
+        rec = json.loads((run / WARM_RECORD).read_text())
+        warm_start = WarmStart(float(rec["accuracy"]), rec["sha256"])
+    if warm_start is None:
+        raise ValueError(f"{run}: finished, but it recorded no {WARM_RECORD} and no warm start was given")
+    curve[0] = warm_start.accuracy
     curve[steps] = final  # the learner's own policy after the last step
     return Cell(method, lr, k, seed, final, tuple(sorted(curve.items())),
-                tuple(float(r["vcpo/ess_ratio"]) for r in trained), steps, warm_start)  # fmt: skip
+                tuple(float(r["vcpo/ess_ratio"]) for r in trained), steps, warm_start.accuracy,
+                warm_start.sha256)  # fmt: skip
 
 
 def read_cells(
-    runs_dir: Path, earlier: Path | None = None, warm_start: float | None = None
+    runs_dir: Path, earlier: Path | None = None, warm_start: WarmStart | None = None
 ) -> dict[tuple, Cell]:
     """Every finished run under runs_dir plus the cells an earlier report kept; a run dir wins over its kept
-    copy. Keyed by (method, lr, k, seed). warm_start: the warm start's held-out accuracy (default: WARM's
-    warm_eval.json; a finished run with neither is an error)."""
+    copy. Keyed by (method, lr, k, seed). warm_start: for a run dir that did not record its own (default: WARM's;
+    a finished run with neither is an error)."""
     cells: dict[tuple, Cell] = {}
     if earlier is not None and earlier.is_file():
         for r in json.loads(earlier.read_text())["cells"]:
             c = Cell.from_row(r)
             cells[(c.method, c.lr, c.k, c.seed)] = c
     for path in sorted(runs_dir.glob(f"{PREFIX}_*/final_eval.json")):
-        if warm_start is None and (warm_start := warm_start_accuracy(WARM)) is None:
+        recorded = (path.parent / WARM_RECORD).is_file()
+        if not recorded and warm_start is None and (warm_start := load_warm_start(WARM)) is None:
             raise ValueError(
                 f"{path.parent}: finished, but {Path(WARM).parent / 'warm_eval.json'} is missing"
             )
@@ -254,11 +333,45 @@ def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
 # ----------------------------------------------------------------------------------------------------- runner
 
 
+# the runs training now: stopped with the sweep (stop_with_the_sweep)
+_TRAINING: set[subprocess.Popen] = set()
+_TRAINING_LOCK = threading.Lock()
+
+
+def _train(cmd: list[str], log) -> int:
+    with subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    ) as proc:
+        with _TRAINING_LOCK:
+            _TRAINING.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with _TRAINING_LOCK:
+                _TRAINING.discard(proc)
+
+
+def stop_with_the_sweep() -> None:
+    """On SIGTERM (`kill`), stop the runs training now and exit: left running, a run would go on writing the run
+    dir that the next `run` clears to train it again. (Ctrl-C reaches them already: they share its process group.)"""
+
+    def stop(signum: int, _frame) -> None:
+        with _TRAINING_LOCK:
+            for proc in _TRAINING:
+                proc.terminate()
+        raise SystemExit(
+            f"k_sweep: stopped by signal {signum}; its unfinished runs start again with the next `run`"
+        )
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 @dataclass(frozen=True)
 class Runner:
     """How `run` trains and scores one planned run (nice level, paths, budgets)."""
 
     runs: Path
+    warm_start: WarmStart  # the one at `warm`: each finished run records it (WARM_RECORD)
     recipe: str = RECIPE
     warm: str = WARM
     steps: int = STEPS
@@ -288,10 +401,11 @@ class Runner:
             shutil.rmtree(run, ignore_errors=True)
             self.runs.mkdir(parents=True, exist_ok=True)
             with open(self.runs / f"{p.name}.log", "w") as log:
-                proc = subprocess.run(self.train_cmd(p), stdout=log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-            if proc.returncode:
-                return f"FAILED {p.name} (exit {proc.returncode}; {self.runs / p.name}.log)"
+                returncode = _train(self.train_cmd(p), log)
+            if returncode:
+                return f"FAILED {p.name} (exit {returncode}; {self.runs / p.name}.log)"
+        if not (run / WARM_RECORD).is_file():  # `run` checked that the kept runs share this warm start
+            (run / WARM_RECORD).write_text(json.dumps(self.warm_start.to_json()))
         msg = final_eval.evaluate(run)
         if final_eval.read(run) is not None:
             shutil.rmtree(run / "checkpoints", ignore_errors=True)
@@ -310,12 +424,14 @@ def run_all(
     start as soon as its selection is complete); the report is rewritten after every `jobs` runs."""
     from benchmarks.stress.k_sweep_report import write
 
+    warm = runner.warm_start
+    check_same_warm_start(read_cells(runner.runs, out, warm), warm, runner.warm, out)
     started: set[str] = set()
     done, t0 = 0, time.time()
     with ThreadPoolExecutor(jobs) as pool:
         running: dict[Future, Planned] = {}
         while True:
-            cells = read_cells(runner.runs, out, warm_start_accuracy(runner.warm))
+            cells = read_cells(runner.runs, out, warm)
             todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
             while todo and len(running) < jobs:
                 p = todo.pop(0)
@@ -335,16 +451,9 @@ def run_all(
                     flush=True,
                 )
                 if done % jobs == 0:
-                    write(
-                        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)),
-                        out,
-                        quiet=True,
-                        warm_dir=runner.warm,
-                    )
-    write(
-        read_cells(runner.runs, out, warm_start_accuracy(runner.warm)), out, quiet=True, warm_dir=runner.warm
-    )
-    missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm_start_accuracy(runner.warm)))]
+                    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
+    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
+    missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm))]
     print(
         f"k_sweep: {len(missing)} runs missing" + (f" (first: {', '.join(missing[:3])})" if missing else "")
     )
@@ -355,11 +464,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("command", choices=["plan", "run", "report"])
     ap.add_argument("part", nargs="?", help=f"plan/run: one of {', '.join(PARTS)} (default: all, in order)")
     ap.add_argument("--runs", default="runs", type=Path)
-    ap.add_argument("--out", default="benchmarks/results/stress/k_sweep.json", type=Path)
+    ap.add_argument("--out", default=OUT, type=Path, help="the results (its .md and .png beside)")
     ap.add_argument(
         "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
     )
-    ap.add_argument("--warm", default=WARM, help="the warm start (a copy keeps it steady)")
+    ap.add_argument("--warm", default=WARM, help="the warm start (the repository keeps the sweep's)")
     ap.add_argument(
         "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
     )
@@ -372,8 +481,11 @@ def main(argv: list[str] | None = None) -> None:
     parts = (args.part,) if args.part else PARTS
     methods = _names(args.methods, METHODS, "methods")
     lags = _names(args.lags, LAGS, "lags", int)
+    warm = load_warm_start(args.warm)
     if args.command == "plan":
-        cells = read_cells(args.runs, args.out, warm_start_accuracy(args.warm))
+        cells = read_cells(args.runs, args.out, warm)
+        if warm is not None:
+            check_same_warm_start(cells, warm, args.warm, args.out)
         runs = [p for part in parts for p in plan(part, cells, methods, lags)]
         for p in runs:
             print(p.name, p.k, p.seed, " ".join(p.sets))
@@ -386,16 +498,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'/'.join(parts)}: {len(runs)} runs to go", file=sys.stderr)
         return
     if args.command == "run":
-        if warm_start_accuracy(args.warm) is None:  # the first step of the sweep: the warm start (~1 h here)
+        if warm is None:  # a warm start of your own (--warm DIR): built first (~10 min on one idle core)
             from benchmarks.stress.multistep_warm import build
 
             print(f"k_sweep: no warm start at {args.warm}: building it first", flush=True)
             build(Path(args.warm).parent)
-        run_all(Runner(args.runs, warm=args.warm), args.out, args.jobs, parts, methods, lags)
+            warm = load_warm_start(args.warm)
+        stop_with_the_sweep()
+        run_all(Runner(args.runs, warm, warm=args.warm), args.out, args.jobs, parts, methods, lags)
         return
     from benchmarks.stress.k_sweep_report import write
 
-    write(read_cells(args.runs, args.out, warm_start_accuracy(args.warm)), args.out, warm_dir=args.warm)
+    write(read_cells(args.runs, args.out, warm), args.out, warm=warm)
 
 
 if __name__ == "__main__":

@@ -215,8 +215,16 @@ def _fmt(c: dict, n: int) -> str:
     return txt + ("" if c["n"] == n else f" ({c['n']}/{n})")
 
 
-def _warm(acc: float | None) -> str:
-    return f"held-out {acc:.2f}" if acc is not None else "not built yet: no run can start"
+def _warm(d: dict) -> str:
+    if d["warm_start"] is None:
+        return "not built yet: no run can start"
+    return str(ks.WarmStart(d["warm_start"], d.get("warm_sha256")))
+
+
+def unkept_warm_start(report: dict) -> bool:
+    """Whether the report's runs started from a warm start that was not kept (the first sweep's, from before runs
+    recorded its fingerprint): no run can be added to them."""
+    return bool(report["cells"]) and report["design"].get("warm_sha256") is None
 
 
 def _heldout_runs(methods: int) -> int:
@@ -231,8 +239,9 @@ def markdown(report: dict) -> str:
     lines = [
         "# Staleness study, level (b), the k-sweep: every method at its best lr, k up to 64 (`benchmarks.stress.k_sweep`)",
         "",
+        f"{'The first sweep: its warm start was not kept, so no run can be added to it. ' if unkept_warm_start(report) else ''}"
         f"{len(report['cells'])} runs. Task: tiny_multistep (`envs/tiny_multistep.yaml`: one affine step applied 2-3 "
-        f"times, one tool call per application), warm start `runs/tiny_multistep/sft` ({_warm(d['warm_start'])}), "
+        f"times, one tool call per application), warm start ({_warm(d)}), "
         f"{d['steps']} steps of 8 prompts x 8 samples, every batch exactly k versions stale (`rollout.fixed_lag`), "
         f"void masking off. Each method's lr is chosen on seeds {','.join(map(str, ks.SELECT_SEEDS))} at k={ks.SELECT_LAG} "
         f"from {', '.join(map(lr_text, ks.LRS))}; every other number is over held-out seeds "
@@ -300,27 +309,39 @@ def markdown(report: dict) -> str:
         )
     if total or unchosen:
         later = " (and the held-out runs above, once the lrs are chosen)" if unchosen else ""
-        lines += ["", f"{total} runs missing{later}; `{COMMAND}` finishes them: it builds the warm start first "
-                  "when it is missing, then resumes (finished runs are skipped, and the held-out runs of a method "
-                  "start once its selection is complete)."]  # fmt: skip
+        if unkept_warm_start(report):
+            lines += ["", f"{total} runs missing{later}. They cannot be added to these runs: the warm start these "
+                      "runs started from was not kept (built on another machine; one rebuilt on another CPU "
+                      f"differs), and `run` adds no runs from another one. `{COMMAND}` runs the sweep from the "
+                      f"kept warm start ({ks.OUT})."]  # fmt: skip
+        else:
+            lines += ["", f"{total} runs missing{later}; `{COMMAND}` finishes them (finished runs are skipped, "
+                      "and the held-out runs of a method start once its selection is complete)."]  # fmt: skip
     else:
         lines += ["", "None: the sweep is complete."]
     return "\n".join(lines) + "\n"
 
 
-def write(cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False, warm_dir: str = ks.WARM) -> dict:
-    """k_sweep.{json,md,png} from every finished cell (warm_dir: the warm start, for its accuracy before any run)."""
-    warms = {c.warm for c in cells.values()}
-    if len(warms) > 1:
+def write(
+    cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False, warm: ks.WarmStart | None = None
+) -> dict:
+    """k_sweep.{json,md,png} beside `out` from every finished cell (warm: the sweep's warm start, for its numbers
+    before any run has finished)."""
+    accs = {c.warm for c in cells.values()}
+    shas = {c.warm_sha256 for c in cells.values()} - {None}
+    if len(accs) > 1 or len(shas) > 1:
+        starts = sorted({str(c.warm_start) for c in cells.values()})
         raise ValueError(
-            f"k_sweep: runs from warm starts of different accuracy {sorted(warms)}: one sweep, one warm start"
+            f"k_sweep: runs from different warm starts ({'; '.join(starts)}): one sweep, one warm start"
         )
-    warm = warms.pop() if warms else ks.warm_start_accuracy(warm_dir)
+    if cells:
+        warm = ks.WarmStart(accs.pop(), shas.pop() if shas else None)
     sel = selection(cells)
     chosen = {m: v["chosen_lr"] for m, v in sel.items()}
     held = heldout(cells, chosen)
     report = {
-        "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE, "warm_start": warm,
+        "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE,
+                   "warm_start": warm.accuracy if warm else None, "warm_sha256": warm.sha256 if warm else None,
                    "methods": list(ks.METHODS), "lrs": list(ks.LRS), "lags": list(ks.LAGS),
                    "select_lag": ks.SELECT_LAG, "select_seeds": list(ks.SELECT_SEEDS),
                    "heldout_seeds": list(ks.HELDOUT_SEEDS), "steps": ks.STEPS, "eval_every": ks.EVAL_EVERY,

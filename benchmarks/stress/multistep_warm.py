@@ -7,6 +7,11 @@ skipped when its output exists. SFT data: decision traces (the teacher goes on w
 with probability CONTINUE_RATE, else boxes a guess) plus drills (every call made, every turn's opening fence
 context-only), so SFT teaches how to chain the calls and leaves each go-on decision at about CONTINUE_RATE. The
 drill rows are written here rather than by `examples.pipeline.sft_row`, which makes only the first fence context.
+
+The k-sweep does not rebuild this: it runs from the copy the repository keeps (benchmarks/results/stress/
+k_sweep_warm, built here with this module; its SOURCE.md). The build is deterministic on one CPU, but another CPU
+rounds the 750 SFT steps differently and the warm start ends elsewhere (held-out 0.08 on one machine, 0.12 on
+another, same code and seed).
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     """The k-sweep's verdict (benchmarks/results/stress/k_sweep.json) at every k measured so far, worded by the
     sweep's own report (`k_sweep_report.verdict_lines`), and how much of the sweep is still to run. `docs`: the
     prefix of the link to the study's section; None on the study's own page (the section follows)."""
-    from benchmarks.stress.k_sweep_report import edge_lines, verdict_lines
+    from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
 
     report = load("stress/k_sweep.json")
@@ -153,11 +153,19 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     left = sum(len(names) for names in report["missing"].values())
     unchosen = [LABEL[m] for m, v in report["selection"].items() if v["chosen_lr"] is None]
     later = f", and the held-out runs of {', '.join(unchosen)} once their lr is chosen" if unchosen else ""
+    if unkept_warm_start(report) and (left or unchosen):
+        second = RESULTS / "stress" / "k_sweep2.json"
+        again = f" ({len(load('stress/k_sweep2.json')['cells'])} runs so far)" if second.is_file() else ""
+        status = (f"{len(report['cells'])} runs; {left} planned runs{later}{',' if later else ''} cannot be "
+                  "added: the warm start these started from was not kept, and the sweep runs again from a kept "
+                  f"one{again}")  # fmt: skip
+    else:
+        status = f"{len(report['cells'])} runs so far, {left} planned still to run{later}"
     lines = [
         f"The k-sweep, on a task of 2-3 tool calls per problem (tiny_multistep, toy model, {d['steps']} steps), k up "
         f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']}, final held-out accuracy "
-        f"over seeds {', '.join(map(str, d['heldout_seeds']))} ({len(report['cells'])} runs so far, {left} planned "
-        f"still to run{later}{'' if docs is None else f'; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})'}):",
+        f"over seeds {', '.join(map(str, d['heldout_seeds']))} ({status}"
+        f"{'' if docs is None else f'; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})'}):",
         "",
         *measured,
     ]

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +19,13 @@ from benchmarks.stress import k_sweep as ks
 from benchmarks.stress.k_sweep_report import SEPARATION, verdict_lines, write
 from benchmarks.stress.level_b_fair import LABEL
 
-RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "stress" / "k_sweep.json"
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "benchmarks" / "results" / "stress" / "k_sweep.json"
+WARM0 = ks.WarmStart(0.1, "a" * 64)  # the hand-made runs' warm start
 
 
 def _cell(method: str, lr: float, k: int, seed: int, acc: float) -> ks.Cell:
-    return ks.Cell(method, lr, k, seed, acc, ((0, 0.1), (ks.STEPS, acc)), (1.0, 0.5), ks.STEPS, 0.1)
+    return ks.Cell(method, lr, k, seed, acc, ((0, 0.1), (ks.STEPS, acc)), (1.0, 0.5), ks.STEPS, 0.1, "a" * 64)
 
 
 def _cells(rows) -> dict[tuple, ks.Cell]:
@@ -72,17 +79,17 @@ def test_k0_cells_of_the_corrected_methods_are_plains_or_vcpos_runs_at_their_own
 def test_plan_skips_finished_runs_and_the_cells_an_earlier_report_kept(tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "out" / "k_sweep.json"
     _finish(runs, "plain", ks.LRS[0], 8, 0, acc=0.4)
-    write(ks.read_cells(runs, warm_start=0.1), out, quiet=True)
+    write(ks.read_cells(runs, warm_start=WARM0), out, quiet=True)
     later = tmp_path / "later"  # a later session: the run dirs are gone, the report's cells still count
     _finish(later, "vcpo", ks.LRS[0], 8, 0, acc=0.5)
-    cells = ks.read_cells(later, out, warm_start=0.1)
+    cells = ks.read_cells(later, out, warm_start=WARM0)
     names = [p.name for p in ks.plan("select", cells)]
     assert (
         ks.run_name("plain", ks.LRS[0], 8, 0) not in names
         and ks.run_name("vcpo", ks.LRS[0], 8, 0) not in names
     )
     assert len(names) == len(ks.METHODS) * len(ks.LRS) * len(ks.SELECT_SEEDS) - 2
-    runner = ks.Runner(later)
+    runner = ks.Runner(later, WARM0)
     assert runner(ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", 8, 0, ())).endswith(
         "done already"
     )
@@ -105,7 +112,7 @@ def test_a_run_is_read_at_the_policy_versions_its_evals_measured_and_its_auc_is_
 ) -> None:
     # k=16: the eval after step 39 ran on the engines' version 24, the one after step 79 on version 64
     _finish(tmp_path, "tis", ks.LRS[1], 16, 3, acc=0.6, evals=[(39, 24, 0.3), (79, 64, 0.5)])
-    (cell,) = ks.read_cells(tmp_path, warm_start=0.1).values()
+    (cell,) = ks.read_cells(tmp_path, warm_start=WARM0).values()
     assert cell.curve == ((0, 0.1), (24, 0.3), (64, 0.5), (ks.STEPS, 0.6))
     area = 24 * (0.1 + 0.3) / 2 + 40 * (0.3 + 0.5) / 2 + 16 * (0.5 + 0.6) / 2
     assert cell.auc == pytest.approx(area / ks.STEPS)
@@ -114,10 +121,10 @@ def test_a_run_is_read_at_the_policy_versions_its_evals_measured_and_its_auc_is_
 
 
 def test_bad_input_names_the_file_and_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # the default warm start, runs/tiny_multistep/sft, is relative: none here
+    monkeypatch.chdir(tmp_path)  # the default warm start, ks.WARM, is relative: none here
     _finish(tmp_path, "plain", ks.LRS[0], 8, 0, acc=float("nan"))
     with pytest.raises(ValueError, match=r"final_eval.json: field accuracy is nan"):
-        ks.read_cells(tmp_path, warm_start=0.1)
+        ks.read_cells(tmp_path, warm_start=WARM0)
     with pytest.raises(ValueError, match=r"finished, but .*warm_eval.json is missing"):
         ks.read_cells(tmp_path)
     with pytest.raises(SystemExit, match="part 'bogus' is not one of calibrate, select, heldout"):
@@ -247,7 +254,7 @@ def test_each_planned_run_is_a_valid_recipe_with_its_lag_seed_lr_and_method(tmp_
     from agent_rl.config import load_recipe
 
     root = Path(__file__).resolve().parents[3]
-    runner = ks.Runner(tmp_path, recipe=str(root / ks.RECIPE))
+    runner = ks.Runner(tmp_path, WARM0, recipe=str(root / ks.RECIPE))
     planned = ks.plan("select", {})[: len(ks.METHODS)] + ks.plan("heldout", _cells(_selection(BEST)))[-1:]
     assert {ks.NAME.match(p.name).group(1) for p in planned[:-1]} == set(ks.METHODS)
     for p in planned:
@@ -298,3 +305,118 @@ def test_the_warm_start_accuracy_is_read_beside_it_and_a_bad_one_is_named(tmp_pa
     assert (
         _cell("vcpo", ks.LRS[0], 8, 3, 0.05).collapsed and not _cell("vcpo", ks.LRS[0], 8, 3, 0.1).collapsed
     )
+
+
+def _warm_dir(root: Path, acc: float, weights: bytes) -> Path:
+    """A warm start as multistep_warm leaves it: the model dir, warm_eval.json beside it."""
+    warm = root / "sft"
+    warm.mkdir(parents=True)
+    (warm / "model.safetensors").write_bytes(weights)
+    (root / "warm_eval.json").write_text(json.dumps({"accuracy": acc, "tasks": 100}))
+    return warm
+
+
+def test_runs_from_another_warm_start_are_refused_before_any_starts_with_what_to_do(tmp_path: Path) -> None:
+    out = tmp_path / "k_sweep.json"
+    first = ks.WarmStart(0.08, None)  # the first sweep's: its weights were never fingerprinted
+    write({("plain", ks.LRS[0], 8, 0): ks.Cell("plain", ks.LRS[0], 8, 0, 0.3, ((0, 0.08), (80, 0.3)), (1.0,), 80,
+           first.accuracy)}, out, quiet=True)  # fmt: skip
+    rebuilt = _warm_dir(tmp_path / "rebuilt", 0.12, b"weights rebuilt on another CPU")
+    args = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--warm", str(rebuilt)]
+    with pytest.raises(SystemExit, match=r"held-out 0\.12, weights sha256 \w{12}\) is not the one 1 runs kept in "
+                       r".*k_sweep.json started from \(held-out 0\.08, weights not fingerprinted\): one sweep, one "
+                       r"warm start\. Name that warm start with --warm, or .* --out NEW\.json --runs NEW_DIR"):  # fmt: skip
+        ks.main(["run", *args])
+    with pytest.raises(SystemExit, match="is not the one 1 runs kept"):
+        ks.main(["plan", *args])
+    assert not (tmp_path / "runs").exists()  # nothing started
+    # fingerprinted: the same accuracy from other weights is another warm start; the same weights are the same
+    kept = ks.WarmStart(0.12, ks.weights_sha256(rebuilt))
+    cells = {("plain", ks.LRS[0], 8, 0): ks.Cell("plain", ks.LRS[0], 8, 0, 0.3, ((0, 0.12),), (1.0,), 80, 0.12,
+             kept.sha256)}  # fmt: skip
+    ks.check_same_warm_start(cells, kept, "here", out)
+    with pytest.raises(SystemExit, match="is not the one 1 runs kept"):
+        ks.check_same_warm_start(cells, ks.WarmStart(0.12, "b" * 64), "here", out)
+    assert first.same_as(ks.WarmStart(0.08, kept.sha256))  # unfingerprinted: only the accuracy can tell
+
+
+def test_a_finished_run_records_its_warm_start_and_is_read_with_it_and_a_report_never_mixes_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    p = ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", 8, 0, ())
+    d = _finish(runs, "vcpo", ks.LRS[0], 8, 0, acc=0.5)  # trained, its final eval not yet written:
+    (d / "final_eval.json").unlink()
+    (d / "checkpoints" / "latest").mkdir(parents=True)
+
+    def score(run: Path) -> str:  # the final eval (a real one needs a trained model): what it leaves behind
+        (run / "final_eval.json").write_text(json.dumps({"accuracy": 0.5, "tasks": 100, "seed": 0}))
+        return "scored"
+
+    monkeypatch.setattr(ks.final_eval, "evaluate", score)
+    assert ks.Runner(runs, WARM0)(p) == "scored"
+    assert json.loads((d / ks.WARM_RECORD).read_text()) == {"accuracy": 0.1, "sha256": "a" * 64}
+    (cell,) = ks.read_cells(runs, warm_start=ks.WarmStart(0.3, "c" * 64)).values()  # its record wins
+    assert cell.warm_start == WARM0 and cell.curve[0] == (0, 0.1)
+    other = _finish(tmp_path / "other", "vcpo", ks.LRS[1], 8, 0, acc=0.5)
+    (other / ks.WARM_RECORD).write_text(json.dumps({"accuracy": 0.1, "sha256": "b" * 64}))
+    cells = ks.read_cells(runs, warm_start=WARM0) | ks.read_cells(tmp_path / "other", warm_start=WARM0)
+    with pytest.raises(ValueError, match=r"runs from different warm starts \(held-out 0\.10, weights sha256 "
+                       r"aaaaaaaaaaaa; held-out 0\.10, weights sha256 bbbbbbbbbbbb\): one sweep, one warm start"):  # fmt: skip
+        write(cells, tmp_path / "out.json", quiet=True)
+    report = write(ks.read_cells(runs, warm_start=WARM0), tmp_path / "out.json", quiet=True)
+    assert report["design"]["warm_sha256"] == "a" * 64 and report["cells"][0]["warm_sha256"] == "a" * 64
+
+
+def test_the_kept_warm_start_is_the_one_the_second_sweeps_runs_started_from() -> None:
+    warm = ks.load_warm_start(ROOT / ks.WARM)
+    assert warm is not None, f"{ks.WARM}: the sweep's warm start is missing from the repository"
+    source = (ROOT / ks.WARM).parent / "SOURCE.md"
+    assert warm.sha256 in source.read_text(), f"{source} names other weights than {ks.WARM} holds"
+    second = ROOT / ks.OUT
+    if second.is_file():
+        cells = json.loads(second.read_text())["cells"]
+        assert {(c["warm"], c["warm_sha256"]) for c in cells} <= {(warm.accuracy, warm.sha256)}
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is pid (Linux /proc)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
+def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path) -> None:
+    warm = _warm_dir(tmp_path / "warm", 0.12, b"weights")
+    # the training command stands in for `agent-rl train` (minutes per run): a process that trains until stopped
+    script = (
+        "import sys\nfrom benchmarks.stress import k_sweep as ks\n"
+        "ks.Runner.train_cmd = lambda self, p: [sys.executable, '-c', 'import time; time.sleep(3600)']\n"
+        f"ks.main(['run', 'select', '--methods', 'vcpo', '--jobs', '2', '--runs', {str(tmp_path / 'runs')!r}, "
+        f"'--out', {str(tmp_path / 'out.json')!r}, '--warm', {str(warm)!r}])\n"
+    )
+    sweep = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    training: set[int] = set()
+    try:
+        assert [sweep.stdout.readline().split()[0] for _ in range(2)] == ["start", "start"]
+        deadline = time.monotonic() + 120  # bounds a hung test; no timing claim: the runs start at once
+        while len(training := _children(sweep.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(training) == 2, "the sweep did not start its two runs"
+        sweep.send_signal(signal.SIGTERM)
+        out = sweep.communicate(timeout=120)[0]
+    finally:
+        sweep.kill()
+        alive = {pid for pid in training if Path(f"/proc/{pid}").exists()}
+        for pid in alive:  # left by a sweep that did not stop them: no stray process after the test
+            os.kill(pid, signal.SIGKILL)
+    assert sweep.returncode != 0 and "k_sweep: stopped by signal 15" in out
+    assert not alive, "a run went on training after the sweep was killed"
