@@ -173,7 +173,7 @@ def weights_sha256(model_dir: str | Path) -> str:
 
 def load_warm_start(warm: str | Path) -> WarmStart | None:
     """The warm start at WARM (accuracy and fingerprint), or None while it is not built."""
-    acc = warm_start_accuracy(warm)
+    acc = warm_start_accuracy(warm) if Path(warm).is_dir() else None
     return None if acc is None else WarmStart(acc, weights_sha256(warm))
 
 
@@ -499,6 +499,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "run":
         if warm is None:  # a warm start of your own (--warm DIR): built first (~10 min on one idle core)
+            if kept := read_cells(Path(os.devnull), args.out):  # a new one cannot join these: say so first
+                raise SystemExit(
+                    f"k_sweep: no warm start at {args.warm}, and {len(kept)} runs kept in {args.out} started from "
+                    f"one ({next(iter(kept.values())).warm_start}): name it with --warm, or give a new warm start "
+                    "its own sweep with --out NEW.json --runs NEW_DIR"
+                )
             from benchmarks.stress.multistep_warm import build
 
             print(f"k_sweep: no warm start at {args.warm}: building it first", flush=True)

@@ -329,7 +329,11 @@ def test_runs_from_another_warm_start_are_refused_before_any_starts_with_what_to
         ks.main(["run", *args])
     with pytest.raises(SystemExit, match="is not the one 1 runs kept"):
         ks.main(["plan", *args])
-    assert not (tmp_path / "runs").exists()  # nothing started
+    typo = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--warm", str(tmp_path / "rebuilt" / "stf")]
+    with pytest.raises(SystemExit, match=r"no warm start at .*stf, and 1 runs kept in .*k_sweep.json started from "
+                       r"one \(held-out 0\.08, weights not fingerprinted\): name it with --warm"):  # fmt: skip
+        ks.main(["run", *typo])  # not a new build first (minutes), to be refused after it
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "rebuilt" / "stf").exists()  # nothing started
     # fingerprinted: the same accuracy from other weights is another warm start; the same weights are the same
     kept = ks.WarmStart(0.12, ks.weights_sha256(rebuilt))
     cells = {("plain", ks.LRS[0], 8, 0): ks.Cell("plain", ks.LRS[0], 8, 0, 0.3, ((0, 0.12),), (1.0,), 80, 0.12,
