@@ -12,7 +12,8 @@ stack, every batch exactly k versions stale (`rollout.fixed_lag`). Parts, in the
   curve: does sync RL climb well above the warm start, and for how long (with the k=0 held-out runs, which
   have the same curves, the results' calibration table);
 - select: every method at every lr of LRS on seeds SELECT_SEEDS at k = SELECT_LAG; each method's lr is the one
-  with the highest mean final there (held-out seeds never read);
+  with the highest mean final there (held-out seeds never read); where that is the grid's lowest or highest lr,
+  the method's grid grows past it (`select`) until its best lies inside;
 - heldout: each method at its chosen lr on seeds HELDOUT_SEEDS at every k of LAGS, lowest k first.
 
 VCPO is selected like every other method (no recipe lr). At k = 0 every IS weight is 1 and ESS/B = 1, so tis, mis,
@@ -59,6 +60,7 @@ WARM = "benchmarks/results/stress/k_sweep_warm/sft"  # kept: the sweep's runs st
 OUT = "benchmarks/results/stress/k_sweep2.json"  # the sweep from WARM (k_sweep.json: the first, its warm start lost)
 METHODS = ("plain", "tis", "mis", "m2po", "ess_lr", "opob", "vcpo")
 LRS = (1e-4, 2e-4, 4e-4, 8e-4)
+LR_BOUNDS = (2.5e-5, 3.2e-3)  # how far the grid grows past an edge its best sits on (`select`)
 LAGS = (0, 4, 8, 16, 32, 64)
 SELECT_LAG = 8
 SELECT_SEEDS = (0, 1, 2)
@@ -259,18 +261,45 @@ def finals(cells: dict[tuple, Cell], method: str, lr: float, k: int, seeds: tupl
     return [cells[key] for s in seeds if (key := (m, lr, k, s)) in cells]
 
 
+@dataclass(frozen=True)
+class Selection:
+    """A method's lr selection: its grid (LRS, grown past an edge); `ran`, the lrs of the grid with every
+    selection seed finished; `chosen`, the best of those (None until all of LRS ran); `done`, whether the whole
+    grid ran and grows no further (its held-out runs can start)."""
+
+    grid: tuple[float, ...]
+    ran: tuple[float, ...]
+    chosen: float | None
+    done: bool
+
+
+def _mean_final(cells: dict[tuple, Cell], method: str, lr: float) -> float | None:
+    runs = finals(cells, method, lr, SELECT_LAG, SELECT_SEEDS)
+    return statistics.mean(c.final_accuracy for c in runs) if len(runs) == len(SELECT_SEEDS) else None
+
+
+def select(cells: dict[tuple, Cell], method: str) -> Selection:
+    """The method's lr: the highest mean final at k = SELECT_LAG over the selection seeds (ties: the lower lr),
+    held-out seeds never read. Where the best sits on an edge of the grid, the grid grows past it by one lr (half
+    the lowest, twice the highest; within LR_BOUNDS) and the choice waits for that lr's runs: a best lr at the
+    grid's edge may lie beyond it (the first sweep chose the lowest lr for four of five methods)."""
+    grid = list(LRS)
+    while True:
+        means = {lr: m for lr in grid if (m := _mean_final(cells, method, lr)) is not None}
+        chosen = max(sorted(means), key=means.__getitem__) if all(lr in means for lr in LRS) else None
+        if chosen is None or len(means) < len(grid):
+            return Selection(tuple(grid), tuple(sorted(means)), chosen, done=False)
+        if chosen == grid[0] and chosen / 2 >= LR_BOUNDS[0]:
+            grid.insert(0, chosen / 2)
+        elif chosen == grid[-1] and chosen * 2 <= LR_BOUNDS[1]:
+            grid.append(chosen * 2)
+        else:
+            return Selection(tuple(grid), tuple(grid), chosen, done=True)
+
+
 def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
-    """Each method's lr: the highest mean final at k = SELECT_LAG over the selection seeds (ties: the lower lr).
-    None until every lr has every selection seed. Held-out seeds are never read here."""
-    chosen: dict[str, float | None] = {}
-    for method in METHODS:
-        means = {}
-        for lr in LRS:
-            runs = finals(cells, method, lr, SELECT_LAG, SELECT_SEEDS)
-            if len(runs) == len(SELECT_SEEDS):
-                means[lr] = statistics.mean(c.final_accuracy for c in runs)
-        chosen[method] = max(means, key=lambda lr: means[lr]) if len(means) == len(LRS) else None
-    return chosen
+    """Each method's chosen lr so far (`select`)."""
+    return {m: select(cells, m).chosen for m in METHODS}
 
 
 @dataclass(frozen=True)
@@ -293,17 +322,18 @@ def plan(
     part: str, cells: dict[tuple, Cell], methods: tuple[str, ...] = METHODS, lags: tuple[int, ...] = LAGS
 ) -> list[Planned]:
     """The runs PART still needs, in the order they should run. Finished runs and k = 0 cells that are another
-    method's run are left out; heldout plans only the methods whose lr is chosen. `methods` and `lags` narrow
+    method's run are left out; heldout plans only the methods whose selection is done. `methods` and `lags` narrow
     it to a first slice (say VCPO and the strongest baseline at k = 0, 8, 32, 64: the question answered soonest);
     the report always counts the whole sweep."""
     if part == "calibrate":
         want = [(m, lr, 0, s) for m, lr, s in CALIBRATE if m in methods]
-    elif part == "select":
+    elif part == "select":  # LRS seed by seed, then the lrs a grid grew by
         want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in METHODS if m in methods]
+        want += [(m, lr, SELECT_LAG, s) for m in METHODS if m in methods for lr in select(cells, m).grid
+                 if lr not in LRS for s in SELECT_SEEDS]  # fmt: skip
     elif part == "heldout":
-        chosen = select_lrs(cells)
-        want = [(m, lr, k, s) for k in LAGS if k in lags for s in HELDOUT_SEEDS for m, lr in chosen.items()
-                if lr is not None and m in methods]  # fmt: skip
+        chosen = {m: sel.chosen for m in METHODS if m in methods and (sel := select(cells, m)).done}
+        want = [(m, lr, k, s) for k in LAGS if k in lags for s in HELDOUT_SEEDS for m, lr in chosen.items()]
     else:
         raise ValueError(f"plan: part {part!r} is not one of {', '.join(PARTS)}")
     out, seen = [], set()
@@ -333,22 +363,26 @@ def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
 # ----------------------------------------------------------------------------------------------------- runner
 
 
-# the runs training now: stopped with the sweep (stop_with_the_sweep)
+# the runs training now, and whether the sweep is stopping: both under the lock, so that no run starts, or is
+# started but not yet listed, when the sweep stops them (stop_with_the_sweep)
 _TRAINING: set[subprocess.Popen] = set()
+_STOPPING = threading.Event()
 _TRAINING_LOCK = threading.Lock()
 
 
 def _train(cmd: list[str], log) -> int:
-    with subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    ) as proc:
+    with _TRAINING_LOCK:
+        if _STOPPING.is_set():
+            return -signal.SIGTERM
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        _TRAINING.add(proc)
+    try:
+        return proc.wait()
+    finally:
         with _TRAINING_LOCK:
-            _TRAINING.add(proc)
-        try:
-            return proc.wait()
-        finally:
-            with _TRAINING_LOCK:
-                _TRAINING.discard(proc)
+            _TRAINING.discard(proc)
 
 
 def stop_with_the_sweep() -> None:
@@ -357,6 +391,7 @@ def stop_with_the_sweep() -> None:
 
     def stop(signum: int, _frame) -> None:
         with _TRAINING_LOCK:
+            _STOPPING.set()
             for proc in _TRAINING:
                 proc.terminate()
         raise SystemExit(
@@ -489,10 +524,10 @@ def main(argv: list[str] | None = None) -> None:
         runs = [p for part in parts for p in plan(part, cells, methods, lags)]
         for p in runs:
             print(p.name, p.k, p.seed, " ".join(p.sets))
-        pending = [m for m, lr in select_lrs(cells).items() if lr is None]
+        pending = [m for m in METHODS if m in methods and not select(cells, m).done]
         if "heldout" in parts and pending:
             print(
-                f"heldout: no lr chosen yet for {', '.join(pending)} (the selection plans them)",
+                f"heldout: the lr selection of {', '.join(pending)} is not done yet (the selection plans it)",
                 file=sys.stderr,
             )
         print(f"{'/'.join(parts)}: {len(runs)} runs to go", file=sys.stderr)

@@ -182,29 +182,33 @@ def calibration(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) ->
     return rows
 
 
-def grid_edge(lr: float | None) -> str | None:
-    """'lowest'/'highest' when a chosen lr is the grid's end: the method's best lr may lie beyond the grid."""
-    return None if lr is None else "lowest" if lr == min(ks.LRS) else "highest" if lr == max(ks.LRS) else None
+def grid_edge(lr: float | None, ran: tuple[float, ...]) -> str | None:
+    """'lowest'/'highest' when a chosen lr is the end of the lrs that ran (the grid reached its bound, or the runs
+    past the end are still to come): the method's best lr may lie beyond it."""
+    return None if lr is None else "lowest" if lr == ran[0] else "highest" if lr == ran[-1] else None
 
 
 def selection(cells: dict[tuple, ks.Cell]) -> dict:
-    chosen = ks.select_lrs(cells)
-    return {
-        m: {"chosen_lr": chosen[m], "grid_edge": grid_edge(chosen[m]),
-            "by_lr": {f"{lr:g}": cell_stats(ks.finals(cells, m, lr, ks.SELECT_LAG, ks.SELECT_SEEDS)) for lr in ks.LRS}}
-        for m in ks.METHODS
-    }  # fmt: skip
+    out = {}
+    for m in ks.METHODS:
+        sel = ks.select(cells, m)
+        out[m] = {"chosen_lr": sel.chosen, "done": sel.done, "grid": list(sel.grid),
+                  "grid_edge": grid_edge(sel.chosen, sel.ran),
+                  "by_lr": {f"{lr:g}": cell_stats(ks.finals(cells, m, lr, ks.SELECT_LAG, ks.SELECT_SEEDS))
+                            for lr in sel.grid}}  # fmt: skip
+    return out
 
 
 def edge_lines(sel: dict) -> list[str]:
-    """One line per grid end that some method's chosen lr sits at (none when every choice is inside the grid)."""
+    """One line per grid end and lr that some method's chosen lr sits at (none when every choice is inside its
+    grid)."""
     lines = []
     for edge, beyond in (("lowest", "below"), ("highest", "above")):
-        names = [LABEL[m] for m, v in sel.items() if grid_edge(v["chosen_lr"]) == edge]
-        if names:
-            lr = min(ks.LRS) if edge == "lowest" else max(ks.LRS)
+        at = sorted({v["chosen_lr"] for v in sel.values() if v["grid_edge"] == edge})
+        for lr in at:
+            names = [LABEL[m] for m, v in sel.items() if v["grid_edge"] == edge and v["chosen_lr"] == lr]
             lines.append(f"Chosen at the grid's {edge} lr ({lr_text(lr)}): {', '.join(names)}; their best lr may lie "
-                         f"{beyond} the grid (`LRS` in benchmarks/stress/k_sweep.py).")  # fmt: skip
+                         f"{beyond} the grid (`LRS`, `LR_BOUNDS` in benchmarks/stress/k_sweep.py).")  # fmt: skip
     return lines
 
 
@@ -244,7 +248,9 @@ def markdown(report: dict) -> str:
         f"times, one tool call per application), warm start ({_warm(d)}), "
         f"{d['steps']} steps of 8 prompts x 8 samples, every batch exactly k versions stale (`rollout.fixed_lag`), "
         f"void masking off. Each method's lr is chosen on seeds {','.join(map(str, ks.SELECT_SEEDS))} at k={ks.SELECT_LAG} "
-        f"from {', '.join(map(lr_text, ks.LRS))}; every other number is over held-out seeds "
+        f"from {', '.join(map(lr_text, ks.LRS))} (where the best is the grid's lowest or highest lr, the grid grows "
+        f"by halves or doubles, within {lr_text(ks.LR_BOUNDS[0])}-{lr_text(ks.LR_BOUNDS[1])}, until it lies inside); "
+        "every other number is over held-out seeds "
         f"{','.join(map(str, ks.HELDOUT_SEEDS))}, each method at its chosen lr. Final = held-out accuracy (100 tasks, "
         "T=1) of the final checkpoint; collapsed = final below the warm start; AUC = mean held-out accuracy over the "
         f"run's policy versions 0..{d['steps']} (trapezoids between evals every {d['eval_every']} steps, which under a "
@@ -276,11 +282,12 @@ def markdown(report: dict) -> str:
                 row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {_pm(c['auc']['mean'], c['auc']['se'])}; "
                            f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
             lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    lrs = sorted({float(lr) for v in report["selection"].values() for lr in v.get("grid", ks.LRS)})
     lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
-              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in ks.LRS) + " |", "|---|" + "---|" * len(ks.LRS)]  # fmt: skip
+              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]  # fmt: skip
     for m, v in report["selection"].items():
-        row = [_fmt(v["by_lr"][f"{lr:g}"], n_sel) for lr in ks.LRS]
-        row = [f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, ks.LRS, strict=True)]
+        row = [_fmt(v["by_lr"].get(f"{lr:g}", {"n": 0}), n_sel) for lr in lrs]
+        row = [f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, lrs, strict=True)]
         lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]

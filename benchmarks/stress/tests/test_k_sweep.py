@@ -32,14 +32,12 @@ def _cells(rows) -> dict[tuple, ks.Cell]:
     return {(m, lr, k, s): _cell(m, lr, k, s, a) for m, lr, k, s, a in rows}
 
 
-def _selection(best: dict[str, float]) -> list[tuple]:
-    """Every method at every lr on the selection seeds at k=8; best[m] scores 0.6, the others 0.3."""
-    return [
-        (m, lr, ks.SELECT_LAG, s, 0.6 if lr == best[m] else 0.3)
-        for m in ks.METHODS
-        for lr in ks.LRS
-        for s in ks.SELECT_SEEDS
-    ]
+def _selection(best: dict[str, float], grown: bool = True) -> list[tuple]:
+    """Every method at every lr on the selection seeds at k=8; best[m] scores 0.6, the others 0.3. grown: with
+    the runs at the lr past a best at the grid's edge (scoring 0.3 too), so that every selection is done."""
+    past = (ks.LRS[0] / 2, ks.LRS[-1] * 2) if grown else ()
+    return [(m, lr, ks.SELECT_LAG, s, 0.6 if lr == best[m] else 0.3) for m in ks.METHODS for lr in ks.LRS + past
+            if lr in ks.LRS or lr in (best[m] / 2, best[m] * 2) for s in ks.SELECT_SEEDS]  # fmt: skip
 
 
 BEST = dict(zip(ks.METHODS, [ks.LRS[i % len(ks.LRS)] for i in range(len(ks.METHODS))], strict=True))
@@ -222,7 +220,7 @@ def test_a_chosen_lr_at_either_end_of_the_grid_is_named_as_such_and_one_inside_i
     tmp_path: Path,
 ) -> None:
     """BEST puts plain and the ESS lr alone at the lowest lr, M2PO at the highest, the rest inside the grid."""
-    sel = write(_cells(_selection(BEST)), tmp_path / "k_sweep.json", quiet=True)["selection"]
+    sel = write(_cells(_selection(BEST, grown=False)), tmp_path / "k_sweep.json", quiet=True)["selection"]
     assert {m: v["grid_edge"] for m, v in sel.items() if v["grid_edge"]} == {
         "plain": "lowest", "ess_lr": "lowest", "m2po": "highest"}  # fmt: skip
     text = (tmp_path / "k_sweep.md").read_text()
@@ -231,6 +229,14 @@ def test_a_chosen_lr_at_either_end_of_the_grid_is_named_as_such_and_one_inside_i
         in text
     )
     assert "Chosen at the grid's highest lr (8e-4): M2PO; their best lr may lie above the grid" in text
+    # the runs past those edges made (worse): the choices are inside the grown grids, and no line names them
+    sel = write(_cells(_selection(BEST)), tmp_path / "k_sweep.json", quiet=True)["selection"]
+    assert sel["plain"]["grid"] == [ks.LRS[0] / 2, *ks.LRS] and sel["m2po"]["grid"] == [
+        *ks.LRS,
+        ks.LRS[-1] * 2,
+    ]
+    assert not any(v["grid_edge"] for v in sel.values())
+    assert "Chosen at the grid's" not in (tmp_path / "k_sweep.md").read_text()
     inside = dict.fromkeys(ks.METHODS, ks.LRS[1])
     write(_cells(_selection(inside)), tmp_path / "k_sweep.json", quiet=True)
     assert "Chosen at the grid's" not in (tmp_path / "k_sweep.md").read_text()
@@ -424,3 +430,29 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path) -> Non
             os.kill(pid, signal.SIGKILL)
     assert sweep.returncode != 0 and "k_sweep: stopped by signal 15" in out
     assert not alive, "a run went on training after the sweep was killed"
+
+
+def test_a_best_lr_at_the_grids_edge_grows_the_grid_past_it_before_the_heldout_runs_start() -> None:
+    lo, hi = ks.LRS[0], ks.LRS[-1]
+    rows = _selection(
+        dict(BEST, vcpo=lo, plain=hi), grown=False
+    )  # VCPO best at the lowest lr, plain at the highest
+    sel = ks.select(_cells(rows), "vcpo")
+    assert (sel.grid, sel.chosen, sel.done) == ((lo / 2, *ks.LRS), lo, False)
+    planned = {p.name for p in ks.plan("select", _cells(rows))}
+    assert {ks.run_name("vcpo", lo / 2, 8, s) for s in ks.SELECT_SEEDS} <= planned
+    assert {ks.run_name("plain", hi * 2, 8, s) for s in ks.SELECT_SEEDS} <= planned
+    vcpo_at = f"ksweep_vcpo_lr{lo:g}_"  # (OPOB alone's k=0 runs are VCPO's at OPOB's lr, 2e-4)
+    assert not any(p.name.startswith(vcpo_at) for p in ks.plan("heldout", _cells(rows)))  # waits for the grid
+    # half the lowest did better still: the grid grows again, down to its bound, where the choice stays
+    rows += [("vcpo", lo / 2, 8, s, 0.7) for s in ks.SELECT_SEEDS]
+    assert ks.select(_cells(rows), "vcpo").grid == (lo / 4, lo / 2, *ks.LRS)
+    rows += [("vcpo", lo / 4, 8, s, 0.8) for s in ks.SELECT_SEEDS]
+    assert lo / 8 < ks.LR_BOUNDS[0] <= lo / 4
+    sel = ks.select(_cells(rows), "vcpo")
+    assert (sel.chosen, sel.done) == (lo / 4, True)
+    assert any(p.name == ks.run_name("vcpo", lo / 4, 8, 3) for p in ks.plan("heldout", _cells(rows)))
+    # twice the highest did worse: the choice is inside the grown grid; a tie goes to the lower lr
+    rows += [("plain", hi * 2, 8, s, 0.6) for s in ks.SELECT_SEEDS]
+    sel = ks.select(_cells(rows), "plain")
+    assert (sel.grid, sel.chosen, sel.done) == ((*ks.LRS, hi * 2), hi, True)
