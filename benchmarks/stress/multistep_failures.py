@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.stress.multistep_failures [--runs runs] [--glob 'ksweep_*_k0_s*']
         # -> benchmarks/results/stress/multistep_failures.{json,md}
 
-The k-sweep's calibration (issue 38) found synchronous RL climbing from the warm start's 0.08 to about 0.42 in
-10 steps and then level for 70. This reads the trajectories those runs trained on (the run dir's trajectory
+The first k-sweep's calibration (issue 38) found synchronous RL climbing from its warm start's 0.08 to about 0.42
+in 10 steps and then level for 70 (from the kept warm start of the second sweep: 0.12 to about 0.6, then level). This reads the trajectories those runs trained on (the run dir's trajectory
 log, `agent-rl view`'s source) in two windows, the first and the last ten steps, and follows each one through
 its problem ("Start at X and apply x * A + B, N times."): every call should print `V * A + B` where V is the
 value of the output just above (X for the first), there should be N calls, and the box should hold the N-th
