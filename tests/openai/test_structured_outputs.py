@@ -22,7 +22,12 @@ SEARCH = {
     "function": {
         "name": "search",
         "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        # maxLength bounds the call: the tiny model, sampling, need not close a free string within any budget
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "maxLength": 8}},
+            "required": ["query"],
+        },
     },
 }
 VERDICT = {
@@ -98,11 +103,14 @@ async def test_a_named_function_is_the_one_called_with_arguments_of_its_schema(f
         messages=[{"role": "user", "content": QUESTION}],
         tools=[*TOOLS, SEARCH],
         tool_choice={"type": "function", "function": {"name": "search"}},
-        max_tokens=80,
+        # every token is at least one byte: the call's frame (~70 bytes) and 8 characters of at most 12 bytes
+        # each (a JSON surrogate-pair escape) fit, whatever is sampled
+        max_tokens=200,
         seed=2,
     )
     (call,) = r.choices[0].message.tool_calls
-    assert call.function.name == "search" and isinstance(json.loads(call.function.arguments)["query"], str)
+    query = json.loads(call.function.arguments)["query"]
+    assert call.function.name == "search" and isinstance(query, str) and len(query) <= 8
 
 
 @pytest.mark.parametrize("front", FRONTS)
