@@ -52,7 +52,9 @@ smollm: install
 ## pytest workers, a test file to a worker (docs/tests.md: how long it takes); `pytest` alone skips the slow ones.
 TEST_JOBS ?= 2
 test: export PYTEST_ADDOPTS := -m "not vllm and not bench and not heavy"
-test: install verifiers system-deps
+test:
+	@# the two venvs and the system packages at once (each install is one process; CI has 2 cores)
+	@$(MAKE) --no-print-directory -j3 install verifiers system-deps
 	.venv/bin/ruff check .
 	$(MAKE) docs
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile

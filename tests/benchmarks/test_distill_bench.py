@@ -81,6 +81,7 @@ def test_the_cells_beside_the_goals_pair_by_seed_too():
 
 
 @pytest.mark.slow  # two `agent-rl train` processes: ~1.5 min on the loaded 2-core machine, not the 60 s of a smoke test
+@pytest.mark.heavy  # a benchmark end to end: make test-heavy (make test's 30-minute budget)
 def test_quick_run_writes_its_results_and_names_the_cells_it_ran(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--quick", "--work", str(tmp_path / "w"),

@@ -1,4 +1,4 @@
-"""benchmarks/moe_replay.py --quick end to end (make test-slow): every stage runs, every cell is written, and a
+"""benchmarks/moe_replay.py --quick end to end (make test-heavy): every stage runs, every cell is written, and a
 second run finds them all done (resumable) and writes the same figures."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a benchmark end to end (~1.8 min): make test-heavy (make test's 30-minute budget)
 def test_quick_run_writes_every_cell_and_resumes(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "moe_replay.py"), "--quick", "--work", str(tmp_path)]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)
