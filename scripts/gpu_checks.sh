@@ -4,16 +4,22 @@
 #
 #   bash scripts/gpu_checks.sh [OUTDIR]          # OUTDIR: default $OUT (the device tool's), else gpu_checks_out
 #
-# 1. the learners' tests with CUDA available (tests/learners, tests/megatron, tests/vcpo, 8 pytest workers):
-#    OUTDIR/pytest_cuda.txt; 2. benchmarks/gpu_profile.py (where the torch learner's step goes against the
-#    anchor's): OUTDIR/gpu_profile.{json,md}; 3. benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's
-#    graphs held vs a forward without gradients first, 0.5B shape, 2 x 32768, bf16): OUTDIR/proxy_hold.{json,md}.
-#    Each part has its own time limit (PYTEST_S, PROFILE_S, HOLD_S), so
-#    one that hangs does not cost the other. pytest runs verbose: every result is in the file as it lands, so
-#    a run cut at its limit (xdist may lose the summary then) still says which tests failed.
-#    PARTS="pytest profile hold" (default all three) picks the parts; WORKERS (default 12) the pytest workers. Each file
-#    stays on one worker (--dist loadfile): a module fixture (the MoE records: 7 spawned rank groups) is built once,
-#    not once per worker (on 2026-11-27 that ran past the per-test limit on 14 workers).
+# Parts, run in the order PARTS names them (default "pytest profile hold"; "learners" too when asked):
+#   pytest    the learners' tests with CUDA available (PYTEST_PATHS, default tests/learners tests/megatron
+#             tests/vcpo; WORKERS pytest workers, default 12): OUTDIR/pytest_cuda.txt
+#   profile   benchmarks/gpu_profile.py (where the torch learner's step goes against the anchor's):
+#             OUTDIR/gpu_profile.{json,md}
+#   hold      benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's graphs held vs a forward without
+#             gradients first, 0.5B shape, 2 x 32768, bf16; HOLD_ROUNDS rounds, default 2):
+#             OUTDIR/proxy_hold.{json,md}
+#   learners  benchmarks/gpu_learners.py inside LEARNERS_S seconds (its own budget; the cells it has no time
+#             for are recorded as not run): OUTDIR/gpu_learners.{json,md}
+# Each part has its own time limit (PYTEST_S, PROFILE_S, HOLD_S, LEARNERS_S), so one that hangs does not cost
+# the others; the device tool's limit is 600 s a command, so pick limits that sum below it. pytest runs
+# verbose: every result is in the file as it lands, so a run cut at its limit (xdist may lose the summary then)
+# still says which tests failed; put it last when its limit may cut it. Each test file stays on one worker
+# (--dist loadfile): a module fixture (the MoE records: 7 spawned rank groups) is built once, not once per
+# worker (on 2026-11-27 that ran past the per-test limit on 14 workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu_checks_out}}
@@ -21,32 +27,54 @@ mkdir -p "$OUTDIR"
 PYTEST_S=${PYTEST_S:-300}
 PROFILE_S=${PROFILE_S:-150}
 HOLD_S=${HOLD_S:-150}
+LEARNERS_S=${LEARNERS_S:-330}
+HOLD_ROUNDS=${HOLD_ROUNDS:-2}
 PARTS=${PARTS:-pytest profile hold}
 WORKERS=${WORKERS:-12}
+PYTEST_PATHS=${PYTEST_PATHS:-tests/learners tests/megatron tests/vcpo}
+for part in $PARTS; do  # a misspelt part is refused before anything is installed or run
+  case $part in pytest | profile | hold | learners) ;; *)
+    echo "PARTS: unknown part '$part' (pytest, profile, hold, learners)"; exit 2 ;; esac
+done
 pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$OUTDIR/install.txt" 2>&1 || {
   echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): $OUTDIR/install.txt"; exit 2; }
 export PYTHONPATH=/tmp/site:. OMP_NUM_THREADS=2
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUTDIR/device.txt" 2>&1
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >>"$OUTDIR/device.txt" 2>&1
-if [[ " $PARTS " == *" pytest "* ]]; then
-  echo "[$(date +%T)] pytest, $WORKERS workers (limit ${PYTEST_S} s)"
-  timeout -s INT "$PYTEST_S" python -m pytest -n "$WORKERS" tests/learners tests/megatron tests/vcpo \
+run_pytest() {
+  echo "[$(date +%T)] pytest, $WORKERS workers (limit ${PYTEST_S} s): $PYTEST_PATHS"
+  # shellcheck disable=SC2086  # PYTEST_PATHS is a list of paths
+  timeout -s INT "$PYTEST_S" python -m pytest -n "$WORKERS" $PYTEST_PATHS \
     -m "not slow and not vllm and not bench and not heavy" --dist loadfile --timeout 240 --tb=short -rfE -v \
     -p no:cacheprovider -p no:benchmark >"$OUTDIR/pytest_cuda.txt" 2>&1
-  echo "[$(date +%T)] pytest rc=$? $(tail -1 "$OUTDIR/pytest_cuda.txt")"
+  rc=$?
+  echo "[$(date +%T)] pytest rc=$rc $(tail -1 "$OUTDIR/pytest_cuda.txt")"
   grep -E "(FAILED|ERROR) tests/" "$OUTDIR/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
-fi
-if [[ " $PARTS " == *" profile "* ]]; then
+}
+run_profile() {
   echo "[$(date +%T)] gpu_profile (limit ${PROFILE_S} s)"
   timeout "$PROFILE_S" python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR" >"$OUTDIR/gpu_profile.log" 2>&1
-  echo "[$(date +%T)] gpu_profile rc=$?"
+  rc=$?
+  echo "[$(date +%T)] gpu_profile rc=$rc"
   tail -3 "$OUTDIR/gpu_profile.log"
-fi
-if [[ " $PARTS " == *" hold "* ]]; then
-  echo "[$(date +%T)] proxy_hold (limit ${HOLD_S} s)"
+}
+run_hold() {
+  echo "[$(date +%T)] proxy_hold, $HOLD_ROUNDS rounds (limit ${HOLD_S} s)"
   timeout "$HOLD_S" python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
-    --length 32768 --rounds 2 --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
-  echo "[$(date +%T)] proxy_hold rc=$?"
+    --length 32768 --rounds "$HOLD_ROUNDS" --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
+  rc=$?
+  echo "[$(date +%T)] proxy_hold rc=$rc"
   tail -3 "$OUTDIR/proxy_hold.log"
-fi
+}
+run_learners() {
+  # the benchmark's own budget ends it inside the limit; the limit's 60 s more are for its model build and
+  # report, and the kill only for a hang (its partial file keeps the cells measured)
+  echo "[$(date +%T)] gpu_learners (budget ${LEARNERS_S} s)"
+  timeout "$((LEARNERS_S + 60))" python benchmarks/gpu_learners.py --budget-s "$LEARNERS_S" --commit "$COMMIT" \
+    --out "$OUTDIR" >"$OUTDIR/gpu_learners.log" 2>&1
+  rc=$?
+  echo "[$(date +%T)] gpu_learners rc=$rc"
+  tail -3 "$OUTDIR/gpu_learners.log"
+}
+for part in $PARTS; do "run_$part"; done
