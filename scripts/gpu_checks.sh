@@ -6,7 +6,8 @@
 #
 # Parts, run in the order PARTS names them (default "pytest profile hold"; "learners" too when asked):
 #   pytest    the learners' tests with CUDA available (PYTEST_PATHS, default tests/learners tests/megatron
-#             tests/vcpo; WORKERS pytest workers, default 12): OUTDIR/pytest_cuda.txt
+#             tests/vcpo; WORKERS pytest workers, default 12, but a file runs whole on one worker, so no more
+#             workers work than there are files): pytest_cuda.txt in OUTDIR/logs.tar.gz
 #   profile   benchmarks/gpu_profile.py (where the torch learner's step goes against the anchor's):
 #             OUTDIR/gpu_profile.{json,md}
 #   hold      benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's graphs held vs a forward without
@@ -24,6 +25,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu_checks_out}}
 mkdir -p "$OUTDIR"
+# The logs (install, device, pytest, each benchmark's output) go to one tarball, OUTDIR/logs.tar.gz, packed
+# again after every part: the device tool brings back at most 8 files, and a run cut at its limit keeps the
+# logs of the parts that ended.
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+pack() { tar -czf "$OUTDIR/logs.tar.gz" -C "$LOGS" .; }
 PYTEST_S=${PYTEST_S:-300}
 PROFILE_S=${PROFILE_S:-150}
 HOLD_S=${HOLD_S:-150}
@@ -36,45 +43,46 @@ for part in $PARTS; do  # a misspelt part is refused before anything is installe
   case $part in pytest | profile | hold | learners) ;; *)
     echo "PARTS: unknown part '$part' (pytest, profile, hold, learners)"; exit 2 ;; esac
 done
-pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$OUTDIR/install.txt" 2>&1 || {
-  echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): $OUTDIR/install.txt"; exit 2; }
+pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$LOGS/install.txt" 2>&1 || {
+  pack; echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): install.txt in $OUTDIR/logs.tar.gz"; exit 2; }
 export PYTHONPATH=/tmp/site:. OMP_NUM_THREADS=2
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUTDIR/device.txt" 2>&1
-python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >>"$OUTDIR/device.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$LOGS/device.txt" 2>&1
+python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >>"$LOGS/device.txt" 2>&1
 run_pytest() {
   echo "[$(date +%T)] pytest, $WORKERS workers (limit ${PYTEST_S} s): $PYTEST_PATHS"
   # shellcheck disable=SC2086  # PYTEST_PATHS is a list of paths
   timeout -s INT "$PYTEST_S" python -m pytest -n "$WORKERS" $PYTEST_PATHS \
     -m "not slow and not vllm and not bench and not heavy" --dist loadfile --timeout 240 --tb=short -rfE -v \
-    -p no:cacheprovider -p no:benchmark >"$OUTDIR/pytest_cuda.txt" 2>&1
+    -p no:cacheprovider -p no:benchmark >"$LOGS/pytest_cuda.txt" 2>&1
   rc=$?
-  echo "[$(date +%T)] pytest rc=$rc $(tail -1 "$OUTDIR/pytest_cuda.txt")"
-  grep -E "(FAILED|ERROR) tests/" "$OUTDIR/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
+  echo "[$(date +%T)] pytest rc=$rc $(tail -1 "$LOGS/pytest_cuda.txt")"
+  grep -E "(FAILED|ERROR) tests/" "$LOGS/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
 }
 run_profile() {
   echo "[$(date +%T)] gpu_profile (limit ${PROFILE_S} s)"
-  timeout "$PROFILE_S" python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR" >"$OUTDIR/gpu_profile.log" 2>&1
+  timeout "$PROFILE_S" python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR" >"$LOGS/gpu_profile.log" 2>&1
   rc=$?
   echo "[$(date +%T)] gpu_profile rc=$rc"
-  tail -3 "$OUTDIR/gpu_profile.log"
+  tail -3 "$LOGS/gpu_profile.log"
 }
 run_hold() {
   echo "[$(date +%T)] proxy_hold, $HOLD_ROUNDS rounds (limit ${HOLD_S} s)"
   timeout "$HOLD_S" python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
-    --length 32768 --rounds "$HOLD_ROUNDS" --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$OUTDIR/proxy_hold.log" 2>&1
+    --length 32768 --rounds "$HOLD_ROUNDS" --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$LOGS/proxy_hold.log" 2>&1
   rc=$?
   echo "[$(date +%T)] proxy_hold rc=$rc"
-  tail -3 "$OUTDIR/proxy_hold.log"
+  tail -3 "$LOGS/proxy_hold.log"
 }
 run_learners() {
   # the benchmark's own budget ends it inside the limit; the limit's 60 s more are for its model build and
   # report, and the kill only for a hang (its partial file keeps the cells measured)
   echo "[$(date +%T)] gpu_learners (budget ${LEARNERS_S} s)"
   timeout "$((LEARNERS_S + 60))" python benchmarks/gpu_learners.py --budget-s "$LEARNERS_S" --commit "$COMMIT" \
-    --out "$OUTDIR" >"$OUTDIR/gpu_learners.log" 2>&1
+    --out "$OUTDIR" >"$LOGS/gpu_learners.log" 2>&1
   rc=$?
   echo "[$(date +%T)] gpu_learners rc=$rc"
-  tail -3 "$OUTDIR/gpu_learners.log"
+  tail -3 "$LOGS/gpu_learners.log"
 }
-for part in $PARTS; do "run_$part"; done
+pack
+for part in $PARTS; do "run_$part"; pack; done

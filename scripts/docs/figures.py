@@ -443,8 +443,13 @@ def reliability_faults() -> str:
 # -- both learners on one GPU (benchmarks/results/gpu_learners.json) -------------------------------------------
 
 
-def _gpu_cells() -> tuple[dict, dict[str, dict]]:
-    r = load("gpu_learners.json")
+# The run before the newest one, kept whole: the newest ran fewer cells inside its budget, and the pages compare
+# the two (the code between them: fused AdamW, the held proxy group, exact OPOB's multi-tensor bookkeeping).
+PREVIOUS_GPU_RUN = "gpu_learners_2026-11-27.json"
+
+
+def _gpu_cells(name: str = "gpu_learners.json") -> tuple[dict, dict[str, dict]]:
+    r = load(name)
     return r["meta"], {c["name"]: c for c in r["cells"] if c["status"] == "ok"}
 
 
@@ -494,9 +499,14 @@ def gpu_learners_line(docs: str = "docs/") -> str:
     meta, cells = _gpu_cells()
     vs = _gpu_pairs(cells, _proxy, _anchor)
     short, long = (
-        [x for b, x in vs if "32768" not in b and "131072" not in b],
-        [x for b, x in vs if "32768" in b or "131072" in b],
+        [(b, x) for b, x in vs if "32768" not in b and "131072" not in b],
+        [(b, x) for b, x in vs if "32768" in b or "131072" in b],
     )
+
+    def lengths(pairs: list[tuple[str, float]]) -> str:  # "4k-8k" from the batches that ran
+        ks = sorted({int(b.split(" x ")[1].split()[0]) // 1024 for b, _ in pairs})
+        return f"{ks[0]}k" if len(ks) == 1 else f"{ks[0]}k-{ks[-1]}k"
+
     meg = cells.get(_megatron(2, 131072, True))
     anchor = cells.get(_anchor(2, 131072, True))
     tail = (
@@ -506,8 +516,9 @@ def gpu_learners_line(docs: str = "docs/") -> str:
         else ""
     )
     return (
-        f"Both learners on one {meta['device']} ({meta['date'][:10]}): the torch learner {_span(short)} the tokens/s "
-        f"of transformers + Liger at 4k-8k tokens per trajectory, {_span(long)} at 32k-128k{tail} "
+        f"Both learners on one {meta['device']} ({meta['date'][:10]}): the torch learner {_span([x for _, x in short])} "
+        f"the tokens/s of transformers + Liger at {lengths(short)} tokens per trajectory, "
+        f"{_span([x for _, x in long])} at {lengths(long)}{tail} "
         f"([learners on a GPU]({docs}benchmarks/gpu-learners.md))."
     )
 
@@ -570,7 +581,13 @@ def gpu_learners_goals(docs: str = "") -> str:
 def gpu_learners_table(docs: str = "") -> str:
     """Tokens/s (ratio to the anchor) and peak memory of each learner at the batches users pick between."""
     meta, cells = _gpu_cells()
+    before, earlier = _gpu_cells(PREVIOUS_GPU_RUN)
     planned = {c["name"] for c in load("gpu_learners.json")["cells"]}
+
+    def figure(x: dict, a: dict | None) -> str:
+        ratio = f" ({x['tokens_per_s'] / a['tokens_per_s']:.2f}x)" if a and x is not a else ""
+        return f"{x['tokens_per_s'] / 1e3:.1f}k tok/s{ratio}, {x['peak_gib']:.1f} GiB"
+
     cols = [(8, 4096, False), (8, 4096, True), (4, 8192, True), (2, 32768, True), (2, 131072, True)]
     rows = [
         ("anchor", _anchor), ("torch, proxy OPOB", _proxy), ("torch, exact OPOB", _exact),
@@ -585,12 +602,43 @@ def gpu_learners_table(docs: str = "") -> str:
         out = []
         for r, n, c in cols:
             x, a = cells.get(name(r, n, c)), cells.get(_anchor(r, n, c))
-            if x is None:
-                out.append("not run (time)" if name(r, n, c) in planned else "")
+            if x is not None:
+                out.append(figure(x, a))
                 continue
-            ratio = f" ({x['tokens_per_s'] / a['tokens_per_s']:.2f}x)" if a and x is not a else ""
-            out.append(f"{x['tokens_per_s'] / 1e3:.1f}k tok/s{ratio}, {x['peak_gib']:.1f} GiB")
+            old, old_a = earlier.get(name(r, n, c)), earlier.get(_anchor(r, n, c))
+            gone = "not run (time)" if name(r, n, c) in planned else ""
+            out.append(f"{gone}; {before['date'][:10]}: {figure(old, old_a)}" if old else gone)
         lines.append(f"| {label} | " + " | ".join(out) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_learners_since(docs: str = "") -> str:
+    """The newest GPU run against the one before it, cell by cell where both ran."""
+    meta, cells = _gpu_cells()
+    before, earlier = _gpu_cells(PREVIOUS_GPU_RUN)
+
+    def vs_anchor(run: dict[str, dict], name: str) -> str:
+        c = run[name]
+        a = run.get(_anchor(c["rows"], c["length"], c["recompute"]))
+        return f" ({c['tokens_per_s'] / a['tokens_per_s']:.2f}x)" if a and a is not c else ""
+
+    lines = [
+        f"{before['date'][:10]} (commit {before['commit']}) against {meta['date'][:10]} (commit {meta['commit']}), "
+        f"both on one {meta['device']}; tokens/s (its ratio to the anchor of the same run) and peak memory, "
+        "for every cell both runs measured.",
+        "",
+        f"| cell | {before['date'][:10]} | {meta['date'][:10]} | tokens/s, newest / before | peak GiB, before -> newest |",
+        "|---|---|---|---|---|",
+    ]
+    for name, c in cells.items():
+        if name not in earlier:
+            continue
+        o = earlier[name]
+        lines.append(
+            f"| {name} | {o['tokens_per_s'] / 1e3:.1f}k{vs_anchor(earlier, name)} | "
+            f"{c['tokens_per_s'] / 1e3:.1f}k{vs_anchor(cells, name)} | {c['tokens_per_s'] / o['tokens_per_s']:.2f}x | "
+            f"{o['peak_gib']:.1f} -> {c['peak_gib']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -606,4 +654,5 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "gpu_learners_line": lambda docs: gpu_learners_line(docs),
     "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),
     "gpu_learners_table": lambda docs: gpu_learners_table(docs),
+    "gpu_learners_since": lambda docs: gpu_learners_since(docs),
 }
