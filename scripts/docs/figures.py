@@ -606,8 +606,8 @@ def gpu_learners_table(docs: str = "") -> str:
                 out.append(figure(x, a))
                 continue
             old, old_a = earlier.get(name(r, n, c)), earlier.get(_anchor(r, n, c))
-            gone = "not run (time)" if name(r, n, c) in planned else ""
-            out.append(f"{gone}; {before['date'][:10]}: {figure(old, old_a)}" if old else gone)
+            gone = ["not run (time)"] if name(r, n, c) in planned else []
+            out.append("; ".join(gone + ([f"{before['date'][:10]}: {figure(old, old_a)}"] if old else [])))
         lines.append(f"| {label} | " + " | ".join(out) + " |")
     return "\n".join(lines) + "\n"
 
