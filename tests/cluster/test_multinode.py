@@ -55,7 +55,16 @@ def train(
             "--address",
             cluster.address,
         ]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_stops
+    )
+
+
+def _ctrl_c_stops() -> None:
+    """The run starts with SIGINT at its default, so that Python turns the test's Ctrl-C into KeyboardInterrupt:
+    a pytest started in the background by a script (`make test-heavy &`) inherits SIGINT ignored, and so would
+    the run, which then trained on past the test's Ctrl-C to its 600 s limit (seen 2026-11-28)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def post_status(url: str, body: dict) -> int:
