@@ -74,9 +74,10 @@ test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow
 
 ## The heaviest slow tests, which make test leaves out (async_vs_sync --quick end to end, SmolLM2, multi-node
-## recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either.
+## recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either; in TEST_JOBS workers as
+## make test (docs/tests.md: 15.3 min of pytest in two, 19.4 in one).
 test-heavy: install system-deps smollm
-	$(PY) -m pytest -q -m heavy
+	$(PY) -m pytest -q -m heavy -n $(TEST_JOBS) --dist loadfile
 
 ## The suite under 1 and 2 torch threads and ATEN_CPU_CAPABILITY=default, avx2, avx512 (where the CPU has them):
 ## tolerances that hold on any CPU (scripts/test_cpus.sh; one pass of the suite each). A part: ARGS="tests/vcpo".
