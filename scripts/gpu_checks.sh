@@ -49,40 +49,39 @@ export PYTHONPATH=/tmp/site:. OMP_NUM_THREADS=2
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$LOGS/device.txt" 2>&1
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >>"$LOGS/device.txt" 2>&1
+# limited NAME SECONDS SIGNAL LOG CMD...: one part under its time limit (SIGNAL sent at it), its output in
+# $LOGS/LOG; then its exit status and the log's last lines
+limited() {
+  local name=$1 limit=$2 sig=$3 log=$4
+  shift 4
+  timeout -s "$sig" "$limit" "$@" >"$LOGS/$log" 2>&1
+  local rc=$?
+  echo "[$(date +%T)] $name rc=$rc"
+  tail -3 "$LOGS/$log"
+}
 run_pytest() {
   echo "[$(date +%T)] pytest, $WORKERS workers (limit ${PYTEST_S} s): $PYTEST_PATHS"
   # shellcheck disable=SC2086  # PYTEST_PATHS is a list of paths
-  timeout -s INT "$PYTEST_S" python -m pytest -n "$WORKERS" $PYTEST_PATHS \
+  limited pytest "$PYTEST_S" INT pytest_cuda.txt python -m pytest -n "$WORKERS" $PYTEST_PATHS \
     -m "not slow and not vllm and not bench and not heavy" --dist loadfile --timeout 240 --tb=short -rfE -v \
-    -p no:cacheprovider -p no:benchmark >"$LOGS/pytest_cuda.txt" 2>&1
-  rc=$?
-  echo "[$(date +%T)] pytest rc=$rc $(tail -1 "$LOGS/pytest_cuda.txt")"
+    -p no:cacheprovider -p no:benchmark
   grep -E "(FAILED|ERROR) tests/" "$LOGS/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
 }
 run_profile() {
   echo "[$(date +%T)] gpu_profile (limit ${PROFILE_S} s)"
-  timeout "$PROFILE_S" python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR" >"$LOGS/gpu_profile.log" 2>&1
-  rc=$?
-  echo "[$(date +%T)] gpu_profile rc=$rc"
-  tail -3 "$LOGS/gpu_profile.log"
+  limited gpu_profile "$PROFILE_S" TERM gpu_profile.log python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR"
 }
 run_hold() {
   echo "[$(date +%T)] proxy_hold, $HOLD_ROUNDS rounds (limit ${HOLD_S} s)"
-  timeout "$HOLD_S" python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
-    --length 32768 --rounds "$HOLD_ROUNDS" --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold" >"$LOGS/proxy_hold.log" 2>&1
-  rc=$?
-  echo "[$(date +%T)] proxy_hold rc=$rc"
-  tail -3 "$LOGS/proxy_hold.log"
+  limited proxy_hold "$HOLD_S" TERM proxy_hold.log python benchmarks/proxy_hold.py --shape qwen2.5-0.5b --device cuda \
+    --dtype bfloat16 --length 32768 --rounds "$HOLD_ROUNDS" --repeats 2 --commit "$COMMIT" --out "$OUTDIR/proxy_hold"
 }
 run_learners() {
   # the benchmark's own budget ends it inside the limit; the limit's 60 s more are for its model build and
   # report, and the kill only for a hang (its partial file keeps the cells measured)
   echo "[$(date +%T)] gpu_learners (budget ${LEARNERS_S} s)"
-  timeout "$((LEARNERS_S + 60))" python benchmarks/gpu_learners.py --budget-s "$LEARNERS_S" --commit "$COMMIT" \
-    --out "$OUTDIR" >"$LOGS/gpu_learners.log" 2>&1
-  rc=$?
-  echo "[$(date +%T)] gpu_learners rc=$rc"
-  tail -3 "$LOGS/gpu_learners.log"
+  limited gpu_learners "$((LEARNERS_S + 60))" TERM gpu_learners.log python benchmarks/gpu_learners.py \
+    --budget-s "$LEARNERS_S" --commit "$COMMIT" --out "$OUTDIR"
 }
 pack
 for part in $PARTS; do "run_$part"; pack; done
