@@ -8,11 +8,17 @@ bug and keeps its traceback (exit 1); `--debug` keeps the traceback for every er
 from __future__ import annotations
 
 import errno
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
+from functools import partial
+from types import FrameType
 
 EXIT_USER = 2  # the user can fix it (same code as argparse's usage errors)
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: what a shell reports for a process SIGTERM ended
 
 # Optional packages -> the command that installs them (ModuleNotFoundError.name is the top-level import).
 INSTALL_HINTS: dict[str, str] = {
@@ -32,6 +38,24 @@ INSTALL_HINTS: dict[str, str] = {
 
 class UserError(Exception):
     """A mistake the user can fix; the message is one line that names the value and says what to do."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM stopped the command: it unwinds as Ctrl-C does (everything started is closed); the message says
+    what was kept and how to continue (`agent_rl.preemption`: training stops at a step boundary with a checkpoint)."""
+
+
+def die_if_forked(signum: int, pid: int) -> None:
+    """In a child forked (without exec) from process `pid` with its Python signal handler: die of the signal as
+    its default action would, instead of running the parent's handler."""
+    if os.getpid() != pid:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _raise_terminated(pid: int, signum: int, _frame: FrameType | None) -> None:
+    die_if_forked(signum, pid)
+    raise Terminated()
 
 
 def user_message(exc: BaseException) -> str | None:
@@ -62,9 +86,17 @@ def user_message(exc: BaseException) -> str | None:
 
 
 def run(func: Callable[[], int], *, debug: bool = False) -> int:
-    """Call a subcommand; the project's own errors become one line on stderr and EXIT_USER."""
+    """Call a subcommand; the project's own errors become one line on stderr and EXIT_USER. SIGTERM unwinds
+    like Ctrl-C (one line, EXIT_TERMINATED) unless the command installs its own handler (servers, training)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, partial(_raise_terminated, os.getpid())) if main else None
     try:
         return func()
+    except Terminated as exc:
+        if debug:
+            raise
+        print(f"agent-rl: {str(exc) or 'terminated (SIGTERM)'}", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         if debug:
             raise
@@ -77,3 +109,6 @@ def run(func: Callable[[], int], *, debug: bool = False) -> int:
         for line in msg.splitlines() or [type(exc).__name__]:
             print(f"agent-rl: {line}", file=sys.stderr)
         return EXIT_USER
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -15,8 +15,10 @@ from pathlib import Path
 import envs
 from agent_rl import auth, checkpoint, evaluate, placement, rundir
 from agent_rl.config import Recipe
+from agent_rl.errors import Terminated
 from agent_rl.metrics import RunWriter, log_batch, mean_reward, progress_fields
 from agent_rl.monitor import LoopMonitor
+from agent_rl.preemption import StopOnSigterm
 from agent_rl.runtime import Runtime
 from agent_rl.viewer.log import TrajectoryLog
 
@@ -30,6 +32,7 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
     if resuming:
         rundir.warn_on_differences(run_dir, recipe)
     rundir.announce(run_dir, recipe, resuming)
+    stopped_at = None  # the step after which a SIGTERM stopped the run
     access = auth.run_access(run_dir, external_agents=envs.load(recipe.envs.train).external is not None)
     with access, Runtime(recipe, address=address, with_learner=True) as rt, ExitStack() as cleanup:
         learner = rt.learner
@@ -47,6 +50,7 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
         bar = cleanup.enter_context(
             tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
         )
+        sigterm = cleanup.enter_context(StopOnSigterm())  # SIGTERM: stop after this step, with a checkpoint
         for step in bar:
             t0 = time.monotonic()
             batch = rt.take()
@@ -73,17 +77,25 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             log_batch(run_dir, step, batch)
             bar.set_postfix(progress_fields(metrics))
             every = recipe.checkpoint.every or recipe.train.steps
-            if response.stop or (step + 1) % every == 0 or step + 1 == recipe.train.steps:
+            halt = response.stop or sigterm.requested
+            if halt or (step + 1) % every == 0 or step + 1 == recipe.train.steps:
                 checkpoint.save(
                     run_dir, learner, rt.snapshot(step + 1), model_dir=Path(recipe.model.path),
                     keep=recipe.checkpoint.keep, tokenizer=rt.tokenizer,  # the export carries the run's tokenizer
                 )  # fmt: skip
             if response.stop:
                 print(f"{recipe.name}: {response.message}", file=sys.stderr, flush=True)
+            if halt:
+                stopped_at = step + 1 if sigterm.requested else None
                 break
             if response.rollback:  # restored weights and optimizer, lower lr, published as a new version
                 monitor.rollback(run_dir, learner, rt.publisher, response.warning)
                 rt.publish(learner)
+    if stopped_at is not None and stopped_at < recipe.train.steps:
+        raise Terminated(
+            f"stopped by SIGTERM after step {stopped_at} of {recipe.train.steps}, its checkpoint saved: "
+            f"continue with agent-rl train --resume {run_dir}"
+        )
     return run_dir
 
 

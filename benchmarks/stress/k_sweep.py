@@ -71,6 +71,7 @@ EVAL_EVERY = 10
 PREFIX = "ksweep"
 NAME = re.compile(rf"{PREFIX}_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
 PARTS = ("calibrate", "select", "heldout")
+STOP_WAIT_S = 60  # a stopped sweep waits this long for a run's Ctrl-C unwinding, then SIGKILLs it
 
 
 @dataclass(frozen=True)
@@ -386,19 +387,33 @@ def _train(cmd: list[str], log) -> int:
 
 
 def stop_with_the_sweep() -> None:
-    """On SIGTERM (`kill`), stop the runs training now and exit: left running, a run would go on writing the run
-    dir that the next `run` clears to train it again. (Ctrl-C reaches them already: they share its process group.)"""
+    """On SIGTERM (`kill`), stop the runs training now and exit once they are gone: left running, a run would go on
+    writing the run dir that the next `run` clears to train it again. They get Ctrl-C's SIGINT (which reaches them
+    from a terminal already: they share its process group), not SIGTERM: `agent-rl train` would finish its step
+    and checkpoint it, and the sweep trains an unfinished run again from its start."""
 
     def stop(signum: int, _frame) -> None:
         with _TRAINING_LOCK:
             _STOPPING.set()
-            for proc in _TRAINING:
-                proc.terminate()
+            training = list(_TRAINING)
+        for proc in training:
+            proc.send_signal(signal.SIGINT)
+        for proc in training:
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                print(
+                    f"k_sweep: pid {proc.pid} did not stop on SIGINT in {STOP_WAIT_S} s: SIGKILL", flush=True
+                )
+                proc.kill()
         raise SystemExit(
             f"k_sweep: stopped by signal {signum}; its unfinished runs start again with the next `run`"
         )
 
     signal.signal(signal.SIGTERM, stop)
+    # A sweep started in the background (`nohup ... &` from a script) inherits SIGINT ignored, and so would its
+    # runs (an ignored signal stays ignored across exec): caught here, it is default again in each run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)

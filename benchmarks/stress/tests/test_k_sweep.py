@@ -403,7 +403,10 @@ def _children(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
-def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint: str) -> None:
+    """The runs stop on the SIGINT the sweep sends them, also when the sweep was started with SIGINT ignored
+    (`nohup ... &` from a script), which its runs would inherit."""
     warm = _warm_dir(tmp_path / "warm", 0.12, b"weights")
     # the training command stands in for `agent-rl train` (minutes per run): a process that trains until stopped
     script = (
@@ -412,8 +415,9 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path) -> Non
         f"ks.main(['run', 'select', '--methods', 'vcpo', '--jobs', '2', '--runs', {str(tmp_path / 'runs')!r}, "
         f"'--out', {str(tmp_path / 'out.json')!r}, '--warm', {str(warm)!r}])\n"
     )
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
     sweep = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                             stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)  # fmt: skip
     training: set[int] = set()
     try:
         assert [sweep.stdout.readline().split()[0] for _ in range(2)] == ["start", "start"]
@@ -429,6 +433,7 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path) -> Non
         for pid in alive:  # left by a sweep that did not stop them: no stray process after the test
             os.kill(pid, signal.SIGKILL)
     assert sweep.returncode != 0 and "k_sweep: stopped by signal 15" in out
+    assert "did not stop on SIGINT" not in out, out
     assert not alive, "a run went on training after the sweep was killed"
 
 

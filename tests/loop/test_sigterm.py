@@ -1,0 +1,105 @@
+"""SIGTERM to a real `agent-rl train` (a scheduler's time limit or preemption): the step in progress finishes and is
+checkpointed, the run exits 143 with one line that says how to continue, nothing it started is left running, and
+`--resume` continues from that step with every step logged once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from loop_paths import DENSE_ENV, HERE, ROOT
+
+STEPS = 40  # far more than the run gets to before the signal: it must stop early
+
+
+def _cmd(tiny_model_dir: Path, run_dir: Path, steps: int, resume: bool = False) -> list[str]:
+    args = [
+        "train", str(ROOT / "recipes" / "tiny_tir_smoke.yaml"),
+        "--set", f"model.path={tiny_model_dir}",
+        "--set", f"logging.run_dir={run_dir}",
+        "--set", f"envs.train={DENSE_ENV}",
+        "--set", f"train.steps={steps}",
+        "--set", "checkpoint.every=0",  # no periodic checkpoint: only the stop's own can be there
+    ] + (["--resume", str(run_dir)] if resume else [])  # fmt: skip
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); from agent_rl.cli import main; sys.exit(main({args!r}))"
+    return [sys.executable, "-c", code]
+
+
+def _steps_logged(run_dir: Path) -> list[int]:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return []
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.endswith("}")]
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and its living descendants, from /proc (parent pid: field 4 of /proc/PID/stat; zombies left out)."""
+    parents: dict[int, tuple[int, str]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(d.name)] = (int(fields[1]), fields[0])
+    tree = [root]
+    for pid in tree:
+        tree += [c for c, (p, state) in parents.items() if p == pid and state != "Z"]
+    return set(tree)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
+def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues_from_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    run_dir, err_file = tmp_path / "run", tmp_path / "stderr.txt"
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(
+            _cmd(tiny_model_dir, run_dir, STEPS), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        deadline = time.monotonic() + 240  # bounds a hung test; no timing claim: we wait for two logged steps
+        while len(_steps_logged(run_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before the signal:\n{err_file.read_text()[-3000:]}"
+        started = _tree(proc.pid)  # trainer, engine, sandbox processes, rollout loop's helpers
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=240)
+    finally:
+        proc.kill()
+    stderr = err_file.read_text()
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("agent-rl:")]
+    logged = _steps_logged(run_dir)
+    stopped = len(logged)
+    assert code == 143, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert lines[-1] == (
+        f"agent-rl: stopped by SIGTERM after step {stopped} of {STEPS}, its checkpoint saved: "
+        f"continue with agent-rl train --resume {run_dir}"
+    )
+    assert 2 <= stopped < STEPS and logged == list(range(stopped)), "a step was lost or logged twice"
+    assert os.readlink(run_dir / "checkpoints" / "latest") == f"step_{stopped:06d}", "the stop's checkpoint"
+    left = {pid for pid in started if _alive(pid)}
+    assert not left, f"processes the run started are still running: {sorted(left)}"
+
+    resumed = subprocess.run(
+        _cmd(tiny_model_dir, run_dir, stopped + 2, resume=True), cwd=ROOT, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _steps_logged(run_dir) == list(range(stopped + 2)), "resume did not continue from the stop's step"
