@@ -63,6 +63,21 @@ def test_cross_field_rule_tp_needs_megatron(tmp_path):
         load_recipe(p)
 
 
+def test_proxy_hold_group_off_needs_the_torch_learner_under_recompute():
+    """learner.proxy_hold_group: false changes the torch learner's proxy OPOB under gradient checkpointing only;
+    set where nothing reads it, it is refused with the field to change."""
+    r = load_recipe(
+        DATA / "good.yaml", ["learner.gradient_checkpointing=true", "learner.proxy_hold_group=false"]
+    )
+    assert r.learner.proxy_hold_group is False
+    with pytest.raises(
+        ConfigError, match="proxy_hold_group: false is used only with gradient_checkpointing: true"
+    ):
+        load_recipe(DATA / "good.yaml", ["learner.proxy_hold_group=false"])
+    with pytest.raises(ConfigError, match="learner.proxy_hold_group configures the torch learner"):
+        load_recipe(DATA / "good.yaml", ["learner.backend=megatron", "learner.proxy_hold_group=false"])
+
+
 def test_megatron_refuses_proxy_opob_at_load_not_in_its_ranks():
     """Seen 2026-11-27: `--set learner.backend=megatron` on a proxy-OPOB recipe failed inside the learner's rank
     with a traceback; the recipe now says which field to change, before anything starts."""

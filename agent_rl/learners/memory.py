@@ -145,15 +145,23 @@ class Setup:
     micro_batch_tokens: int | None = None
     packed: bool = False  # megatron packs a micro-batch into one sequence: eager attention is [S_total]^2
     group_rows: int = 1  # trajectories per group: proxy OPOB under full recompute holds a group's graphs
+    hold_group: bool = True  # torch: learner.proxy_hold_group (false: a forward first, no group held)
     device: Literal["cpu", "cuda"] = "cpu"  # CUDA autocast runs softmax in fp32
 
     def rows_held(self, tokens: int) -> int:
         """Trajectories whose graphs are alive at once: the torch learner's proxy OPOB under full recompute keeps
         every micro-batch of a group until the group's baseline is known (vcpo StepConfig.proxy_hold_group)."""
         rows = self.rows_per_forward(tokens)
-        if self.backend == "torch" and self.opob == "proxy" and self.recompute == "full":
+        if self.holds_group:
             return max(rows, self.group_rows)
         return rows
+
+    @property
+    def holds_group(self) -> bool:
+        """Whether the torch learner keeps a group's graphs until its baseline is known (rows_held)."""
+        return (
+            self.backend == "torch" and self.opob == "proxy" and self.recompute == "full" and self.hold_group
+        )
 
     def rows_per_forward(self, tokens: int) -> int:
         """Trajectories of `tokens` tokens in one forward/backward pass (exact OPOB: one)."""
@@ -379,6 +387,7 @@ def setup_of(
         packed=lc.pack_sequences is not False,  # on by default for both learners
         device=device,
         group_rows=group_size,
+        hold_group=lc.proxy_hold_group,
     )
 
 
@@ -421,7 +430,7 @@ def check_recipe(recipe: Recipe, memory: DeviceMemory | None = None) -> str | No
     return (
         f"warning: learner memory: a step on one {longest}-token trajectory (engines.max_seq_len) needs about "
         f"{est.describe()}; {memory.name} has {memory.bytes / GiB:.1f} GiB, which fits about {fits} tokens. "
-        f"Lower engines.max_seq_len{_remedies(setup)}"
+        f"Lower engines.max_seq_len{_remedies(setup, longest)}"
     )
 
 
@@ -435,12 +444,14 @@ def _group_size(recipe: Recipe) -> int:
         return 1
 
 
-def _remedies(s: Setup) -> str:
+def _remedies(s: Setup, tokens: int) -> str:
     out = []
     if s.recompute == "none":
         out.append("set learner.gradient_checkpointing: true")
     if s.opob == "proxy" or s.opob == "none":
         out.append("lower learner.micro_batch_size / set learner.micro_batch_tokens")
+    if s.rows_held(tokens) > s.rows_per_forward(tokens):
+        out.append("set learner.proxy_hold_group: false")
     if s.compute_dtype == "float32":
         out.append("set learner.dtype: bfloat16")
     return (", or " + ", or ".join(out)) if out else ""

@@ -34,7 +34,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         micro_batch_size=lc.micro_batch_size,
         micro_batch_tokens=lc.micro_batch_tokens,
         # under recompute a held graph is only each layer's input: keep a group's graphs, skip a forward
-        proxy_hold_group=lc.gradient_checkpointing in (True, "full"),
+        proxy_hold_group=lc.gradient_checkpointing in (True, "full") and lc.proxy_hold_group,
         loss_kwargs=dict(ac.loss_kwargs),
         distill=None
         if (t := ac.teacher) is None

@@ -165,6 +165,8 @@ def test_a_proxy_group_held_under_recompute_is_counted_and_within_25_percent(tmp
         e: next(t.bytes for t in x.terms if t.name == "checkpoints") for e, x in (("held", est), ("one", one))
     }
     assert ckpt["held"] == GROUP * ckpt["one"]
+    unheld = dataclasses.replace(setup, hold_group=False)  # learner.proxy_hold_group: false
+    assert unheld.rows_held(length) == 1 and mm.step_memory(dims, unheld, length).total == one.total
     (res,) = measure([{"model_dir": str(model), "cell": _fields(cell)}], counter="tensors")
     peak = res["peak_bytes"]  # live tensor bytes, as above
     assert 0.75 <= est.total / peak <= 1.25, (est.total, peak)
@@ -234,6 +236,23 @@ def test_check_recipe_warns_with_the_numbers_and_what_to_change(small_model: Pat
     assert warning is not None and "65536-token trajectory (engines.max_seq_len)" in warning
     assert "learner.gradient_checkpointing: true" in warning and "learner.dtype: bfloat16" in warning
     assert mm.check_recipe(recipe, mm.DeviceMemory("cuda:0 (test)", need)) is None
+
+
+def test_check_recipe_offers_to_stop_holding_a_proxy_group_only_where_one_is_held(small_model: Path) -> None:
+    from agent_rl.config import Recipe
+
+    def warning(**learner) -> str:
+        recipe = Recipe.model_validate(_recipe(small_model, **learner).model_dump() | {
+            "algorithm": {"advantage": "opob", "opob_mode": "proxy"},
+            "envs": {"train": str(ROOT / "envs" / "tiny_arith.yaml")},  # groups of 8
+        })  # fmt: skip
+        return mm.check_recipe(recipe, mm.DeviceMemory("cuda:0 (test)", 1)) or ""
+
+    remedy = "set learner.proxy_hold_group: false"
+    # one trajectory per forward (micro_batch_tokens), groups of 8 held under recompute: the group is the cost
+    assert remedy in warning(gradient_checkpointing=True, micro_batch_tokens=1024)
+    assert remedy not in warning(gradient_checkpointing=True, micro_batch_tokens=1024, proxy_hold_group=False)
+    assert remedy not in warning(micro_batch_tokens=1024)  # no recompute: nothing held
 
 
 def test_train_dry_run_prints_the_memory_warning(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:

@@ -169,26 +169,31 @@ def test_proxy_group_held_under_checkpointing_gives_the_update_of_the_forward_on
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Proxy OPOB with one trajectory per micro-batch and groups of 2: under gradient checkpointing the learner
-    keeps both graphs of a group until its baseline is known (vcpo StepConfig.proxy_hold_group); without, it
-    runs a forward without gradients for the baseline first. The same update either way."""
+    keeps both graphs of a group until its baseline is known (vcpo StepConfig.proxy_hold_group); without, or
+    with learner.proxy_hold_group: false, it runs a forward without gradients for the baseline first. The same
+    update either way."""
     groups = make_groups(tiny_model_dir, n_groups=2, n=2, noise=0.05)
-    for name, ckpt in (("plain", False), ("held", True)):
+    runs = {"plain": (False, True), "held": (True, True), "unheld": (True, False)}  # (checkpointing, hold)
+    for name, (ckpt, hold) in runs.items():
         lrn = build(
             recipe_for(
                 tiny_model_dir,
-                learner={"micro_batch_size": 1, "gradient_checkpointing": ckpt},
+                learner={"micro_batch_size": 1, "gradient_checkpointing": ckpt}
+                | ({} if hold else {"proxy_hold_group": False}),
                 algorithm={"opob_mode": "proxy"},
             ).learner_spec
         )
-        assert lrn.local._step.cfg.proxy_hold_group is ckpt
+        assert lrn.local._step.cfg.proxy_hold_group is (ckpt and hold)
         lrn.step(groups)
         lrn.save(tmp_path / name)
-    plain, held = first_gradient(tmp_path / "plain"), first_gradient(tmp_path / "held")
+    plain = first_gradient(tmp_path / "plain")
     tokens = max(len(t) for g in groups for t in g.trajectories)
-    for k in plain:
-        # the baseline comes from log-probs of another forward (with or without autograd: on another machine
-        # possibly another kernel): each trajectory's log importance weight within sum_atol(tokens), which moves
-        # its weight, hence its share of the gradient, by that relative amount
-        scale = float(plain[k].abs().max())
-        assert scale > 0, k
-        torch.testing.assert_close(held[k], plain[k], rtol=0, atol=sum_atol(tokens) * scale)
+    for name in ("held", "unheld"):
+        other = first_gradient(tmp_path / name)
+        for k in plain:
+            # the baseline comes from log-probs of another forward (with or without autograd: on another machine
+            # possibly another kernel): each trajectory's log importance weight within sum_atol(tokens), which
+            # moves its weight, hence its share of the gradient, by that relative amount
+            scale = float(plain[k].abs().max())
+            assert scale > 0, k
+            torch.testing.assert_close(other[k], plain[k], rtol=0, atol=sum_atol(tokens) * scale, msg=name)
