@@ -18,7 +18,7 @@ from loop_paths import DENSE_ENV, HERE, ROOT
 STEPS = 40  # far more than the run gets to before the signal: it must stop early
 
 
-def _cmd(tiny_model_dir: Path, run_dir: Path, steps: int, resume: bool = False) -> list[str]:
+def _cmd(tiny_model_dir: Path, run_dir: Path, steps: int, ray: bool, resume: bool = False) -> list[str]:
     args = [
         "train", str(ROOT / "recipes" / "tiny_tir_smoke.yaml"),
         "--set", f"model.path={tiny_model_dir}",
@@ -26,7 +26,9 @@ def _cmd(tiny_model_dir: Path, run_dir: Path, steps: int, resume: bool = False) 
         "--set", f"envs.train={DENSE_ENV}",
         "--set", f"train.steps={steps}",
         "--set", "checkpoint.every=0",  # no periodic checkpoint: only the stop's own can be there
-    ] + (["--resume", str(run_dir)] if resume else [])  # fmt: skip
+    ]  # fmt: skip
+    args += ["--set", "placement.sandbox={cpus: 1}"] if ray else []  # the sandbox as a Ray actor: a local Ray
+    args += ["--resume", str(run_dir)] if resume else []
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); from agent_rl.cli import main; sys.exit(main({args!r}))"
     return [sys.executable, "-c", code]
 
@@ -64,13 +66,15 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
+@pytest.mark.parametrize("ray", [False, True], ids=["no-ray", "ray"])
 def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues_from_it(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, ray: bool
 ) -> None:
+    """With Ray (ray.init installs a SIGTERM handler of its own in the driver) and without."""
     run_dir, err_file = tmp_path / "run", tmp_path / "stderr.txt"
     with open(err_file, "w") as err:
         proc = subprocess.Popen(
-            _cmd(tiny_model_dir, run_dir, STEPS), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err
+            _cmd(tiny_model_dir, run_dir, STEPS, ray), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err
         )
     try:
         deadline = time.monotonic() + 240  # bounds a hung test; no timing claim: we wait for two logged steps
@@ -98,7 +102,7 @@ def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues
     assert not left, f"processes the run started are still running: {sorted(left)}"
 
     resumed = subprocess.run(
-        _cmd(tiny_model_dir, run_dir, stopped + 2, resume=True), cwd=ROOT, capture_output=True, text=True,
+        _cmd(tiny_model_dir, run_dir, stopped + 2, ray, resume=True), cwd=ROOT, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
