@@ -88,8 +88,10 @@ def user_message(exc: BaseException) -> str | None:
 def run(func: Callable[[], int], *, debug: bool = False) -> int:
     """Call a subcommand; the project's own errors become one line on stderr and EXIT_USER. SIGTERM unwinds
     like Ctrl-C (one line, EXIT_TERMINATED) unless the command installs its own handler (servers, training)."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, partial(_raise_terminated, os.getpid())) if main else None
+    previous = None  # the handler to put back (only the main thread can set one)
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, partial(_raise_terminated, os.getpid()))
+        previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
     try:
         return func()
     except Terminated as exc:

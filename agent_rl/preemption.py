@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from agent_rl.errors import Terminated, die_if_forked
 
@@ -33,17 +34,19 @@ class StopOnSigterm:
     def __init__(self) -> None:
         self.requested = False
         self._pid = os.getpid()
-        self._previous: signal.Handlers | object | None = None
+        self._installed = False
+        self._previous: Any = None
 
     def __enter__(self) -> StopOnSigterm:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
-            self._previous = None
+        if self._installed:  # None: a handler not set from Python, which cannot be put back; the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+            self._installed = False
 
     def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         die_if_forked(signum, self._pid)
