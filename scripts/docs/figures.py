@@ -173,7 +173,33 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
         lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]
+    if (RESULTS / "stress" / "k_sweep2.json").is_file():
+        lines += _second_k_sweep(load("stress/k_sweep2.json"))
     return "\n".join(lines)
+
+
+def _second_k_sweep(report: dict) -> list[str]:
+    """The second sweep's verdict at the lags it has measured (every method it has chosen an lr for, all held-out
+    seeds in), none while it has measured none."""
+    from benchmarks.stress.k_sweep_report import edge_lines, verdict_lines
+    from benchmarks.stress.level_b_fair import LABEL
+
+    lines = verdict_lines(report["summary"])
+    measured = [line for line in lines if not line.split(": ", 1)[1].startswith("not measured yet")]
+    if not measured:
+        return []
+    left = sum(len(names) for names in report["missing"].values())
+    chosen = {LABEL[m]: v["chosen_lr"] for m, v in report["selection"].items() if v["chosen_lr"] is not None}
+    edges = edge_lines(report["selection"])
+    return [
+        "",
+        f"The second sweep, from the warm start the repository keeps ({len(report['cells'])} runs so far, {left} "
+        f"planned still to run; lrs chosen so far: {', '.join(f'{m} {v:g}' for m, v in chosen.items())}), where it "
+        "has all five held-out seeds of a method:",
+        "",
+        *measured,
+        *(["", *edges] if edges else []),
+    ]
 
 
 def _ratio(x: float) -> str:

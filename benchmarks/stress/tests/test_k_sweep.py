@@ -172,12 +172,15 @@ def _says(gap: tuple[str, str, str, str], d: float, se: float) -> None:
     assert gap[3] == ("separated" if abs(d) > SEPARATION * se else "not separated")
 
 
-def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_match_the_numbers() -> None:
-    """benchmarks/results/stress/k_sweep.md says what k_sweep.json says: its verdict lines are the ones the
-    summary gives; 'ahead' exactly where VCPO has the highest held-out mean; 'separated' exactly where a gap is
-    more than 2 SE of the difference."""
-    report = json.loads(RESULTS.read_text())
-    md = RESULTS.with_suffix(".md").read_text()
+@pytest.mark.parametrize("results", [RESULTS, RESULTS.with_name("k_sweep2.json")], ids=lambda p: p.stem)
+def test_the_committed_results_verdict_is_the_one_its_json_gives_and_its_words_match_the_numbers(
+    results: Path,
+) -> None:
+    """benchmarks/results/stress/k_sweep.md (and the second sweep's k_sweep2.md) says what its json says: its
+    verdict lines are the ones the summary gives; 'ahead' exactly where VCPO has the highest held-out mean;
+    'separated' exactly where a gap is more than 2 SE of the difference."""
+    report = json.loads(results.read_text())
+    md = results.with_suffix(".md").read_text()
     lines = verdict_lines(report["summary"])
     assert "## Verdict\n\n" + "\n".join(lines) + "\n" in md
     for line in lines:
@@ -214,6 +217,24 @@ def test_a_cell_with_some_of_its_heldout_seeds_is_shown_with_its_count_and_not_r
     full = rows + [("tis", BEST["tis"], 16, s, 0.9) for s in ks.HELDOUT_SEEDS]
     s16 = write(_cells(full), tmp_path / "k_sweep.json", quiet=True)["summary"]["16"]
     assert (s16["best"], s16["vcpo_ahead"], s16["partial"]) == ("tis", False, {})
+
+
+def test_the_docs_give_the_second_sweeps_verdict_at_the_lags_it_has_measured_and_nothing_before(
+    tmp_path: Path,
+) -> None:
+    """scripts/docs/figures.py's lines for the second sweep (README and the study page): none while no lag has all
+    held-out seeds of a method; then that lag's verdict line, as the report words it, and the run count."""
+    from scripts.docs.figures import _second_k_sweep
+
+    rows = _selection(BEST) + [("vcpo", BEST["vcpo"], 0, s, 0.5) for s in ks.HELDOUT_SEEDS[:3]]
+    assert _second_k_sweep(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)) == []
+    rows += _heldout(0, {"vcpo": [0.50] * 5, "plain": [0.40, 0.41, 0.39, 0.42, 0.38]})
+    report = write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)
+    lines = _second_k_sweep(report)
+    (k0,) = [x for x in verdict_lines(report["summary"]) if x.startswith("- k=0:")]
+    assert k0.startswith("- k=0: VCPO is ahead") and k0 in lines
+    assert not any(x.startswith("- k=4:") for x in lines), "an unmeasured lag is left out"
+    assert f"({len(report['cells'])} runs so far" in lines[1]
 
 
 def test_a_chosen_lr_at_either_end_of_the_grid_is_named_as_such_and_one_inside_it_is_not(
