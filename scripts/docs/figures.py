@@ -179,10 +179,11 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
 
 
 def _second_k_sweep(report: dict) -> list[str]:
-    """The second sweep's verdict at the lags it has measured (every method it has chosen an lr for, all held-out
-    seeds in), none while it has measured none."""
+    """The second sweep's verdict at the lags where some method has all its held-out seeds in (the report's own
+    lines), none while there is no such lag."""
     from benchmarks.stress.k_sweep_report import edge_lines, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
+    from benchmarks.stress.level_b_fair_report import lr_text
 
     lines = verdict_lines(report["summary"])
     measured = [line for line in lines if not line.split(": ", 1)[1].startswith("not measured yet")]
@@ -194,8 +195,8 @@ def _second_k_sweep(report: dict) -> list[str]:
     return [
         "",
         f"The second sweep, from the warm start the repository keeps ({len(report['cells'])} runs so far, {left} "
-        f"planned still to run; lrs chosen so far: {', '.join(f'{m} {v:g}' for m, v in chosen.items())}), where it "
-        "has all five held-out seeds of a method:",
+        f"planned still to run; lrs chosen so far: {', '.join(f'{m} {lr_text(v)}' for m, v in chosen.items())}), "
+        f"where it has all {len(report['design']['heldout_seeds'])} held-out seeds of a method:",
         "",
         *measured,
         *(["", *edges] if edges else []),
