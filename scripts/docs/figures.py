@@ -196,7 +196,8 @@ def _second_k_sweep(report: dict) -> list[str]:
         "",
         f"The second sweep, from the warm start the repository keeps ({len(report['cells'])} runs so far, {left} "
         f"planned still to run; lrs chosen so far: {', '.join(f'{m} {lr_text(v)}' for m, v in chosen.items())}), "
-        f"where it has all {len(report['design']['heldout_seeds'])} held-out seeds of a method:",
+        f"each method at the lr it did best with at k={report['design']['select_lag']} at every k, where it has all "
+        f"{len(report['design']['heldout_seeds'])} held-out seeds of a method:",
         "",
         *measured,
         *(["", *edges] if edges else []),
