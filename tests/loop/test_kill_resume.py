@@ -22,6 +22,7 @@ import pytest
 import torch
 from float_bounds import TINY_LOGPROB_ATOL
 from loop_paths import DENSE_ENV, HERE, ROOT
+from proc_tree import tree
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -50,19 +51,6 @@ def _cmd(tiny_model_dir: Path, run_dir: Path, resume: bool, workers: int) -> lis
 def _run(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def _tree(root: int) -> list[int]:
-    """`root` and all its descendants, from /proc (parent pid is field 4 of /proc/PID/stat)."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError):
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    tree = [root]
-    for pid in tree:
-        tree += [c for c, p in parents.items() if p == pid]
-    return tree
 
 
 def _content(t) -> tuple:
@@ -103,7 +91,7 @@ def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed mid-training"
-    for pid in _tree(proc.pid):  # the whole process tree: trainer, sandboxes, anything else it started
+    for pid in tree(proc.pid):  # the whole process tree: trainer, sandboxes, anything else it started
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()

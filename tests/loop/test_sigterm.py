@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from loop_paths import DENSE_ENV, HERE, ROOT
+from proc_tree import alive, tree
 
 STEPS = 40  # far more than the run gets to before the signal: it must stop early
 
@@ -40,29 +41,6 @@ def _steps_logged(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.endswith("}")]
 
 
-def _tree(root: int) -> set[int]:
-    """`root` and its living descendants, from /proc (parent pid: field 4 of /proc/PID/stat; zombies left out)."""
-    parents: dict[int, tuple[int, str]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(d.name)] = (int(fields[1]), fields[0])
-    tree = [root]
-    for pid in tree:
-        tree += [c for c, (p, state) in parents.items() if p == pid and state != "Z"]
-    return set(tree)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
@@ -81,7 +59,7 @@ def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues
         while len(_steps_logged(run_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, f"the run ended before the signal:\n{err_file.read_text()[-3000:]}"
-        started = _tree(proc.pid)  # trainer, engine, sandbox processes, rollout loop's helpers
+        started = tree(proc.pid)  # trainer, engine, sandbox processes, rollout loop's helpers
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=240)
     finally:
@@ -99,7 +77,7 @@ def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues
     assert 2 <= stopped < STEPS and logged == list(range(stopped)), "a step was lost or logged twice"
     assert os.readlink(run_dir / "checkpoints" / "latest") == f"step_{stopped:06d}", "the stop's checkpoint"
     deadline = time.monotonic() + 60  # processes reparented at the run's exit (Ray's) may take a moment to go
-    while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
+    while (left := {pid for pid in started if alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes the run started are still running: {sorted(left)}"
 
