@@ -47,11 +47,9 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             is_truncation=recipe.algorithm.is_truncation, seed=recipe.train.seed, start=start,
         )  # fmt: skip
         monitor = LoopMonitor(recipe.monitor, recipe.buffer_in_force.max_staleness)  # collapse early warning
-        bar = cleanup.enter_context(
-            tqdm(range(start, recipe.train.steps), initial=start, total=recipe.train.steps, desc=recipe.name)
-        )
+        bar = cleanup.enter_context(tqdm(initial=start, total=recipe.train.steps, desc=recipe.name))
         sigterm = cleanup.enter_context(StopOnSigterm())  # SIGTERM: stop after this step, with a checkpoint
-        for step in bar:
+        for step in range(start, recipe.train.steps):
             t0 = time.monotonic()
             batch = rt.take()
             t_wait = time.monotonic() - t0
@@ -75,7 +73,8 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
                 metrics |= evaluate.periodic(rt)
             writer.log(step, metrics)
             log_batch(run_dir, step, batch)
-            bar.set_postfix(progress_fields(metrics))
+            bar.set_postfix(progress_fields(metrics), refresh=False)
+            bar.update()  # the step is done: a stop below leaves the bar at the step the stop line names
             every = recipe.checkpoint.every or recipe.train.steps
             halt = response.stop or sigterm.requested
             if halt or (step + 1) % every == 0 or step + 1 == recipe.train.steps:

@@ -125,6 +125,7 @@ def test_bad_settings_fail_at_build(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~1 min: make test-heavy (make test's 30-minute budget); test_learner_dp.py covers dp=2 in make test
 def test_dp2_on_ray_actors_equals_dp1(tiny_model_dir: Path, tmp_path: Path) -> None:
     import os
 

@@ -68,7 +68,8 @@ def _batches(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
+# two rollout workers in make test-heavy (make test's 30-minute budget); one in make test
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.heavy)])
 def test_sigkilled_run_resumes_with_every_prompt_used_exactly_as_often(
     tiny_model_dir: Path, tmp_path: Path, workers: int
 ) -> None:

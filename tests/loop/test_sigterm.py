@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,8 @@ def test_sigterm_checkpoints_the_step_in_progress_exits_143_and_resume_continues
         f"continue with agent-rl train --resume {run_dir}"
     )
     assert 2 <= stopped < STEPS and logged == list(range(stopped)), "a step was lost or logged twice"
+    bars = re.findall(rf"(\d+)/{STEPS} \[", stderr)  # tqdm's frames; the last is drawn when the bar closes
+    assert bars and int(bars[-1]) == stopped, f"the progress bar ends at {bars[-1:]}, not at step {stopped}"
     assert os.readlink(run_dir / "checkpoints" / "latest") == f"step_{stopped:06d}", "the stop's checkpoint"
     deadline = time.monotonic() + 60  # processes reparented at the run's exit (Ray's) may take a moment to go
     while (left := {pid for pid in started if alive(pid)}) and time.monotonic() < deadline:
