@@ -6,7 +6,8 @@
 
 The next level of the lr-matched study (`level_b_fair`, issue 28) on a task the toy does not saturate (issue 38):
 envs/tiny_multistep.yaml (2-3 tool calls per problem; warm start `benchmarks.stress.multistep_warm`), the full
-stack, every batch exactly k versions stale (`rollout.fixed_lag`). Parts, in the order `run` does them:
+stack, batch b sampled by policy version max(0, b-k) (`rollout.fixed_lag`: exactly k stale from step k on; the
+first k batches all come from the warm start, 64 of the 80 at k=64). Parts, in the order `run` does them:
 
 - calibrate: sync (k=0) VCPO and plain REINFORCE, seed 0 (not a selection or held-out seed), with the held-out
   curve: does sync RL climb well above the warm start, and for how long (with the k=0 held-out runs, which
