@@ -3,6 +3,11 @@
 Each worker builds its rank (which joins the ranks' torch.distributed group: gloo on CPU, NCCL on GPU) and
 then serves calls from the facade over a pipe: the facade sends every rank its own argument, waits for every
 answer, and re-raises the first rank's error with its traceback.
+
+Calls go to the ranks by copy (plain pickle), answers come back as torch's shared-memory handles (weights are
+large). A tensor sent as a handle is fetched by the receiver from the sender's resource sharer; when one rank
+fails the others are killed, and a rank killed while fetching its step's batch made the sharer print a
+ConnectionResetError traceback in the trainer. A step's arguments are the batch's rows, small beside the step.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.util
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Sequence
@@ -59,7 +65,7 @@ def _serve(
         conn.send(("err", traceback.format_exc()))
         return
     while True:
-        method, arg = conn.recv()
+        method, arg = pickle.loads(conn.recv_bytes())  # by copy: see the module docstring
         if method == "close":
             break
         try:
@@ -119,12 +125,12 @@ class ProcessPool:
     def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Run `method(*args[r])` on rank r, all ranks concurrently; results in rank order."""
         for conn, a in zip(self._conns, args, strict=True):
-            conn.send((method, a))
+            _send(conn, (method, a))
         return self._collect()
 
     def call_rank0(self, method: str, *args: Any) -> Any:
         """Run `method` on rank 0 only (no collectives inside, or the other ranks would hang)."""
-        self._conns[0].send((method, args))
+        _send(self._conns[0], (method, args))
         try:
             status, value = self._conns[0].recv()
         except EOFError:
@@ -168,9 +174,14 @@ class ProcessPool:
         for conn, proc in zip(self._conns, self._procs, strict=True):
             if proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
-                    conn.send(("close", ()))
+                    _send(conn, ("close", ()))
         for proc in self._procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
         self._procs, self._conns = [], []
+
+
+def _send(conn: Connection, call: tuple[str, Any]) -> None:
+    """A call to a rank, by copy (the module docstring says why)."""
+    conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))

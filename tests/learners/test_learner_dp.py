@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_sharer
 from pathlib import Path
 
 import pytest
@@ -63,12 +64,21 @@ def test_dp2_equals_dp1_on_the_same_global_batch(
 
 
 def test_rank_failing_while_the_other_waits_in_a_collective_raises_promptly(
-    tiny_model_dir: Path, dp2: RankLearner
+    tiny_model_dir: Path, dp2: RankLearner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Rank 0 is killed when rank 1 fails, perhaps still reading its batch: the batch went by copy, so no handle
+    of this process's is left half-fetched (a tensor sent as a shared-memory handle is fetched from this
+    process's resource sharer, which printed a ConnectionResetError traceback when the fetching rank died)."""
     pool = dp2.pool
     batch = collate(make_groups(tiny_model_dir)).policy
+    handles: list[object] = []  # what this process offers its resource sharer (a spy: each is still served)
+    register = resource_sharer._resource_sharer.register
+    monkeypatch.setattr(
+        resource_sharer._resource_sharer, "register", lambda *a: handles.append(a) or register(*a)
+    )
     t0 = time.monotonic()
     with pytest.raises(RankError, match="(?s)learner rank 1: .*AttributeError"):
         pool.call("step", [(batch,), ("not a batch",)])  # rank 0 blocks in the gradient all-reduce
     assert time.monotonic() - t0 < 60  # not the 30-minute collective timeout
     assert not pool._procs  # every rank was stopped
+    assert not handles, "the step's batch went to the ranks as shared-memory handles, not by copy"
