@@ -42,19 +42,24 @@ def proxy_sq_norm(logprobs: Tensor, sum_p2: Tensor) -> Tensor:
     return (1.0 - 2.0 * logprobs.exp() + sum_p2).clamp(min=0.0)
 
 
-def _chunk_logsoftmax(
-    h: Tensor, weight: Tensor, bias: Tensor | None, mm_dtype: torch.dtype, out_dtype: torch.dtype
-) -> Tensor:
-    """One chunk's log-softmax [n, V] in `out_dtype`, the matmul in `mm_dtype` (autocast's dtype when on)."""
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, mm_dtype: torch.dtype) -> Tensor:
+    """One chunk's logits [n, V] in `mm_dtype` (autocast's dtype when on), as `nn.Linear` would form them."""
     z = h.to(mm_dtype) @ weight.t()
-    if bias is not None:
-        z = z + bias
-    return z.to(out_dtype).log_softmax(-1)
+    return z if bias is None else z.add_(bias)
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (log p(targets) [N], Σ_v p_v² [N] or
-    empty); see the module docstring. Σ p² is not differentiable (the proxy is read under no_grad)."""
+    empty); see the module docstring. Σ p² is not differentiable (the proxy is read under no_grad).
+
+    The passes over a chunk's [n, V] logits are what this costs beyond the head's matmuls, so each is counted:
+    forward, the fp32 log-softmax (its gather gives the log-probs; proxy: exponentiated in place, one norm);
+    backward, the softmax straight from the logits in the matmul's dtype (fp32 inside the kernel), scaled in
+    place by each token's upstream gradient, and the targets' entries written from the saved log-probs:
+    ∂ log p_y / ∂z = e_y − p, so the target's entry is g (1 − p_y) = −g expm1(log p_y), exact in fp32
+    where p_y is near 1. In bf16 the gradient of the logits is rounded twice (the softmax, the scaling)
+    where it used to be rounded once from fp32: 2^-8 relative instead of 2^-9, below the bf16 matmuls' own
+    rounding of the products it feeds."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk, want_p2):  # type: ignore[override]
@@ -69,18 +74,18 @@ class _LinearLogSoftmax(torch.autograd.Function):
             w = weight.to(mm_dtype)
             b = bias.to(mm_dtype) if bias is not None else None
             for s in range(0, n, chunk):
-                logp = _chunk_logsoftmax(hidden[s : s + chunk], w, b, mm_dtype, out_dtype)
+                logp = _chunk_logits(hidden[s : s + chunk], w, b, mm_dtype).log_softmax(-1, dtype=out_dtype)
                 lp[s : s + chunk] = logp.gather(-1, targets[s : s + chunk, None]).squeeze(-1)
                 if want_p2:
-                    p2[s : s + chunk] = logp.mul_(2.0).exp_().sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets)
+                    p2[s : s + chunk] = torch.linalg.vector_norm(logp.exp_(), dim=-1).square_()
+        ctx.save_for_backward(hidden, weight, bias, targets, lp)
         ctx.chunk, ctx.mm_dtype, ctx.out_dtype = chunk, mm_dtype, out_dtype
         ctx.mark_non_differentiable(p2)
         return lp, p2
 
     @staticmethod
     def backward(ctx, g_lp, _g_p2):  # type: ignore[override]
-        hidden, weight, bias, targets = ctx.saved_tensors
+        hidden, weight, bias, targets, lp = ctx.saved_tensors
         chunk, mm_dtype, out_dtype = ctx.chunk, ctx.mm_dtype, ctx.out_dtype
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         d_h = torch.empty_like(hidden) if need_h else None  # every row is written below
@@ -90,17 +95,17 @@ class _LinearLogSoftmax(torch.autograd.Function):
             w = weight.to(mm_dtype)
             b = bias.to(mm_dtype) if bias is not None else None
             for s in range(0, hidden.shape[0], chunk):
-                h, g = hidden[s : s + chunk], g_lp[s : s + chunk].to(out_dtype)
-                # d log p_y / dz = e_y - p, times the upstream gradient of each token
-                dz = _chunk_logsoftmax(h, w, b, mm_dtype, out_dtype).exp_().mul_(-g[:, None])
-                dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])
-                dz = dz.to(mm_dtype)
+                h = hidden[s : s + chunk].to(mm_dtype)
+                g, y = g_lp[s : s + chunk].to(out_dtype), targets[s : s + chunk]
+                # d log p_y / dz = e_y - p, times each token's upstream gradient g
+                dz = _chunk_logits(h, w, b, mm_dtype).softmax(-1).mul_(-g[:, None])
+                dz.scatter_(-1, y[:, None], (g * -torch.expm1(lp[s : s + chunk]))[:, None].to(mm_dtype))
                 if d_h is not None:
                     d_h[s : s + chunk] = dz @ w
                 if d_w is not None:
-                    d_w += (dz.t() @ h.to(mm_dtype)).to(d_w.dtype)
+                    d_w.add_(dz.t() @ h)
                 if d_b is not None:
-                    d_b += dz.sum(0).to(d_b.dtype)
+                    d_b.add_(dz.sum(0))
         d_w = d_w.to(weight.dtype) if d_w is not None else None
         d_b = d_b.to(bias.dtype) if d_b is not None else None
         return d_h, d_w, d_b, None, None, None

@@ -14,6 +14,12 @@ from vcpo.logprobs import linear_logprobs, logit_grad_proxy_of, logprobs_of
 
 FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7
 FP64_EPS = torch.finfo(torch.float64).eps  # 2.2e-16
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+    ),
+]
 
 
 def _qwen(dtype: torch.dtype, vocab: int = 96) -> torch.nn.Module:
@@ -77,6 +83,56 @@ def test_linear_logprobs_under_bf16_autocast_run_the_matmul_in_bf16_and_the_soft
     assert float((lp.detach() - want).abs().max()) <= bound
     lp.sum().backward()
     assert hidden.grad is not None and weight.grad is not None and weight.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_logprobs_gradients_under_bf16_autocast_match_autograd_through_the_full_logits(
+    device: str,
+) -> None:
+    """The backward forms each chunk's softmax in bf16 and scales it in place (two bf16 roundings of the logits'
+    gradient); autograd through nn.Linear + an fp32 log-softmax rounds that gradient once. Both feed bf16
+    matmuls; a missing target term, a wrong sign or a wrong upstream gradient is off by O(1) of the scale."""
+    g = torch.Generator().manual_seed(2)
+    n, h, v = 30, 16, 48
+    hidden = torch.randn(n, h, generator=g).to(device).requires_grad_()
+    weight = torch.randn(v, h, generator=g).to(device).requires_grad_()
+    bias = torch.randn(v, generator=g).to(device).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g).to(device)
+    upstream = torch.randn(n, generator=g).to(device)  # a different weight per token, as RL losses have
+    with torch.autocast(device, dtype=torch.bfloat16):
+        lp = linear_logprobs(hidden, weight, targets, bias=bias, chunk_tokens=7)
+        got = torch.autograd.grad((lp * upstream).sum(), (hidden, weight, bias))
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        ref_lp = logits.float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        want = torch.autograd.grad((ref_lp * upstream).sum(), (hidden, weight, bias))
+    z = logits.detach().float()
+    dz = upstream[:, None] * (torch.nn.functional.one_hot(targets, v) - z.softmax(-1))  # exact, fp32
+    wb, hb = weight.detach().bfloat16().float(), hidden.detach().bfloat16().float()
+    # |error of each dz entry| <= (3 roundings of 2^-9: ours twice, autograd's once, + the logits' own
+    # rounding, which chunking may change: one bf16 ulp of z and of the log-sum-exp moves p by 2 * 2^-8 * |z|max
+    # relative) * |dz|; then each product's rounding to bf16 (2^-9, both sides). Propagated through the
+    # matmuls: |dz| @ |w| for d_h, |dz|^T @ |h| for d_w, the column sums for d_b.
+    rel = 3 * 2**-9 + 2 * 2**-8 * float(z.abs().max()) + 2 * 2**-9
+    bounds = (rel * dz.abs() @ wb.abs(), rel * dz.abs().t() @ hb.abs(), rel * dz.abs().sum(0))
+    for name, a, b, bound in zip(("hidden", "weight", "bias"), got, want, bounds, strict=True):
+        excess = ((a - b).abs() - bound).max()
+        assert excess <= 0, f"d_{name}: off by {excess:.3g} beyond its bound"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_logprobs_backward_under_bf16_makes_no_float32_chunk_by_vocab_tensor(device: str) -> None:
+    """Backward turns each chunk's bf16 logits into their gradient in bf16: no fp32 [chunk, V] copy (the forward
+    keeps one, for the log-softmax's precision)."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(24, 8, generator=g).to(device).requires_grad_()
+    weight = torch.randn(40, 8, generator=g).to(device).requires_grad_()
+    targets = torch.randint(0, 40, (24,), generator=g).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        lp = linear_logprobs(hidden, weight, targets, chunk_tokens=6)
+    with _LargestVocabTensor(40) as seen:
+        lp.sum().backward()
+    # the fp32 [V, H] gradient accumulator of the weight has H = 8 columns, not V
+    assert seen.rows == 0, f"backward made an fp32 tensor of {seen.rows} rows x vocab"
 
 
 @pytest.mark.parametrize(
