@@ -33,7 +33,7 @@ GradSqFn = Callable[[list[Tensor]], float]  # ‖g‖² of this rank's gradient 
 def local_grad_sq(grads: list[Tensor]) -> float:
     """Σ‖g‖² over the given gradients, accumulated in float64; a tensor-parallel trainer sums this over its TP
     group instead. One multi-tensor norm and one device sync per call (one per parameter kept a GPU host-bound:
-    benchmarks/results/gpu_profile.md)."""
+    benchmarks/results/gpu_profile_2026-11-27.md)."""
     if not grads:
         return 0.0
     return float(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).pow(2).sum())

@@ -3,8 +3,9 @@
 Fused: torch's AdamW that updates every parameter in one kernel per step, on CUDA and on CPU. torch's default
 (foreach) launches a chain of kernels and keeps a parameter-sized temporary on CUDA: on one H200 the torch
 learner's optimizer took 2.6x the time of transformers' fused AdamW on the same model
-(benchmarks/results/gpu_profile.md), and on CPU fused is about 5x faster. Both give the same update up to float
-rounding. No weight decay on 1-D parameters (norm scales, biases), as Megatron and HF Trainer do.
+(benchmarks/results/gpu_profile_2026-11-27.md; with fused, 1.3x: gpu_profile.md), and on CPU fused is about 5x
+faster. Both give the same update up to float rounding. No weight decay on 1-D parameters (norm scales, biases),
+as Megatron and HF Trainer do.
 """
 
 from __future__ import annotations
