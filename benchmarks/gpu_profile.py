@@ -1,17 +1,19 @@
-"""Where the torch learner's step goes against the anchor's: one profiled step per cell, device time by kernel kind.
+"""Where the learners' steps go against the anchor's: one profiled step per cell, device time by kernel kind.
 
 On a GPU machine (the same setup as benchmarks/gpu_learners.py: wheels/ installed into /tmp/site):
 
     PYTHONPATH=/tmp/site:. python benchmarks/gpu_profile.py            # -> benchmarks/results/gpu_profile.{json,md}
     python benchmarks/gpu_profile.py --cpu-smoke                        # tiny shapes on CPU (tests/benchmarks runs it)
 
-gpu_learners.py measures that the torch learner makes 0.71-0.97x the anchor's tokens/s (transformers + SDPA +
-Liger, same batch) and that exact OPOB costs 2x proxy at 8 x 4096; it does not say why. This runs the cells that
-carry those gaps (PROFILED, built by gpu_learners' own code: the same recipe, ranks, batches and anchor) under
+gpu_learners.py measures the torch learner's tokens/s against the anchor's (transformers + SDPA + Liger, same
+batch), exact OPOB against proxy and Megatron against the torch learner; it does not say why. This runs the
+cells that carry those gaps (PROFILED, built by gpu_learners' own code: the same recipe, ranks, batches and anchor) under
 `torch.profiler`: one warm-up step, one unprofiled timed step, one profiled step. Per cell it writes the step's
 wall time, the summed device (kernel) time and its share of the wall (a low share: the GPU waits on the host,
 launch- or sync-bound), device time by kernel kind (KINDS: matmul, attention, the loss head, elementwise and
-reductions, the optimizer, copies) and the top kernels. On CPU the "device" is the CPU's self time per op.
+reductions, the optimizer, copies), the top kernels, and the host's synchronizations with the device
+(SYNC_CALLS: how many, and the host time spent waiting in them). On CPU the "device" is the CPU's self time per
+op and there are no synchronizations.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import sys
@@ -37,12 +40,20 @@ from gpu_learners import MICRO_BATCH_TOKENS, Anchor, free, git_commit, versions 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 M = MICRO_BATCH_TOKENS
-PROFILED = (  # the gaps gpu_learners.json reports: proxy vs anchor at 8 x 4096 and 2 x 32768, exact vs proxy
+PROFILED = (  # the gaps gpu_learners.json reports: proxy vs anchor at 8 x 4096 and 2 x 32768, exact vs proxy,
+    # Megatron vs the torch learner (exact OPOB both); the first five first, as a run cut at its limit keeps them
     Cell("anchor", 4096, 8, micro_batch_tokens=M), Cell("torch", 4096, 8, opob="proxy", micro_batch_tokens=M),
     Cell("torch", 4096, 8, micro_batch_tokens=M),
     Cell("anchor", 32768, 2, recompute=True, micro_batch_tokens=M),
     Cell("torch", 32768, 2, opob="proxy", recompute=True, micro_batch_tokens=M),
+    Cell("megatron", 4096, 8, micro_batch_tokens=M),
+    Cell("megatron", 32768, 2, recompute=True, micro_batch_tokens=M),
 )  # fmt: skip
+# The CUDA runtime calls that block the host until the device has finished its queue (an item(), a .cpu(), a
+# boolean-mask index, an explicit synchronize): the profiler files them as host events. A step that makes many
+# leaves the device idle while the host catches up (the busy share). The step's own closing synchronize
+# (profile_step's sync) is one cudaDeviceSynchronize among them.
+SYNC_CALLS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")
 # Kernel kind by name, first match wins (CUDA kernel names: cuBLAS/CUTLASS gemms, flash/efficient attention,
 # Liger's Triton kernels, ATen's elementwise and reduction templates; on CPU the aten op names).
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -95,6 +106,11 @@ def profile_step(step, device: str) -> dict[str, Any]:
             for e in prof.key_averages()
             if e.self_device_time_total > 0
         ]
+    syncs = {
+        e.key: {"calls": e.count, "host_s": e.self_cpu_time_total / 1e6}
+        for e in prof.key_averages()
+        if SYNC_CALLS.match(e.key)
+    }
     busy = sum(s for _, s, _ in events)
     by_kind: dict[str, float] = {}
     for name, s, _ in events:
@@ -105,10 +121,14 @@ def profile_step(step, device: str) -> dict[str, Any]:
         "busy_share": busy / profiled_wall if profiled_wall else None,
         "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
         "top": [{"kernel": n[:160], "s": s, "calls": c, "kind": kind_of(n)} for n, s, c in top],
+        "syncs": syncs, "sync_calls": sum(v["calls"] for v in syncs.values()),
+        "sync_host_s": sum(v["host_s"] for v in syncs.values()),
     }  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, keep=lambda res: None) -> dict[str, Any]:
+    """Every cell of PROFILED; `keep` sees the results after each cell, the cells not reached yet marked not_run
+    (the run writes them: one cut at its time limit keeps the cells it profiled)."""
     device = "cpu" if args.cpu_smoke else args.device
     cells = (
         [replace(c, length=64, rows=4, micro_batch_tokens=128) for c in PROFILED]
@@ -147,6 +167,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runner = None
                 free(device)
             rows.append(row)
+            later = [
+                c.as_dict() | {"status": "not_run", "reason": "not reached yet"} for c in cells[len(rows) :]
+            ]
+            keep({"meta": meta | {"liger": liger}, "cells": rows + later})
             print(
                 f"  -> {row['status']} {row.get('wall_s', '')} busy {row.get('busy_share', '')}", flush=True
             )
@@ -160,13 +184,17 @@ def markdown(res: dict[str, Any]) -> str:
         "# Where a learner step goes: one profiled step per cell (benchmarks/gpu_profile.py)", "",
         f"{m['date']}, commit {m['commit']}, {m['device']}; {m['shape']}; versions {json.dumps(m['versions'])}; "
         f"anchor {'with' if m['liger'] else 'without'} Liger. Seconds of device time per step by kernel kind; "
-        "busy = summed kernel time / the profiled step's wall time (below 1: the device waits on the host).", "",
-        "| cell | step s | profiled s | busy | " + " | ".join(kinds) + " |",
-        "|---|---|---|---|" + "---|" * len(kinds),
+        "busy = summed kernel time / the profiled step's wall time (below 1: the device waits on the host). "
+        "syncs: CUDA runtime calls in the profiled step that block the host until the device's queue is done "
+        "(cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize; the step's closing synchronize is "
+        "one), and the host seconds spent in them.", "",
+        "| cell | step s | profiled s | busy | syncs | sync wait s | " + " | ".join(kinds) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(kinds),
     ]  # fmt: skip
     for r in ok:
         lines.append(
             f"| {r['name']} | {r['wall_s']:.3f} | {r['profiled_wall_s']:.3f} | {r['busy_share']:.2f} | "
+            f"{r.get('sync_calls', '')} | {_f(r.get('sync_host_s'), '.3f')} | "
             + " | ".join(f"{r['by_kind_s'].get(k, 0.0):.3f}" for k in kinds)
             + " |"
         )
@@ -185,6 +213,10 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _f(x: float | None, fmt: str) -> str:
+    return "" if x is None else format(x, fmt)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -197,11 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    res = run(args)
     stem = "gpu_profile_smoke" if args.cpu_smoke else "gpu_profile"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(res))
+
+    def write(res: dict[str, Any]) -> None:  # each file whole or not at all: a kill may come mid-write
+        for name, text in ((f"{stem}.json", json.dumps(res, indent=2) + "\n"), (f"{stem}.md", markdown(res))):
+            part = args.out / f".{name}.part"
+            part.write_text(text)
+            os.replace(part, args.out / name)
+
+    res = run(args, keep=write)
+    write(res)
     print(f"wrote {args.out / stem}.json and .md", flush=True)
     return 1 if any(r["status"] != "ok" for r in res["cells"]) else 0
 

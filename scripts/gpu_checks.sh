@@ -8,8 +8,9 @@
 #   pytest    the learners' tests with CUDA available (PYTEST_PATHS, default tests/learners tests/megatron
 #             tests/vcpo; WORKERS pytest workers, default 12, but a file runs whole on one worker, so no more
 #             workers work than there are files): pytest_cuda.txt in OUTDIR/logs.tar.gz
-#   profile   benchmarks/gpu_profile.py (where the torch learner's step goes against the anchor's):
-#             OUTDIR/gpu_profile.{json,md}
+#   profile   benchmarks/gpu_profile.py (where each learner's step goes against the anchor's, and its host syncs):
+#             OUTDIR/gpu_profile.{json,md}, written after each cell (a run cut at PROFILE_S keeps the cells it
+#             profiled); its first five cells took 93 s on 2026-11-28, the two Megatron cells come last
 #   hold      benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's graphs held vs a forward without
 #             gradients first, 0.5B shape, 2 x 32768, bf16; HOLD_ROUNDS rounds, default 2):
 #             OUTDIR/proxy_hold.{json,md}
