@@ -89,7 +89,7 @@ class _LinearLogprobs(torch.autograd.Function):
             if dh is not None:
                 dh[a:b] = dz @ weight
             if dw is not None:
-                dw += (dz.t() @ h[a:b]).float()
+                dw.add_(dz.t() @ h[a:b])  # into fp32 without an fp32 copy of the [V / tp, H] product
         return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None
 
 
