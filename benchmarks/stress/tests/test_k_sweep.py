@@ -410,16 +410,27 @@ def test_the_kept_warm_start_is_the_one_the_second_sweeps_runs_started_from() ->
         assert {(c["warm"], c["warm_sha256"]) for c in cells} <= {(warm.accuracy, warm.sha256)}
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, parent pid, ...); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping: not gone, and not a zombie (exited, waiting to be reaped; in a container whose
+    first process does not reap, a killed sweep's children stay zombies)."""
+    return (fields := _stat(pid)) is not None and fields[0] != "Z"
+
+
 def _children(pid: int) -> set[int]:
     """The live processes whose parent is pid (Linux /proc)."""
     kids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.add(int(stat.parent.name))
+    for d in Path("/proc").glob("[0-9]*"):
+        fields = _stat(d.name)
+        if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
+            kids.add(int(d.name))
     return kids
 
 
@@ -445,12 +456,15 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint
         deadline = time.monotonic() + 120  # bounds a hung test; no timing claim: the runs start at once
         while len(training := _children(sweep.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(training) == 2, "the sweep did not start its two runs"
+        assert len(training) == 2, f"the sweep did not start its two runs (its children: {training})"
         sweep.send_signal(signal.SIGTERM)
-        out = sweep.communicate(timeout=120)[0]
+        try:  # the sweep waits up to STOP_WAIT_S for each run: more than that is a run that did not stop
+            out = sweep.communicate(timeout=2 * ks.STOP_WAIT_S + 60)[0]
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"the sweep did not exit after SIGTERM; its output: {e.output!r}") from None
     finally:
         sweep.kill()
-        alive = {pid for pid in training if Path(f"/proc/{pid}").exists()}
+        alive = {pid for pid in training if _alive(pid)}
         for pid in alive:  # left by a sweep that did not stop them: no stray process after the test
             os.kill(pid, signal.SIGKILL)
     assert sweep.returncode != 0 and "k_sweep: stopped by signal 15" in out
