@@ -337,8 +337,9 @@ def megatron_logprob_chunk(vocab: int, tp: int = 1) -> int:
 def _megatron_logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
     """Bytes of megatron's log-prob head (megatron/linear_logprobs.py) at its peak, the start of backward.
 
-    Chunked always: one chunk's fp32 logits [c, V], turned in place into their gradient (and cast to bf16 for the
-    GEMMs in bf16), the fp32 dW accumulator [V, H] and one chunk's dW product in the model's dtype."""
+    Chunked always: one chunk's logits [c, V]: in bf16 the GEMM's output and its fp32 copy (forward; backward
+    holds the logits and their softmax in bf16, less), in fp32 one buffer turned in place into the gradient;
+    the fp32 dW accumulator [V, H] and one chunk's dW product in the model's dtype."""
     span = min(t, s.logprob_chunk_tokens) if s.logprobs == "chunked" else t
     b = 2 if s.compute_dtype == "bfloat16" else 4
     cast = 2 if b == 2 else 0

@@ -79,6 +79,36 @@ def test_linear_logprobs_equal_log_softmax_of_the_full_logits(temperature, monke
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_linear_logprobs_in_bf16_have_the_full_log_softmax_gradients_within_bf16_rounding(
+    temperature, monkeypatch
+):
+    """bf16 weights (megatron's bf16 mode): backward forms each chunk's softmax in bf16 and scales it in place (two
+    roundings of the logits' gradient, and z / T rounded to bf16 once), autograd through the full fp32 log-softmax
+    rounds it once. A missing target term, a wrong sign or temperature is off by O(1) of the scale."""
+    from agent_rl.learners.megatron import linear_logprobs as ll
+
+    monkeypatch.setattr(ll, "LOGIT_CHUNK_BYTES", 3 * 4 * 50)  # 3 tokens of a 50-word vocabulary per chunk
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(11, 1, 8, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(50, 8, generator=g).bfloat16().requires_grad_()
+    labels = torch.randint(0, 50, (11, 1), generator=g)
+    up = torch.randn(11, 1, generator=g)
+    got = torch.autograd.grad((ll.linear_logprobs(h, w, labels, temperature=temperature) * up).sum(), (h, w))
+    z = (h @ w.t()).float() / temperature
+    want = torch.autograd.grad((z.log_softmax(-1).gather(-1, labels[..., None])[..., 0] * up).sum(), (h, w))
+    zd = z.detach()[:, 0]
+    dz = up[:, 0, None] * (torch.nn.functional.one_hot(labels[:, 0], 50) - zd.softmax(-1)) / temperature
+    # |error of each dz entry| <= (3 roundings of 2^-9: ours twice, autograd's once; the logits rounded apart,
+    # in other chunk shapes and after z / T: a bf16 ulp of z / T and of the log-sum-exp moves p by
+    # 3 * 2^-8 * |z / T|max relative) * |dz|; each product's rounding to bf16 (2^-9, both sides)
+    rel = 3 * 2**-9 + 3 * 2**-8 * float(zd.abs().max()) + 2 * 2**-9
+    bounds = (rel * dz.abs() @ w.detach().float().abs(), rel * dz.abs().t() @ h.detach()[:, 0].float().abs())
+    for name, a, b, bound in zip(("h", "w"), got, want, bounds, strict=True):
+        excess = ((a.float().reshape(bound.shape) - b.float().reshape(bound.shape)).abs() - bound).max()
+        assert excess <= 0, f"d_{name}: off by {excess:.3g} beyond its bound"
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_tiny_dir(tmp_path_factory.mktemp("attn_tiny"))

@@ -6,16 +6,21 @@ Megatron's path (output_layer, then `vocab_parallel_cross_entropy`) holds the [t
 logits, casts them to fp32 and keeps an fp32 softmax of that size for backward: for one
 32k-token trajectory of a 152k vocabulary that is 20 GB at tp=1, more than the rest of the
 step. Here the logits exist one chunk of tokens at a time, in forward and again in backward:
-forward keeps only h, W and the fp32 logsumexp per token ([tokens]); backward recomputes each
-chunk's logits (one extra GEMM of the output layer, ~9 % of the FLOPs of the 0.5B shape) and
-turns them into dh and dW. The same trade as Apple's Cut Cross-Entropy and Liger's fused
-linear cross-entropy; hand-written because both compute a mean loss over the whole vocabulary
-on one device, while this needs per-token log-probs (any upstream gradient, temperature) over a
-vocabulary split across TP ranks (two all-reduces per chunk: the max, then Σexp and the target
-logit together; backward needs none).
+forward keeps only h, W, each token's log-prob and this rank's share of its softmax sum ([tokens]
+each); backward recomputes each chunk's logits (one extra GEMM of the output layer, ~9 % of the
+FLOPs of the 0.5B shape) and turns them into dh and dW: the softmax over this rank's shard straight
+from the logits in the model's dtype, scaled in place per token by the shard's share and the
+upstream gradient, the target's entry written from the log-prob (as `vcpo.logprobs` does). The
+same trade as Apple's Cut Cross-Entropy and Liger's fused linear cross-entropy; hand-written
+because both compute a mean loss over the whole vocabulary on one device, while this needs
+per-token log-probs (any upstream gradient, temperature) over a vocabulary split across TP ranks
+(two all-reduces per chunk: the max, then Σexp and the target logit together; backward needs
+none).
 
-Precision: each chunk's logits are the GEMM in the model's dtype, then fp32 for the softmax
-(as megatron's cross entropy casts them); dW is accumulated over chunks in fp32.
+Precision: each chunk's logits are the GEMM in the model's dtype, then fp32 for the forward's softmax
+(as megatron's cross entropy casts them); in bf16 the backward rounds the logits' gradient to bf16
+twice (the softmax, the scaling) instead of once, and z / T once (T != 1): 2^-8 relative, the order
+of the bf16 GEMMs it feeds. dW is accumulated over chunks in fp32.
 """
 
 from __future__ import annotations
@@ -51,8 +56,7 @@ class _LinearLogprobs(torch.autograd.Function):
         local = labels - vocab_start
         owned = (local >= 0) & (local < v_local)
         local = torch.where(owned, local, torch.zeros_like(local))
-        lp = torch.empty(n, dtype=torch.float32, device=h.device)
-        lse = torch.empty(n, dtype=torch.float32, device=h.device)
+        lp, lse, shard = (torch.empty(n, dtype=torch.float32, device=h.device) for _ in range(3))
         for a, b, z in _chunk_logits(h, weight, temperature):
             m = z.max(dim=-1).values
             if group is not None:
@@ -60,17 +64,19 @@ class _LinearLogprobs(torch.autograd.Function):
             z -= m[:, None]
             target = z.gather(1, local[a:b, None])[:, 0] * owned[a:b]
             sums = torch.stack([z.exp_().sum(dim=-1), target])
+            own = sums[0].log()  # before the all-reduce: log Σ over this rank's vocabulary
             if group is not None:
                 dist.all_reduce(sums, group=group)
             lse[a:b] = m + sums[0].log()
+            shard[a:b] = own - sums[0].log()  # the shard's share of the full sum, in log
             lp[a:b] = sums[1] - sums[0].log()
-        ctx.save_for_backward(h, weight, local, owned, lse)
+        ctx.save_for_backward(h, weight, local, owned, lp, lse, shard)
         ctx.temperature = temperature
         return lp
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        h, weight, local, owned, lse = ctx.saved_tensors
+        h, weight, local, owned, lp, lse, shard = ctx.saved_tensors
         t = ctx.temperature
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         dw = (
@@ -78,14 +84,24 @@ class _LinearLogprobs(torch.autograd.Function):
             if ctx.needs_input_grad[1]
             else None
         )
-        for a, b, z in _chunk_logits(h, weight, t):
-            # d lp / d z = (onehot(y) − softmax(z / T)) / T, times the upstream gradient
-            dz = z.sub_(lse[a:b, None]).exp_().mul_(-grad[a:b, None].float())
-            rows = torch.arange(b - a, device=h.device)
-            dz[rows, local[a:b]] += grad[a:b].float() * owned[a:b]
+        step = chunk_tokens(weight.shape[0])
+        for a in range(0, h.shape[0], step):
+            b = min(a + step, h.shape[0])
+            g = grad[a:b].float()
+            # d lp / d z = (onehot(y) − p) / T times the upstream gradient g, p = softmax(z / T) over the whole
+            # vocabulary; the target's entry from the forward's log-prob, g (1 − p_y) = −g expm1(lp), exact in
+            # fp32 where p_y is near 1
+            z = h[a:b] @ weight.t()
             if t != 1.0:
-                dz /= t
-            dz = dz.to(h.dtype)
+                z /= t
+            if z.dtype == torch.float32:  # p = exp(z / T − lse) in place: one [chunk, V / tp] buffer
+                dz = z.sub_(lse[a:b, None]).exp_().mul_((-g / t)[:, None])
+            else:  # z / T − lse would round to bf16: the softmax over this rank's shard straight from the
+                # logits (fp32 inside the kernel) times the shard's share of the full sum, scaled in place
+                dz = z.softmax(-1).mul_((-g * shard[a:b].exp() / t)[:, None])
+            col = local[a:b, None]  # no device sync: a token whose target another rank owns keeps its entry
+            target = torch.where(owned[a:b], g * -torch.expm1(lp[a:b]) / t, dz.gather(1, col)[:, 0].float())
+            dz.scatter_(1, col, target[:, None].to(dz.dtype))
             if dh is not None:
                 dh[a:b] = dz @ weight
             if dw is not None:
