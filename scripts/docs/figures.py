@@ -653,9 +653,8 @@ def gpu_learners_table(docs: str = "") -> str:
                 out.append(figure(x, a))
                 continue
             gone = ["not run (time)"] if name(r, n, c) in planned else []
-            ran = [
-                (b, e) for b, e in earlier_runs if name(r, n, c) in e
-            ]  # the newest earlier run that has it
+            # the newest earlier run that has it
+            ran = [(b, e) for b, e in earlier_runs if name(r, n, c) in e]
             if ran:
                 b, e = ran[0]
                 gone.append(
