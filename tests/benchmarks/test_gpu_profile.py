@@ -44,7 +44,7 @@ def test_only_the_calls_that_block_the_host_count_as_syncs(call: str, blocks: bo
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # five profiled learner builds in a subprocess (~20 s): CI's second job, off make test's budget
+@pytest.mark.heavy  # seven profiled learner builds in a subprocess (~35 s): CI's second job, off make test's budget
 def test_cpu_smoke_profiles_every_cell_and_splits_its_busy_time_by_kind(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--cpu-smoke", "--out", str(tmp_path)],
