@@ -159,7 +159,7 @@ def truncate_logs(
             keep = [
                 ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step
             ]
-            _write_atomic(path, "".join(ln + "\n" for ln in keep))
+            write_atomic(path, "".join(ln + "\n" for ln in keep))
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -173,7 +173,8 @@ def _point_latest(root: Path, name: str) -> None:
     os.replace(tmp, latest)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole or keeps what it held: a kill mid-write leaves at most a hidden .tmp beside it."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import re
 import sys
@@ -36,7 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _learner_bench import QWEN25_05B, SMALL, Cell, Rank, batch, sync, write_model  # noqa: E402
-from gpu_learners import MICRO_BATCH_TOKENS, Anchor, free, git_commit, versions  # noqa: E402
+from gpu_learners import MICRO_BATCH_TOKENS, Anchor, _f, free, git_commit, versions  # noqa: E402
+
+from agent_rl.checkpoint import write_atomic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 M = MICRO_BATCH_TOKENS
@@ -213,10 +214,6 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _f(x: float | None, fmt: str) -> str:
-    return "" if x is None else format(x, fmt)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -233,10 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(res: dict[str, Any]) -> None:  # each file whole or not at all: a kill may come mid-write
-        for name, text in ((f"{stem}.json", json.dumps(res, indent=2) + "\n"), (f"{stem}.md", markdown(res))):
-            part = args.out / f".{name}.part"
-            part.write_text(text)
-            os.replace(part, args.out / name)
+        write_atomic(args.out / f"{stem}.json", json.dumps(res, indent=2) + "\n")
+        write_atomic(args.out / f"{stem}.md", markdown(res))
 
     res = run(args, keep=write)
     write(res)

@@ -20,6 +20,9 @@ from benchmarks.stress.k_sweep_report import SEPARATION, verdict_lines, write
 from benchmarks.stress.level_b_fair import LABEL
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "loop"))
+from proc_tree import alive, tree  # noqa: E402  (the loop tests' reader of /proc; a zombie is not alive)
+
 RESULTS = ROOT / "benchmarks" / "results" / "stress" / "k_sweep.json"
 WARM0 = ks.WarmStart(0.1, "a" * 64)  # the hand-made runs' warm start
 
@@ -410,30 +413,6 @@ def test_the_kept_warm_start_is_the_one_the_second_sweeps_runs_started_from() ->
         assert {(c["warm"], c["warm_sha256"]) for c in cells} <= {(warm.accuracy, warm.sha256)}
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state, parent pid, ...); None once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    """Running or sleeping: not gone, and not a zombie (exited, waiting to be reaped; in a container whose
-    first process does not reap, a killed sweep's children stay zombies)."""
-    return (fields := _stat(pid)) is not None and fields[0] != "Z"
-
-
-def _children(pid: int) -> set[int]:
-    """The live processes whose parent is pid (Linux /proc)."""
-    kids = set()
-    for d in Path("/proc").glob("[0-9]*"):
-        fields = _stat(d.name)
-        if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
-            kids.add(int(d.name))
-    return kids
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint: str) -> None:
@@ -454,7 +433,7 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint
     try:
         assert [sweep.stdout.readline().split()[0] for _ in range(2)] == ["start", "start"]
         deadline = time.monotonic() + 120  # bounds a hung test; no timing claim: the runs start at once
-        while len(training := _children(sweep.pid)) < 2 and time.monotonic() < deadline:
+        while len(training := tree(sweep.pid) - {sweep.pid}) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(training) == 2, f"the sweep did not start its two runs (its children: {training})"
         sweep.send_signal(signal.SIGTERM)
@@ -464,12 +443,12 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint
             raise AssertionError(f"the sweep did not exit after SIGTERM; its output: {e.output!r}") from None
     finally:
         sweep.kill()
-        alive = {pid for pid in training if _alive(pid)}
-        for pid in alive:  # left by a sweep that did not stop them: no stray process after the test
+        left = {pid for pid in training if alive(pid)}
+        for pid in left:  # left by a sweep that did not stop them: no stray process after the test
             os.kill(pid, signal.SIGKILL)
     assert sweep.returncode != 0 and "k_sweep: stopped by signal 15" in out
     assert "did not stop on SIGINT" not in out, out
-    assert not alive, "a run went on training after the sweep was killed"
+    assert not left, "a run went on training after the sweep was killed"
 
 
 def test_a_best_lr_at_the_grids_edge_grows_the_grid_past_it_before_the_heldout_runs_start() -> None:
