@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vcpo.advantages import dense_groups
 from vcpo.importance import _check_log_weights
 
 
@@ -34,12 +35,17 @@ def opob_baseline(
     *,
     weight_power: float = 2,
     eps: float = 1e-8,
+    num_groups: int | None = None,
+    check: bool = True,
 ) -> Tensor:
     """Per-trajectory b_g = Σ_j w_j^p ‖g_j‖² R_j / Σ_j w_j^p ‖g_j‖² over j in the same group.
 
     The weights are formed in log space and shifted by the group's max before
     exponentiating, so log-weights of ±1e4 are fine. Squared norms at most ``eps`` count as
     zero; a group where every weight is zero falls back to its plain mean reward.
+
+    `num_groups`: the group ids are already 0..num_groups-1 (no `torch.unique`, no read of their max); `check=False`
+    leaves the inputs' finiteness checks to the caller. Both spare a read that on a GPU waits for the device.
     """
     n = rewards.shape[0]
     for name, t in (("log_w", log_w), ("grad_sq_norms", grad_sq_norms), ("group_ids", group_ids)):
@@ -47,15 +53,14 @@ def opob_baseline(
             raise ValueError(
                 f"opob_baseline: {name} has shape {tuple(t.shape)}, expected ({n},) like rewards"
             )
-    lw = _check_log_weights(log_w, "opob_baseline")
+    lw = _check_log_weights(log_w, "opob_baseline") if check else log_w.detach().double().flatten()
     gsq = grad_sq_norms.detach().double()
-    if bool((~torch.isfinite(gsq) | (gsq < 0)).any()):
+    if check and bool((~torch.isfinite(gsq) | (gsq < 0)).any()):
         raise ValueError(f"opob_baseline: grad_sq_norms must be finite and >= 0, got {gsq.tolist()}")
     r = rewards.detach().double()
     log_v = torch.where(gsq > eps, weight_power * lw + torch.log(gsq.clamp(min=eps)), -torch.inf)
 
-    _, index = torch.unique(group_ids, return_inverse=True)
-    g = int(index.max()) + 1 if n else 0
+    index, g = dense_groups(group_ids, num_groups)
     zeros = torch.zeros(g, dtype=torch.float64, device=r.device)
     gmax = torch.full((g,), -torch.inf, dtype=torch.float64, device=r.device)
     gmax = gmax.scatter_reduce(0, index, log_v, reduce="amax")

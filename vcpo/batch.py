@@ -37,10 +37,12 @@ class PolicyBatch:
             *(t.to(device) for t in self._fields()), teacher_logprobs=_to(self.teacher_logprobs, device)
         )
 
-    def select(self, rows: Tensor) -> PolicyBatch:
-        """The given rows, with trailing all-padding columns cut off (less compute per chunk)."""
+    def select(self, rows: Tensor, *, width: int | None = None) -> PolicyBatch:
+        """The given rows, with trailing all-padding columns cut off (less compute per chunk). `width`: the
+        longest selected row's length when the caller knows it (on a GPU, reading it here waits for the device)."""
         am = self.attention_mask[rows]
-        width = max(int((am > 0).sum(-1).max()), 1) if rows.numel() else 1
+        if width is None:
+            width = max(int((am > 0).sum(-1).max()), 1) if rows.numel() else 1
         return PolicyBatch(
             self.input_ids[rows, :width],
             am[:, :width],

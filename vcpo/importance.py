@@ -17,12 +17,13 @@ from torch import Tensor
 ESS_RULES = ("sqrt", "linear", "none")
 
 
-def sequence_log_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
+def sequence_log_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, *, check: bool = True) -> Tensor:
     """s_i = Σ_t mask·(log π − log μ) in float64, one per trajectory ([B, T] -> [B]).
 
     Tokens outside the mask are ignored whatever they hold (padding may carry -inf or 0).
     A -inf current log-prob on a loss token gives s = -inf (weight 0); a -inf *behaviour*
     log-prob would give +inf and is refused, since the sampler cannot have drawn that token.
+    `check=False` leaves that check (a read of the result, which on a GPU waits for the device) to the caller.
     """
     if logp.shape != behavior_logp.shape or logp.shape != mask.shape:
         raise ValueError(
@@ -32,6 +33,8 @@ def sequence_log_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> T
     keep = mask > 0
     diff = torch.where(keep, logp.double() - behavior_logp.double(), torch.zeros((), dtype=torch.float64))
     s = diff.sum(dim=-1)
+    if not check:
+        return s
     bad = torch.isnan(s) | (s == math.inf)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])

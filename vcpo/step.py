@@ -154,27 +154,115 @@ class RowResults:
 
 
 class _Rows:
-    """Per-trajectory results on this rank, filled chunk by chunk (CPU float64)."""
+    """Per-trajectory results on this rank (float64), filled micro-batch by micro-batch on `device` and read once,
+    at the end of the step (`on_cpu`): on a GPU every read in between would wait for the device to finish."""
 
-    def __init__(self, b: int, t: int) -> None:
-        z = lambda: torch.zeros(b, dtype=torch.float64)  # noqa: E731
-        self.s, self.adv, self.base, self.loss, self.tokens, self.clipped, self.kl = (z() for _ in range(7))
-        self.grad_sq = torch.full((b,), -1.0, dtype=torch.float64)
-        self.lp = torch.zeros(b, t, dtype=torch.float32)  # one copy per step: cheap next to a forward
-        # distillation: ℓ^D_i, Σ_t k_t, Σ_t log π_T, Σ_t log μ, tokens the teacher disagrees with
-        self.d_loss, self.d_kl, self.d_teacher, self.d_behavior, self.d_disagree = (z() for _ in range(5))
+    VECTORS = ("s", "adv", "base", "loss", "tokens", "clipped", "kl", "grad_sq", "bad_gsq",
+               "d_loss", "d_kl", "d_teacher", "d_behavior", "d_disagree")  # fmt: skip
+
+    s: Tensor
+    adv: Tensor
+    base: Tensor
+    loss: Tensor
+    tokens: Tensor
+    clipped: Tensor
+    kl: Tensor
+    grad_sq: Tensor
+    bad_gsq: Tensor
+    d_loss: Tensor
+    d_kl: Tensor
+    d_teacher: Tensor
+    d_behavior: Tensor
+    d_disagree: Tensor
+
+    def __init__(self, b: int, t: int, device: torch.device) -> None:
+        self.device = device
+        for name in self.VECTORS:
+            setattr(self, name, torch.zeros(b, dtype=torch.float64, device=device))
+        self.grad_sq.fill_(-1.0)  # ‖g_i‖² of exact OPOB; -1: not measured
+        # bad_gsq: 1 where the proxy's Σ_t ‖∂ log p / ∂z‖² was not finite and >= 0 (checked in on_cpu)
+        # lp: one copy per step, cheap next to a forward
+        self.lp = torch.zeros(b, t, dtype=torch.float32, device=device)
+        # distillation (d_*): ℓ^D_i, Σ_t k_t, Σ_t log π_T, Σ_t log μ, tokens the teacher disagrees with
 
     def record(self, rows: Tensor, lp: Tensor, sub: PolicyBatch) -> None:
         lp = lp.detach()
-        self.lp[rows, : lp.shape[1]] = lp.float().cpu()
-        self.s[rows] = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
-        self.tokens[rows] = sub.loss_mask.double().sum(-1).cpu()
-        self.kl[rows] = kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask).cpu()
+        self.lp[rows, : lp.shape[1]] = lp.float().to(self.device)
+        s = sequence_log_weights(lp, sub.behavior_logprobs, sub.loss_mask, check=False)
+        self.s[rows] = s.to(self.device)
+        self.tokens[rows] = sub.loss_mask.double().sum(-1).to(self.device)
+        self.kl[rows] = kl_k3_sum(lp, sub.behavior_logprobs, sub.loss_mask).to(self.device)
 
     def record_distill(self, rows: Tensor, d: DistillOutput) -> None:
-        self.d_loss[rows] = d.loss.detach().double().cpu()
-        self.d_kl[rows], self.d_teacher[rows] = d.reverse_kl.cpu(), d.teacher_logprob.cpu()
-        self.d_behavior[rows], self.d_disagree[rows] = d.behavior_logprob.cpu(), d.disagree.cpu()
+        self.d_loss[rows] = d.loss.detach().double().to(self.device)
+        self.d_kl[rows] = d.reverse_kl.to(self.device)
+        self.d_teacher[rows] = d.teacher_logprob.to(self.device)
+        self.d_behavior[rows] = d.behavior_logprob.to(self.device)
+        self.d_disagree[rows] = d.disagree.to(self.device)
+
+    def on_cpu(self) -> _Rows:
+        """These rows on the CPU, in two copies (the [B] vectors stacked, then the log-probs), after checking what
+        the micro-batches could not without waiting for the device: a NaN or +inf sequence log-ratio (the batch's
+        behaviour log-probs passed `validate`, so the current log-probs hold it) and a broken proxy norm."""
+        host = _Rows.__new__(_Rows)
+        host.device = torch.device("cpu")
+        stacked = torch.stack([getattr(self, name) for name in self.VECTORS]).cpu()
+        for name, row in zip(self.VECTORS, stacked, strict=True):
+            setattr(host, name, row)
+        host.lp = self.lp.cpu()
+        bad = torch.isnan(host.s) | (host.s == math.inf)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"Step: trajectory {i} has log-ratio {float(host.s[i])}: its current log-probs on loss tokens are "
+                "NaN or +inf (the model's output, as the batch's behaviour log-probs passed validation); no update "
+                "was applied"
+            )
+        if bool((host.bad_gsq > 0).any()):
+            i = int((host.bad_gsq > 0).nonzero()[0, 0])
+            raise ValueError(
+                f"opob_baseline: grad_sq_norms must be finite and >= 0; trajectory {i}'s proxy norm is not (the "
+                "model's logits are not finite); no update was applied"
+            )
+        return host
+
+
+@dataclass(frozen=True)
+class _Host:
+    """What the step plans its micro-batches from, as Python ints read once per step: each row's real tokens and
+    prompt group. Planning from tensors on the device would make the host wait for the device at every
+    micro-batch (tests/vcpo/test_host_reads.py counts the reads)."""
+
+    lengths: list[int]
+    group_index: list[int]
+    device: torch.device = torch.device("cpu")
+
+    @staticmethod
+    def of(batch: PolicyBatch) -> _Host:
+        read = torch.stack([(batch.attention_mask > 0).sum(-1), batch.group_index]).tolist()
+        return _Host(read[0], read[1])
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Rows of one forward pass: their indices (as ints, on the host and on the batch's device), the longest's
+    length."""
+
+    rows: list[int]
+    host: Tensor
+    dev: Tensor
+    width: int
+
+    @staticmethod
+    def of(idx: list[int], host: _Host, device: torch.device) -> _Part:
+        on_host = torch.tensor(idx, dtype=torch.long)
+        # non_blocking: a copy from pageable host memory is staged at once; the host does not wait for the device
+        width = max([host.lengths[k] for k in idx], default=1) or 1
+        return _Part(idx, on_host, on_host.to(device, non_blocking=True), width)
+
+    def on(self, device: torch.device) -> Tensor:
+        """The indices on `device` (the host's copy for rows kept on the host)."""
+        return self.host if device.type == "cpu" else self.dev
 
 
 class Step:
@@ -233,37 +321,42 @@ class Step:
             raise BatchError(
                 "the step distils (StepConfig.distill is set) but the batch has no teacher_logprobs"
             )
+        host = _Host.of(batch)  # read before the move: a batch on the host costs no wait for the device
         batch = batch.to(self.params[0].device)
         self.optimizer.zero_grad(set_to_none=True)
-        rows = _Rows(batch.size, int(batch.input_ids.shape[1]))
+        exact = self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact" and self.task_scale > 0
+        # exact OPOB reads each trajectory's results on the host as it goes; the others never read a row until the end
+        where = host.device if exact else batch.input_ids.device
+        rows = _Rows(batch.size, int(batch.input_ids.shape[1]), where)
         try:
             with self.no_sync():
-                if self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact" and self.task_scale > 0:
-                    self._exact(batch, rows)
+                if exact:
+                    self._exact(batch, rows, host)
                     if self.distill is not None:  # the exact pass backs up the task term alone
-                        self._distill_pass(batch, rows)
+                        self._distill_pass(batch, rows, host)
                 else:
-                    self._chunked(batch, rows)
+                    self._chunked(batch, rows, host)
                     self.finish_fn(self.params)
-            metrics = self._finish(rows)
-            self.last_rows = RowResults(rows.s, rows.adv, rows.base, rows.lp)
+            done = rows.on_cpu()
+            metrics = self._finish(done)
+            self.last_rows = RowResults(done.s, done.adv, done.base, done.lp)
             return metrics
         finally:
             self.optimizer.zero_grad(set_to_none=True)
 
     # -- gradient accumulation -------------------------------------------------------------
 
-    def _exact(self, batch: PolicyBatch, rows: _Rows) -> None:
+    def _exact(self, batch: PolicyBatch, rows: _Rows, host: _Host) -> None:
         acc, score = new_buffers(self.params)
-        for members in _groups(batch.group_index):
+        for group in _groups(host.group_index):
+            members = torch.tensor(group)
             adv, base, res = exact_opob_group(
                 self.module, self.params, batch, members, acc, score,
                 logprob_fn=self.logprob_fn, seq_log_weight=self.spec.seq_log_weight,  # type: ignore[arg-type]
                 truncation=self.cfg.is_truncation, variant=self.cfg.opob_weight, grad_sq_fn=self.grad_sq_fn,
             )  # fmt: skip
-            m = members.cpu()
-            rows.adv[m], rows.base[m] = adv, base
-            for k, r in zip(m.tolist(), res, strict=True):
+            rows.adv[members], rows.base[members] = adv, base
+            for k, r in zip(group, res, strict=True):
                 rows.s[k], rows.tokens[k], rows.grad_sq[k], rows.kl[k] = r.s, r.tokens, r.grad_sq, r.kl
                 rows.lp[k, : r.logprobs.shape[0]] = r.logprobs
                 rows.loss[k] = -math.exp(r.log_wt) * float(rows.adv[k]) * r.mean_lp
@@ -273,107 +366,100 @@ class Step:
         rows.adv *= self.task_scale
         rows.loss *= self.task_scale
 
-    def _distill_pass(self, batch: PolicyBatch, rows: _Rows) -> None:
+    def _distill_pass(self, batch: PolicyBatch, rows: _Rows, host: _Host) -> None:
         """Forward and backward of the distillation term alone, finished on its own (finish_fn) and added to the
         task gradient already there (which exact OPOB finished trajectory by trajectory)."""
         task = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
-        for idx in self._micro_batches(batch, torch.arange(batch.size)):
-            sub = batch.select(idx.to(batch.input_ids.device))
+        for part in self._micro_batches(list(range(batch.size)), host, batch.input_ids.device):
+            sub = batch.select(part.dev, width=part.width)
             lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
             d = self._distill(lp, sub)
             if (total := d.loss.sum()).requires_grad:
                 total.backward()
-            rows.record_distill(idx, d)
+            rows.record_distill(part.on(rows.device), d)
         self.finish_fn(self.params)
         for p, g in zip(self.params, task, strict=True):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
 
     def _distill(self, lp: Tensor, sub: PolicyBatch) -> DistillOutput:
-        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)
+        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask, check=False)
         log_wt = self._distill_log_weight(s, self.cfg.is_truncation)
         assert self.distill is not None and sub.teacher_logprobs is not None
         return distill_term(
             lp, sub.teacher_logprobs, sub.behavior_logprobs, sub.loss_mask, log_wt, self.distill
         )
 
-    def _chunked(self, batch: PolicyBatch, rows: _Rows) -> None:
-        cfg, mbs = self.cfg, self.cfg.micro_batch_size
+    def _chunked(self, batch: PolicyBatch, rows: _Rows, host: _Host) -> None:
+        cfg, mbs, dev = self.cfg, self.cfg.micro_batch_size, batch.input_ids.device
         extra: dict[str, float] = {}
         if self.spec.prepare is not None:
-            extra = self._prepare(batch)
+            extra = self._prepare(batch, host)
         if cfg.advantage != "opob" or self.task_scale == 0:
             fn = rloo_advantages if cfg.advantage == "rloo" else grpo_advantages
-            adv, base = fn(batch.rewards, batch.group_index)
-            rows.adv[:], rows.base[:] = adv.cpu() * self.task_scale, base.cpu()
-            for idx in self._micro_batches(batch, torch.arange(batch.size)):
-                self._loss_backward(batch, idx, rows, extra)
+            groups, n_groups = _numbered(host.group_index, list(range(batch.size)), dev)
+            adv, base = fn(batch.rewards, groups, num_groups=n_groups)
+            rows.adv[:], rows.base[:] = adv * self.task_scale, base
+            for part in self._micro_batches(list(range(batch.size)), host, dev):
+                self._loss_backward(batch, part, rows, extra)
             return
-        for idx in _packed_groups(batch.group_index, mbs):
-            parts = self._micro_batches(batch, idx)
+        for idx in _packed_groups(host.group_index, mbs):
+            parts = self._micro_batches(idx, host, dev)
+            whole = _Part.of(idx, host, dev)
             # one forward holds the whole group, or (proxy_hold_group) its parts' graphs are held: forwards with
             # gradients, the baseline, then each part's backward
             if len(parts) == 1 or cfg.proxy_hold_group:
                 held = [self._proxy_forward(batch, part) for part in parts]
-                self._proxy_advantages(batch, idx, [(s, g) for _, _, s, g in held], rows)
+                self._proxy_advantages(batch, whole, host, [(s, g) for _, _, s, g in held], rows)
                 for part, (sub, lp, _, _) in zip(parts, held, strict=True):
                     self._loss_backward(batch, part, rows, extra, sub=sub, lp=lp)  # frees this part's graph
                 continue
             with torch.no_grad():  # a group larger than a micro-batch: baseline from a forward-only pass
                 forwards = [self._proxy_forward(batch, part)[2:] for part in parts]
-            self._proxy_advantages(batch, idx, forwards, rows)
+            self._proxy_advantages(batch, whole, host, forwards, rows)
             for part in parts:
                 self._loss_backward(batch, part, rows, extra)
 
-    def _micro_batches(self, batch: PolicyBatch, idx: Tensor) -> list[Tensor]:
+    def _micro_batches(self, idx: list[int], host: _Host, device: torch.device) -> list[_Part]:
         """`idx` in order, cut at micro_batch_size rows and (if set) micro_batch_tokens real tokens."""
-        lengths = batch.attention_mask.sum(-1).cpu()
         budget = self.cfg.micro_batch_tokens or math.inf
-        return _token_budget_split(idx, lengths, self.cfg.micro_batch_size, budget)
+        chunks = _token_budget_split(idx, host.lengths, self.cfg.micro_batch_size, budget)
+        return [_Part.of(c, host, device) for c in chunks]
 
-    def _proxy_forward(self, batch: PolicyBatch, idx: Tensor) -> tuple[PolicyBatch, Tensor, Tensor, Tensor]:
-        """The rows `idx`, their log-probs (with the graph when gradients are on), and what the baseline needs of
-        them: the sequence log-weights and Σ_t proxy_t over the loss tokens."""
-        sub = batch.select(idx.to(batch.input_ids.device))
+    def _proxy_forward(self, batch: PolicyBatch, part: _Part) -> tuple[PolicyBatch, Tensor, Tensor, Tensor]:
+        """The rows of `part`, their log-probs (with the graph when gradients are on), and what the baseline needs
+        of them: the sequence log-weights and Σ_t proxy_t over the loss tokens."""
+        sub = batch.select(part.dev, width=part.width)
         lp, gsq = self.proxy_fn(self.module, sub.input_ids, sub.attention_mask)  # type: ignore[misc]
-        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask)
+        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask, check=False)
         return sub, lp, s, (gsq.detach() * sub.loss_mask).double().sum(-1)
 
     def _proxy_advantages(
-        self, batch: PolicyBatch, idx: Tensor, parts: list[tuple[Tensor, Tensor]], rows: _Rows
+        self, batch: PolicyBatch, whole: _Part, host: _Host, parts: list[tuple[Tensor, Tensor]], rows: _Rows
     ) -> None:
-        dev_idx = idx.to(batch.input_ids.device)
+        """OPOB advantages of one packed chunk of whole groups from its parts' proxy norms:
+        ‖∇ mean_t log π‖² ≈ Σ_t proxy_t / L²."""
         s = torch.cat([p[0] for p in parts])
-        gsum = torch.cat([p[1] for p in parts])
-        tokens = batch.loss_mask[dev_idx].double().sum(-1)
-        self._set_opob(batch.rewards[dev_idx], batch.group_index[dev_idx], s, gsum, tokens, idx, rows)
-
-    def _set_opob(
-        self,
-        rewards: Tensor,
-        gids: Tensor,
-        s: Tensor,
-        gsq_sum: Tensor,
-        tokens: Tensor,
-        idx: Tensor,
-        rows: _Rows,
-    ) -> None:
-        """OPOB advantages from proxy norms: ‖∇ mean_t log π‖² ≈ Σ_t proxy_t / L²."""
-        log_wt = self.spec.seq_log_weight(s, self.cfg.is_truncation)  # type: ignore[misc]
+        gsq_sum = torch.cat([p[1] for p in parts])
+        tokens = batch.loss_mask[whole.dev].double().sum(-1)
         gsq = gsq_sum / tokens.clamp(min=1.0) ** 2
+        rows.bad_gsq[whole.dev] = (~torch.isfinite(gsq) | (gsq < 0)).double()  # raised by rows.on_cpu()
+        log_wt = self.spec.seq_log_weight(s, self.cfg.is_truncation)  # type: ignore[misc]
         log_w, gsq = opob_weight_inputs(s, log_wt, tokens, gsq, self.cfg.opob_weight)
-        r = rewards.double()
-        b = opob_baseline(r, log_w, gsq, gids)
-        g = group_stats(r, gids)
+        # the chunk's groups numbered 0..G-1 on the host: neither function then reads the device to count them
+        dense, n_groups = _numbered(host.group_index, whole.rows, whole.dev.device)
+        r = batch.rewards[whole.dev].double()
+        b = opob_baseline(r, log_w, gsq, dense, num_groups=n_groups, check=False)
+        g = group_stats(r, dense, num_groups=n_groups)
         adv = torch.where(g.std > STD_EPS, (r - b) / g.std.clamp(min=STD_EPS), 0.0)
-        rows.adv[idx], rows.base[idx] = adv.cpu() * self.task_scale, b.cpu()
+        rows.adv[whole.dev], rows.base[whole.dev] = adv * self.task_scale, b
 
     def _loss_backward(
         self,
         batch: PolicyBatch,
-        idx: Tensor,
+        part: _Part,
         rows: _Rows,
         extra: Mapping[str, float],
         *,
@@ -381,9 +467,9 @@ class Step:
         lp: Tensor | None = None,
     ) -> None:
         if sub is None or lp is None:
-            sub = batch.select(idx.to(batch.input_ids.device))
+            sub = batch.select(part.dev, width=part.width)
             lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
-        adv = rows.adv[idx].to(device=lp.device, dtype=lp.dtype)
+        adv = rows.adv[part.dev].to(dtype=lp.dtype)
         out = self.spec.fn(
             LossInputs(lp, sub.behavior_logprobs, sub.loss_mask, adv, self.cfg.is_truncation, extra),
             **self.kwargs,
@@ -392,23 +478,24 @@ class Step:
         d = self._distill(lp, sub) if self.distill is not None else None
         if d is not None:
             total = total + d.loss.sum()
-            rows.record_distill(idx, d)
+            rows.record_distill(part.dev, d)
         if total.requires_grad:
             total.backward()
-        rows.record(idx, lp, sub)
-        rows.loss[idx] = out.loss.detach().double().cpu()
-        rows.clipped[idx] = out.clipped_tokens.detach().double().cpu()
+        rows.record(part.dev, lp, sub)
+        rows.loss[part.dev] = out.loss.detach().double()
+        rows.clipped[part.dev] = out.clipped_tokens.detach().double()
 
-    def _prepare(self, batch: PolicyBatch) -> dict[str, float]:
+    def _prepare(self, batch: PolicyBatch, host: _Host) -> dict[str, float]:
         """Forward-only pass over the local batch for losses that need every token's log-ratio first."""
         parts = []
         with torch.no_grad():
-            for idx in self._micro_batches(batch, torch.arange(batch.size)):
-                sub = batch.select(idx.to(batch.input_ids.device))
+            for part in self._micro_batches(list(range(batch.size)), host, batch.input_ids.device):
+                sub = batch.select(part.dev, width=part.width)
                 lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
-                d = (lp.double() - sub.behavior_logprobs.double())[sub.loss_mask > 0]
-                parts.append(d**2)
-        return self.spec.prepare(torch.cat(parts), self.group, **self.kwargs)  # type: ignore[misc]
+                d = lp.double() - sub.behavior_logprobs.double()
+                parts.append(torch.where(sub.loss_mask > 0, d**2, -1.0).flatten())  # -1: not a loss token
+        x = torch.cat(parts)
+        return self.spec.prepare(x[x >= 0], self.group, **self.kwargs)  # type: ignore[misc]
 
     # -- global statistics, gradient sync, optimizer step -------------------------------------
 
@@ -493,35 +580,44 @@ class Step:
 VCPOStep = Step
 
 
-def _groups(group_index: Tensor) -> list[Tensor]:
+def _numbered(group_index: list[int], rows: list[int], device: torch.device) -> tuple[Tensor, int]:
+    """The prompt groups of `rows` numbered 0..G-1 in order of id, as `torch.unique` numbers them, on `device`
+    (numbered on the host: `torch.unique` and a read of the count on the device would wait for it), and G."""
+    gid = [group_index[k] for k in rows]
+    number = {g: i for i, g in enumerate(sorted(set(gid)))}
+    return torch.tensor([number[g] for g in gid]).to(device, non_blocking=True), len(number)
+
+
+def _groups(group_index: list[int]) -> list[list[int]]:
     """Row indices of each prompt group, groups in order of first appearance."""
-    gid = group_index.cpu()
     order: dict[int, list[int]] = {}
-    for k, g in enumerate(gid.tolist()):
+    for k, g in enumerate(group_index):
         order.setdefault(g, []).append(k)
-    return [torch.tensor(v) for v in order.values()]
+    return list(order.values())
 
 
-def _packed_groups(group_index: Tensor, mbs: int) -> list[Tensor]:
+def _packed_groups(group_index: list[int], mbs: int) -> list[list[int]]:
     """Whole groups packed greedily into chunks of at most mbs rows; a larger group is its own chunk."""
     chunks: list[list[int]] = []
     for g in _groups(group_index):
         if chunks and len(chunks[-1]) + len(g) <= mbs:
-            chunks[-1].extend(g.tolist())
+            chunks[-1].extend(g)
         else:
-            chunks.append(g.tolist())
-    return [torch.tensor(c) for c in chunks]
+            chunks.append(list(g))
+    return chunks
 
 
-def _token_budget_split(idx: Tensor, lengths: Tensor, max_rows: int, max_tokens: float) -> list[Tensor]:
+def _token_budget_split(
+    idx: list[int], lengths: list[int], max_rows: int, max_tokens: float
+) -> list[list[int]]:
     """Greedy in order: a micro-batch closes before it would pass max_rows rows or max_tokens tokens."""
     chunks: list[list[int]] = [[]]
     used = 0
-    for k in idx.tolist():
-        n = int(lengths[k])
+    for k in idx:
+        n = lengths[k]
         if chunks[-1] and (len(chunks[-1]) == max_rows or used + n > max_tokens):
             chunks.append([])
             used = 0
         chunks[-1].append(k)
         used += n
-    return [torch.tensor(c, dtype=idx.dtype) for c in chunks]
+    return chunks

@@ -19,7 +19,9 @@ the rank is built and go through the model's own `.logits`, upcast chunk by chun
 
 from __future__ import annotations
 
+import itertools
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -76,58 +78,95 @@ class HFLogprobs:
     ) -> tuple[Tensor, Tensor | None]:
         if model is not self.model:
             raise ValueError("HFLogprobs: called with another model than the one it was built for")
-        am = attention_mask > 0
-        if bool((am[:, 1:] & ~am[:, :-1]).any()):
-            raise ValueError(
-                "HFLogprobs: attention_mask rows must be right-padded (a real token follows padding)"
-            )
-        # predicts[b, t]: position t - 1 of row b predicts token t (both real: right padding)
-        predicts = am[:, 1:]
-        targets = input_ids[:, 1:][predicts]
+        at = _Layout.of(attention_mask)
+        dev = input_ids.device
+        # pred: [B, T] flat index of each position that predicts a token (position t - 1 of row b predicts t; both
+        # real under right padding), in row order
+        pred = at.pred.to(dev, non_blocking=True)
+        targets = input_ids.flatten()[pred + 1]
         if self.plain_head:
-            hidden = self._hidden(input_ids, am)  # [B, T, H] rows, or [1, N, H] packed
+            hidden = self._hidden(input_ids, at)  # [B, T, H] rows, or [1, N, H] packed
             if hidden.shape[0] == input_ids.shape[0]:
-                h = hidden[:, :-1][predicts]
+                h = hidden.flatten(0, 1)[pred]
             else:  # packed: the real tokens in row order; the one before each target is its predictor
-                index = am.flatten().cumsum(0).view(am.shape) - 1
-                h = hidden[0, index[:, :-1][predicts]]
+                h = hidden[0, at.packed_pred.to(dev, non_blocking=True)]
             head = self.head
             out = linear_logprobs(
                 h, head.weight, targets, bias=head.bias, chunk_tokens=self.chunk_tokens, with_sum_p2=proxy
             )
             lp, p2 = out if proxy else (out, None)
         else:
-            logits = model(input_ids).logits[:, :-1][predicts]
+            logits = model(input_ids).logits.flatten(0, 1)[pred]
             lp = logits_logprobs(logits, targets, chunk_tokens=self.chunk_tokens)
             p2 = logits_sum_p2(logits, chunk_tokens=self.chunk_tokens) if proxy else None
-        width = input_ids.shape[1]
-        full = lp.new_zeros(input_ids.shape[0], width)
-        full[:, 1:][predicts] = lp
+        full = lp.new_zeros(input_ids.numel())
+        full[pred + 1] = lp
+        full = full.view(input_ids.shape)
         if p2 is None:
             return full, None
-        gsq = torch.zeros_like(full, requires_grad=False)
+        gsq = lp.new_zeros(input_ids.numel(), requires_grad=False)
         with torch.no_grad():
-            gsq[:, 1:][predicts] = proxy_sq_norm(lp.detach(), p2)
-        return full, gsq
+            gsq[pred + 1] = proxy_sq_norm(lp.detach(), p2)
+        return full, gsq.view(input_ids.shape)
 
-    def _hidden(self, input_ids: Tensor, am: Tensor) -> Tensor:
+    def _hidden(self, input_ids: Tensor, at: _Layout) -> Tensor:
         """The decoder's last hidden state: [1, N, H] for the packed real tokens, or [B, T, H] per row."""
-        rows = input_ids.shape[0]
+        rows, dev = input_ids.shape[0], input_ids.device
         if self.pack and rows > 1:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-            lengths = am.sum(-1)
-            cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
-            bounds = tuple(cu.tolist())  # one device sync here, not one per layer
+            bounds = at.bounds  # Python ints: no read of the device here, nor in any layer
             longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+            cu = at.cu.to(dev, non_blocking=True)
             # compiled: Python ints in the call would specialise the graph on every new set of lengths
             plain = {} if self.compiled else {"packed_bounds": bounds}
             out = self._run(
-                input_ids=input_ids[am][None], position_ids=positions[am][None],
+                input_ids=input_ids.flatten()[at.real.to(dev, non_blocking=True)][None],
+                position_ids=at.positions.to(dev, non_blocking=True)[None],
                 cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest, **plain,
             )  # fmt: skip
         else:
             out = self._run(input_ids=input_ids)
         return out.last_hidden_state
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a right-padded micro-batch's tokens are, as host index tensors into its flattened [B*T] rows, from one
+    read of the device (the rows' lengths): gathering with them, unlike indexing with a boolean mask, does not make
+    the host wait for the device to count the mask's entries (tests/learners/test_packed_logprobs.py counts)."""
+
+    pred: Tensor  # [P] the positions that predict a token (t - 1 for every real t >= 1), row by row
+    packed_pred: Tensor  # [P] the same positions among the packed real tokens
+    real: Tensor  # [N] the real tokens, row by row
+    positions: Tensor  # [N] each real token's position in its row
+    cu: Tensor  # [B + 1] int32: where each row starts among the real tokens, and N
+    bounds: tuple[int, ...]  # cu as Python ints
+
+    @staticmethod
+    def of(attention_mask: Tensor) -> _Layout:
+        am = attention_mask > 0
+        b, t = am.shape
+        *lengths, misplaced = torch.cat([am.sum(-1), (am[:, 1:] & ~am[:, :-1]).any().reshape(1)]).tolist()
+        if misplaced:
+            raise ValueError(
+                "HFLogprobs: attention_mask rows must be right-padded (a real token follows padding)"
+            )
+        real_rows, positions, starts = _runs(lengths)
+        cu = torch.cat([starts, torch.tensor([sum(lengths)])]).to(torch.int32)
+        pred_rows, pred_positions, _ = _runs(
+            [max(n - 1, 0) for n in lengths]
+        )  # every real token but a row's last
+        return _Layout(
+            pred_rows * t + pred_positions, starts[pred_rows] + pred_positions, real_rows * t + positions,
+            positions, cu, tuple(itertools.accumulate(lengths, initial=0)),
+        )  # fmt: skip
+
+
+def _runs(counts: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """For rows holding counts[b] items each: every item's row and its place in the row, and each row's start."""
+    n = torch.tensor(counts, dtype=torch.long)
+    starts = n.cumsum(0) - n
+    rows = torch.repeat_interleave(torch.arange(len(counts)), n, output_size=sum(counts))
+    return rows, torch.arange(sum(counts)) - starts[rows], starts
 
 
 def _head_is_linear(base: nn.Module, decoder: nn.Module, head: nn.Module | None) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from host_reads import HostReads, cuda_syncs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_rl.learners.hf_logprobs import HFLogprobs
@@ -197,6 +198,36 @@ def test_packed_and_padded_learner_log_probs_equal_the_reference_and_the_proxy_t
             torch.testing.assert_close(lp * real, ref_lp * real, rtol=0, atol=1e3 * FP64_EPS)
             torch.testing.assert_close(gsq * real, ref_gsq * real, rtol=0, atol=1e3 * FP64_EPS)
             assert torch.all(gsq[real == 0] == 0)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("lengths", [[15, 4, 11], [7, 12, 3, 9, 5, 1, 14, 8]])
+def test_the_learners_log_probs_read_the_device_once_per_forward_and_not_in_backward(pack, lengths) -> None:
+    """On a GPU each read waits for the device: once for the rows' lengths (and whether they are right-padded),
+    whatever the rows; the packed layout is built on the host from them. transformers' mask preprocessing adds
+    its own read (`find_packed_sequence_indices`, which the transformers + Liger anchor makes too); nothing else."""
+    model = _qwen(torch.float32)
+    fn = HFLogprobs(model, pack=pack, chunk_tokens=4)
+    ids, am = _batch(96, lengths)
+    with HostReads() as reads:
+        lp, gsq = fn.proxy(model, ids, am)
+        (lp * gsq).sum().backward()
+    ours = [w for w in reads.where if not w.startswith("transformers/")]
+    assert ours == [ours[0]] and ours[0].endswith(" of"), reads.where
+    assert reads.functions <= {"of", "find_packed_sequence_indices"}, reads.where
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_on_cuda_the_learners_log_probs_sync_twice_per_forward_and_not_in_backward() -> None:
+    """The same, counted by torch's sync debug mode on the device."""
+    model = _qwen(torch.float32).cuda()
+    fn = HFLogprobs(model, pack=True, chunk_tokens=4)
+    ids, am = (t.cuda() for t in _batch(96, [7, 12, 3, 9, 5, 1, 14, 8]))
+    fn.proxy(model, ids, am)[0].sum().backward()  # warm
+    with cuda_syncs() as syncs:
+        lp, gsq = fn.proxy(model, ids, am)
+        (lp * gsq).sum().backward()
+    assert len(syncs) <= 2, syncs
 
 
 class _LargestVocabTensor(TorchDispatchMode):
