@@ -103,6 +103,7 @@ bench: install system-deps
 	$(PY) benchmarks/packing.py
 	$(PY) -m benchmarks.megatron_attention_memory
 	$(PY) benchmarks/learner_step.py
+	$(PY) benchmarks/host_reads.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/orchestration.py
 	$(PY) benchmarks/reliability.py

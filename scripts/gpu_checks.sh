@@ -8,9 +8,11 @@
 #   pytest    the learners' tests with CUDA available (PYTEST_PATHS, default tests/learners tests/megatron
 #             tests/vcpo; WORKERS pytest workers, default 12, but a file runs whole on one worker, so no more
 #             workers work than there are files): pytest_cuda.txt in OUTDIR/logs.tar.gz
-#   profile   benchmarks/gpu_profile.py (where each learner's step goes against the anchor's, and its host syncs):
-#             OUTDIR/gpu_profile.{json,md}, written after each cell (a run cut at PROFILE_S keeps the cells it
-#             profiled); its first five cells took 93 s on 2026-11-28, the two Megatron cells come last
+#   profile   benchmarks/host_reads.py --device cuda (the torch learner's reads of the device per step, counted
+#             and, with torch's sync debug mode, the real syncs; seconds, into logs.tar.gz as host_reads_cuda.*),
+#             then benchmarks/gpu_profile.py (where each learner's step goes against the anchor's, and its host
+#             syncs): OUTDIR/gpu_profile.{json,md}, written after each cell (a run cut at PROFILE_S keeps the cells
+#             it profiled); its first five cells took 93 s on 2026-11-28, the two Megatron cells come last
 #   hold      benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's graphs held vs a forward without
 #             gradients first, 0.5B shape, 2 x 32768, bf16; HOLD_ROUNDS rounds, default 2):
 #             OUTDIR/proxy_hold.{json,md}
@@ -69,6 +71,9 @@ run_pytest() {
   grep -E "(FAILED|ERROR) tests/" "$LOGS/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
 }
 run_profile() {
+  echo "[$(date +%T)] host_reads (limit 120 s)"
+  limited host_reads 120 TERM host_reads.log python benchmarks/host_reads.py --device cuda --commit "$COMMIT" \
+    --out "$LOGS/host_reads_cuda"
   echo "[$(date +%T)] gpu_profile (limit ${PROFILE_S} s)"
   limited gpu_profile "$PROFILE_S" TERM gpu_profile.log python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR"
 }

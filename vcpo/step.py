@@ -231,7 +231,7 @@ class _Rows:
 class _Host:
     """What the step plans its micro-batches from, as Python ints read once per step: each row's real tokens and
     prompt group. Planning from tensors on the device would make the host wait for the device at every
-    micro-batch (tests/vcpo/test_host_reads.py counts the reads)."""
+    micro-batch (benchmarks/host_reads.py counts the reads)."""
 
     lengths: list[int]
     group_index: list[int]

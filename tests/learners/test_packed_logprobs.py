@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from host_reads import HostReads, cuda_syncs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_rl.learners.hf_logprobs import HFLogprobs
 from agent_rl.learners.packed_attention import NAME as PACKED
+from benchmarks.host_reads import HostReads, cuda_syncs
 from vcpo.logprobs import linear_logprobs, logit_grad_proxy_of, logprobs_of
 
 FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7

@@ -2,17 +2,17 @@
 on Python ints read once, per-trajectory results stay on the device until the end of the step, and the checks
 that need a value (finite log-ratios, proxy norms) run once on the host copy. On a GPU each read waits for the
 device (the profile of the fourth H200 session found the torch learner's GPU busy 0.79 of its step against the
-transformers + Liger anchor's 0.88, with ~20 reads per micro-batch). Counted here on the CPU (tests/host_reads.py);
+transformers + Liger anchor's 0.88, with ~20 reads per micro-batch). Counted here on the CPU (benchmarks/host_reads.py);
 on CUDA with torch's sync debug mode."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from host_reads import HostReads, cuda_syncs
 from vcpo_testlib import make_batch, tiny_model
 
 import vcpo
+from benchmarks.host_reads import HostReads, cuda_syncs
 from vcpo.distill import DistillConfig
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 
@@ -43,7 +43,9 @@ def _reads(cfg: dict, micro_batch_size: int) -> HostReads:
             return logit_grad_proxy_of(m, ids, am)
 
     cfg = vcpo.StepConfig(micro_batch_size=micro_batch_size, **cfg)
-    step = vcpo.Step(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, logprob_fn=logprobs, proxy_fn=proxy)
+    step = vcpo.Step(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, logprob_fn=logprobs, proxy_fn=proxy
+    )
     with reads:
         step(batch)
     assert reads.where[: checks.count] == checks.where, (reads.where, checks.where)
@@ -59,7 +61,9 @@ def test_the_step_reads_the_device_as_often_with_twelve_micro_batches_as_with_on
     )
     # and none inside the micro-batch loop: the host's plan (_Host.of, 1 read), the rows copied once and checked
     # (on_cpu), the reduced statistics and the gradient norm (_finish, _distill_metrics), M2PO's threshold
-    assert one.functions <= {"of", "on_cpu", "_finish", "_distill_metrics", "m2po_threshold", "_prepare"}, one.where
+    assert one.functions <= {"of", "on_cpu", "_finish", "_distill_metrics", "m2po_threshold", "_prepare"}, (
+        one.where
+    )
 
 
 def test_a_nan_log_prob_is_refused_with_the_trajectory_and_no_update() -> None:
@@ -69,7 +73,9 @@ def test_a_nan_log_prob_is_refused_with_the_trajectory_and_no_update() -> None:
 
     def nan_at_row_2(m, ids, am):  # noqa: ANN001, ANN202
         lp, gsq = logit_grad_proxy_of(m, ids, am)
-        return lp + torch.where(ids == ids[2, 5], torch.nan, 0.0) * (torch.arange(len(ids)) == 2)[:, None], gsq
+        return lp + torch.where(ids == ids[2, 5], torch.nan, 0.0) * (torch.arange(len(ids)) == 2)[
+            :, None
+        ], gsq
 
     step = vcpo.Step(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      vcpo.StepConfig(opob_mode="proxy"), proxy_fn=nan_at_row_2)  # fmt: skip

@@ -1,0 +1,210 @@
+"""How often one learner step makes the host wait for the device: the calls counted, per step, through a real
+torch-learner rank (`TorchRank`, proxy OPOB, the tests' small Qwen2 shape) for several micro-batch layouts.
+
+    .venv/bin/python benchmarks/host_reads.py [--device cpu|cuda]   # -> benchmarks/results/host_reads.{json,md}
+
+A read of a tensor's value (`.item()`, `bool()`, `int()`, `float()`, `.tolist()`, `torch.equal`), a copy to the
+host (`.cpu()`), and an op whose output size depends on the values (`nonzero`, `unique`, `masked_select`,
+indexing with a boolean mask, `repeat_interleave` without `output_size`, one-argument `torch.where`) each wait,
+on a GPU, for every kernel queued before them; between two of them the GPU idles while the host launches the
+next ones. On the CPU nothing waits, so the calls are counted instead (`HostReads`, a `TorchFunctionMode` sees
+every one), which tells a step that plans from Python ints from one that reads tensors; a read of a tensor that
+already is on the host counts too, so on a GPU the syncs are at most the count. Not counted: `.to("cpu")` (the
+same call moves a tensor to the device the code runs on); code that wants a copy on the host writes `.cpu()`.
+On CUDA, `cuda_syncs` counts the real waits with torch's sync debug mode (`--device cuda` reports both).
+The tests use both (tests/vcpo/test_host_reads.py, tests/learners/test_packed_logprobs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _learner_bench import SMALL, Cell, Rank, batch, write_model  # noqa: E402
+from bench_paths import ROOT, portable  # noqa: E402
+
+READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "nonzero", "argwhere",
+         "unique", "unique_consecutive", "masked_select", "equal", "allclose"}  # fmt: skip
+
+
+def _has_mask(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
+
+
+class HostReads(TorchFunctionMode):
+    """`with HostReads() as reads:` ... `reads.count`, `reads.where` ("package/file:line function" of each call),
+    `reads.functions` (the set of those functions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: list[str] = []
+        self.paused = False
+
+    @property
+    def count(self) -> int:
+        return len(self.where)
+
+    @property
+    def functions(self) -> set[str]:
+        return {w.rsplit(" ", 1)[-1] for w in self.where}
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Calls made inside are not counted (a function whose reads another test counts)."""
+        self.paused, was = True, self.paused
+        try:
+            yield
+        finally:
+            self.paused = was
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if not self.paused and self._reads(func, args, kwargs):
+            self.where.append(_site())
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _reads(func: Any, args: tuple, kwargs: dict) -> bool:
+        name = getattr(func, "__name__", "")
+        if name in READS:
+            return True
+        if name in ("__getitem__", "__setitem__"):
+            return len(args) > 1 and _has_mask(args[1])
+        if name == "repeat_interleave":
+            return "output_size" not in kwargs and len(args) > 1 and isinstance(args[1], torch.Tensor)
+        return name == "where" and len(args) + len(kwargs) == 1
+
+
+def _site() -> str:
+    """'package/file.py:line function' of the call (its innermost Python frame)."""
+    frame = traceback.extract_stack()[-3]
+    return (
+        f"{frame.filename.rsplit('/', 2)[-2]}/{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.name}"
+    )
+
+
+@contextlib.contextmanager
+def cuda_syncs() -> Iterator[list[str]]:
+    """The synchronizing CUDA calls made inside (torch's sync debug mode warns on each), as their messages."""
+    got: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield got
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    got.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+
+
+ROWS, LENGTH = 8, 64  # 4 groups of 2 (`_learner_bench.batch`)
+# (name, rows per micro-batch, recompute): recompute holds a group split over micro-batches (proxy_hold_group)
+LAYOUTS = (
+    ("one forward", 8, False),
+    ("a group per micro-batch", 2, False),
+    ("a row per micro-batch, held group", 1, True),
+    ("a row per micro-batch, forward-only first", 1, False),
+)
+
+
+def measure(model: Path, rows_per_micro_batch: int, recompute: bool, device: str) -> dict[str, Any]:
+    """One warm-up step, then one counted step (and, on CUDA, one step under the sync debug mode)."""
+    cell = Cell("torch", LENGTH, ROWS, recompute=recompute, opob="proxy", dtype="float32",
+                micro_batch_tokens=rows_per_micro_batch * LENGTH)  # fmt: skip
+    rank = Rank(model, cell, device)
+    host_batch = batch(ROWS, LENGTH, rank.vocab)  # built on the host, as a run hands it to the learner
+    forwards = [0]
+    rank.model.get_decoder().register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    rank.step(host_batch)
+    forwards[0] = 0
+    with HostReads() as reads:
+        rank.step(host_batch)
+    out: dict[str, Any] = {
+        "reads": reads.count,
+        "forwards": forwards[0],
+        "sites": collections.Counter(reads.where),
+    }
+    if device.startswith("cuda"):
+        with cuda_syncs() as syncs:
+            rank.step(host_batch)
+        out["cuda_syncs"] = len(syncs)
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# Host reads per learner step ({result['commit']}, {result['device']})",
+        "",
+        f"`benchmarks/host_reads.py`: one torch-learner step (proxy OPOB, {ROWS} x {LENGTH} tokens in groups of 2, "
+        "the small Qwen2 shape, fp32), the calls that on a GPU wait for the device counted per step.",
+        "",
+        "| layout | forwards | reads per step | of them in the log-probs (per forward) |"
+        + (" CUDA syncs |" if result["device"].startswith("cuda") else ""),
+        "|---|---|---|---|" + ("---|" if result["device"].startswith("cuda") else ""),
+    ]
+    for row in result["layouts"]:
+        per_forward = sum(n for site, n in row["sites"].items() if "hf_logprobs" in site or "masking" in site)
+        lines.append(
+            f"| {row['layout']} | {row['forwards']} | {row['reads']} | {per_forward} "
+            f"({per_forward / max(row['forwards'], 1):g}) |"
+            + (f" {row['cuda_syncs']} |" if "cuda_syncs" in row else "")
+        )
+    lines += ["", "Where (the busiest layout's reads, by call site):", ""]
+    busiest = max(result["layouts"], key=lambda r: r["reads"])
+    lines += [f"- {n} x `{site}`" for site, n in sorted(busiest["sites"].items(), key=lambda x: -x[1])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU): also counts the real syncs")
+    ap.add_argument(
+        "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
+    )
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "host_reads")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no GPU here ({torch.__version__})")
+    commit = (
+        args.commit
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False
+        ).stdout.strip()
+        or "unknown"
+    )
+    model = write_model(Path(tempfile.mkdtemp()) / "small", SMALL, device=args.device)
+    layouts = []
+    for i, (name, rows, recompute) in enumerate(LAYOUTS, 1):
+        print(f"[{i}/{len(LAYOUTS)}] {name}", flush=True)
+        row = measure(model, rows, recompute, args.device)
+        layouts.append({"layout": name, "rows_per_micro_batch": rows, "recompute": recompute, **row})
+        print(f"    {row['reads']} reads per step, {row['forwards']} forwards", flush=True)
+    result = {
+        "commit": commit, "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "torch": torch.__version__, "python": platform.python_version(), "layouts": layouts,
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(portable(json.dumps(result, indent=1, default=dict)) + "\n")
+    args.out.with_suffix(".md").write_text(portable(markdown(result)))
+    print(f"wrote {args.out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
