@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "host_reads")
     args = ap.parse_args(argv)
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        ap.error(f"--device {args.device!r}: cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no GPU here ({torch.__version__})")
     commit = (
