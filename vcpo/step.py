@@ -235,7 +235,6 @@ class _Host:
 
     lengths: list[int]
     group_index: list[int]
-    device: torch.device = torch.device("cpu")
 
     @staticmethod
     def of(batch: PolicyBatch) -> _Host:
@@ -326,7 +325,7 @@ class Step:
         self.optimizer.zero_grad(set_to_none=True)
         exact = self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact" and self.task_scale > 0
         # exact OPOB reads each trajectory's results on the host as it goes; the others never read a row until the end
-        where = host.device if exact else batch.input_ids.device
+        where = torch.device("cpu") if exact else batch.input_ids.device
         rows = _Rows(batch.size, int(batch.input_ids.shape[1]), where)
         try:
             with self.no_sync():

@@ -80,8 +80,8 @@ class HFLogprobs:
             raise ValueError("HFLogprobs: called with another model than the one it was built for")
         at = _Layout.of(attention_mask)
         dev = input_ids.device
-        # pred: [B, T] flat index of each position that predicts a token (position t - 1 of row b predicts t; both
-        # real under right padding), in row order
+        # pred: [P] index into the flattened [B * T] rows of each position that predicts a token (position t - 1
+        # of row b predicts t; both real under right padding), row by row
         pred = at.pred.to(dev, non_blocking=True)
         targets = input_ids.flatten()[pred + 1]
         if self.plain_head:
@@ -143,8 +143,7 @@ class _Layout:
 
     @staticmethod
     def of(attention_mask: Tensor) -> _Layout:
-        am = attention_mask > 0
-        b, t = am.shape
+        am, t = attention_mask > 0, attention_mask.shape[1]
         *lengths, misplaced = torch.cat([am.sum(-1), (am[:, 1:] & ~am[:, :-1]).any().reshape(1)]).tolist()
         if misplaced:
             raise ValueError(
@@ -152,9 +151,8 @@ class _Layout:
             )
         real_rows, positions, starts = _runs(lengths)
         cu = torch.cat([starts, torch.tensor([sum(lengths)])]).to(torch.int32)
-        pred_rows, pred_positions, _ = _runs(
-            [max(n - 1, 0) for n in lengths]
-        )  # every real token but a row's last
+        before_last = [max(n - 1, 0) for n in lengths]  # every real token but a row's last predicts one
+        pred_rows, pred_positions, _ = _runs(before_last)
         return _Layout(
             pred_rows * t + pred_positions, starts[pred_rows] + pred_positions, real_rows * t + positions,
             positions, cu, tuple(itertools.accumulate(lengths, initial=0)),
