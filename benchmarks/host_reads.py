@@ -1,7 +1,9 @@
 """How often one learner step makes the host wait for the device: the calls counted, per step, through a real
-torch-learner rank (`TorchRank`, proxy OPOB, the tests' small Qwen2 shape) for several micro-batch layouts.
+torch-learner rank (`TorchRank`, proxy OPOB, the tests' small Qwen2 shape) for several micro-batch layouts, and
+(`--megatron`, the default on CUDA) through a Megatron rank (exact OPOB).
 
-    .venv/bin/python benchmarks/host_reads.py [--device cpu|cuda]   # -> benchmarks/results/host_reads.{json,md}
+    .venv/bin/python benchmarks/host_reads.py [--device cpu|cuda] [--megatron]
+        # -> benchmarks/results/host_reads.{json,md}
 
 A read of a tensor's value (`.item()`, `bool()`, `int()`, `float()`, `.tolist()`, `torch.equal`), a copy to the
 host (`.cpu()`), and an op whose output size depends on the values (`nonzero`, `unique`, `masked_select`,
@@ -123,14 +125,23 @@ LAYOUTS = (
 )
 
 
-def measure(model: Path, rows_per_micro_batch: int, recompute: bool, device: str) -> dict[str, Any]:
+# the Megatron learner (exact OPOB only: one trajectory per forward); on CPU its count includes the reads of the
+# host copies of the pack's bounds (host_bounds.py), which are no waits: only its CUDA syncs say what a GPU waits
+MEGATRON = ("Megatron, exact OPOB", 1, False)
+
+
+def measure(
+    model: Path, rows_per_micro_batch: int, recompute: bool, device: str, backend: str = "torch"
+) -> dict[str, Any]:
     """One warm-up step, then one counted step (and, on CUDA, one step under the sync debug mode)."""
-    cell = Cell("torch", LENGTH, ROWS, recompute=recompute, opob="proxy", dtype="float32",
+    opob = "exact" if backend == "megatron" else "proxy"
+    cell = Cell(backend, LENGTH, ROWS, recompute=recompute, opob=opob, dtype="float32",  # type: ignore[arg-type]
                 micro_batch_tokens=rows_per_micro_batch * LENGTH)  # fmt: skip
     rank = Rank(model, cell, device)
     host_batch = batch(ROWS, LENGTH, rank.vocab)  # built on the host, as a run hands it to the learner
     forwards = [0]
-    rank.model.get_decoder().register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    decoder = rank.model.decoder if backend == "megatron" else rank.model.get_decoder()
+    decoder.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     rank.step(host_batch)
     forwards[0] = 0
     with HostReads() as reads:
@@ -147,26 +158,35 @@ def measure(model: Path, rows_per_micro_batch: int, recompute: bool, device: str
     return out
 
 
+def _in_logprobs(site: str) -> bool:
+    """A read made by a learner's log-prob function or the model under it (not by vcpo.Step)."""
+    return any(part in site for part in ("hf_logprobs", "masking_utils", "megatron/", "rope_utils"))
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Host reads per learner step ({result['commit']}, {result['device']})",
         "",
-        f"`benchmarks/host_reads.py`: one torch-learner step (proxy OPOB, {ROWS} x {LENGTH} tokens in groups of 2, "
-        "the small Qwen2 shape, fp32), the calls that on a GPU wait for the device counted per step.",
+        f"`benchmarks/host_reads.py`: one learner step ({ROWS} x {LENGTH} tokens in groups of 2, the small Qwen2 "
+        "shape, fp32; the torch learner with proxy OPOB in four micro-batch layouts, with --megatron or on CUDA the "
+        "Megatron learner too), the calls that on a GPU wait for the device counted per step.",
         "",
         "| layout | forwards | reads per step | of them in the log-probs (per forward) |"
         + (" CUDA syncs |" if result["device"].startswith("cuda") else ""),
         "|---|---|---|---|" + ("---|" if result["device"].startswith("cuda") else ""),
     ]
     for row in result["layouts"]:
-        per_forward = sum(n for site, n in row["sites"].items() if "hf_logprobs" in site or "masking" in site)
+        per_forward = sum(n for site, n in row["sites"].items() if _in_logprobs(site))
         lines.append(
             f"| {row['layout']} | {row['forwards']} | {row['reads']} | {per_forward} "
             f"({per_forward / max(row['forwards'], 1):g}) |"
             + (f" {row['cuda_syncs']} |" if "cuda_syncs" in row else "")
         )
-    lines += ["", "Where (the busiest layout's reads, by call site):", ""]
-    busiest = max(result["layouts"], key=lambda r: r["reads"])
+    if any(row["backend"] == "megatron" for row in result["layouts"]):
+        lines += ["", "Megatron's row on CPU counts reads of the pack's bounds' host copies too (no wait on a GPU);"
+                  " its CUDA syncs are what a GPU waits."]  # fmt: skip
+    lines += ["", "Where (the busiest torch layout's reads, by call site):", ""]
+    busiest = max((r for r in result["layouts"] if r["backend"] == "torch"), key=lambda r: r["reads"])
     lines += [f"- {n} x `{site}`" for site, n in sorted(busiest["sites"].items(), key=lambda x: -x[1])]
     return "\n".join(lines) + "\n"
 
@@ -178,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "host_reads")
+    ap.add_argument(
+        "--megatron",
+        action="store_true",
+        help="also the Megatron learner's step (the default with --device cuda)",
+    )
     args = ap.parse_args(argv)
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         ap.error(f"--device {args.device!r}: cpu or cuda")
@@ -191,11 +216,16 @@ def main(argv: list[str] | None = None) -> int:
         or "unknown"
     )
     model = write_model(Path(tempfile.mkdtemp()) / "small", SMALL, device=args.device)
+    cells = [(*c, "torch") for c in LAYOUTS]
+    if args.megatron or args.device.startswith("cuda"):
+        cells.append((*MEGATRON, "megatron"))
     layouts = []
-    for i, (name, rows, recompute) in enumerate(LAYOUTS, 1):
-        print(f"[{i}/{len(LAYOUTS)}] {name}", flush=True)
-        row = measure(model, rows, recompute, args.device)
-        layouts.append({"layout": name, "rows_per_micro_batch": rows, "recompute": recompute, **row})
+    for i, (name, rows, recompute, backend) in enumerate(cells, 1):
+        print(f"[{i}/{len(cells)}] {name}", flush=True)
+        row = measure(model, rows, recompute, args.device, backend)
+        layouts.append(
+            {"layout": name, "backend": backend, "rows_per_micro_batch": rows, "recompute": recompute, **row}
+        )
         print(f"    {row['reads']} reads per step, {row['forwards']} forwards", flush=True)
     result = {
         "commit": commit, "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),

@@ -359,3 +359,36 @@ def saved_bytes_worker(
         saved[n] = sum(seen.values())
     torch.save(saved, out)
     exit_worker()
+
+
+def packed_bounds_reads_worker(rank: int, world: int, port: int, model_dir: str, batch, out: str) -> None:
+    """One TP=1 rank: a packed forward and backward under a spy that records every torch call on the device copies
+    of the pack's cu_seqlens (what RoPE and attention read must come from their host copies); saves the calls."""
+    from torch.overrides import TorchFunctionMode
+
+    from agent_rl.learners.megatron import packing
+    from agent_rl.learners.megatron.logprobs import megatron_logprobs
+
+    model, par, _ = _tp_model(rank, world, port, model_dir, sp=False)
+    made: list[torch.Tensor] = []
+    build = packing.packed_seq_params
+
+    def capture(layout, device):  # noqa: ANN001, ANN202
+        params = build(layout, device)
+        made.extend([params.cu_seqlens_q, params.cu_seqlens_kv, params.cu_seqlens_q_padded, params.cu_seqlens_kv_padded])
+        return params
+
+    class Spy(TorchFunctionMode):
+        calls: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if args and any(args[0] is t for t in made):
+                self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    packing.packed_seq_params = capture
+    with Spy() as spy:
+        lp = megatron_logprobs(model, batch.input_ids, batch.attention_mask, par=par, pack=True)
+        (lp * batch.loss_mask).sum().backward()
+    torch.save({"calls": spy.calls, "made": len(made)}, out)
+    exit_worker()

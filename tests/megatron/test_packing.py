@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import HAVE_MEGATRON, build_tiny_dir, make_groups, packed_vs_padded_worker
+from _helpers import (
+    HAVE_MEGATRON,
+    build_tiny_dir,
+    make_groups,
+    packed_bounds_reads_worker,
+    packed_vs_padded_worker,
+)
 
 from agent_rl.batch import collate
 from agent_rl.learners.megatron import packing
@@ -73,3 +79,54 @@ def test_packed_logprobs_and_gradients_equal_the_padded_batch(world, sp, tmp_pat
     torch.testing.assert_close(lp_pack[real], lp_pad[real], rtol=1e-5, atol=1e-5)
     assert norm_pack == pytest.approx(norm_pad, rel=1e-5)
     assert norm_pad > 0.1
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed: pip install 'agent-rl[gpu]'")
+def test_rope_and_attention_read_the_packs_bounds_from_their_host_copy(tmp_path):
+    """On a GPU a read of cu_seqlens waits for the device: megatron-core's unfused THD RoPE reads them twice per
+    call (queries and keys of every layer), our attention once per layer. Through a packed forward and backward,
+    nothing touches the device copies the pack hands to megatron (host_bounds.py)."""
+    from agent_rl.learners._pool import free_port
+
+    model_dir = build_tiny_dir(tmp_path / "model")
+    batch = collate(make_groups(model_dir, seed=0)).policy
+    out = tmp_path / "calls.pt"
+    torch.multiprocessing.spawn(
+        packed_bounds_reads_worker, args=(1, free_port(), str(model_dir), batch, str(out)), nprocs=1
+    )
+    got = torch.load(out)
+    assert got["made"] == 4 and got["calls"] == [], got
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed: pip install 'agent-rl[gpu]'")
+def test_thd_rope_takes_the_host_copy_of_the_bounds():
+    """The patched RoPE gets its boundaries from the host copy: a device copy holding other values (which no real
+    pack has) does not change the result, which equals megatron's own function given the true bounds."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from agent_rl.learners.megatron.host_bounds import read_rope_bounds_on_host, to_device
+
+    read_rope_bounds_on_host()
+    patched = rope_utils._apply_rotary_pos_emb_thd
+    read_rope_bounds_on_host()  # idempotent: not wrapped twice
+    assert rope_utils._apply_rotary_pos_emb_thd is patched
+    original = patched.__wrapped__
+
+    class OneRank:
+        def size(self) -> int:
+            return 1
+
+        def rank(self) -> int:
+            return 0
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(10, 2, 8, generator=g)
+    freqs = torch.randn(16, 1, 1, 8, generator=g)
+    true = torch.tensor([0, 3, 9, 10], dtype=torch.int32)
+    cu = to_device(true, "cpu")
+    cu.copy_(torch.tensor([0, 5, 6, 10], dtype=torch.int32))  # the device copy says something else
+    want = original(t, true, freqs, cp_group=OneRank())
+    assert torch.equal(patched(t, cu, freqs, cp_group=OneRank()), want)
+    assert not torch.equal(original(t, cu, freqs, cp_group=OneRank()), want)

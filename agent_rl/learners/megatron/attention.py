@@ -41,6 +41,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from agent_rl.learners.megatron.cp_layout import cp_partition_index
+from agent_rl.learners.megatron.host_bounds import on_host
 
 _CPU_KERNELS = [SDPBackend.FLASH_ATTENTION]
 _CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
@@ -158,7 +159,7 @@ class SDPAttention(MegatronModule):
         cu = packed_seq_params.cu_seqlens_q_padded
         if cu is None:
             cu = packed_seq_params.cu_seqlens_q
-        bounds = [int(x) for x in cu.tolist()]
+        bounds = [int(x) for x in on_host(cu).tolist()]  # the host copy packing attached: no wait per layer
         if self.cp_group is None:
             out = self._packed(query, key, value, bounds)
         else:

@@ -104,7 +104,7 @@ def _packed_logprobs(
         if cp_group is None:
             raise ValueError("megatron_logprobs: learner.cp > 1 needs the context-parallel group")
         cp_rank = torch.distributed.get_rank(cp_group)
-        local = packing.thd_partition_index(layout, cp_rank, par.cp).to(device)
+        local = packing.thd_partition_index(layout, cp_rank, par.cp).to(device, non_blocking=True)
         ids, labels, pos = ids[:, local], labels[:, local], pos[:, local]
     seq_params = packing.packed_seq_params(layout, device)
     lp = _token_logprobs(model, model(ids, pos, None, packed_seq_params=seq_params), labels, par, temperature)
@@ -115,7 +115,7 @@ def _packed_logprobs(
         gathered = gather_from_sequence_parallel_region(
             lp[0], tensor_parallel_output_grad=True, group=cp_group
         )
-        lp = gathered[torch.argsort(order).to(device)][None]
+        lp = gathered[torch.argsort(order).to(device, non_blocking=True)][None]
     rows = packing.unpack(lp, layout)  # rows[i, t]: log p(token t+1 | tokens <= t)
     out = rows.new_zeros(rows.shape)
     out[:, 1:] = rows[:, :-1]

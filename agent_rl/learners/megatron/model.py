@@ -137,6 +137,7 @@ def build_gpt_model(
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from agent_rl.learners.megatron.gpt import HiddenStatesGPTModel
+    from agent_rl.learners.megatron.host_bounds import read_rope_bounds_on_host
 
     shape.check_tp(par.tp)
     config = transformer_config(shape, par, dtype=dtype, cpu=cpu, recompute=recompute)
@@ -157,6 +158,7 @@ def build_gpt_model(
         layers = [_local_layer(shape, experts if s else None) for s in sparse]
         final_norm = SequenceParallelRMSNorm
     block = TransformerBlockSubmodules(layer_specs=layers, layer_norm=final_norm)
+    read_rope_bounds_on_host()  # packed sequences' RoPE reads cu_seqlens from their host copy (host_bounds.py)
     theta = int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta
     model = HiddenStatesGPTModel(
         config,

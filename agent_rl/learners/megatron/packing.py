@@ -16,12 +16,14 @@ padded (to tp under sequence parallelism), by lengthening the last sequence's pa
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from agent_rl.learners.megatron.cp_layout import cp_partition_index
+from agent_rl.learners.megatron.host_bounds import to_device
 from agent_rl.learners.megatron.model import ParallelConfig
 
 
@@ -39,18 +41,20 @@ class PackLayout:
         return sum(self.padded)
 
     def cu_seqlens(self, *, padded: bool, device: torch.device | str = "cpu") -> Tensor:
-        """int32 [B+1] sequence boundaries, as Transformer Engine's THD attention takes them."""
+        """int32 [B+1] sequence boundaries, as Transformer Engine's THD attention takes them, with their host copy
+        attached (`host_bounds.on_host` reads it without waiting for the device)."""
         sizes = self.padded if padded else self.lengths
-        return torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        host = torch.tensor(list(itertools.accumulate(sizes, initial=0)), dtype=torch.int32)
+        return to_device(host, device)
 
 
 def row_lengths(attention_mask: Tensor) -> list[int]:
-    """Real tokens per row of a right-padded [B, T] mask; any other mask shape is refused."""
-    lengths = attention_mask.sum(-1).tolist()
-    expect = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None] < attention_mask.sum(
-        -1, keepdim=True
-    )
-    if not torch.equal(attention_mask.bool(), expect):
+    """Real tokens per row of a right-padded [B, T] mask; any other mask shape is refused. One read of the device
+    (the lengths and the check together)."""
+    sums = attention_mask.sum(-1, keepdim=True)
+    expect = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None] < sums
+    *lengths, wrong = torch.cat([sums[:, 0], (attention_mask.bool() != expect).any().reshape(1)]).tolist()
+    if wrong:
         raise ValueError("packing needs right-padded rows (attention_mask = 1…1 0…0 in every row)")
     if min(lengths) < 1:
         raise ValueError(f"packing: row {lengths.index(min(lengths))} has no tokens")
@@ -63,8 +67,8 @@ def plan(attention_mask: Tensor, par: ParallelConfig) -> PackLayout:
     per_seq = par.seq_multiple if par.cp > 1 else 1
     padded = [n + (-n) % per_seq for n in lengths]
     padded[-1] += (-sum(padded)) % par.seq_multiple
-    starts = torch.tensor([0, *padded[:-1]]).cumsum(0).tolist()
-    return PackLayout(tuple(lengths), tuple(int(s) for s in starts), tuple(padded), attention_mask.shape[1])
+    starts = itertools.accumulate(padded[:-1], initial=0)
+    return PackLayout(tuple(lengths), tuple(starts), tuple(padded), attention_mask.shape[1])
 
 
 def pack(rows: Tensor, layout: PackLayout, fill: int = 0) -> Tensor:
@@ -95,7 +99,7 @@ def thd_partition_index(layout: PackLayout, cp_rank: int, cp: int) -> Tensor:
     The same positions as Transformer Engine's `thd_get_partitioned_indices(cu_seqlens_padded, S, cp, r)`,
     which megatron's `get_thd_batch_on_this_cp_rank` uses; written out so that it is tested on CPU.
     """
-    return cp_partition_index(layout.cu_seqlens(padded=True).tolist(), cp_rank, cp)
+    return cp_partition_index(list(itertools.accumulate(layout.padded, initial=0)), cp_rank, cp)
 
 
 def packed_seq_params(layout: PackLayout, device: torch.device | str):
