@@ -41,9 +41,9 @@ def read_rope_bounds_on_host() -> None:
     uses them only as Python ints and as offsets)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    original = rope_utils._apply_rotary_pos_emb_thd
-    if getattr(original, "_agent_rl_host_bounds", False):
-        return
+    original = getattr(rope_utils, "_apply_rotary_pos_emb_thd", None)
+    if original is None or getattr(original, "_agent_rl_host_bounds", False):
+        return  # another megatron-core layout (tested with 0.16): its RoPE reads what it reads
 
     @functools.wraps(original)
     def thd_rope(t: Tensor, cu_seqlens: Tensor, *args, **kwargs) -> Tensor:  # noqa: ANN002, ANN003
