@@ -73,9 +73,9 @@ def test_a_nan_log_prob_is_refused_with_the_trajectory_and_no_update() -> None:
 
     def nan_at_row_2(m, ids, am):  # noqa: ANN001, ANN202
         lp, gsq = logit_grad_proxy_of(m, ids, am)
-        return lp + torch.where(ids == ids[2, 5], torch.nan, 0.0) * (torch.arange(len(ids)) == 2)[
-            :, None
-        ], gsq
+        at = torch.zeros_like(ids, dtype=torch.bool)
+        at[2, 5] = True  # a loss token (make_batch: rows of at least 6 tokens, loss from position 3)
+        return torch.where(at, torch.nan, lp), gsq
 
     step = vcpo.Step(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      vcpo.StepConfig(opob_mode="proxy"), proxy_fn=nan_at_row_2)  # fmt: skip
