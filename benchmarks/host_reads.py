@@ -185,9 +185,13 @@ def markdown(result: dict[str, Any]) -> str:
     if any(row["backend"] == "megatron" for row in result["layouts"]):
         lines += ["", "Megatron's row on CPU counts reads of the pack's bounds' host copies too (no wait on a GPU);"
                   " its CUDA syncs are what a GPU waits."]  # fmt: skip
-    lines += ["", "Where (the busiest torch layout's reads, by call site):", ""]
-    busiest = max((r for r in result["layouts"] if r["backend"] == "torch"), key=lambda r: r["reads"])
-    lines += [f"- {n} x `{site}`" for site, n in sorted(busiest["sites"].items(), key=lambda x: -x[1])]
+    lines += [f"\nFailed: {f}" for f in result.get("failed", [])]
+    busiest = max(
+        (r for r in result["layouts"] if r["backend"] == "torch"), key=lambda r: r["reads"], default=None
+    )
+    if busiest is not None:
+        lines += ["", "Where (the busiest torch layout's reads, by call site):", ""]
+        lines += [f"- {n} x `{site}`" for site, n in sorted(busiest["sites"].items(), key=lambda x: -x[1])]
     return "\n".join(lines) + "\n"
 
 
@@ -219,23 +223,28 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(*c, "torch") for c in LAYOUTS]
     if args.megatron or args.device.startswith("cuda"):
         cells.append((*MEGATRON, "megatron"))
-    layouts = []
+    layouts, failed = [], []
     for i, (name, rows, recompute, backend) in enumerate(cells, 1):
         print(f"[{i}/{len(cells)}] {name}", flush=True)
-        row = measure(model, rows, recompute, args.device, backend)
+        try:
+            row = measure(model, rows, recompute, args.device, backend)
+        except Exception as e:  # noqa: BLE001 — one cell's failure (a GPU machine's first run) keeps the others
+            failed.append(f"{name}: {type(e).__name__}: {e}")
+            print(f"    FAILED: {failed[-1]}", flush=True)
+            continue
         layouts.append(
             {"layout": name, "backend": backend, "rows_per_micro_batch": rows, "recompute": recompute, **row}
         )
         print(f"    {row['reads']} reads per step, {row['forwards']} forwards", flush=True)
     result = {
         "commit": commit, "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
-        "torch": torch.__version__, "python": platform.python_version(), "layouts": layouts,
+        "torch": torch.__version__, "python": platform.python_version(), "layouts": layouts, "failed": failed,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(portable(json.dumps(result, indent=1, default=dict)) + "\n")
     args.out.with_suffix(".md").write_text(portable(markdown(result)))
     print(f"wrote {args.out.with_suffix('.md')}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
