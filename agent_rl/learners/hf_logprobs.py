@@ -83,7 +83,8 @@ class HFLogprobs:
         # pred: [P] index into the flattened [B * T] rows of each position that predicts a token (position t - 1
         # of row b predicts t; both real under right padding), row by row
         pred = at.pred.to(dev, non_blocking=True)
-        targets = input_ids.flatten()[pred + 1]
+        target = pred + 1  # where each predicted token is, in the same flattened rows
+        targets = input_ids.flatten()[target]
         if self.plain_head:
             hidden = self._hidden(input_ids, at)  # [B, T, H] rows, or [1, N, H] packed
             if hidden.shape[0] == input_ids.shape[0]:
@@ -100,13 +101,13 @@ class HFLogprobs:
             lp = logits_logprobs(logits, targets, chunk_tokens=self.chunk_tokens)
             p2 = logits_sum_p2(logits, chunk_tokens=self.chunk_tokens) if proxy else None
         full = lp.new_zeros(input_ids.numel())
-        full[pred + 1] = lp
+        full[target] = lp
         full = full.view(input_ids.shape)
         if p2 is None:
             return full, None
         gsq = lp.new_zeros(input_ids.numel(), requires_grad=False)
         with torch.no_grad():
-            gsq[pred + 1] = proxy_sq_norm(lp.detach(), p2)
+            gsq[target] = proxy_sq_norm(lp.detach(), p2)
         return full, gsq.view(input_ids.shape)
 
     def _hidden(self, input_ids: Tensor, at: _Layout) -> Tensor:
