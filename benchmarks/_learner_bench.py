@@ -65,12 +65,14 @@ class Cell:
     lora: bool = False
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     micro_batch_tokens: int | None = None  # proxy: rows per forward = this // length (at least 1)
+    hold_group: bool = True  # proxy: learner.proxy_hold_group (false: a forward-only pass first)
     repeats: int = 2  # timed steps after the warm-up step
 
     @property
     def name(self) -> str:
         what = "anchor" if self.backend == "anchor" else f"{self.backend} {self.opob}"
         extra = (" +ckpt" if self.recompute else "") + (" +lora" if self.lora else "")
+        extra += "" if self.hold_group or self.opob != "proxy" else " -hold"
         return f"{what}{extra} {self.rows}x{self.length}"
 
     @property
@@ -97,6 +99,8 @@ def recipe(model_dir: Path, cell: Cell):
     }  # fmt: skip
     if cell.lora:
         learner["lora"] = {"rank": 8}
+    if not cell.hold_group:
+        learner["proxy_hold_group"] = False
     return Recipe.model_validate({
         "name": "gpu-learners", "model": {"path": str(model_dir), "dtype": cell.dtype},
         "envs": {"train": "unused.yaml"}, "train": {"steps": 1000, "batch_prompts": 1},

@@ -38,3 +38,39 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"{path} not found: the tests expect ../shared beside the checkout")
     return path
+
+
+RANK_MODULES = [
+    "torch",
+    "transformers",
+    "megatron.core",
+    "agent_rl.learners._torch_rank",
+    "agent_rl.learners.megatron.rank",
+]
+"""What a learner rank imports; a fork server that preloads them starts a rank in ~1 s instead of ~10 (megatron-core,
+transformers and torch imported anew; a module that is not installed is skipped)."""
+
+
+@pytest.fixture(scope="module")
+def ranks_from_a_fork_server():
+    """Learner ranks (agent_rl.learners._processes pools, and the tests' own `spawn_ranks`) start, for this module,
+    as children of a fork server that has imported RANK_MODULES once, not as fresh interpreters.
+
+    The ranks' code and arguments are the same either way (pickled to the child). What differs: the child holds
+    the modules the server imported, and the server's environment (from when it started), not the test's at the
+    launch. Not on a machine with a GPU: an import there may initialise CUDA, which a forked child cannot use, so
+    ranks start fresh as in production. Modules that do not ask for this keep the production start (spawn):
+    tests/learners/test_learner_build.py and the DP tests among them."""
+    import torch
+
+    from agent_rl.learners import _processes
+
+    if torch.cuda.is_available():
+        yield
+        return
+    torch.multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_MODULES)  # no-op once it runs
+    before, _processes.START_METHOD = _processes.START_METHOD, "forkserver"
+    try:
+        yield
+    finally:
+        _processes.START_METHOD = before

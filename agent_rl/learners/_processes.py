@@ -37,6 +37,12 @@ from agent_rl.learners._pool import (
 if TYPE_CHECKING:
     from agent_rl.learners.kind import RankKind
 
+START_METHOD = "spawn"
+"""How the ranks' processes start: a fresh interpreter each (the trainer's threads, CUDA state and open files
+stay behind). The test suite's Megatron modules set "forkserver" with the rank modules preloaded
+(tests/conftest.py `ranks_from_a_fork_server`), so that their dozens of launches do not each import megatron-core anew;
+the ranks' code and arguments travel by pickle either way."""
+
 
 def _serve(
     build: RankBuilder,
@@ -93,7 +99,7 @@ class ProcessPool:
     def __init__(
         self, kind: RankKind, *, device: Device = "auto", cores: Sequence[tuple[int, ...]] | None = None
     ):
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = torch.multiprocessing.get_context(START_METHOD)
         world = kind.world
         init_method = f"tcp://127.0.0.1:{free_port()}"  # every rank on this machine
         threads = max(1, (os.cpu_count() or 1) // world)

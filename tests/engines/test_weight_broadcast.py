@@ -24,6 +24,8 @@ from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.weights.group import GroupSpec, TensorMeta
 from vcpo.step import StepConfig
 
+pytestmark = pytest.mark.usefixtures("ranks_from_a_fork_server")  # tests/conftest.py
+
 PROMPT = [20, 21, 22, 23, 24]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 

@@ -148,28 +148,45 @@ DEEP = SMALL | {"vocab_size": 256, "hidden_size": 128, "num_hidden_layers": 12, 
 
 def test_a_proxy_group_held_under_recompute_is_counted_and_within_25_percent(tmp_path: Path) -> None:
     """Proxy OPOB, full recompute, one row per forward and groups of 2: the torch learner keeps both graphs of
-    a group until its baseline is known (vcpo StepConfig.proxy_hold_group), so both rows' checkpoints are alive."""
+    a group until its baseline is known (vcpo StepConfig.proxy_hold_group), so both rows' checkpoints are alive;
+    with learner.proxy_hold_group false (a forward-only pass first) one graph at a time. Both peaks within 25 %
+    of the model, and the hold's own cost (the peaks' difference) is the model's: a learner that stopped
+    holding would measure two equal peaks, which the 25 % bands alone would not tell apart."""
     from _cpu_peak import measure
     from _learner_bench import GROUP
     from gpu_learners import setup_for
 
     model = write_model(tmp_path / "deep", DEEP)
-    length = 2048
-    cell = Cell("torch", length, 4, opob="proxy", recompute=True, dtype="float32", micro_batch_tokens=length)
+    length = 1024
+    held = Cell("torch", length, 4, opob="proxy", recompute=True, dtype="float32", micro_batch_tokens=length)
+    unheld = dataclasses.replace(held, hold_group=False)  # learner.proxy_hold_group: false
     dims = mm.ModelDims.from_model_dir(model)
-    setup = setup_for(cell, "cpu", dims)
-    assert setup.rows_per_forward(length) == 1 and setup.rows_held(length) == GROUP
-    est = mm.step_memory(dims, setup, length)
-    one = mm.step_memory(dims, dataclasses.replace(setup, group_rows=1), length)  # as if one graph were alive
+    setup = {c: setup_for(c, "cpu", dims) for c in (held, unheld)}
+    assert setup[held].rows_per_forward(length) == 1 and setup[held].rows_held(length) == GROUP
+    assert setup[unheld].rows_held(length) == 1
+    est = {c: mm.step_memory(dims, s, length) for c, s in setup.items()}
+    one = mm.step_memory(dims, dataclasses.replace(setup[held], group_rows=1), length)  # one graph alive
+    assert est[unheld].total == one.total
     ckpt = {
-        e: next(t.bytes for t in x.terms if t.name == "checkpoints") for e, x in (("held", est), ("one", one))
+        e: next(t.bytes for t in x.terms if t.name == "checkpoints")
+        for e, x in (("held", est[held]), ("one", one))
     }
     assert ckpt["held"] == GROUP * ckpt["one"]
-    unheld = dataclasses.replace(setup, hold_group=False)  # learner.proxy_hold_group: false
-    assert unheld.rows_held(length) == 1 and mm.step_memory(dims, unheld, length).total == one.total
-    (res,) = measure([{"model_dir": str(model), "cell": _fields(cell)}], counter="tensors")
-    peak = res["peak_bytes"]  # live tensor bytes, as above
-    assert 0.75 <= est.total / peak <= 1.25, (est.total, peak)
+    measured = measure(
+        [{"model_dir": str(model), "cell": _fields(c)} for c in (held, unheld)], counter="tensors"
+    )
+    peak = {c: r["peak_bytes"] for c, r in zip((held, unheld), measured, strict=True)}  # live tensor bytes
+    for c in (held, unheld):
+        assert 0.75 <= est[c].total / peak[c] <= 1.25, (c.name, est[c].total, peak[c])
+    # The hold keeps a second row's saved tensors (its layers' checkpoints, its embedding/norm/RoPE outputs): whole
+    # tensors of known shapes, which the model counts exactly. Both schedules peak in the same phase (a row's
+    # recomputed forward and backward), so the workspace at the peak is alike in both and cancels in the
+    # difference; what remains is the small per-op temporaries the model leaves out, the same that put each peak
+    # within 25 % of its estimate. A learner that stopped holding would measure a difference near 0.
+    want = est[held].total - est[unheld].total
+    assert want >= ckpt["held"] - ckpt["one"] > 0
+    got = peak[held] - peak[unheld]
+    assert 0.75 * want <= got <= 1.25 * want, (got, want)
 
 
 def _fields(cell: Cell) -> dict:

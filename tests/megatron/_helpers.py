@@ -273,15 +273,21 @@ def rank_step_worker(
     exit_worker()
 
 
+def spawn_ranks(fn, args: tuple, nprocs: int) -> None:
+    """torch.multiprocessing.spawn, started the way the learner's pools start here (conftest.py: a fork server;
+    `spawn` itself ignores its start_method)."""
+    from agent_rl.learners import _processes
+
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, start_method=_processes.START_METHOD)
+
+
 def run_rank_steps(specs: dict, shares: list, tmp: Path, routes: list | None = None) -> dict:
     """rank_step_worker in spec.world gloo processes; {name: record} of global rank 0."""
     from agent_rl.learners._dp import _free_port
 
     world = next(iter(specs.values())).world
     out = tmp / "rank_steps.pt"
-    torch.multiprocessing.spawn(
-        rank_step_worker, args=(world, _free_port(), specs, shares, str(out), routes), nprocs=world
-    )
+    spawn_ranks(rank_step_worker, (world, _free_port(), specs, shares, str(out), routes), world)
     return torch.load(out, weights_only=False)
 
 
@@ -375,7 +381,14 @@ def packed_bounds_reads_worker(rank: int, world: int, port: int, model_dir: str,
 
     def capture(layout, device):  # noqa: ANN001, ANN202
         params = build(layout, device)
-        made.extend([params.cu_seqlens_q, params.cu_seqlens_kv, params.cu_seqlens_q_padded, params.cu_seqlens_kv_padded])
+        made.extend(
+            [
+                params.cu_seqlens_q,
+                params.cu_seqlens_kv,
+                params.cu_seqlens_q_padded,
+                params.cu_seqlens_kv_padded,
+            ]
+        )
         return params
 
     class Spy(TorchFunctionMode):

@@ -14,6 +14,7 @@ from _helpers import (
     packed_and_alone_worker,
     requires_megatron,
     saved_bytes_worker,
+    spawn_ranks,
 )
 
 from agent_rl.batch import collate
@@ -134,10 +135,10 @@ def packed_and_alone(model_dir, batch, tmp_path_factory):
         par = ParallelConfig(**layout)
         world = par.tp * par.cp
         path = tmp_path_factory.mktemp(name) / "out.pt"
-        torch.multiprocessing.spawn(
+        spawn_ranks(
             packed_and_alone_worker,
-            args=(world, _free_port(), str(model_dir), par, batch, str(path)),
-            nprocs=world,
+            (world, _free_port(), str(model_dir), par, batch, str(path)),
+            world,
         )
         out[name] = torch.load(path)
     return out
@@ -185,9 +186,7 @@ def test_saved_activations_grow_linearly_in_sequence_length(model_dir, tmp_path)
 
     lengths = [512, 1024, 2048]
     out = tmp_path / "saved.pt"
-    torch.multiprocessing.spawn(
-        saved_bytes_worker, args=(1, _free_port(), str(model_dir), lengths, str(out)), nprocs=1
-    )
+    spawn_ranks(saved_bytes_worker, (1, _free_port(), str(model_dir), lengths, str(out)), 1)
     s1, s2, s4 = (torch.load(out)[n] for n in lengths)
     assert s1 < s2 < s4
     assert (s4 - s1) / (s2 - s1) == pytest.approx(3.0, abs=0.01)

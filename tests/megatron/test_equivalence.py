@@ -26,6 +26,7 @@ from _helpers import (
     reference_step,
     requires_megatron,
     run_rank_steps,
+    spawn_ranks,
     trajectory_grad_norms_worker,
 )
 
@@ -199,9 +200,7 @@ def test_per_trajectory_grad_norms_at_tp2_sp_equal_hf(model_dir, batches, tmp_pa
     out = tmp_path / "norms.pt"
     from agent_rl.learners._pool import free_port
 
-    torch.multiprocessing.spawn(
-        trajectory_grad_norms_worker, args=(2, free_port(), str(model_dir), True, batch, str(out)), nprocs=2
-    )
+    spawn_ranks(trajectory_grad_norms_worker, (2, free_port(), str(model_dir), True, batch, str(out)), 2)
     got = torch.load(out)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i in range(batch.size):

@@ -11,6 +11,7 @@ from _helpers import (
     make_groups,
     packed_bounds_reads_worker,
     packed_vs_padded_worker,
+    spawn_ranks,
 )
 
 from agent_rl.batch import collate
@@ -69,9 +70,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_batch(world, sp, tmp_pat
     lengths = batch.attention_mask.sum(-1)
     assert int(lengths.min()) < int(lengths.max())  # rows really differ in length
     out = tmp_path / "packed.pt"
-    torch.multiprocessing.spawn(
-        packed_vs_padded_worker, args=(world, free_port(), str(model_dir), sp, batch, str(out)), nprocs=world
-    )
+    spawn_ranks(packed_vs_padded_worker, (world, free_port(), str(model_dir), sp, batch, str(out)), world)
     got = torch.load(out)
     (lp_pad, norm_pad), (lp_pack, norm_pack) = got[False], got[True]
     real = batch.attention_mask.bool().clone()
@@ -92,9 +91,7 @@ def test_rope_and_attention_read_the_packs_bounds_from_their_host_copy(tmp_path)
     model_dir = build_tiny_dir(tmp_path / "model")
     batch = collate(make_groups(model_dir, seed=0)).policy
     out = tmp_path / "calls.pt"
-    torch.multiprocessing.spawn(
-        packed_bounds_reads_worker, args=(1, free_port(), str(model_dir), batch, str(out)), nprocs=1
-    )
+    spawn_ranks(packed_bounds_reads_worker, (1, free_port(), str(model_dir), batch, str(out)), 1)
     got = torch.load(out)
     assert got["made"] == 4 and got["calls"] == [], got
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import build_tiny_dir, make_groups, recipe, requires_megatron, saved_activations_worker
+from _helpers import (
+    build_tiny_dir,
+    make_groups,
+    recipe,
+    requires_megatron,
+    saved_activations_worker,
+    spawn_ranks,
+)
 
 from agent_rl.batch import collate
 
@@ -40,10 +47,10 @@ def test_recompute_keeps_fewer_activations_with_the_same_gradients(tp, tmp_path)
     )
     batch = collate(make_groups(model_dir, seed=0, n_groups=2, n=3)).policy
     out = tmp_path / "saved.pt"
-    torch.multiprocessing.spawn(
+    spawn_ranks(
         saved_activations_worker,
-        args=(tp, free_port(), str(model_dir), tp > 1, settings, batch, str(out)),
-        nprocs=tp,
+        (tp, free_port(), str(model_dir), tp > 1, settings, batch, str(out)),
+        tp,
     )
     got = torch.load(out)
     saved = {name: got[name][0] for name in settings}

@@ -14,6 +14,8 @@ from agent_rl.learners import build
 from agent_rl.types import Group, Trajectory
 from vcpo.logprobs import logprobs_of
 
+pytestmark = pytest.mark.usefixtures("ranks_from_a_fork_server")  # tests/conftest.py
+
 
 def _model(model_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
