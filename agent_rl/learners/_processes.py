@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 START_METHOD = "spawn"
 """How the ranks' processes start: a fresh interpreter each (the trainer's threads, CUDA state and open files
 stay behind). The test suite's Megatron modules set "forkserver" with the rank modules preloaded
-(tests/conftest.py `ranks_from_a_fork_server`), so that their dozens of launches do not each import megatron-core anew;
-the ranks' code and arguments travel by pickle either way."""
+(tests/conftest.py `ranks_from_a_fork_server`), so that their dozens of launches do not each import
+megatron-core anew; the ranks' code and arguments travel by pickle either way."""
 
 
 def _serve(
