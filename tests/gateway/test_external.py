@@ -3,6 +3,7 @@ the tokens, log-probs and versions it sampled; `agent-rl gateway` serves session
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import socket
@@ -16,6 +17,17 @@ from tool_model import TOOLS, conversation
 pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
+
+
+def _listening(port: int) -> str:
+    """Whether something still accepts connections on `port` (a run's gateway should have closed it)."""
+    with socket.socket() as s:
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+        except OSError as e:
+            return f"the gateway's port refuses connections ({e})"
+    return "the gateway's port still accepts connections after the run"
 
 
 def free_port() -> int:
@@ -77,10 +89,12 @@ group_size: 2
         try:  # it stops by itself when the run's gateway goes away
             rc = agent.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # its KeyboardInterrupt traceback (stderr, below) says where it hung
+            # its KeyboardInterrupt traceback (stderr, below) says where it hung; this process's threads (the
+            # rollout loop's, if it outlived the run) and whether the gateway's port still accepts say why
+            faulthandler.dump_traceback(all_threads=True)
             agent.send_signal(signal.SIGINT)
             agent.wait(10)
-            pytest.fail("the external agent did not stop within 60 s of the run's end")
+            pytest.fail(f"the external agent did not stop within 60 s of the run's end; {_listening(port)}")
         assert rc == 0
     finally:
         if agent.poll() is None:
