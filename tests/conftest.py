@@ -69,8 +69,6 @@ def ranks_from_a_fork_server():
         yield
         return
     torch.multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_MODULES)  # no-op once it runs
-    before, _processes.START_METHOD = _processes.START_METHOD, "forkserver"
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # module scope: the function-scoped `monkeypatch` cannot serve
+        mp.setattr(_processes, "START_METHOD", "forkserver")
         yield
-    finally:
-        _processes.START_METHOD = before
