@@ -1,6 +1,7 @@
 """Level (b), the k-sweep: every method at its own best lr, accuracy and collapse rate against staleness up to k=64.
 
     nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run        # everything still missing, resumable
+    nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run --stop-starting-after 150  # then drain and exit
     .venv/bin/python -m benchmarks.stress.k_sweep plan [PART]           # the runs still to go, in order
     .venv/bin/python -m benchmarks.stress.k_sweep report                # -> benchmarks/results/stress/k_sweep.{json,md,png}
 
@@ -25,7 +26,9 @@ run once more from its final checkpoint (the learner's own policy, `final_eval`)
 curve gives the area under it. Selection runs skip the periodic evals: the choice reads finals only.
 
 Resumable: a run counts once final_eval.json exists; its numbers are kept in k_sweep.json, so the run dirs can go
-and a later session finishes the sweep with the same command.
+and a later session finishes the sweep with the same command. A run stopped half-way trains again from its start,
+so a sweep on a machine lent for a known time is drained, not killed: SIGUSR1 (or --stop-starting-after MIN)
+starts no new run and exits once the ones training are scored.
 
 One sweep, one warm start: every run records the warm start it started from (its held-out accuracy and the sha256
 of its weights, `WarmStart`), and `run` refuses to add runs from any other warm start to a file whose kept runs
@@ -370,6 +373,9 @@ def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
 _TRAINING: set[subprocess.Popen] = set()
 _STOPPING = threading.Event()
 _TRAINING_LOCK = threading.Lock()
+# set by SIGUSR1 or once --stop-starting-after's minutes have passed: start no new run, finish the ones training
+# (a machine lent for a known time loses no half-trained run, which would train again from its start)
+_DRAINING = threading.Event()
 
 
 def _train(cmd: list[str], log) -> int:
@@ -388,10 +394,11 @@ def _train(cmd: list[str], log) -> int:
 
 
 def stop_with_the_sweep() -> None:
-    """On SIGTERM (`kill`), stop the runs training now and exit once they are gone: left running, a run would go on
-    writing the run dir that the next `run` clears to train it again. They get Ctrl-C's SIGINT (which reaches them
-    from a terminal already: they share its process group), not SIGTERM: `agent-rl train` would finish its step
-    and checkpoint it, and the sweep trains an unfinished run again from its start."""
+    """On SIGUSR1, start no new run (`run_all`). On SIGTERM (`kill`), stop the runs training now and exit once they
+    are gone: left running, a run would go on writing the run dir that the next `run` clears to train it again.
+    They get Ctrl-C's SIGINT (which reaches them from a terminal already: they share its process group), not
+    SIGTERM: `agent-rl train` would finish its step and checkpoint it, and the sweep trains an unfinished run again
+    from its start."""
 
     def stop(signum: int, _frame) -> None:
         with _TRAINING_LOCK:
@@ -411,7 +418,16 @@ def stop_with_the_sweep() -> None:
             f"k_sweep: stopped by signal {signum}; its unfinished runs start again with the next `run`"
         )
 
+    def drain(_signum: int, _frame) -> None:
+        _DRAINING.set()  # stderr: the main thread may be printing to stdout when this runs
+        print(
+            "k_sweep: SIGUSR1: starting no new run; exiting once the runs training finish",
+            file=sys.stderr,
+            flush=True,
+        )
+
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGUSR1, drain)
     # A sweep started in the background (`nohup ... &` from a script) inherits SIGINT ignored, and so would its
     # runs (an ignored signal stays ignored across exec): caught here, it is default again in each run.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -470,9 +486,11 @@ def run_all(
     parts: tuple[str, ...] = PARTS,
     methods: tuple[str, ...] = METHODS,
     lags: tuple[int, ...] = LAGS,
+    stop_starting_at: float | None = None,
 ) -> None:
     """Every missing run of PARTS, `jobs` at a time, re-planning after each finishes (a method's held-out runs
-    start as soon as its selection is complete); the report is rewritten after every `jobs` runs."""
+    start as soon as its selection is complete); the report is rewritten after every `jobs` runs. Once SIGUSR1
+    came (_DRAINING) or time.monotonic() passed stop_starting_at, no run starts; the ones training finish."""
     from benchmarks.stress.k_sweep_report import write
 
     warm = runner.warm_start
@@ -484,7 +502,9 @@ def run_all(
         while True:
             cells = read_cells(runner.runs, out, warm)
             todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
-            while todo and len(running) < jobs:
+            if stop_starting_at is not None and time.monotonic() >= stop_starting_at:
+                _DRAINING.set()
+            while todo and len(running) < jobs and not _DRAINING.is_set():
                 p = todo.pop(0)
                 started.add(p.name)
                 running[pool.submit(runner, p)] = p
@@ -503,10 +523,14 @@ def run_all(
                 )
                 if done % jobs == 0:
                     write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
+            if _DRAINING.is_set() and running:
+                print(f"k_sweep: starting no new run; waiting for the {len(running)} training", flush=True)
     write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
     missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm))]
     print(
-        f"k_sweep: {len(missing)} runs missing" + (f" (first: {', '.join(missing[:3])})" if missing else "")
+        f"k_sweep: {len(missing)} runs missing"
+        + (f" (first: {', '.join(missing[:3])})" if missing else "")
+        + ("; no run started after SIGUSR1 or --stop-starting-after" if _DRAINING.is_set() else "")
     )
 
 
@@ -519,6 +543,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
     )
+    ap.add_argument(
+        "--stop-starting-after",
+        type=float,
+        metavar="MIN",
+        help="run: start no run once MIN minutes have passed, finish those training, exit (SIGUSR1: at once)",
+    )
     ap.add_argument("--warm", default=WARM, help="the warm start (the repository keeps the sweep's)")
     ap.add_argument(
         "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
@@ -530,6 +560,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.part is not None and args.part not in PARTS:
         raise SystemExit(f"k_sweep: part {args.part!r} is not one of {', '.join(PARTS)}")
     parts = (args.part,) if args.part else PARTS
+    drain_after = args.stop_starting_after
+    if drain_after is not None and not (math.isfinite(drain_after) and drain_after >= 0):
+        raise SystemExit(f"k_sweep: --stop-starting-after {drain_after:g}: give the minutes, 0 or more")
     methods = _names(args.methods, METHODS, "methods")
     lags = _names(args.lags, LAGS, "lags", int)
     warm = load_warm_start(args.warm)
@@ -562,7 +595,9 @@ def main(argv: list[str] | None = None) -> None:
             build(Path(args.warm).parent)
             warm = load_warm_start(args.warm)
         stop_with_the_sweep()
-        run_all(Runner(args.runs, warm, warm=args.warm), args.out, args.jobs, parts, methods, lags)
+        stop_starting_at = None if drain_after is None else time.monotonic() + drain_after * 60
+        runner = Runner(args.runs, warm, warm=args.warm)
+        run_all(runner, args.out, args.jobs, parts, methods, lags, stop_starting_at)
         return
     from benchmarks.stress.k_sweep_report import write
 

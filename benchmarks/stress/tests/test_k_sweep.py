@@ -451,6 +451,76 @@ def test_killing_the_sweep_stops_the_runs_it_was_training(tmp_path: Path, sigint
     assert not left, "a run went on training after the sweep was killed"
 
 
+# stands in for `agent-rl train` (minutes per run): writes a trained run's step record, then waits for a file
+_TRAIN_UNTIL_RELEASED = (
+    "import json, os, sys, time\n"
+    "os.makedirs(sys.argv[1], exist_ok=True)\n"
+    "open(os.path.join(sys.argv[1], 'metrics.jsonl'), 'w').write(json.dumps({'step': 79, 'vcpo/ess_ratio': 1.0}))\n"
+    "while not os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from Linux /proc")
+def test_sigusr1_starts_no_new_run_and_the_sweep_exits_once_the_runs_training_finish(tmp_path: Path) -> None:
+    warm = _warm_dir(tmp_path / "warm", 0.12, b"weights")
+    runs, release = tmp_path / "runs", tmp_path / "release"
+    script = (
+        "import json, sys\nfrom benchmarks.stress import k_sweep as ks\n"
+        f"ks.Runner.train_cmd = lambda self, p: [sys.executable, '-c', {_TRAIN_UNTIL_RELEASED!r}, "
+        f"str(self.runs / p.name), {str(release)!r}]\n"
+        "def score(run):  # the final eval (a real one needs a trained model): what it leaves behind\n"
+        "    (run / 'final_eval.json').write_text(json.dumps({'accuracy': 0.5, 'tasks': 100, 'seed': 0}))\n"
+        "    return f'{run.name}: scored'\n"
+        "ks.final_eval.evaluate = score\n"
+        f"ks.main(['run', 'select', '--methods', 'vcpo', '--jobs', '2', '--runs', {str(runs)!r}, "
+        f"'--out', {str(tmp_path / 'out.json')!r}, '--warm', {str(warm)!r}])\n"
+    )
+    sweep = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    training: set[int] = set()
+    try:
+        started = [sweep.stdout.readline() for _ in range(2)]
+        assert [line.split()[0] for line in started] == ["start", "start"], started
+        deadline = time.monotonic() + 120  # bounds a hung test; no timing claim: the runs start at once
+        while len(training := tree(sweep.pid) - {sweep.pid}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(training) == 2, f"the sweep did not start its two runs (its children: {training})"
+        sweep.send_signal(signal.SIGUSR1)
+        assert (
+            "SIGUSR1: starting no new run" in sweep.stdout.readline()
+        )  # handled: no run can start from here on
+        release.touch()  # the two runs finish their training
+        out = sweep.communicate(timeout=120)[0]
+    finally:
+        sweep.kill()
+        for pid in training:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert sweep.returncode == 0, out
+    assert "start " not in out, f"a run started after SIGUSR1: {out}"
+    assert out.count(": scored") == 2 and "no run started after SIGUSR1 or --stop-starting-after" in out, out
+    finished = sorted(d.name for d in runs.iterdir() if (d / "final_eval.json").is_file())
+    assert finished == sorted(line.split()[1] for line in started)
+    assert f"k_sweep: {len(ks.plan_all({})) - 2} runs missing" in out  # the whole sweep's, 2 of them run
+
+
+def test_stop_starting_after_0_starts_nothing_and_a_bad_value_is_named(tmp_path: Path) -> None:
+    warm = _warm_dir(tmp_path / "warm", 0.12, b"weights")
+    args = ["run", "select", "--methods", "vcpo", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o.json"),
+            "--warm", str(warm)]  # fmt: skip
+    for bad in ("-1", "nan"):
+        with pytest.raises(SystemExit, match=rf"--stop-starting-after {bad}: give the minutes, 0 or more"):
+            ks.main([*args, "--stop-starting-after", bad])
+    sweep = subprocess.run([sys.executable, "-m", "benchmarks.stress.k_sweep", *args, "--stop-starting-after", "0"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr
+    assert "start " not in sweep.stdout and not (tmp_path / "runs").exists()
+    assert (
+        f"k_sweep: {len(ks.plan_all({}))} runs missing" in sweep.stdout
+        and "--stop-starting-after" in sweep.stdout
+    )
+
+
 def test_a_best_lr_at_the_grids_edge_grows_the_grid_past_it_before_the_heldout_runs_start() -> None:
     lo, hi = ks.LRS[0], ks.LRS[-1]
     rows = _selection(
