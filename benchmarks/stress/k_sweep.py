@@ -502,8 +502,16 @@ def run_all(
         while True:
             cells = read_cells(runner.runs, out, warm)
             todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
-            if stop_starting_at is not None and time.monotonic() >= stop_starting_at:
+            if (
+                stop_starting_at is not None
+                and time.monotonic() >= stop_starting_at
+                and not _DRAINING.is_set()
+            ):
                 _DRAINING.set()
+                print(
+                    f"k_sweep: --stop-starting-after: starting no new run; {len(running)} training",
+                    flush=True,
+                )
             while todo and len(running) < jobs and not _DRAINING.is_set():
                 p = todo.pop(0)
                 started.add(p.name)
@@ -523,8 +531,6 @@ def run_all(
                 )
                 if done % jobs == 0:
                     write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
-            if _DRAINING.is_set() and running:
-                print(f"k_sweep: starting no new run; waiting for the {len(running)} training", flush=True)
     write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
     missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm))]
     print(

@@ -104,6 +104,34 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
     return out
 
 
+def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
+    """method -> k -> VCPO's mean final minus the method's, the SE of that difference and whether it is separated:
+    VCPO against every method, not only the verdict's best, where both cells have every held-out seed."""
+    n = len(ks.HELDOUT_SEEDS)
+    if "vcpo" not in held:
+        return {}
+    v = held["vcpo"]
+    out: dict[str, dict[str, dict]] = {}
+    for m in ks.METHODS:
+        if m != "vcpo" and m in held:
+            out[m] = {}
+            for k in map(str, ks.LAGS):
+                if v[k]["n"] == n and held[m][k]["n"] == n:
+                    d, se = difference(v[k], held[m][k])
+                    out[m][k] = {"difference": d, "se": se, "separated": separated(d, se)}
+    return out
+
+
+def _against(c: dict | None) -> str:
+    """'+0.06 ± 0.02 (3.4 SE; ahead)': VCPO minus the method; 'ahead'/'behind' only beyond SEPARATION SE."""
+    if c is None:
+        return "-"
+    d, se = c["difference"], c["se"]
+    word = ("ahead" if d > 0 else "behind") if c["separated"] else "not separated"
+    spread = f"{abs(d) / se:.1f} SE; " if se else ""
+    return f"{_pm(d, se, signed=True)} ({spread}{word})"
+
+
 def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
     if mean is None:
         return "missing"
@@ -284,6 +312,11 @@ def markdown(report: dict) -> str:
                 row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {_pm(c['auc']['mean'], c['auc']['se'])}; "
                            f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
             lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+    lines += ["", f"## VCPO against each method (final: VCPO minus the method, ± SE of the difference; ahead or "
+              f"behind beyond {SEPARATION:g} SE; where both have all {n_held} held-out seeds)", "",
+              "| VCPO minus | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
+    for m, by_k in report.get("vcpo_vs", {}).items():
+        lines.append(f"| {LABEL[m]} | " + " | ".join(_against(by_k.get(str(k))) for k in ks.LAGS) + " |")
     lrs = sorted({float(lr) for v in report["selection"].values() for lr in v.get("grid", ks.LRS)})
     lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
               "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]  # fmt: skip
@@ -360,6 +393,7 @@ def write(
         "selection": sel,
         "heldout": held,
         "summary": summary(held, chosen),
+        "vcpo_vs": vcpo_against(held),
         "missing": {part: [p.name for p in ks.plan(part, cells)] for part in ks.PARTS},
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -169,6 +169,32 @@ def test_the_verdict_names_the_best_method_says_whether_vcpo_is_ahead_and_puts_t
 _GAP = re.compile(r"by (\d+\.\d+) ± (\d+\.\d+) \((\d+\.\d) SE; (separated|not separated)\)")
 
 
+def test_vcpo_is_set_against_every_method_where_both_have_all_seeds_and_the_words_follow_the_numbers(
+    tmp_path: Path,
+) -> None:
+    rows = _selection(BEST) + _heldout(8, {"vcpo": [0.60, 0.61, 0.62, 0.60, 0.61],
+                                           "tis": [0.50, 0.52, 0.49, 0.51, 0.50],  # far below: VCPO ahead
+                                           "mis": [0.61, 0.59, 0.62, 0.60, 0.61],  # level: not separated
+                                           "opob": [0.70, 0.71, 0.72, 0.70, 0.71]})  # fmt: skip  # above: behind
+    rows += [
+        ("m2po", BEST["m2po"], 8, s, 0.5) for s in ks.HELDOUT_SEEDS[:3]
+    ]  # 3 of 5 seeds: not compared yet
+    report = write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)
+    vs = report["vcpo_vs"]
+    for m, word in (("tis", "ahead"), ("mis", "not separated"), ("opob", "behind")):
+        c = vs[m]["8"]
+        v, b = (report["heldout"][x]["8"] for x in ("vcpo", m))
+        assert c["difference"] == pytest.approx(v["mean"] - b["mean"], abs=1e-12)  # float sums of 5 values
+        assert c["se"] == pytest.approx(math.hypot(v["se"], b["se"]), abs=1e-12)
+        assert c["separated"] == (abs(c["difference"]) > SEPARATION * c["se"])
+        row = next(x for x in (tmp_path / "k_sweep2.md").read_text().splitlines()
+                   if x.startswith(f"| {LABEL[m]} |") and " SE; " in x)  # fmt: skip
+        assert (
+            f"{c['difference']:+.2f} ± {c['se']:.2f} ({abs(c['difference']) / c['se']:.1f} SE; {word})" in row
+        )
+    assert "8" not in vs["m2po"] and "0" not in vs["tis"]
+
+
 def _says(gap: tuple[str, str, str, str], d: float, se: float) -> None:
     """A worded gap ('by 0.05 ± 0.02 (2.5 SE; separated)') against the file's unrounded numbers."""
     assert (float(gap[0]), float(gap[1])) == (round(abs(d), 2), round(se, 2))
