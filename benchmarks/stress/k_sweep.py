@@ -309,10 +309,12 @@ def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
 
 @dataclass(frozen=True)
 class Planned:
-    """One run to do: its name, part, lag, seed and the recipe overrides (lr and method)."""
+    """One run to do: its name, part, method (the one whose run it is: at k = 0 a twin's), lag, seed and the
+    recipe overrides (lr and method)."""
 
     name: str
     part: str
+    method: str
     k: int
     seed: int
     sets: tuple[str, ...]
@@ -348,7 +350,7 @@ def plan(
             continue
         seen.add(key)
         sets = (f"learner.lr={lr:g}", *OVERRIDES[key[0]].split())
-        out.append(Planned(run_name(*key), part, k, seed, sets))
+        out.append(Planned(run_name(*key), part, key[0], k, seed, sets))
     return out
 
 

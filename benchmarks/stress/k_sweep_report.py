@@ -264,6 +264,27 @@ def _heldout_runs(methods: int) -> int:
     return methods * len(ks.LAGS) * len(ks.HELDOUT_SEEDS)
 
 
+def missing_heldout(cells: dict[tuple, ks.Cell]) -> dict[str, dict[str, list[int]]]:
+    """k -> method -> the held-out seeds still to run (at k = 0 under the method whose run it is)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for p in ks.plan("heldout", cells):
+        out.setdefault(str(p.k), {}).setdefault(p.method, []).append(p.seed)
+    return out
+
+
+def missing_cell_lines(miss: dict[str, dict[str, list[int]]]) -> list[str]:
+    """One line per k with held-out runs to go: which methods, which seeds."""
+    lines = []
+    for k, by in miss.items():
+        seeds = {tuple(v) for v in by.values()}
+        if set(by) == set(ks.METHODS) and len(seeds) == 1:
+            what = f"every method, seeds {','.join(map(str, seeds.pop()))}"
+        else:
+            what = "; ".join(f"{LABEL[m]} seeds {','.join(map(str, v))}" for m, v in by.items())
+        lines.append(f"  - k={k}: {what} ({sum(map(len, by.values()))} runs)")
+    return lines
+
+
 def markdown(report: dict) -> str:
     d = report["design"]
     chosen = {m: v["chosen_lr"] for m, v in report["selection"].items()}
@@ -349,6 +370,8 @@ def markdown(report: dict) -> str:
             f"- {part}: {len(names)} runs to go{later}"
             + (f" (first: {', '.join(names[:3])})" if names else "")
         )
+        if part == "heldout":
+            lines += missing_cell_lines(report["missing_heldout"])
     if total or unchosen:
         later = " (and the held-out runs above, once the lrs are chosen)" if unchosen else ""
         if unkept_warm_start(report):
@@ -395,6 +418,7 @@ def write(
         "summary": summary(held, chosen),
         "vcpo_vs": vcpo_against(held),
         "missing": {part: [p.name for p in ks.plan(part, cells)] for part in ks.PARTS},
+        "missing_heldout": missing_heldout(cells),
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

@@ -91,7 +91,7 @@ def test_plan_skips_finished_runs_and_the_cells_an_earlier_report_kept(tmp_path:
     )
     assert len(names) == len(ks.METHODS) * len(ks.LRS) * len(ks.SELECT_SEEDS) - 2
     runner = ks.Runner(later, WARM0)
-    assert runner(ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", 8, 0, ())).endswith(
+    assert runner(ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", "vcpo", 8, 0, ())).endswith(
         "done already"
     )
 
@@ -164,6 +164,18 @@ def test_the_verdict_names_the_best_method_says_whether_vcpo_is_ahead_and_puts_t
         and "runs missing; `nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run`" in md
     )
     assert (tmp_path / "k_sweep.png").is_file()
+
+
+def test_the_missing_runs_are_named_by_lag_method_and_seed(tmp_path: Path) -> None:
+    rows = _selection(BEST) + _heldout(4, {m: [0.3] * 5 for m in ks.METHODS})
+    late = {("vcpo", 4, 6), ("vcpo", 4, 7)}  # VCPO's last two seeds at k=4 still to run
+    rows = [r for r in rows if (r[0], r[2], r[3]) not in late]
+    report = write(_cells(rows), tmp_path / "k_sweep.json", quiet=True)
+    assert report["missing_heldout"]["4"] == {"vcpo": [6, 7]}
+    md = (tmp_path / "k_sweep.md").read_text()
+    assert "  - k=4: VCPO seeds 6,7 (2 runs)\n" in md
+    assert "  - k=16: every method, seeds 3,4,5,6,7 (35 runs)\n" in md
+    assert sum(map(len, report["missing_heldout"].get("16", {}).values())) == 5 * len(ks.METHODS)
 
 
 _GAP = re.compile(r"by (\d+\.\d+) ± (\d+\.\d+) \((\d+\.\d) SE; (separated|not separated)\)")
@@ -404,7 +416,7 @@ def test_a_finished_run_records_its_warm_start_and_is_read_with_it_and_a_report_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = tmp_path / "runs"
-    p = ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", 8, 0, ())
+    p = ks.Planned(ks.run_name("vcpo", ks.LRS[0], 8, 0), "select", "vcpo", 8, 0, ())
     d = _finish(runs, "vcpo", ks.LRS[0], 8, 0, acc=0.5)  # trained, its final eval not yet written:
     (d / "final_eval.json").unlink()
     (d / "checkpoints" / "latest").mkdir(parents=True)
