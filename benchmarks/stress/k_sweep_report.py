@@ -132,6 +132,24 @@ def _against(c: dict | None) -> str:
     return f"{_pm(d, se, signed=True)} ({spread}{word})"
 
 
+def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
+    """One sentence per k where VCPO has been set against some method: the methods it is behind first, then
+    those it is level with (within SEPARATION SE), then those it is ahead of; lags where it is behind any first."""
+    lines: list[tuple[int, int, str]] = []
+    for k in map(str, ks.LAGS):
+        against = {m: by_k[k] for m, by_k in vs.items() if k in by_k}
+        if not against:
+            continue
+        groups = {"behind": [], "level with": [], "ahead of": []}
+        for m, c in against.items():
+            word = "level with" if not c["separated"] else "ahead of" if c["difference"] > 0 else "behind"
+            spread = f", {abs(c['difference']) / c['se']:.1f} SE" if c["se"] else ""
+            groups[word].append(f"{LABEL[m]} ({_pm(c['difference'], c['se'], signed=True)}{spread})")
+        text = "; ".join(f"{word} {', '.join(ms)}" for word, ms in groups.items() if ms)
+        lines.append((0 if groups["behind"] else 1, int(k), f"- k={k}: VCPO is {text}."))
+    return [text for *_, text in sorted(lines)]
+
+
 def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
     if mean is None:
         return "missing"

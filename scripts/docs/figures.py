@@ -140,68 +140,65 @@ K_SWEEP_SECTION = "the-k-sweep-k-up-to-64-on-a-task-the-toy-does-not-saturate"  
 
 
 def k_sweep_verdict(docs: str | None = "docs/") -> str:
-    """The k-sweep's verdict (benchmarks/results/stress/k_sweep.json) at every k measured so far, worded by the
-    sweep's own report (`k_sweep_report.verdict_lines`), and how much of the sweep is still to run. `docs`: the
-    prefix of the link to the study's section; None on the study's own page (the section follows)."""
-    from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, verdict_lines
-    from benchmarks.stress.level_b_fair import LABEL
+    """The k-sweep's verdict at every k measured so far, worded by the sweep's own report
+    (`k_sweep_report.verdict_lines`, `vcpo_vs_lines`), and how much of it is still to run: the second sweep
+    (benchmarks/results/stress/k_sweep2.json, from the warm start the repository keeps) where it exists, the first
+    one named after it. `docs`: the prefix of the link to the study's section; None on the study's own page (the
+    section follows)."""
+    link = "" if docs is None else f"; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})"
+    if not (RESULTS / "stress" / "k_sweep2.json").is_file():
+        return "\n".join(_k_sweep_lines(load("stress/k_sweep.json"), link))
+    first = load("stress/k_sweep.json")
+    return "\n".join(
+        [
+            *_k_sweep_lines(load("stress/k_sweep2.json"), link),
+            "",
+            f"A first sweep ({len(first['cells'])} runs, `benchmarks/results/stress/k_sweep.md`) started from a "
+            "warm start that was not kept, so its runs can neither be completed nor set beside these; it is not "
+            "continued.",
+        ]
+    )
 
-    report = load("stress/k_sweep.json")
+
+def _k_sweep_lines(report: dict, link: str) -> list[str]:
+    """One sweep's verdict, where VCPO is not ahead first: the best method per k, then VCPO against each method."""
+    from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, vcpo_vs_lines, verdict_lines
+    from benchmarks.stress.level_b_fair import LABEL
+    from benchmarks.stress.level_b_fair_report import lr_text
+
     d = report["design"]
     measured = [line for line in verdict_lines(report["summary"]) if not line.endswith("not measured yet.")]
-    unmeasured = [k for k, s in report["summary"].items() if not s.get("best")]
+    unmeasured = [k for k, s in report["summary"].items() if not s.get("best") and not s.get("partial")]
     left = sum(len(names) for names in report["missing"].values())
     unchosen = [LABEL[m] for m, v in report["selection"].items() if v["chosen_lr"] is None]
+    chosen = [
+        f"{LABEL[m]} {lr_text(v['chosen_lr'])}" for m, v in report["selection"].items() if v["chosen_lr"]
+    ]
     later = f", and the held-out runs of {', '.join(unchosen)} once their lr is chosen" if unchosen else ""
     if unkept_warm_start(report) and (left or unchosen):
-        second = RESULTS / "stress" / "k_sweep2.json"
-        again = f" ({len(load('stress/k_sweep2.json')['cells'])} runs so far)" if second.is_file() else ""
         status = (f"{len(report['cells'])} runs; {left} planned runs{later}{',' if later else ''} cannot be "
-                  "added: the warm start these started from was not kept, and the sweep runs again from a kept "
-                  f"one{again}")  # fmt: skip
-    else:
+                  "added: the warm start these started from was not kept")  # fmt: skip
+    elif left or unchosen:
         status = f"{len(report['cells'])} runs so far, {left} planned still to run{later}"
+    else:
+        status = f"{len(report['cells'])} runs, the sweep complete"
     lines = [
         f"The k-sweep, on a task of 2-3 tool calls per problem (tiny_multistep, toy model, {d['steps']} steps), k up "
-        f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']}, final held-out accuracy "
-        f"over seeds {', '.join(map(str, d['heldout_seeds']))} ({status}"
-        f"{'' if docs is None else f'; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})'}):",
+        f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']} "
+        f"({', '.join(chosen)}), final held-out accuracy over seeds {', '.join(map(str, d['heldout_seeds']))} "
+        f"({status}{link}):",
         "",
         *measured,
     ]
     if unmeasured:
         lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
+    if against := vcpo_vs_lines(report.get("vcpo_vs", {})):
+        lines += ["", f"VCPO against each method, where both have all {len(d['heldout_seeds'])} held-out seeds "
+                  f"(VCPO minus the method ± SE of the difference; ahead or behind beyond {d['separation_se']:g} SE, "
+                  "level within):", "", *against]  # fmt: skip
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]
-    if (RESULTS / "stress" / "k_sweep2.json").is_file():
-        lines += _second_k_sweep(load("stress/k_sweep2.json"))
-    return "\n".join(lines)
-
-
-def _second_k_sweep(report: dict) -> list[str]:
-    """The second sweep's verdict at the lags where some method has all its held-out seeds in (the report's own
-    lines), none while there is no such lag."""
-    from benchmarks.stress.k_sweep_report import edge_lines, verdict_lines
-    from benchmarks.stress.level_b_fair import LABEL
-    from benchmarks.stress.level_b_fair_report import lr_text
-
-    lines = verdict_lines(report["summary"])
-    measured = [line for line in lines if not line.split(": ", 1)[1].startswith("not measured yet")]
-    if not measured:
-        return []
-    left = sum(len(names) for names in report["missing"].values())
-    chosen = {LABEL[m]: v["chosen_lr"] for m, v in report["selection"].items() if v["chosen_lr"] is not None}
-    edges = edge_lines(report["selection"])
-    return [
-        "",
-        f"The second sweep, from the warm start the repository keeps ({len(report['cells'])} runs so far, {left} "
-        f"planned still to run; lrs chosen so far: {', '.join(f'{m} {lr_text(v)}' for m, v in chosen.items())}), "
-        f"each method at the lr it did best with at k={report['design']['select_lag']} at every k, where it has all "
-        f"{len(report['design']['heldout_seeds'])} held-out seeds of a method:",
-        "",
-        *measured,
-        *(["", *edges] if edges else []),
-    ]
+    return lines
 
 
 def _ratio(x: float) -> str:

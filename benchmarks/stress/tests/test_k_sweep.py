@@ -166,6 +166,23 @@ def test_the_verdict_names_the_best_method_says_whether_vcpo_is_ahead_and_puts_t
     assert (tmp_path / "k_sweep.png").is_file()
 
 
+def test_vcpo_against_each_method_in_words_puts_behind_first_and_level_within_two_se() -> None:
+    from benchmarks.stress.k_sweep_report import vcpo_vs_lines
+
+    vs = {
+        "tis": {"8": {"difference": 0.06, "se": 0.02, "separated": True}},
+        "opob": {"8": {"difference": 0.01, "se": 0.02, "separated": False}},
+        "m2po": {"8": {"difference": 0.05, "se": 0.02, "separated": True},
+                 "32": {"difference": -0.10, "se": 0.02, "separated": True}},
+    }  # fmt: skip
+    lines = vcpo_vs_lines(vs)
+    assert lines == [
+        "- k=32: VCPO is behind M2PO (-0.10 ± 0.02, 5.0 SE).",
+        "- k=8: VCPO is level with OPOB alone (+0.01 ± 0.02, 0.5 SE); ahead of TIS (seq) (+0.06 ± 0.02, 3.0 SE), "
+        "M2PO (+0.05 ± 0.02, 2.5 SE).",
+    ]
+
+
 def test_the_missing_runs_are_named_by_lag_method_and_seed(tmp_path: Path) -> None:
     rows = _selection(BEST) + _heldout(4, {m: [0.3] * 5 for m in ks.METHODS})
     late = {("vcpo", 4, 6), ("vcpo", 4, 7)}  # VCPO's last two seeds at k=4 still to run
@@ -260,22 +277,36 @@ def test_a_cell_with_some_of_its_heldout_seeds_is_shown_with_its_count_and_not_r
     assert (s16["best"], s16["vcpo_ahead"], s16["partial"]) == ("tis", False, {})
 
 
-def test_the_docs_give_the_second_sweeps_verdict_at_the_lags_it_has_measured_and_nothing_before(
+def test_the_docs_give_the_sweeps_verdict_and_vcpo_against_each_method_at_the_lags_measured_and_say_when_done(
     tmp_path: Path,
 ) -> None:
-    """scripts/docs/figures.py's lines for the second sweep (README and the study page): none while no lag has all
-    held-out seeds of a method; then that lag's verdict line, as the report words it, and the run count."""
-    from scripts.docs.figures import _second_k_sweep
+    """scripts/docs/figures.py's lines for a sweep (README and the study page): every lag not measured yet while no
+    lag has all held-out seeds of a method; then that lag's verdict line and VCPO against each method, as the report
+    words them, with the runs still to go; "the sweep complete" once nothing is."""
+    from scripts.docs.figures import _k_sweep_lines
 
     rows = _selection(BEST) + [("vcpo", BEST["vcpo"], 0, s, 0.5) for s in ks.HELDOUT_SEEDS[:3]]
-    assert _second_k_sweep(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)) == []
+    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True), "")
+    assert [x for x in lines if x.startswith("- ")] == [
+        "- k=0: not measured yet. Under way: VCPO 3/5.",
+        "- not measured yet: k=4, 8, 16, 32, 64.",
+    ]
     rows += _heldout(0, {"vcpo": [0.50] * 5, "plain": [0.40, 0.41, 0.39, 0.42, 0.38]})
     report = write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)
-    lines = _second_k_sweep(report)
+    lines = _k_sweep_lines(report, "")
     (k0,) = [x for x in verdict_lines(report["summary"]) if x.startswith("- k=0:")]
     assert k0.startswith("- k=0: VCPO is ahead") and k0 in lines
-    assert not any(x.startswith("- k=4:") for x in lines), "an unmeasured lag is left out"
-    assert f"({len(report['cells'])} runs so far" in lines[1]
+    # the ESS lr alone's k=0 runs are plain's at its lr, BEST's 1e-4 for both
+    gap = "(+0.10 ± 0.01, 14.1 SE)"
+    assert f"- k=0: VCPO is ahead of plain REINFORCE {gap}, ESS lr alone {gap}." in lines
+    assert not any(x.startswith("- k=4:") for x in lines), "an unmeasured lag has no verdict line"
+    left = sum(map(len, report["missing"].values()))
+    assert f"({len(report['cells'])} runs so far, {left} planned still to run)" in lines[0]
+    for k in ks.LAGS:
+        rows += _heldout(k, {m: [0.5, 0.6, 0.5, 0.6, 0.5] for m in ks.METHODS})
+    rows += [(m, lr, 0, s, 0.5) for m, lr, s in ks.CALIBRATE]
+    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True), "")
+    assert ", the sweep complete)" in lines[0] and "not measured yet" not in "".join(lines)
 
 
 def test_a_chosen_lr_at_either_end_of_the_grid_is_named_as_such_and_one_inside_it_is_not(
