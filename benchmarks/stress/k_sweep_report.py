@@ -105,8 +105,9 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
 
 
 def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
-    """method -> k -> VCPO's mean final minus the method's, the SE of that difference and whether it is separated:
-    VCPO against every method, not only the verdict's best, where both cells have every held-out seed."""
+    """method -> k -> VCPO's mean final minus the method's, the SE of that difference and whether it is separated,
+    and the same for the area under the curve (`auc`): VCPO against every method, not only the verdict's best,
+    where both cells have every held-out seed."""
     n = len(ks.HELDOUT_SEEDS)
     if "vcpo" not in held:
         return {}
@@ -118,7 +119,9 @@ def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]
             for k in map(str, ks.LAGS):
                 if v[k]["n"] == n and held[m][k]["n"] == n:
                     d, se = difference(v[k], held[m][k])
-                    out[m][k] = {"difference": d, "se": se, "separated": separated(d, se)}
+                    a, a_se = difference(v[k]["auc"], held[m][k]["auc"])
+                    out[m][k] = {"difference": d, "se": se, "separated": separated(d, se),
+                                 "auc": {"difference": a, "se": a_se, "separated": separated(a, a_se)}}  # fmt: skip
     return out
 
 
@@ -356,6 +359,11 @@ def markdown(report: dict) -> str:
               "| VCPO minus | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
     for m, by_k in report.get("vcpo_vs", {}).items():
         lines.append(f"| {LABEL[m]} | " + " | ".join(_against(by_k.get(str(k))) for k in ks.LAGS) + " |")
+    lines += ["", "The same for the area under the curve (how soon a method gets to its level, not only where it ends):",
+              "", "| VCPO minus (AUC) | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
+    for m, by_k in report.get("vcpo_vs", {}).items():
+        row = [_against(by_k[str(k)].get("auc")) if str(k) in by_k else "-" for k in ks.LAGS]
+        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     lrs = sorted({float(lr) for v in report["selection"].values() for lr in v.get("grid", ks.LRS)})
     lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
               "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]  # fmt: skip

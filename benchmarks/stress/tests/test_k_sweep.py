@@ -221,6 +221,17 @@ def test_vcpo_is_set_against_every_method_where_both_have_all_seeds_and_the_word
         assert (
             f"{c['difference']:+.2f} ± {c['se']:.2f} ({abs(c['difference']) / c['se']:.1f} SE; {word})" in row
         )
+        a = c["auc"]  # these runs' curves are a line from 0.1 to the final: the AUC gap is half the final's
+        assert a["difference"] == pytest.approx(v["auc"]["mean"] - b["auc"]["mean"], abs=1e-12)
+        assert a["se"] == pytest.approx(math.hypot(v["auc"]["se"], b["auc"]["se"]), abs=1e-12)
+        assert (a["difference"], a["se"], a["separated"]) == pytest.approx(
+            (c["difference"] / 2, c["se"] / 2, c["separated"])
+        )
+        md = (tmp_path / "k_sweep2.md").read_text().split("| VCPO minus (AUC) |")[1]
+        row = next(x for x in md.splitlines() if x.startswith(f"| {LABEL[m]} |"))
+        assert (
+            f"{a['difference']:+.2f} ± {a['se']:.2f} ({abs(a['difference']) / a['se']:.1f} SE; {word})" in row
+        )
     assert "8" not in vs["m2po"] and "0" not in vs["tis"]
 
 
