@@ -125,14 +125,23 @@ def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]
     return out
 
 
+def _side(c: dict) -> str:
+    """Where VCPO stands against a method in one `vcpo_vs` entry: 'ahead' or 'behind' beyond SEPARATION SE of the
+    difference, else 'level'."""
+    return ("ahead" if c["difference"] > 0 else "behind") if c["separated"] else "level"
+
+
+def _spread(c: dict) -> str:
+    """'3.4 SE': the difference in standard errors of it ('' without a spread)."""
+    return f"{abs(c['difference']) / c['se']:.1f} SE" if c["se"] else ""
+
+
 def _against(c: dict | None) -> str:
     """'+0.06 ± 0.02 (3.4 SE; ahead)': VCPO minus the method; 'ahead'/'behind' only beyond SEPARATION SE."""
     if c is None:
         return "-"
-    d, se = c["difference"], c["se"]
-    word = ("ahead" if d > 0 else "behind") if c["separated"] else "not separated"
-    spread = f"{abs(d) / se:.1f} SE; " if se else ""
-    return f"{_pm(d, se, signed=True)} ({spread}{word})"
+    word = {"level": "not separated"}.get(_side(c), _side(c))
+    return f"{_pm(c['difference'], c['se'], signed=True)} ({_spread(c)}{'; ' if c['se'] else ''}{word})"
 
 
 def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
@@ -143,12 +152,12 @@ def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
         against = {m: by_k[k] for m, by_k in vs.items() if k in by_k}
         if not against:
             continue
-        groups = {"behind": [], "level with": [], "ahead of": []}
+        groups: dict[str, list[str]] = {"behind": [], "level": [], "ahead": []}
         for m, c in against.items():
-            word = "level with" if not c["separated"] else "ahead of" if c["difference"] > 0 else "behind"
-            spread = f", {abs(c['difference']) / c['se']:.1f} SE" if c["se"] else ""
-            groups[word].append(f"{LABEL[m]} ({_pm(c['difference'], c['se'], signed=True)}{spread})")
-        text = "; ".join(f"{word} {', '.join(ms)}" for word, ms in groups.items() if ms)
+            spread = f", {_spread(c)}" if c["se"] else ""
+            groups[_side(c)].append(f"{LABEL[m]} ({_pm(c['difference'], c['se'], signed=True)}{spread})")
+        words = {"behind": "behind", "level": "level with", "ahead": "ahead of"}
+        text = "; ".join(f"{words[side]} {', '.join(ms)}" for side, ms in groups.items() if ms)
         lines.append((0 if groups["behind"] else 1, int(k), f"- k={k}: VCPO is {text}."))
     return [text for *_, text in sorted(lines)]
 
@@ -285,10 +294,10 @@ def _heldout_runs(methods: int) -> int:
     return methods * len(ks.LAGS) * len(ks.HELDOUT_SEEDS)
 
 
-def missing_heldout(cells: dict[tuple, ks.Cell]) -> dict[str, dict[str, list[int]]]:
+def missing_heldout(planned: list[ks.Planned]) -> dict[str, dict[str, list[int]]]:
     """k -> method -> the held-out seeds still to run (at k = 0 under the method whose run it is)."""
     out: dict[str, dict[str, list[int]]] = {}
-    for p in ks.plan("heldout", cells):
+    for p in planned:
         out.setdefault(str(p.k), {}).setdefault(p.method, []).append(p.seed)
     return out
 
@@ -355,15 +364,17 @@ def markdown(report: dict) -> str:
                            f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
             lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     lines += ["", f"## VCPO against each method (final: VCPO minus the method, ± SE of the difference; ahead or "
-              f"behind beyond {SEPARATION:g} SE; where both have all {n_held} held-out seeds)", "",
-              "| VCPO minus | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
-    for m, by_k in report.get("vcpo_vs", {}).items():
-        lines.append(f"| {LABEL[m]} | " + " | ".join(_against(by_k.get(str(k))) for k in ks.LAGS) + " |")
-    lines += ["", "The same for the area under the curve (how soon a method gets to its level, not only where it ends):",
-              "", "| VCPO minus (AUC) | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
-    for m, by_k in report.get("vcpo_vs", {}).items():
-        row = [_against(by_k[str(k)].get("auc")) if str(k) in by_k else "-" for k in ks.LAGS]
-        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+              f"behind beyond {SEPARATION:g} SE; where both have all {n_held} held-out seeds)"]  # fmt: skip
+    tables = {"final": ("", lambda c: c), "auc": (
+        "The same for the area under the curve (how soon a method gets to its level, not only where it ends):",
+        lambda c: c["auc"])}  # fmt: skip
+    for name, (intro, pick) in tables.items():
+        head = "VCPO minus" + (" (AUC)" if name == "auc" else "")
+        lines += ["", *([intro, ""] if intro else []), f"| {head} | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |",
+                  "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
+        for m, by_k in report.get("vcpo_vs", {}).items():
+            row = [_against(pick(by_k[str(k)])) if str(k) in by_k else "-" for k in ks.LAGS]
+            lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     lrs = sorted({float(lr) for v in report["selection"].values() for lr in v.get("grid", ks.LRS)})
     lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
               "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]  # fmt: skip
@@ -430,6 +441,7 @@ def write(
     sel = selection(cells)
     chosen = {m: v["chosen_lr"] for m, v in sel.items()}
     held = heldout(cells, chosen)
+    todo = {part: ks.plan(part, cells) for part in ks.PARTS}
     report = {
         "design": {"task": "envs/tiny_multistep.yaml", "recipe": ks.RECIPE,
                    "warm_start": warm.accuracy if warm else None, "warm_sha256": warm.sha256 if warm else None,
@@ -443,8 +455,8 @@ def write(
         "heldout": held,
         "summary": summary(held, chosen),
         "vcpo_vs": vcpo_against(held),
-        "missing": {part: [p.name for p in ks.plan(part, cells)] for part in ks.PARTS},
-        "missing_heldout": missing_heldout(cells),
+        "missing": {part: [p.name for p in runs] for part, runs in todo.items()},
+        "missing_heldout": missing_heldout(todo["heldout"]),
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
