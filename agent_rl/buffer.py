@@ -14,7 +14,11 @@ finished. The learner takes whole groups. Three rules keep the learner's data so
   lag + 1 steps and so within the bound, so drops stay rare. This is AReaL's rule
   (started <= (version + lag + 1) * B) counted in learner steps rather than versions, so a
   step the learner skips (version unchanged) cannot use up the budget and starve it;
-- every group ends exactly once: delivered, or dropped with a counted reason.
+- every group ends exactly once: delivered, or dropped with a counted reason;
+- infrastructure failures are not rewards: members that failed in the infrastructure (INFRA_FAILED, after the
+  rollout side's retries) are left out of their group when it forms (`Group.of`), so the learner's baseline,
+  advantages, OPOB and ESS are those of the survivors; a group whose members all failed is dropped and its
+  prompt sampled again; a batch with more than `max_infra_failed_fraction` of failures stops the run.
 
 It lives on the rollout event loop; all methods are called from that loop's thread.
 """
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_rl.config import BufferConfig
+from agent_rl.failures import InfraFailureRate, batch_failure_share
 from agent_rl.types import FinishReason, Group, Trajectory
 
 DROP_REASONS = ("stale", "uniform", "error")
@@ -54,7 +59,8 @@ class BufferCounters:
     delivered_trajectories: int = 0
     dropped_stale: int = 0
     dropped_uniform: int = 0
-    dropped_error: int = 0
+    dropped_error: int = 0  # groups whose members all failed in the infrastructure
+    infra_left_out: int = 0  # infra-failed members left out of delivered groups (the others trained)
     recycled: int = 0
     masked_void: int = 0
     partial_trajectories: int = 0  # delivered trajectories sampled by more than one version
@@ -96,6 +102,8 @@ class RolloutBuffer:
         self._seq = 0
         self._in_step = 0  # groups taken since the last set_version: the learner is training on them
         self._failure: BaseException | None = None
+        self._failed_since_take: list[Trajectory] = []  # members of all-failed groups dropped since a take
+        self.last_infra_share = 0.0  # share of the last batch's episodes that failed in the infrastructure
         self._wake = asyncio.Event()
         self.last_staleness: list[int] = []
 
@@ -190,16 +198,24 @@ class RolloutBuffer:
         del self._open[g.group_id]
         members = [t for t in g.members if t is not None] + g.forks
         sampled = sum(t.num_sampled for t in members)
-        if any(t.finish_reason == FinishReason.ERROR for t in members):
+        group = Group.of(g.group_id, members)  # infra-failed members left out: vcpo never sees them
+        if group is None:  # all failed: nothing to train on
             self.counters.dropped_sampled_tokens += sampled
             self._drop(g.group_id, g.task_id, "error")
+            self._failed_since_take += members
+            # stop now if even a next batch without failures could not bring the share under the bound
+            full = self.batch_prompts * self.group_size
+            try:
+                batch_failure_share(full, self._failed_since_take, self._max_infra)
+            except InfraFailureRate as e:
+                self.fail(e)
         elif g.doomed or self._over_bound(g.min_version()):
             self.counters.dropped_sampled_tokens += sampled
             self._drop(g.group_id, g.task_id, "stale")
-        elif self.cfg.drop_uniform_groups and len({t.reward for t in members}) == 1:
+        elif self.cfg.drop_uniform_groups and len(set(group.rewards)) == 1:
             self._drop(g.group_id, g.task_id, "uniform")
         else:
-            self._ready[g.group_id] = Group(g.group_id, members)
+            self._ready[g.group_id] = group
             self._ready_seq[g.group_id] = g.seq
 
     def _drop(self, group_id: str, task_id: str, reason: str) -> None:
@@ -207,6 +223,10 @@ class RolloutBuffer:
         if reason != "uniform":  # a filtered group used its prompt; stale/error ones must be sampled again
             self.recycled.append(task_id)
             self.counters.recycled += 1
+
+    @property
+    def _max_infra(self) -> float:
+        return self.cfg.max_infra_failed_fraction
 
     def _over_bound(self, min_version: int | None) -> bool:
         return min_version is not None and self.version - min_version > self.k
@@ -258,6 +278,8 @@ class RolloutBuffer:
     def try_take(self, n_groups: int) -> list[Group] | None:
         """The n ready groups with the oldest first tokens (earliest deadline); None if fewer are ready, or
         (wait_for_due) while an in-flight group must be in this batch to be trained in time."""
+        if isinstance(self._failure, InfraFailureRate):
+            raise self._failure  # one line for the user, not a traceback
         if self._failure is not None:
             raise BufferClosed(f"rollouts failed: {self._failure!r}") from self._failure
         if len(self._ready) < n_groups:
@@ -268,6 +290,12 @@ class RolloutBuffer:
         if self.cfg.wait_for_due and self._must_wait(ids[:n_groups], ids[n_groups:], n_groups):
             return None
         ids = ids[:n_groups]
+        chosen = [self._ready[gid] for gid in ids]
+        failed = [t for grp in chosen for t in grp.left_out] + self._failed_since_take
+        self.last_infra_share = batch_failure_share(  # raises: the batch is mostly infrastructure failures
+            sum(len(grp.trajectories) for grp in chosen), failed, self._max_infra
+        )
+        self._failed_since_take = []
         batch = [self._ready.pop(gid) for gid in ids]
         for gid in ids:
             del self._ready_seq[gid]
@@ -275,6 +303,7 @@ class RolloutBuffer:
         self.last_staleness = []
         for grp in batch:
             self.counters.delivered_groups += 1
+            self.counters.infra_left_out += len(grp.left_out)
             for t in grp.trajectories:
                 self.counters.delivered_trajectories += 1
                 self.last_staleness.append(t.staleness(self.version))
@@ -320,6 +349,7 @@ class RolloutBuffer:
         out["buffer/ready_groups"] = len(self._ready)
         out["buffer/inflight_groups"] = len(self._open)
         out["buffer/staleness_bound"] = self.k
+        out["buffer/infra_failed_share"] = self.last_infra_share
         if s:
             out["buffer/staleness_mean"] = sum(s) / len(s)
             out["buffer/staleness_max"] = max(s)
@@ -350,7 +380,10 @@ class RolloutBuffer:
                 for g in self._open.values()
             ],
             "ready": [
-                {"seq": self._ready_seq[gid], "members": [t.to_bytes() for t in grp.trajectories]}
+                {
+                    "seq": self._ready_seq[gid],
+                    "members": [t.to_bytes() for t in (*grp.trajectories, *grp.left_out)],
+                }
                 for gid, grp in self._ready.items()
             ],
         }
@@ -371,7 +404,9 @@ class RolloutBuffer:
         for r in state["ready"]:
             members = [Trajectory.from_bytes(b) for b in r["members"]]
             gid = members[0].group_id
-            self._ready[gid] = Group(gid, members)
+            group = Group.of(gid, members)
+            assert group is not None, f"{gid}: a ready group has a member that did not fail"
+            self._ready[gid] = group
             self._ready_seq[gid] = r["seq"]
 
     # -- waking -------------------------------------------------------------------------

@@ -106,8 +106,18 @@ class RolloutConfig(Strict):
     own policy is the checkpoint's (`agent-rl eval --checkpoint RUN_DIR`, or `benchmarks.stress.final_eval`)."""
     max_retries: int = Field(3, ge=0)
     """Retries of one engine call after an infrastructure error (connection lost, engine died)."""
-    max_errors: int = Field(20, ge=0)
-    """Episodes ending in an infrastructure error tolerated per run before training stops with the last error."""
+    max_errors: int | None = Field(None, ge=0)
+    """Episodes left out as infrastructure failures (after `infra_retries`) tolerated per run before training
+    stops with the last error. None: no cap per run; `buffer.max_infra_failed_fraction` still stops a step whose
+    batch is mostly failures."""
+    infra_retries: int = Field(2, ge=0)
+    """Times an episode whose infrastructure failed (a container that did not start, a sandbox killed, a verifier
+    that timed out or wrote no reward, a harness that crashed, an engine failing after `max_retries`) is run again
+    from the start before it is left out of its group (docs/guides/failures.md); never scored 0."""
+    infra_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first such retry of an episode; it doubles with each further retry."""
+    infra_backoff_max_s: float = Field(30.0, ge=0)
+    """The longest wait between retries of an episode (the doubling stops here)."""
     constrained_logprobs: Literal["unmasked", "masked"] = "unmasked"
     """Agent calls under a constraint (response_format, tool_choice): the behaviour log-prob the learner gets.
     unmasked: the full-vocabulary policy's log-prob of each sampled token (importance weights are 1 on-policy;
@@ -117,6 +127,15 @@ class RolloutConfig(Strict):
     """Rollout processes. 1: episodes run on the driver's event loop (in-process). N > 1: they are sharded over
     N local processes (agent_rl/rollout/sharded.py), each with its own envs, sandbox and gateway, talking to the
     engines through the driver; the buffer, the staleness bound and the data-set cursor stay in the driver."""
+
+    @model_validator(mode="after")
+    def _backoff_in_order(self) -> RolloutConfig:
+        if self.infra_backoff_max_s < self.infra_backoff_s:
+            raise ValueError(
+                f"rollout.infra_backoff_max_s={self.infra_backoff_max_s:g} is below rollout.infra_backoff_s="
+                f"{self.infra_backoff_s:g}: the longest wait must be at least the first; raise infra_backoff_max_s"
+            )
+        return self
 
     @model_validator(mode="after")
     def _workers_have_episodes(self) -> RolloutConfig:
@@ -146,6 +165,10 @@ class BufferConfig(Strict):
     were void (the main job ended at 0.00 and 0.41 in 2 of 4 runs with it, 0.63-0.75 in 3 of 3 without;
     level (b): VCPO at k=16 collapsed in 1 of 5 seeds with it, 0 of 5 without). recipes/dapo_aime sets it, as
     SimpleTIR's setting."""
+    max_infra_failed_fraction: float = Field(0.5, gt=0, lt=1)
+    """A step whose batch has more than this share of its episodes failed in the infrastructure (left out of
+    their groups, or in groups dropped because every member failed) stops the run with a one-line error naming
+    the causes, instead of training on what is left (docs/guides/failures.md)."""
     wait_for_due: bool = True
     """Earliest deadline first: the learner trains the ready groups with the oldest first tokens first and
     waits for an in-flight group its next step is the last chance to train (oldest token k versions behind),

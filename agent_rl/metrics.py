@@ -213,6 +213,8 @@ def log_batch(run_dir: Path, step: int, batch) -> None:
             _runs(t) for g in batch for t in g.trajectories
         ],  # [version, tokens] runs per trajectory
     }
+    if left_out := {t.uid: t.infra_cause for g in batch for t in g.left_out}:
+        record["infra_failed"] = left_out  # uid -> cause: members left out of their groups (not trained)
     with open(run_dir / "batches.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
 

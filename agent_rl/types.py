@@ -17,6 +17,7 @@ import zlib
 from array import array
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Literal, get_args
 
 
 class FinishReason(StrEnum):
@@ -27,7 +28,28 @@ class FinishReason(StrEnum):
     MAX_TURNS = "max_turns"
     LENGTH = "length"  # response token budget or context exhausted
     ABORT = "abort"  # interrupted by a weight update; a continuation is expected
-    ERROR = "error"  # infrastructure failure; never silently becomes reward 0
+    INFRA_FAILED = "infra_failed"  # the infrastructure failed after retries (`Trajectory.infra_cause` says how):
+    # left out of its group, never scored 0
+    ERROR = "infra_failed"  # the former name of INFRA_FAILED (an alias)
+
+    @classmethod
+    def _missing_(cls, value: object) -> FinishReason | None:
+        return cls.INFRA_FAILED if value == "error" else None  # read by trajectories saved before the rename
+
+
+InfraCause = Literal[
+    "container_start",  # a container or sandbox that failed to start
+    "sandbox_killed",  # a sandbox or container killed (or lost) mid-episode
+    "verifier_timeout",  # the reward's verifier ran past its time limit
+    "no_reward",  # the episode ended but its verifier wrote no reward
+    "bad_reward",  # the reward it wrote is not a finite number
+    "harness_crash",  # the agent or harness raised or exited without finishing
+    "harness_timeout",  # the agent or harness did not finish in its time limit
+    "engine",  # the inference engine failed after its retries
+    "other",  # any other error of env.step / the env's verifier
+]
+"""Why an episode failed in the infrastructure (the same strings as envs.types.INFRA_CAUSES)."""
+INFRA_CAUSES: tuple[str, ...] = get_args(InfraCause)
 
 
 class TrajectoryError(ValueError):
@@ -140,6 +162,7 @@ class Trajectory:
     reward: float | None = None
     finish_reason: FinishReason | None = None
     masked: bool = False  # void turn etc.: loss mask 0 everywhere, reward still counts in the group
+    infra_cause: InfraCause | None = None  # set with finish_reason INFRA_FAILED: what failed
     turns: list[TurnInfo] = field(default_factory=list)
     extras: dict[str, float] = field(default_factory=dict)  # logging only
     routed_experts: RoutedExperts | None = None  # MoE: the engine's routing of positions 0..n-1 (n <= len)
@@ -198,6 +221,11 @@ class Trajectory:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None and self.finish_reason != FinishReason.ABORT
+
+    @property
+    def infra_failed(self) -> bool:
+        """Failed in the infrastructure after retries: left out of its group's statistics and the loss."""
+        return self.finish_reason == FinishReason.INFRA_FAILED
 
     @property
     def response_ids(self) -> list[int]:
@@ -274,6 +302,7 @@ class Trajectory:
             "reward": self.reward,
             "finish_reason": None if self.finish_reason is None else str(self.finish_reason),
             "masked": self.masked,
+            **({"infra_cause": self.infra_cause} if self.infra_cause is not None else {}),
             "turns": [asdict(t) for t in self.turns],
             "extras": self.extras,
             "n_prompt": len(self.prompt_ids),
@@ -327,6 +356,7 @@ class Trajectory:
             reward=header["reward"],
             finish_reason=None if header["finish_reason"] is None else FinishReason(header["finish_reason"]),
             masked=header["masked"],
+            infra_cause=header.get("infra_cause"),
             turns=[TurnInfo(**t) for t in header["turns"]],
             extras=header["extras"],
         )
@@ -357,10 +387,28 @@ _FORMAT_VERSION = 1
 
 @dataclass
 class Group:
-    """The n trajectories sampled for one prompt; delivered to the learner whole."""
+    """The n trajectories sampled for one prompt; delivered to the learner whole.
+
+    `trajectories` are the members the learner sees: their rewards make the group's baseline and advantages,
+    and their importance weights the batch's ESS. Members that failed in the infrastructure are `left_out`
+    (kept for counting, never collated): see `Group.of`."""
 
     group_id: str
     trajectories: list[Trajectory]
+    left_out: list[Trajectory] = field(default_factory=list)  # infra-failed members (Trajectory.infra_failed)
+
+    @classmethod
+    def of(cls, group_id: str, members: list[Trajectory]) -> Group | None:
+        """The group of a prompt's finished members, infra-failed ones left out: the survivors' baseline,
+        advantages, OPOB and ESS are those of a group sampled without the failed ones (a failed member is not
+        scored 0). None when every member failed: nothing to train on, the prompt must be sampled again."""
+        kept = [t for t in members if not t.infra_failed]
+        return cls(group_id, kept, [t for t in members if t.infra_failed]) if kept else None
+
+    @property
+    def size(self) -> int:
+        """Members sampled, the left-out ones included."""
+        return len(self.trajectories) + len(self.left_out)
 
     @property
     def rewards(self) -> list[float]:

@@ -5,8 +5,10 @@ the staleness bound sees its versions while the agent runs; a split starts a for
 delivers with the group, all sharing the episode's reward. A group that goes over the bound stops
 the session (the agent's next call gets a 409) and the episode is abandoned like any other. An
 episode interrupted by a checkpoint restarts from scratch on resume: an agent's Python state cannot
-be saved. Engine failures after retries, the gateway's own errors (500) and agents that raise are
-infrastructure errors (the group is dropped and re-sampled, never scored 0); an agent that runs out of
+be saved. Engine failures after retries and the gateway's own errors (500) are infrastructure failures of
+cause `engine`, an agent that raises one of `harness_crash` (or the cause of the InfraFailure or SandboxError
+it let through), an external agent that never closes its task one of `harness_timeout`: the episode is retried,
+then left out of its group, never scored 0 (agent_rl/failures.py); an agent that runs out of
 budget (409) without handling it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
 """
 
@@ -15,14 +17,22 @@ from __future__ import annotations
 from typing import Any
 
 from agent_rl.engines.api import SamplingParams
+from agent_rl.failures import classify
 from agent_rl.gateway.assemble import Assembler
+from agent_rl.gateway.external import ExternalAgentError
 from agent_rl.gateway.record import Call
 from agent_rl.gateway.server import Gateway, SessionLimits
-from agent_rl.types import FinishReason, Trajectory, TurnInfo
+from agent_rl.types import FinishReason, InfraCause, Trajectory, TurnInfo
+from envs.types import InfraFailure
+from sandboxes.api import SandboxError
 
 
 class AgentEpisodeError(RuntimeError):
-    """The engines failed after retries, or the agent itself raised: the episode ends as an error."""
+    """The engines failed after retries, or the agent itself raised: an infrastructure failure of `cause`."""
+
+    def __init__(self, message: str, cause: InfraCause = "harness_crash") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 async def run_agent_episode(
@@ -81,7 +91,11 @@ async def run_agent_episode(
         if buffer.doomed(traj.group_id):
             return False
         if session.stats.errors:
-            raise AgentEpisodeError(f"episode {traj.uid}: {session.stats.errors[-1]}") from e
+            raise AgentEpisodeError(f"episode {traj.uid}: {session.stats.errors[-1]}", "engine") from e
+        if isinstance(e, InfraFailure | SandboxError):  # the agent's tools lost their sandbox or container
+            raise AgentEpisodeError(f"episode {traj.uid}: {e}", classify(e, who).cause) from e
+        if isinstance(e, ExternalAgentError) and "no external agent" in str(e):
+            raise AgentEpisodeError(f"episode {traj.uid}: {e}", "harness_timeout") from e
         cut = bool(session.calls) and session.calls[-1].finish_reason == "length"
         if session.over is None and not cut:
             counters.agent_errors += 1

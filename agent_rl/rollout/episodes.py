@@ -5,6 +5,11 @@ unfinished turn is re-submitted as a continuation (prompt + everything so far, r
 tokens already sampled keep the version that sampled them. The runner is the same wherever it runs: in
 the driver (workers.Rollouts, the buffer itself behind `EpisodeBuffer`) or in a rollout process
 (shard.py, a proxy of the driver's buffer that reports every change at `update`).
+
+An infrastructure failure (agent_rl/failures.py: a sandbox or container lost, a verifier that timed out or gave no
+reward, a harness that crashed, the engine failing after its retries) runs the episode again from the start,
+up to `rollout.infra_retries` times with backoff; one that still fails is reported INFRA_FAILED with its cause,
+and the buffer leaves it out of its group.
 """
 
 from __future__ import annotations
@@ -12,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from agent_rl.config import RolloutConfig
 from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
-from agent_rl.types import FinishReason, Trajectory, TurnInfo
+from agent_rl.failures import EpisodeFailure, backoff_s, check_reward, classify
+from agent_rl.types import FinishReason, InfraCause, Trajectory, TurnInfo
+from envs.types import InfraFailure
+from sandboxes.api import SandboxError
 
 
 class EpisodeEnv(Protocol):
@@ -65,7 +74,9 @@ class RolloutCounters:
     aborts: int = 0  # turns interrupted by a weight update and continued
     aborted_turn_seconds: float = 0.0  # generation wall time of those turns (abort and continuation included)
     engine_retries: int = 0
-    errors: int = 0  # episodes ended by an infrastructure error (FinishReason.ERROR)
+    errors: int = 0  # episodes left out as infrastructure failures after their retries (INFRA_FAILED)
+    infra_retries: int = 0  # episodes run again from the start after an infrastructure failure
+    infra_failed: Counter[InfraCause] = field(default_factory=Counter)  # `errors` by cause (cumulative)
     abandoned: int = 0  # episodes stopped because their group went over the staleness bound
     sampled_tokens: int = 0
     episode_seconds: float = 0.0
@@ -132,30 +143,57 @@ class EpisodeRunner:
             await self._gateway.close()
 
     async def run(self, group_id: str, task: Any, index: int, traj: Trajectory | None) -> None:
-        """Member `index` of `group_id` from the start, or from `traj` (a checkpointed partial episode)."""
+        """Member `index` of `group_id` from the start, or from `traj` (a checkpointed partial episode).
+
+        An infrastructure failure runs the episode again from the start (a fresh env) after a backoff, up to
+        `infra_retries` times; one that still fails is reported finished as INFRA_FAILED with its cause."""
         t0 = time.monotonic()
-        env = self.make_env()
-        prompt_ids = env.reset(task)
         restored = traj is not None
-        if traj is None:
-            traj = self.buffer.start(group_id, index, prompt_ids)
-        try:
-            if getattr(env, "is_agent", False):  # an OpenAI-client agent, through the gateway
-                finished = await self._run_agent(env, traj)
-            else:
-                if restored:  # rebuild the env's state from a checkpointed partial episode
-                    await self._replay(env, traj)
-                finished = await self._run_turns(env, traj)
-        except _InfraError as e:
-            self.counters.errors += 1
-            self.last_error = str(e)
-            traj.finish_reason, traj.reward = FinishReason.ERROR, None
-            traj.extras["error"] = 1.0
-            finished = True
-            if self.counters.errors > self.cfg.max_errors:
-                self.buffer.fail(RuntimeError(f"{self.counters.errors} episodes failed; last error: {e}"))
-        finally:
-            await env.close()  # an abandoned or failed episode may still hold a sandbox session
+        finished, failure = False, None
+        for attempt in range(self.cfg.infra_retries + 1):
+            if failure is not None:  # the previous attempt failed: wait, then start over
+                if not failure.retry or (traj is not None and self.buffer.doomed(traj.group_id)):
+                    break
+                self.counters.infra_retries += 1
+                await asyncio.sleep(backoff_s(self.cfg, attempt))
+            failure, env = None, self.make_env()
+            try:
+                try:
+                    prompt_ids = env.reset(task)
+                except (InfraFailure, SandboxError) as e:  # e.g. its container did not start
+                    raise classify(e, f"env.reset for {group_id}/{index}") from e
+                if traj is None:
+                    traj = self.buffer.start(group_id, index, prompt_ids)
+                elif attempt:
+                    _start_over(traj, prompt_ids)
+                    self.buffer.drop_forks(traj)  # an agent episode's split-off trajectories
+                    self.buffer.update(traj)
+                if getattr(env, "is_agent", False):  # an OpenAI-client agent, through the gateway
+                    finished = await self._run_agent(env, traj)
+                else:
+                    if restored and not attempt:  # rebuild the env's state from a checkpointed episode
+                        await self._replay(env, traj)
+                    finished = await self._run_turns(env, traj)
+            except EpisodeFailure as e:
+                failure = e
+                self.last_error = str(e)
+            finally:
+                try:
+                    await env.close()  # an abandoned or failed episode may still hold a sandbox session
+                except Exception:
+                    if failure is None:
+                        raise
+                    # closing what already failed (a killed sandbox) fails too: the failure is reported
+            if failure is None:
+                break
+        if failure is not None:
+            if traj is None:  # never started: reported with no tokens, so its group can resolve
+                traj = self.buffer.start(group_id, index, [])
+            # a doomed group (over the staleness bound) is dropped as stale anyway: the episode is abandoned
+            finished = not self.buffer.doomed(traj.group_id)
+            if finished:
+                self._give_up(traj, failure)
+        assert traj is not None
         self.counters.episode_seconds += time.monotonic() - t0
         if finished:
             self.counters.episodes += 1
@@ -163,6 +201,18 @@ class EpisodeRunner:
         else:
             self.counters.abandoned += 1
             self.buffer.abandon(traj)
+
+    def _give_up(self, traj: Trajectory, failure: EpisodeFailure) -> None:
+        """Mark `traj` INFRA_FAILED with the failure's cause (no reward: never 0)."""
+        self.counters.errors += 1
+        self.counters.infra_failed[failure.cause] += 1
+        _start_over(traj, traj.prompt_ids)  # the failed try's tokens are not trained on
+        traj.finish_reason, traj.infra_cause = FinishReason.INFRA_FAILED, failure.cause
+        traj.extras["error"] = 1.0
+        self.buffer.drop_forks(traj)
+        cap = self.cfg.max_errors
+        if cap is not None and self.counters.errors > cap:
+            self.buffer.fail(RuntimeError(f"{self.counters.errors} episodes failed; last error: {failure}"))
 
     async def _run_turns(self, env: EpisodeEnv, traj: Trajectory) -> bool:
         """Sample turns and step the env until done; False if the group went over the bound first."""
@@ -212,8 +262,8 @@ class EpisodeRunner:
             self.buffer.update(traj)
             try:
                 result = await env.step(turn_ids, truncated=finish != "stop")
-            except Exception as e:  # sandbox or reward worker down: an infrastructure error, not reward 0
-                raise _InfraError(f"env.step for {traj.uid} failed: {e!r}") from e
+            except Exception as e:  # sandbox, container or verifier down: an infrastructure failure, not 0
+                raise classify(e, f"env.step for {traj.uid}") from e
             del traj.extras[_PENDING]
             info = result.info
             traj.turns.append(
@@ -235,7 +285,11 @@ class EpisodeRunner:
             self.counters.gen_seconds += gen_s
             self.counters.tool_seconds += info.tool_seconds
             if result.done:
-                traj.reward = float(result.reward or 0.0)
+                if info.reward_timed_out:  # the verifier was killed past its limit: no verdict, not a 0
+                    raise EpisodeFailure(
+                        "verifier_timeout", f"env.step for {traj.uid}: the reward's verifier timed out"
+                    )
+                traj.reward = check_reward(result.reward, f"env.step for {traj.uid}")
                 traj.finish_reason = FinishReason(info.finish or "length")
                 traj.masked = info.masked
                 return True
@@ -265,7 +319,7 @@ class EpisodeRunner:
                 self._gateway, env, traj, self.buffer, self.cfg, self.counters, seed=self.seed
             )
         except AgentEpisodeError as e:
-            raise _InfraError(str(e)) from e
+            raise EpisodeFailure(e.cause, str(e)) from e
 
     async def _replay(self, env: EpisodeEnv, traj: Trajectory) -> None:
         """Step a fresh env through a restored episode's completed turns (their tokens are kept as stored)."""
@@ -274,7 +328,7 @@ class EpisodeRunner:
             try:
                 await env.step(response[pos : pos + turn.sampled_tokens], truncated=False)
             except Exception as e:
-                raise _InfraError(f"replaying {traj.uid} after resume failed: {e!r}") from e
+                raise classify(e, f"replaying {traj.uid} after resume") from e
             pos += turn.sampled_tokens + turn.env_tokens
 
     async def _generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
@@ -284,10 +338,12 @@ class EpisodeRunner:
             try:
                 return await self.engine.generate(input_ids, sampling, request_id=request_id)
             except BadRequest as e:  # the request itself is wrong (e.g. too long): retrying cannot help
-                raise _InfraError(f"engine refused {request_id}: {e}") from e
+                raise EpisodeFailure("engine", f"engine refused {request_id}: {e}", retry=False) from e
             except Exception as e:  # connection lost, engine died or refused: retried, then counted
                 if attempt == self.cfg.max_retries:
-                    raise _InfraError(f"engine request {request_id} failed {attempt + 1} times: {e!r}") from e
+                    raise EpisodeFailure(
+                        "engine", f"engine request {request_id} failed {attempt + 1} times: {e!r}"
+                    ) from e
                 self.counters.engine_retries += 1
                 self.last_error = repr(e)
             finally:
@@ -299,8 +355,11 @@ class EpisodeRunner:
 _PENDING = "pending_step_truncated"  # in traj.extras while env.step runs (survives a checkpoint)
 
 
-class _InfraError(RuntimeError):
-    """Engine or sandbox failure after retries: the episode ends with FinishReason.ERROR."""
+def _start_over(traj: Trajectory, prompt_ids: list[int]) -> None:
+    """Empty `traj` in place (the buffer holds this object) for a fresh try of its episode."""
+    traj.prompt_ids, traj.segments, traj.turns, traj.extras = list(prompt_ids), [], [], {}
+    traj.reward, traj.finish_reason, traj.infra_cause, traj.masked = None, None, None, False
+    traj.routed_experts, traj.teacher_logprobs = None, None
 
 
 def _seed(base: int, uid: str, turn: int, offset: int) -> int:

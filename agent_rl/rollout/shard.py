@@ -27,7 +27,7 @@ from typing import Any
 from agent_rl.config import RolloutConfig
 from agent_rl.engines.api import EngineError, Generation, SamplingParams
 from agent_rl.rollout.episodes import EpisodeRunner, RolloutCounters
-from agent_rl.types import FinishReason, RoutedExperts, Segment, Trajectory, TurnInfo
+from agent_rl.types import FinishReason, InfraCause, RoutedExperts, Segment, Trajectory, TurnInfo
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -89,6 +89,7 @@ class Update:  # worker -> driver: the trajectory `uid` as it stands now, as a c
     finish_reason: FinishReason | None
     masked: bool
     routed_experts: RoutedExperts | None = None  # MoE: the trajectory's new routing record (None: unchanged)
+    infra_cause: InfraCause | None = None  # with finish_reason INFRA_FAILED: what failed
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ class RemoteBuffer:
             Update(
                 traj.uid, prompt, k, traj.segments[k:], t, traj.turns[t:], dict(traj.extras),
                 traj.reward, traj.finish_reason, traj.masked,
-                None if sent.routed_experts is traj.routed_experts else traj.routed_experts,
+                None if sent.routed_experts is traj.routed_experts else traj.routed_experts, traj.infra_cause,
             )
         )  # fmt: skip
         sent.prompt_ids, sent.segments, sent.turns = traj.prompt_ids, list(traj.segments), list(traj.turns)

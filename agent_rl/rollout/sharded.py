@@ -245,7 +245,7 @@ class ShardedRollouts:
         del traj.turns[u.from_turn :]
         traj.turns.extend(u.turns)
         traj.extras, traj.reward, traj.masked = u.extras, u.reward, u.masked
-        traj.finish_reason = u.finish_reason
+        traj.finish_reason, traj.infra_cause = u.finish_reason, u.infra_cause
         if u.routed_experts is not None:
             traj.routed_experts = u.routed_experts
         if first and any(seg.sampled for seg in u.segments):  # its oldest version: the group may now be over
@@ -259,7 +259,7 @@ class ShardedRollouts:
         w.running -= 1
         w.counters, w.last_error = d.counters, d.last_error or w.last_error
         (self.buffer.finish if d.finished else self.buffer.abandon)(traj)
-        if self.counters.errors > self.cfg.max_errors:
+        if self.cfg.max_errors is not None and self.counters.errors > self.cfg.max_errors:
             self.buffer.fail(
                 RuntimeError(f"{self.counters.errors} episodes failed; last error: {self.last_error}")
             )

@@ -159,6 +159,10 @@ class Rates:
             "rollout/engine_retries": c.engine_retries,
             "rollout/errors": c.errors,
             "rollout/abandoned": c.abandoned,
+            # cumulative: episodes left out of their groups as infrastructure failures, by cause; retries
+            "rollout/infra_failed": c.errors,
+            "rollout/infra_retries": c.infra_retries,
+            **{f"rollout/infra_failed/{cause}": n for cause, n in sorted(c.infra_failed.items())},
         } | (
             {
                 "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
