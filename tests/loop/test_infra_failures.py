@@ -30,6 +30,7 @@ from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import BufferConfig, RolloutConfig
 from agent_rl.engines.api import EngineOptions
 from agent_rl.engines.embedded.engine import EmbeddedEngine
+from agent_rl.failures import InfraFailureRate
 from agent_rl.rollout.episodes import EpisodeRunner, RolloutCounters
 from agent_rl.rollout.workers import PromptSource, Rates, Rollouts
 from agent_rl.types import FinishReason, Group
@@ -324,3 +325,59 @@ async def test_an_agent_that_raises_is_left_out_as_harness_crash(tiny_model_dir:
     assert (failed.uid, failed.infra_cause, failed.reward) == ("g0/1", "harness_crash", None)
     assert "the harness crashed" in (rollouts.last_error or "")
     assert rollouts.stats()["rollout/infra_failed/harness_crash"] == 1
+
+
+def _rollouts(engine, make_env: Callable[[], TwoTurnEnv], fraction: float) -> Rollouts:
+    """The rollout workers over two tasks, one group at a time (k=0, one prompt per batch)."""
+    buffer = RolloutBuffer(
+        BufferConfig(max_staleness=0, max_infra_failed_fraction=fraction), batch_prompts=1, group_size=N
+    )
+    prompts = PromptSource([TASK, Task("q1", "Compute 2 + 5", "7")], seed=0)
+    return Rollouts(CFG, buffer, prompts, make_env, engine, max_seq_len=128, seed=0)
+
+
+async def test_a_group_whose_members_all_failed_is_dropped_and_its_prompt_sampled_again(
+    engine, sandbox
+) -> None:
+    """The first group's every try meets a sandbox that cannot start; the group is dropped, its prompt comes back
+    first, and the group sampled again (with a working sandbox) is the one trained."""
+    broken = sandboxes.create("local", python="/nonexistent/python3")
+    made: list[str] = []
+
+    class Recorded(TwoTurnEnv):
+        def reset(self, task: Task) -> list[int]:
+            made.append(task.id)
+            return super().reset(task)
+
+    def make() -> TwoTurnEnv:  # the first group's N members x (1 + infra_retries) tries fail
+        return Recorded(broken if len(made) < N * (1 + CFG.infra_retries) else sandbox)
+
+    r = _rollouts(engine, make, fraction=0.75)
+    r.start()
+    try:
+        (group,) = await r.buffer.take(1)
+    finally:
+        await r.stop()
+        await broken.close()
+    first = made[0]
+    assert made[: N * (1 + CFG.infra_retries)] == [first] * (N * (1 + CFG.infra_retries))
+    assert r.buffer.counters.dropped_error == 1 and r.buffer.counters.recycled == 1
+    assert group.trajectories[0].task_id == first and group.group_id == "g1"  # the same prompt, sampled again
+    assert len(group.trajectories) == N and group.left_out == []
+    assert r.counters.infra_failed == {"container_start": N} and r.buffer.last_infra_share == 0.5
+
+
+async def test_a_run_whose_episodes_all_fail_stops_with_one_line_instead_of_training(engine) -> None:
+    broken = sandboxes.create("local", python="/nonexistent/python3")
+    r = _rollouts(engine, lambda: TwoTurnEnv(broken), fraction=0.5)
+    r.start()
+    try:
+        with pytest.raises(InfraFailureRate) as caught:
+            await r.buffer.take(1)
+    finally:
+        await r.stop()
+        await broken.close()
+    # the first dropped group makes 3 of 6 (a clean next batch could still bring it to 50 %), the second 6 of 9
+    assert str(caught.value).startswith("6 of the 9 episodes of a batch failed in the infrastructure")
+    assert "(container_start 6)" in str(caught.value) and "\n" not in str(caught.value)
+    assert r.counters.infra_failed == {"container_start": 6} and r.buffer.counters.delivered_groups == 0
