@@ -113,7 +113,8 @@ class RolloutConfig(Strict):
     infra_retries: int = Field(2, ge=0)
     """Times an episode whose infrastructure failed (a container that did not start, a sandbox killed, a verifier
     that timed out or wrote no reward, a harness that crashed, an engine failing after `max_retries`) is run again
-    from the start before it is left out of its group (docs/guides/failures.md); never scored 0."""
+    from the start before it is left out of its group, never scored 0 (docs/reliability.md, "Infrastructure
+    failures are not rewards")."""
     infra_backoff_s: float = Field(1.0, ge=0)
     """Wait before the first such retry of an episode; it doubles with each further retry."""
     infra_backoff_max_s: float = Field(30.0, ge=0)
@@ -168,7 +169,8 @@ class BufferConfig(Strict):
     max_infra_failed_fraction: float = Field(0.5, gt=0, lt=1)
     """A step whose batch has more than this share of its episodes failed in the infrastructure (left out of
     their groups, or in groups dropped because every member failed) stops the run with a one-line error naming
-    the causes, instead of training on what is left (docs/guides/failures.md)."""
+    the causes, instead of training on what is left (docs/reliability.md, "Infrastructure failures are not
+    rewards")."""
     wait_for_due: bool = True
     """Earliest deadline first: the learner trains the ready groups with the oldest first tokens first and
     waits for an in-flight group its next step is the last chance to train (oldest token k versions behind),

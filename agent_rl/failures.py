@@ -91,6 +91,6 @@ def batch_failure_share(kept: int, failed: Sequence[Trajectory], max_fraction: f
         raise InfraFailureRate(
             f"{len(failed)} of the {total} episodes of a batch failed in the infrastructure ({named}), "
             f"{share:.0%} > buffer.max_infra_failed_fraction={max_fraction:g}: not training on it. The log's "
-            "'infra_failed' warnings say what failed; fix it (docs/guides/failures.md) or raise the fraction"
+            "'infra_failed' warnings say what failed; fix it (docs/reliability.md) or raise the fraction"
         )
     return share

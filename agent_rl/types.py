@@ -28,8 +28,8 @@ class FinishReason(StrEnum):
     MAX_TURNS = "max_turns"
     LENGTH = "length"  # response token budget or context exhausted
     ABORT = "abort"  # interrupted by a weight update; a continuation is expected
-    INFRA_FAILED = "infra_failed"  # the infrastructure failed after retries (`Trajectory.infra_cause` says how):
-    # left out of its group, never scored 0
+    # the infrastructure failed after retries (`Trajectory.infra_cause` says how): left out of its group, never 0
+    INFRA_FAILED = "infra_failed"
     ERROR = "infra_failed"  # the former name of INFRA_FAILED (an alias)
 
     @classmethod

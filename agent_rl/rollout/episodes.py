@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from agent_rl.failures import EpisodeFailure, backoff_s, check_reward, classify
 from agent_rl.types import FinishReason, InfraCause, Trajectory, TurnInfo
 from envs.types import InfraFailure
 from sandboxes.api import SandboxError
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeEnv(Protocol):
@@ -206,6 +209,12 @@ class EpisodeRunner:
         """Mark `traj` INFRA_FAILED with the failure's cause (no reward: never 0)."""
         self.counters.errors += 1
         self.counters.infra_failed[failure.cause] += 1
+        log.warning(
+            "infra_failed: %s left out of its group after %d retries: %s",
+            traj.uid,
+            self.cfg.infra_retries,
+            failure,
+        )
         _start_over(traj, traj.prompt_ids)  # the failed try's tokens are not trained on
         traj.finish_reason, traj.infra_cause = FinishReason.INFRA_FAILED, failure.cause
         traj.extras["error"] = 1.0

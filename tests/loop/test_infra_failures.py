@@ -1,5 +1,5 @@
 """Infrastructure failures injected into real episodes: each is retried, then marked with its cause and left out
-of its group while the other members train (agent_rl/failures.py, docs/guides/failures.md).
+of its group while the other members train (agent_rl/failures.py, docs/reliability.md).
 
 What runs is real: the embedded engine (in-process, the session's tiny model; over HTTP where the engine's
 server is stopped), local sandboxes (bubblewrap fork-servers), the sandbox HTTP service in its own process (killed
