@@ -19,3 +19,8 @@ async def crash_member_1(task, client, sandbox) -> float:
         model="p", messages=[{"role": "user", "content": task.problem}], max_tokens=4
     )
     return len(r.choices[0].message.content or "") / 16
+
+
+def nan_reward(text: str, task) -> float:
+    """A reward function whose verifier produced garbage (data/nan_reward.yaml)."""
+    return float("nan")
