@@ -283,6 +283,36 @@ async def test_an_engine_whose_server_stops_mid_episode_is_left_out_as_engine(en
     assert runners[1].counters.engine_retries == 1 + CFG.infra_retries  # each try's request was retried once
 
 
+@pytest.mark.slow  # an engine server process starts (~15 s on a loaded 2-core machine)
+async def test_an_engine_process_killed_with_sigkill_mid_episode_is_left_out_as_engine(
+    engine, sandbox, tiny_model_dir: Path
+) -> None:
+    """Member 1 samples from an engine server process (the same tiny model), killed with SIGKILL after member 1's
+    first turn."""
+    from agent_rl.engines.launch import launch_embedded
+
+    handle = await asyncio.to_thread(
+        launch_embedded, str(tiny_model_dir), EngineOptions(max_batch=8, max_seq_len=128), threads=1
+    )
+    remote = handle.client()
+
+    class KillsTheEngine(TwoTurnEnv):
+        async def after_first_turn(self) -> None:
+            if handle.process.poll() is None:
+                os.kill(handle.process.pid, signal.SIGKILL)
+                await asyncio.to_thread(handle.process.wait)
+
+    try:
+        group, runners, tries = await run_group(
+            engine, lambda: TwoTurnEnv(sandbox), lambda: KillsTheEngine(sandbox), failing_engine=remote
+        )
+    finally:
+        await remote.close()
+        handle.stop()
+    assert handle.process.returncode == -signal.SIGKILL
+    assert_left_out(group, runners, tries, "engine")
+
+
 async def test_a_failure_that_passes_on_retry_keeps_the_member_in_its_group(engine, sandbox) -> None:
     made: list[int] = []
 
