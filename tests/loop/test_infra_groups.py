@@ -247,3 +247,35 @@ def test_a_trajectory_saved_with_the_old_error_reason_reads_as_infra_failed() ->
     t = Trajectory("g0/0", "g0", [1], finish_reason=FinishReason.INFRA_FAILED, infra_cause="engine")
     assert Trajectory.from_bytes(t.to_bytes()).infra_cause == "engine"
     assert FinishReason("error") is FinishReason.INFRA_FAILED is FinishReason.ERROR
+
+
+async def test_an_episode_is_retried_after_doubling_waits_then_left_out(monkeypatch) -> None:
+    """The runner's waits between tries (asyncio.sleep recorded, not slept) follow backoff_s; after
+    1 + infra_retries tries the member is left out with the cause its env raised."""
+    from agent_rl.rollout import episodes
+
+    waits: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        waits.append(seconds)
+
+    class NoContainer:  # an env whose container never starts (what a Harbor env raises)
+        stop_strings, max_new_tokens, group_size = (), 4, N
+
+        def reset(self, task) -> list[int]:
+            raise InfraFailure("container_start", "docker: image task-q0 failed to start")
+
+        async def close(self) -> None: ...
+
+    monkeypatch.setattr(episodes.asyncio, "sleep", recorded)
+    cfg = RolloutConfig(infra_retries=3, infra_backoff_s=0.5, infra_backoff_max_s=1.0)
+    buf = RolloutBuffer(
+        BufferConfig(max_staleness=0, max_infra_failed_fraction=0.9), batch_prompts=1, group_size=1
+    )
+    gid = buf.try_admit("q0")
+    runner = episodes.EpisodeRunner(cfg, buf, NoContainer, None, max_seq_len=64, seed=0)
+    await runner.run(gid, None, 0, None)
+    assert waits == [0.5, 1.0, 1.0] and runner.counters.infra_retries == 3
+    assert runner.counters.infra_failed == {"container_start": 1}
+    assert "image task-q0 failed to start" in (runner.last_error or "")
+    assert buf.counters.dropped_error == 1  # its group (of one) had no survivor
