@@ -7,8 +7,9 @@ OpenAI function-calling loop against the session's `base_url` (a `python` tool i
 subprocess with a time limit), and closes the session with its final answer, which the run scores and
 trains on. It only needs `openai` and the standard library: the same loop works from any language.
 Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the gateway goes away
-(the run ended). It sends the run's key ($AGENT_RL_API_KEY, the value `agent-rl train` was started with) as
-`Authorization: Bearer` on every request, as its OpenAI client's api_key.
+(the run ended). It claims with the external agents' key ($AGENT_RL_EXTERNAL_AGENT_KEY, the value `agent-rl
+train` was started with; never the run's own key) as `Authorization: Bearer`; each claim answers the session's
+`api_key`, a token for that session alone, which its OpenAI client and its close send.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ TOOLS = [
 ]
 
 
-KEY = os.environ.get("AGENT_RL_API_KEY", "")  # the run's key: its gateway refuses requests without it
+KEY = os.environ.get(
+    "AGENT_RL_EXTERNAL_AGENT_KEY", ""
+)  # opens /tasks/claim of the run's gateway, nothing else
 
 
-def post(url: str, body: dict) -> dict | None:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+def post(url: str, body: dict, key: str = KEY) -> dict | None:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read()) if r.status == 200 else None
@@ -118,13 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log: list = []
         close: dict = {}
-        with openai.OpenAI(base_url=claim["base_url"], api_key=KEY or "none", max_retries=0) as client:
+        token = claim.get("api_key") or "none"  # this task's session token: its chat calls and its close
+        with openai.OpenAI(base_url=claim["base_url"], api_key=token, max_retries=0) as client:
             try:
                 close["answer"] = solve(client, claim["task"]["problem"], args.max_turns, log)
             except openai.APIError as e:  # engines failing, or the run shutting down: say so, never a 0
                 close["error"] = repr(e)
         try:
-            post(f"{args.gateway}/sessions/{claim['session_id']}/close", close)
+            post(f"{args.gateway}/sessions/{claim['session_id']}/close", close, token)
         except (
             urllib.error.URLError,
             ConnectionError,
