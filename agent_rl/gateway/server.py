@@ -159,7 +159,8 @@ class Gateway:
         """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
         if self._transport is None:
             self._transport = InProcessTransport(self)
-        return session_client(self._transport, sid, self.session(sid).token)
+        s = self.sessions.get(sid)  # a session not open: its client's calls are answered 404 (or 401 if guarded)
+        return session_client(self._transport, sid, s.token if s is not None else "")
 
     def base_url(self, sid: str) -> str:
         if self.url is None:

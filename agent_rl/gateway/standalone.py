@@ -60,11 +60,18 @@ async def serve(args: argparse.Namespace) -> None:
     check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl gateway")
     kind = SGLangClient if args.engine_type == "sglang" else VLLMClient
     clients = [kind(u, api_key=key) for u in args.engines]
-    down = [c.url for c in clients if not await c.health()]
-    if down:
-        raise SystemExit(f"agent-rl gateway: engines not answering /health: {down} (start them first)")
-    for url in args.engines:  # /health is open: prove the key on a guarded route, or every agent's call fails
-        await check_engine_key(url, args.engine_type, key)
+    try:
+        down = [c.url for c in clients if not await c.health()]
+        if down:
+            raise SystemExit(f"agent-rl gateway: engines not answering /health: {down} (start them first)")
+        for (
+            url
+        ) in args.engines:  # /health is open: prove the key on a guarded route, or every agent's call fails
+            await check_engine_key(url, args.engine_type, key)
+    except SystemExit:
+        for c in clients:  # closed before the one-line exit (else aiohttp warns of unclosed sessions)
+            await c.close()
+        raise
     engine = clients[0] if len(clients) == 1 else EnginePool(clients)
     gw = Gateway(
         engine,

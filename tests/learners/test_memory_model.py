@@ -130,13 +130,22 @@ def _left_out(dims: mm.ModelDims, setup: mm.Setup, tokens: int) -> int:
 
 
 def _over_counted(dims: mm.ModelDims, setup: mm.Setup, tokens: int) -> int:
-    """Bytes the model counts above a step's peak on CPU: the torch learner's chunked log-probs are bounded by the
-    full log-softmax's 12 bytes per [token, vocab] entry, where the chunked head holds 8 in fp32 (10 in bf16)
-    (memory._logprob_workspace); the Megatron head is counted as it runs."""
-    if setup.backend != "torch":
-        return 0
-    span = min(setup.rows_per_forward(tokens) * tokens, setup.logprob_chunk_tokens)
-    return (12 - (8 if setup.compute_dtype == "float32" else 10)) * dims.vocab * span
+    """Bytes the model may count above a step's peak on CPU: the allowance inside the workspace term its peak
+    phase picked. The log-prob workspace: the torch learner's chunked head is bounded by the full log-softmax's 12
+    bytes per [token, vocab] entry where it holds 8 in fp32 (10 in bf16) (memory._logprob_workspace); Megatron's
+    head is counted as it runs. One layer's backward: the model allows half the layer's activations for the
+    gradients one block holds at once, which the backward may spend only in part (the profiler's trace of the
+    proxy 4x1024 cell, 2026-12-06: six 4 MiB gradients of the MLP's backward against 12.5 MiB allowed)."""
+    t = setup.rows_per_forward(tokens) * tokens
+    est = mm.step_memory(dims, setup, tokens)
+    workspace = next(x.bytes for x in est.terms if x.name == "peak_workspace")
+    if setup.backend == "megatron":
+        logprob, over = mm._megatron_logprob_workspace(dims, setup, t), 0
+    else:
+        logprob = mm._logprob_workspace(dims, setup, t)
+        span = min(t, setup.logprob_chunk_tokens) if setup.logprobs == "chunked" else t
+        over = (12 - (8 if setup.compute_dtype == "float32" else 10)) * dims.vocab * span
+    return over if workspace == logprob else mm._per_layer_token_bytes(dims, setup) * t // 2
 
 
 # The Megatron cells run in make test-heavy (their time, ~40 s, is what the default job cannot spare).
