@@ -44,10 +44,11 @@ KEY = os.environ.get(
 )  # opens /tasks/claim of the run's gateway, nothing else
 
 
-def post(url: str, body: dict, key: str = KEY) -> dict | None:
+def post(url: str, body: dict, key: str = KEY, timeout_s: float = 60.0) -> dict | None:
+    """POST JSON; `timeout_s` bounds each wait on the socket (a gateway that accepts but never answers)."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read()) if r.status == 200 else None
 
 
@@ -96,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     waiting = False
     while True:
         try:
-            claim = post(args.gateway + "/tasks/claim", {"wait_s": 5})
+            claim = post(args.gateway + "/tasks/claim", {"wait_s": 5}, timeout_s=5 + 30)
         except urllib.error.HTTPError as e:  # a server answered, with no task
             if seen:
                 return 0  # the run is shutting down
             print(f"{args.gateway}/tasks/claim: {e}: is this a training run's gateway?", file=sys.stderr)
             return 1
-        except (urllib.error.URLError, ConnectionError) as e:
+        except (urllib.error.URLError, OSError) as e:  # refused, reset, or silent past the timeout
             if seen:
                 return 0  # the run is over
             if time.monotonic() > up_by:
@@ -122,17 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         log: list = []
         close: dict = {}
         token = claim.get("api_key") or "none"  # this task's session token: its chat calls and its close
-        with openai.OpenAI(base_url=claim["base_url"], api_key=token, max_retries=0) as client:
+        with openai.OpenAI(base_url=claim["base_url"], api_key=token, max_retries=0, timeout=300.0) as client:
             try:
                 close["answer"] = solve(client, claim["task"]["problem"], args.max_turns, log)
             except openai.APIError as e:  # engines failing, or the run shutting down: say so, never a 0
                 close["error"] = repr(e)
         try:
             post(f"{args.gateway}/sessions/{claim['session_id']}/close", close, token)
-        except (
-            urllib.error.URLError,
-            ConnectionError,
-        ):  # abandoned by the run (staleness bound), or it ended
+        except (urllib.error.URLError, OSError):  # abandoned by the run (staleness bound), or it ended
             continue
         if args.log:
             with open(args.log, "a") as f:
