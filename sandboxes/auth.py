@@ -98,8 +98,9 @@ def aiohttp_key_check(key: str | None) -> Any:
     return require_key
 
 
-def asgi_key_check(app: Any, key: str | None) -> Any:
-    """`app` (ASGI) behind the same check; `app` itself when there is no key."""
+def asgi_key_check(app: Any, key: str | None, *, also: Callable[[str, str], bool] | None = None) -> Any:
+    """`app` (ASGI) behind the same check; `app` itself when there is no key. `also(path, presented)`: whether a
+    key other than `key` opens `path` (the MCP server's per-episode tokens)."""
     if not key:
         return app
     check = KeyCheck(key)
@@ -112,6 +113,14 @@ def asgi_key_check(app: Any, key: str | None) -> Any:
         # a websocket handshake is checked as its GET (anything but http and lifespan: refused without the key)
         method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
         body = check.refusal(method, scope.get("path", ""), headers.get("authorization"))
+        if body is not None and also is not None:
+            scheme, _, presented = headers.get("authorization", "").partition(" ")
+            if (
+                scheme.lower() == "bearer"
+                and presented.strip()
+                and also(scope.get("path", ""), presented.strip())
+            ):
+                body = None
         if body is None:
             await app(scope, receive, send)
         elif (
