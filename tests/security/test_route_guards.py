@@ -270,3 +270,34 @@ async def test_every_sandbox_service_route_refuses_all_but_the_control_key(gatew
             assert await _status(http, "GET", url + "/metrics", CONTROL) == 200
     finally:
         await runner.cleanup()
+
+
+async def test_the_mcp_tool_server_opens_an_episodes_url_to_that_episodes_token_only() -> None:
+    """The per-episode MCP server (`agent.mcp_servers`): an episode's URL takes that episode's session token (its
+    agent's client's api_key) or the control key; another episode's token, or none, gets 401 (and /mcp, the
+    server's own endpoint, takes the control key only)."""
+    pytest.importorskip("mcp")
+    from sandboxes.mcp_server import McpToolServer
+
+    async def run(code: str) -> str:
+        return "ran"
+
+    server = McpToolServer(api_key=CONTROL)
+    await server.start("127.0.0.1", 0)
+    try:
+        server.register("e1", run, token="sess-one")
+        server.register("e2", run, token="sess-two")
+        base = server.url().removesuffix("/mcp")
+        async with aiohttp.ClientSession() as http:
+            for path, key, refused in [
+                ("/episodes/e1/mcp", "sess-one", False), ("/episodes/e1/mcp", CONTROL, False),
+                ("/episodes/e1/mcp", "sess-two", True), ("/episodes/e1/mcp", None, True),
+                ("/mcp", "sess-one", True), ("/mcp", CONTROL, False),
+            ]:  # fmt: skip
+                status = await _status(http, "POST", base + path, key)
+                assert (status == 401) is refused, (path, key, status)
+        server.unregister("e1")  # the episode ended: its token opens nothing
+        async with aiohttp.ClientSession() as http:
+            assert await _status(http, "POST", base + "/episodes/e1/mcp", "sess-one") == 401
+    finally:
+        await server.close()
