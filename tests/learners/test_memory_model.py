@@ -122,10 +122,10 @@ MEASURED_CELLS = {
 
 def _left_out(dims: mm.ModelDims, setup: mm.Setup, tokens: int) -> int:
     """Bytes the model leaves out of a step's peak on CPU (where the counter is exact: no allocator rounding): the
-    [t, h]-sized tensors its terms do not name, alive beside the peak's workspace: the log-prob head's input
-    gradient, the final norm's input gradient and the fp32 intermediates of its backward, the embedding output's
-    gradient. Four fp32 [t, h] tensors bound them (the profiler's trace of the 2x8192 Megatron peak shows three
-    [t, h] tensors besides the named terms, one of them bf16)."""
+    [t, h]-sized tensors its terms do not name, alive beside the peak's workspace: the embedding's output, the
+    final norm's casts and intermediates, the log-prob head's input gradient. Four fp32 [t, h] tensors bound them:
+    the profiler's trace of the peaks (2026-12-06) shows, beside the named terms, three [t, h] tensors and a half
+    one in the model's dtype for Megatron's 2x8192 bf16 cell, and two [t, h] fp32 ones for the torch 2x2048 cell."""
     return 4 * 4 * dims.hidden * setup.rows_per_forward(tokens) * tokens
 
 
