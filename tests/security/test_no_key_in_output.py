@@ -73,8 +73,9 @@ def test_sglang_launcher_that_times_out_prints_no_key__sglang_faked_at_its_proce
     fake_sglang: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
 ) -> None:
     """The launcher's clock jumps past its deadline once the fake has logged its key (an event, not a wait): the
-    TimeoutError quotes the command and the log's tail, and neither it, nor the wrapping hosts.py adds, nor anything
-    printed holds the key; the fake got the key, yet its command line (what `ps` shows) does not hold it."""
+    TimeoutError quotes the command and the log's tail, and neither it nor anything printed holds the key (the
+    message hosts.host_server wraps it in, which needs Ray, is built here as it builds it); the fake got the key,
+    yet its command line (what `ps` shows) does not hold it."""
     from agent_rl.engines import launch
 
     def clock() -> float:  # real time until the fake has started and logged, then past any deadline
