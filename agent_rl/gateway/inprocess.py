@@ -96,10 +96,10 @@ def session_client(transport: InProcessTransport, sid: str, token: str) -> Any:
     import openai
 
     http = transport.http.AsyncClient(transport=transport, timeout=None)
+    # the session's token: a client an agent builds from this one (base_url, api_key) reaches this session only
     return openai.AsyncOpenAI(
         base_url=f"{transport.gateway.url or BASE}/sessions/{sid}/v1",
-        api_key=token
-        or "agent-rl",  # the session's token: a client built from this one reaches this session only
+        api_key=token or "agent-rl",
         max_retries=0,
         timeout=None,
         http_client=http,
