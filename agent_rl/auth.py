@@ -1,22 +1,33 @@
-"""The run's key and where its engines may load weights from.
+"""Keys by trust level, and where a run's engines may load weights from.
 
-    with auth.run_access(run_dir):     # agent-rl train / eval: the key in force, weight dirs, a private /dev/shm
-        ...                            # every service the run starts requires the key; every client sends it
+    with auth.run_access(run_dir):     # agent-rl train / eval: the control key in force, weight dirs, a private shm dir
+        ...                            # every service the run starts requires it; every training-side client sends it
 
-Every HTTP service a run starts (engine servers, the gateway, the sandbox service, the MCP tool server)
-requires `Authorization: Bearer KEY` on every request but GET /health (sandboxes/auth.py, the one check
-they all use), and every client the run makes sends it: the engine clients (embedded server, SGLang,
-vLLM), the sandbox client, the gateway's sessions and the openai client an agent is handed (its
-`api_key`). The key is $AGENT_RL_API_KEY when set, else a fresh random one for this run only. It reaches
-the services the way an OpenAI key reaches its client: through the environment. `run_access` exports it
-to this process for the run's duration, so server processes started from here inherit it and clients
-built here read it; Ray actors that host servers on other nodes get it with their start arguments
-(hosts.py). It is never logged and never written to the run directory (resolved_config.json holds no
-key; tests/test_auth.py searches the run dir and the logs for it).
+Three kinds of key, one per trust level:
+
+- The control key (the run's key: $AGENT_RL_API_KEY when set, else a fresh random one for this run only). It
+  guards everything the training side calls: the engines' routes (generate, pause, abort, weight loading, LoRA,
+  the weight-update group's rendezvous), the sandbox service, the MCP tool server and the gateway's own routes
+  (opening sessions). It never leaves the training side: no agent is handed it. `run_access` exports it to this
+  process for the run's duration, so server processes started from here inherit it and clients built here read
+  it; Ray actors that host servers on other nodes get it with their start arguments (hosts.py); SGLang gets it
+  through its environment, not its command line (engines/launch.py).
+- An agent token per episode: the gateway makes one when it opens a session and it opens that session's routes
+  only (`/sessions/{id}/...`: chat, responses, messages, models, close); it dies with the session
+  (gateway/access.py). The openai client an agent is handed carries it as its api_key.
+- The external agents' key ($AGENT_RL_EXTERNAL_AGENT_KEY, required for a `type: external` env, distinct from
+  the control key): it opens `POST /tasks/claim` only; a claim answers the task's session token, which closes
+  that task and no other (gateway/external.py).
+
+No key is printed: every command line, error and server log tail that reaches a message goes through
+`redact` (sandboxes/auth.py), and resolved_config.json holds no key (tests/test_auth.py and
+tests/security/ search the run dir and the output for it).
 
 The run's engine servers also accept weights only from the run's own directories: the run dir (disk
 publishing, LoRA adapters) and a private directory in /dev/shm that in-memory pushes go through (mode
-0700, removed at the end). A path outside them gets 403 naming it (`check_weight_path`).
+0700, removed at the end). A path outside them gets a 403 naming the path (not the allowed roots); a path
+inside is loaded as resolved, so a symlink swapped after the check cannot redirect the load
+(`check_weight_path`).
 """
 
 from __future__ import annotations
@@ -30,18 +41,27 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandboxes.auth import KEY_ENV, InsecureBind, bearer, check_bind, env_key
+from sandboxes.auth import KEY_ENV, InsecureBind, bearer, check_bind, env_key, redact, redact_command
 
-__all__ = ["KEY_ENV", "WEIGHT_DIRS_ENV", "bearer", "check_weight_path", "run_access", "run_key", "server_env"]
+__all__ = [
+    "EXTERNAL_KEY_ENV", "KEY_ENV", "WEIGHT_DIRS_ENV", "bearer", "check_weight_path", "external_key", "redact",
+    "redact_command", "run_access", "run_key", "server_env",
+]  # fmt: skip
 
 WEIGHT_DIRS_ENV = "AGENT_RL_WEIGHT_DIRS"  # os.pathsep-separated roots an engine server loads weights from
 SHM_ENV = "AGENT_RL_SHM_DIR"  # where in-memory weight pushes are written for a server (weights/tensors.py)
 SHM_ROOT = Path("/dev/shm")  # RAM; the temp dir where there is none
+EXTERNAL_KEY_ENV = "AGENT_RL_EXTERNAL_AGENT_KEY"  # opens POST /tasks/claim of a run's gateway, nothing else
 
 
 def run_key() -> str | None:
-    """The key in force: $AGENT_RL_API_KEY (set by `run_access` during a run), or None."""
+    """The control key in force: $AGENT_RL_API_KEY (set by `run_access` during a run), or None."""
     return env_key()
+
+
+def external_key() -> str | None:
+    """The external agents' key: $AGENT_RL_EXTERNAL_AGENT_KEY, or None."""
+    return os.environ.get(EXTERNAL_KEY_ENV) or None
 
 
 def server_env() -> dict[str, str]:
@@ -62,16 +82,25 @@ def apply_server_env(env: dict[str, str]) -> None:
 def run_access(run_dir: Path | None, *, external_agents: bool = False) -> Iterator[str]:
     """The run's key (yielded) and weight directories, in this process's environment until the run ends.
 
-    `external_agents`: agents in other processes must present the key, so it cannot be made up here: then
-    $AGENT_RL_API_KEY must be set (the user gives the same value to the agents)."""
+    `external_agents`: agents in other processes claim tasks with a key of their own, which cannot be made up
+    here: then $AGENT_RL_EXTERNAL_AGENT_KEY must be set (the user gives the same value to the agents), and it
+    must not be the control key (which the agents must never hold)."""
     from agent_rl.errors import UserError
 
     key = env_key()
-    if key is None and external_agents:
-        raise UserError(
-            f"the env is `type: external`: agents in other processes must send the run's key, so set ${KEY_ENV} "
-            "for `agent-rl train` and give the agents the same value (their OpenAI api_key)"
-        )
+    if external_agents:
+        ext = external_key()
+        if ext is None:
+            raise UserError(
+                f"the env is `type: external`: agents in other processes claim tasks with their own key, so set "
+                f"${EXTERNAL_KEY_ENV} for `agent-rl train` and give the agents the same value (never "
+                f"${KEY_ENV}, the run's control key)"
+            )
+        if ext == key:
+            raise UserError(
+                f"${EXTERNAL_KEY_ENV} equals ${KEY_ENV}: the external agents' key must differ from the run's "
+                "control key (which pauses engines and loads weights); pick another value for one of them"
+            )
     shm = Path(tempfile.mkdtemp(prefix="agent_rl_run_", dir=SHM_ROOT if SHM_ROOT.is_dir() else None))  # 0700
     dirs = [str(shm)] + ([str(Path(run_dir).resolve())] if run_dir is not None else [])
     saved = {k: os.environ.get(k) for k in (KEY_ENV, WEIGHT_DIRS_ENV, SHM_ENV)}
@@ -97,17 +126,19 @@ def weight_dirs(flag: str | None) -> tuple[Path, ...] | None:
     return tuple(Path(os.path.realpath(p)) for p in value.split(os.pathsep) if p)
 
 
-def check_weight_path(path: str, allowed: tuple[Path, ...] | None, field: str) -> None:
-    """403 (OpenAI's error body) unless `path`, symlinks resolved, lies under one of `allowed`."""
-    if allowed is None:
-        return
+def check_weight_path(path: str, allowed: tuple[Path, ...] | None, field: str) -> str:
+    """`path` with symlinks resolved, which the caller loads (not `path`: a link swapped after this check must
+    not redirect the load); 403 (OpenAI's error body) unless it lies under one of `allowed`. The refusal names
+    the path asked for, never the allowed roots (the run directory, the private shm directory)."""
     real = Path(os.path.realpath(path))
-    if any(real == root or root in real.parents for root in allowed):
-        return
+    if allowed is None or any(real == root or root in real.parents for root in allowed):
+        return str(real)
     from aiohttp import web
 
-    roots = ", ".join(map(str, allowed))
-    message = f"{field} {path!r} is outside this server's weight directories ({roots}); it loads only those"
+    message = (
+        f"{field} {path!r} is outside this server's weight directories (--weight-dirs, ${WEIGHT_DIRS_ENV}); "
+        "it loads only from those"
+    )
     body = {
         "error": {
             "message": message,

@@ -75,7 +75,7 @@ async def host_server(role: Role, kind: str, target: str, kw: dict[str, Any], se
         url, node = await asyncio.gather(_ray(actor.url.remote()), _ray(actor.node.remote()))
     except ray.exceptions.RayError as e:
         await stop_server(Replica("", actor, pg))
-        raise RuntimeError(f"{kind} server for {role.name} failed to start: {e}") from None
+        raise RuntimeError(auth.redact(f"{kind} server for {role.name} failed to start: {e}")) from None
     record(role.name, url, node)
     return Replica(url, actor, pg, node)
 

@@ -146,7 +146,7 @@ class AgentEnv:
         assert self.spec.agent is not None
         kwargs = dict(self.spec.agent.kwargs)
         if self.spec.agent.mcp_servers:
-            kwargs["mcp_servers"] = await self._mcp_urls()
+            kwargs["mcp_servers"] = await self._mcp_urls(getattr(client, "api_key", None))
         out = await self._entry(self._task, client, self.sandbox, **kwargs)
         if isinstance(out, bool) or not isinstance(out, (int, float, str, type(None))):
             raise EnvError(
@@ -161,8 +161,9 @@ class AgentEnv:
             return AgentOutcome(float(out), None)
         return AgentOutcome(await self.score(out), out)
 
-    async def _mcp_urls(self) -> dict[str, str]:
-        """name -> URL of each MCP server in `agent.mcp_servers`; the sandbox one is this episode's (unique URL)."""
+    async def _mcp_urls(self, token: str | None) -> dict[str, str]:
+        """name -> URL of each MCP server in `agent.mcp_servers`; the sandbox one is this episode's (unique URL),
+        opened by `token` (the episode's session token, its client's api_key) as well as the run's key."""
         urls: dict[str, str] = {}
         for server in self.spec.agent.mcp_servers:
             if server.url is not None:
@@ -170,7 +171,7 @@ class AgentEnv:
                 continue
             self._mcp = await shared_mcp_server()
             self._mcp_id = self._mcp_id or uuid.uuid4().hex
-            urls[server.name] = self._mcp.register(self._mcp_id, self.sandbox.run)
+            urls[server.name] = self._mcp.register(self._mcp_id, self.sandbox.run, token)
         return urls
 
     async def score(self, answer: str | None) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, env_config
 from envs.types import EnvError, Task
 
-KEY_VAR = "AGENT_RL_GATEWAY_KEY"  # verifiers reads the API key from an env var: the gateway's (the client's)
+KEY_VAR = "AGENT_RL_GATEWAY_KEY"  # + a per-episode suffix: the env var verifiers reads the session token from
 
 
 @dataclass
@@ -92,12 +93,18 @@ class VerifiersEnv(AgentEnv):
         loaded = _load(self.spec)
         loop_resources()[f"verifiers:{id(loaded)}"] = loaded
         await loaded.start()
-        os.environ[KEY_VAR] = client.api_key  # the run's key, which the gateway asks of every request
-        ctx = vf.ModelContext(
-            model=self.spec.verifiers.model,
-            client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=KEY_VAR),
-        )
-        episode = await loaded.env.run_episode(loaded.tasks[self.task.id], ctx)
+        # verifiers reads the key from an env var: this episode's own, holding its session's token (which opens
+        # this session's routes only, never the run's key), removed when the episode ends
+        var = f"{KEY_VAR}_{uuid.uuid4().hex[:12].upper()}"
+        os.environ[var] = client.api_key
+        try:
+            ctx = vf.ModelContext(
+                model=self.spec.verifiers.model,
+                client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=var),
+            )
+            episode = await loaded.env.run_episode(loaded.tasks[self.task.id], ctx)
+        finally:
+            os.environ.pop(var, None)
         errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
         if not episode.ok or errors:
             why = errors[0].message.splitlines()[0] if errors else "not ok"

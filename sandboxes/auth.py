@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -97,28 +98,66 @@ def aiohttp_key_check(key: str | None) -> Any:
     return require_key
 
 
-def asgi_key_check(app: Any, key: str | None) -> Any:
-    """`app` (ASGI) behind the same check; `app` itself when there is no key."""
+def asgi_key_check(app: Any, key: str | None, *, also: Callable[[str, str], bool] | None = None) -> Any:
+    """`app` (ASGI) behind the same check; `app` itself when there is no key. `also(path, presented)`: whether a
+    key other than `key` opens `path` (the MCP server's per-episode tokens)."""
     if not key:
         return app
     check = KeyCheck(key)
 
     async def guarded(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            body = check.refusal(
-                scope.get("method", "GET"), scope.get("path", ""), headers.get("authorization")
-            )
-            if body is not None:
-                payload = json.dumps(body).encode()
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                    (b"www-authenticate", b"Bearer")]})  # fmt: skip
-                await send({"type": "http.response.body", "body": payload})
-                return
-        await app(scope, receive, send)
+        if scope["type"] == "lifespan":  # the server's own start/stop events: no client, no headers
+            await app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        # a websocket handshake is checked as its GET (anything but http and lifespan: refused without the key)
+        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        body = check.refusal(method, scope.get("path", ""), headers.get("authorization"))
+        if body is not None and also is not None:
+            scheme, _, presented = headers.get("authorization", "").partition(" ")
+            if (
+                scheme.lower() == "bearer"
+                and presented.strip()
+                and also(scope.get("path", ""), presented.strip())
+            ):
+                body = None
+        if body is None:
+            await app(scope, receive, send)
+        elif (
+            scope["type"] == "websocket"
+        ):  # close before accepting: the server answers the handshake with 403
+            await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
+        else:
+            payload = json.dumps(body).encode()
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                (b"www-authenticate", b"Bearer")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": payload})
 
     return guarded
+
+
+REDACTED = "***"
+_SECRET_FLAG = re.compile(r"(--api[-_]key[= ]|Bearer |api_key=['\"]?)([^\s'\",)]+)", re.IGNORECASE)
+SECRET_ENVS = (
+    KEY_ENV,
+    "AGENT_RL_EXTERNAL_AGENT_KEY",
+)  # the run's key, the external agents' (agent_rl/auth.py)
+
+
+def redact(text: str, secrets_: tuple[str, ...] = ()) -> str:
+    """`text` (an error, a log tail, a command line) with every secret replaced by ***: the values of `secrets_`
+    and of this process's key variables, and whatever follows `--api-key`, `Bearer ` or `api_key=` (SGLang logs
+    its arguments as `api_key='...'`). Every place that prints a command or a server's log goes through it."""
+    for value in (*secrets_, *(os.environ.get(k) for k in SECRET_ENVS)):
+        if value:
+            text = text.replace(value, REDACTED)
+    return _SECRET_FLAG.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def redact_command(cmd: list[str]) -> str:
+    """A command line as one printable string, secrets redacted (`redact`)."""
+    return redact(" ".join(cmd))
 
 
 def is_loopback(host: str) -> bool:

@@ -101,8 +101,9 @@ async def _serve(args: argparse.Namespace) -> int:
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
+        port = runner.addresses[0][1]  # the bound port (--port 0 asks for a free one)
         print(
-            f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{args.port}",
+            f"sandbox service ({args.backend}, pool {args.pool_size}) on http://{args.host}:{port}",
             flush=True,
         )
         cleanup = runner.cleanup

@@ -10,14 +10,17 @@ session) at the episode's URL, so frameworks connect as they connect to any MCP 
 protocol, sessions and transport are the SDK's; what is written here is the per-episode routing (an ASGI
 wrapper that strips `/episodes/<id>` and tells the tool which sandbox to use) and running uvicorn on the
 caller's event loop. Like every service the project starts, it wants `Authorization: Bearer KEY` on every
-request (`api_key`, default $AGENT_RL_API_KEY: a training run's key, which the agent's openai client carries as
-its `api_key`; sandboxes/auth.py). `pip install 'agent-rl[mcp]'`.
+request (`api_key`, default $AGENT_RL_API_KEY: a training run's control key; sandboxes/auth.py); an episode's URL
+also opens to that episode's token (`register(..., token=)`: its session token, which the agent's openai client
+carries as its `api_key`), and no other episode's. `pip install 'agent-rl[mcp]'`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -69,18 +72,31 @@ class McpToolServer:
         python.__annotations__ = {"code": str, "ctx": Context, "return": str}  # real types, not strings
         self.mcp.add_tool(python, name="python", description=DESCRIPTION, structured_output=False)
         self.runs: dict[str, Run] = {}
+        self._tokens: dict[str, bytes] = {}  # episode -> SHA-256 of its token
 
     def url(self, episode: str | None = None) -> str:
         prefix = f"/episodes/{episode}" if episode is not None else ""
         return f"http://{self.host}:{self.port}{prefix}/mcp"
 
-    def register(self, episode: str, run: Run) -> str:
-        """Serve `run` as the `python` tool at this episode's URL (returned)."""
+    def register(self, episode: str, run: Run, token: str | None = None) -> str:
+        """Serve `run` as the `python` tool at this episode's URL (returned); `token` (the episode's session token,
+        which its agent's OpenAI client carries) opens that URL besides the server's key, and no other."""
         self.runs[episode] = run
+        if token:
+            self._tokens[episode] = hashlib.sha256(token.encode()).digest()
         return self.url(episode)
 
     def unregister(self, episode: str) -> None:
         self.runs.pop(episode, None)
+        self._tokens.pop(episode, None)
+
+    def _episode_token(self, path: str, presented: str) -> bool:
+        """Whether `presented` is the token registered for the episode whose URL `path` is."""
+        if not path.startswith("/episodes/"):
+            return False
+        want = self._tokens.get(path[len("/episodes/") :].partition("/")[0])
+        got = hashlib.sha256(presented.encode()).digest()
+        return want is not None and secrets.compare_digest(got, want)
 
     def app(self, host: str = "127.0.0.1") -> Any:
         """The ASGI app for a server bound to `host` (the SDK's Host-header check allows only 127.0.0.1, localhost
@@ -94,7 +110,7 @@ class McpToolServer:
                 scope = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode(), _EPISODE: episode}
             await inner(scope, receive, send)
 
-        return asgi_key_check(route, self.api_key)
+        return asgi_key_check(route, self.api_key, also=self._episode_token)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on the running event loop (uvicorn, no signal handlers of its own); the /mcp URL."""

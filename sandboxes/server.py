@@ -55,6 +55,21 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
+MAX_SECONDS = 24 * 3600.0  # a call's wall-clock and CPU limits: a day at most (RLIMIT_CPU takes an int)
+MAX_BYTES = 2**50  # memory, file and output limits: 1 PiB at most (setrlimit's argument is a C long)
+
+
+def _checked(limits: Limits, field: str) -> Limits:
+    """`limits` when every value is finite and within what the kernel's limits can hold; else a 400 naming it."""
+    for name, value in dataclasses.asdict(limits).items():
+        if value is None:
+            continue
+        cap = MAX_SECONDS if name in ("timeout_s", "cpu_s") else MAX_BYTES
+        if not (value == value and value <= cap):  # NaN, inf, or past what setrlimit and the clock accept
+            raise BadRequest(f"field {field!r}: {name}={value!r} is out of range (at most {cap:g})")
+    return limits
+
+
 def _limits(raw: Any, default: Limits) -> Limits:
     if raw is None:
         return default
@@ -63,7 +78,7 @@ def _limits(raw: Any, default: Limits) -> Limits:
             f"field 'limits': expected an object with keys from {sorted(_LIMIT_FIELDS)}, got {raw!r:.200}"
         )
     try:
-        return dataclasses.replace(default, **raw)
+        return _checked(dataclasses.replace(default, **raw), "limits")
     except (TypeError, ValueError) as e:
         raise BadRequest(f"field 'limits': {e}") from e
 
@@ -156,8 +171,18 @@ class SandboxService:
             raise BadRequest("field 'code' is required")
         timeout = _field(body, "run_timeout", (int, float), self.default_limits.timeout_s)
         memory_mb = _field(body, "memory_limit_MB", (int, float))
+        if (
+            not 0 < timeout <= MAX_SECONDS
+        ):  # also NaN and inf (JSON's Infinity): a wall clock cannot wait that long
+            raise BadRequest(
+                f"field 'run_timeout': {timeout!r} is out of range (0 < run_timeout <= {MAX_SECONDS:g})"
+            )
         limits = dataclasses.replace(self.default_limits, timeout_s=float(timeout))
         if memory_mb is not None:
+            if not 0 < memory_mb <= MAX_BYTES >> 20:
+                raise BadRequest(
+                    f"field 'memory_limit_MB': {memory_mb!r} is out of range (0 < MB <= {MAX_BYTES >> 20})"
+                )
             limits = dataclasses.replace(limits, memory_bytes=int(memory_mb * (1 << 20)))
         result = await self.sandbox.run(
             code, limits=limits, stdin=_field(body, "stdin", str), files=_files(body.get("files"))

@@ -99,18 +99,65 @@ def test_a_run_makes_a_key_of_its_own_and_gives_the_environment_back(monkeypatch
 
 def test_a_run_keeps_the_key_the_user_set(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.setenv(auth.EXTERNAL_KEY_ENV, "ext-" + "e" * 40)
     with auth.run_access(tmp_path, external_agents=True) as key:
         assert key == KEY
     assert os.environ[KEY_ENV] == KEY
 
 
-def test_external_agents_need_a_key_the_user_gave(monkeypatch, tmp_path: Path) -> None:
+def test_external_agents_need_a_key_of_their_own_not_the_runs(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(auth.EXTERNAL_KEY_ENV, raising=False)
     with (
-        pytest.raises(UserError, match=r"type: external.*set \$AGENT_RL_API_KEY"),
+        pytest.raises(
+            UserError, match=r"type: external.*set \$AGENT_RL_EXTERNAL_AGENT_KEY.*never \$AGENT_RL_API_KEY"
+        ),
         auth.run_access(tmp_path, external_agents=True),
     ):
         pass
+    monkeypatch.setenv(auth.EXTERNAL_KEY_ENV, "ext-" + "e" * 40)
+    with auth.run_access(tmp_path, external_agents=True) as key:  # the run's own key may be made up now
+        assert key != os.environ[auth.EXTERNAL_KEY_ENV]
+    monkeypatch.setenv(KEY_ENV, "ext-" + "e" * 40)  # the same value for both: refused
+    with pytest.raises(UserError, match="must differ"), auth.run_access(tmp_path, external_agents=True):
+        pass
+
+
+async def test_the_asgi_check_refuses_a_websocket_without_the_key_and_lets_lifespan_pass() -> None:
+    """The MCP server's guard (ASGI): a websocket handshake is a request like any other; the server's own
+    lifespan events carry no client and pass."""
+    from sandboxes.auth import asgi_key_check
+
+    reached: list[str] = []
+
+    async def app(scope, receive, send):  # the guarded app: records what reached it
+        reached.append(scope["type"])
+
+    guarded = asgi_key_check(app, KEY)
+    sent: list[dict] = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    for headers in ([], [(b"authorization", b"Bearer wrong")]):
+        await guarded({"type": "websocket", "path": "/mcp", "headers": headers}, receive, send)
+    assert reached == [] and [m["type"] for m in sent] == ["websocket.close"] * 2
+    await guarded({"type": "websocket", "path": "/mcp", "headers": [(b"authorization", f"Bearer {KEY}".encode())]},
+                  receive, send)  # fmt: skip
+    await guarded({"type": "lifespan"}, receive, send)
+    assert reached == ["websocket", "lifespan"]
+
+
+def test_a_weight_path_is_answered_resolved(tmp_path: Path) -> None:
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "latest").symlink_to(tmp_path / "v1")
+    allowed = auth.weight_dirs(str(tmp_path))
+    assert auth.check_weight_path(str(tmp_path / "latest"), allowed, "model_path") == str(
+        (tmp_path / "v1").resolve()
+    )
 
 
 def test_weights_load_only_from_under_the_allowed_dirs_even_through_a_symlink(tmp_path: Path) -> None:
@@ -126,3 +173,4 @@ def test_weights_load_only_from_under_the_allowed_dirs_even_through_a_symlink(tm
         with pytest.raises(web.HTTPForbidden) as e:
             auth.check_weight_path(str(bad), allowed, "model_path")
         assert str(bad) in e.value.text and '"code": "path_not_allowed"' in e.value.text
+        assert str(run) not in e.value.text.replace(str(bad), "")  # the allowed roots are not named

@@ -32,6 +32,10 @@ class BadRequest(EngineError, ValueError):
     """The request itself is wrong (too long, bad ids, duplicate rid); servers answer it with a 4xx."""
 
 
+class EngineAuthFailed(EngineError):
+    """The engine refused the client's key (401): the run's configuration, not the request; never retried."""
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """What an embedded engine is built with (in-process, `agent-rl serve`, a launched server). The one place

@@ -21,7 +21,14 @@ import aiohttp
 
 from agent_rl import auth
 from agent_rl.engines import routed_experts
-from agent_rl.engines.api import BadRequest, EngineError, EngineUnavailable, Generation, SamplingParams
+from agent_rl.engines.api import (
+    BadRequest,
+    EngineAuthFailed,
+    EngineError,
+    EngineUnavailable,
+    Generation,
+    SamplingParams,
+)
 from agent_rl.weights.adapters import Adapter, adapter_name
 from agent_rl.weights.group import GroupSpec, TensorMeta
 from agent_rl.weights.tensors import remove_checkpoint, shm_dir, write_shm_checkpoint
@@ -118,6 +125,8 @@ class HTTPEngine:
 
 
 def check_status(status: int, where: str, text: str) -> None:
+    if status == 401:  # the key, not the request (a 403 names a path outside the weight dirs: the request's)
+        raise EngineAuthFailed(f"{where} -> {status}: {text[:2000]}")
     if 400 <= status < 500:
         raise BadRequest(f"{where} -> {status}: {text[:2000]}")
     if status >= 500:

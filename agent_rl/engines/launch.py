@@ -1,7 +1,9 @@
 """Start the embedded engine's HTTP server in a subprocess and hand back its URL and a client.
 
 The server runs in its own process so its torch threads and the engine's GIL time stay out of
-the trainer's process. Its stdout/stderr go to a log file whose path errors quote.
+the trainer's process. Its stdout/stderr go to a log file whose path errors quote. No command line carries
+a key (SGLang's reaches it through its environment: sglang_launch.py), and every command and log tail an
+error quotes goes through `auth.redact` first.
 """
 
 from __future__ import annotations
@@ -92,8 +94,10 @@ def start_server(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"server exited with code {proc.returncode} before serving ({' '.join(cmd[:4])} ...); "
-                f"log {log}:\n{_tail(log)}"
+                auth.redact(
+                    f"server exited with code {proc.returncode} before serving ({' '.join(cmd[:4])} ...); "
+                    f"log {log}:\n{_tail(log)}"
+                )
             )
         if url is None:
             url = url_of(log.read_text(errors="replace"))
@@ -102,7 +106,9 @@ def start_server(
         time.sleep(0.1)
     proc.kill()
     raise TimeoutError(
-        f"server not healthy after {timeout_s:.0f} s ({' '.join(cmd)}); log {log}:\n{_tail(log)}"
+        auth.redact(
+            f"server not healthy after {timeout_s:.0f} s ({auth.redact_command(cmd)}); log {log}:\n{_tail(log)}"
+        )
     )
 
 
@@ -115,18 +121,18 @@ def launch_sglang(
     dtype: str,
     seed: int,
     extra: tuple[str, ...] = (),
+    timeout_s: float = 1800.0,
 ) -> EmbeddedServerHandle:
-    """`python -m sglang.launch_server` on this node's GPUs (CUDA_VISIBLE_DEVICES as Ray set it), on a free port."""
+    """`python -m sglang.launch_server` on this node's GPUs (CUDA_VISIBLE_DEVICES as Ray set it), on a free port,
+    through sglang_launch.py, which hands it the run's key ($AGENT_RL_API_KEY) off the command line."""
     port = free_port(host)
     cmd = [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--host", host,
+        sys.executable, "-m", "agent_rl.engines.sglang_launch", "--model-path", model_dir, "--host", host,
         "--port", str(port), "--tp", str(tp), "--dtype", dtype, "--context-length", str(max_seq_len),
         "--random-seed", str(seed), "--mem-fraction-static", "0.8", *extra,
     ]  # fmt: skip
-    if key := auth.run_key():  # SGLang reads its key from the command line only (no environment variable)
-        cmd += ["--api-key", key]
     url = f"http://{host}:{port}"
-    return start_server(cmd, lambda _text: url, 1800.0)
+    return start_server(cmd, lambda _text: url, timeout_s)
 
 
 def sandbox_command(host: str, port: int, kw: dict[str, Any]) -> list[str]:

@@ -96,7 +96,9 @@ def launch_vllm(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vllm exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(
+                auth.redact(f"vllm exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+            )
         try:
             with urllib.request.urlopen(handle.url + "/health", timeout=2) as r:
                 if r.status == 200:

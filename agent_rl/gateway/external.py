@@ -4,8 +4,8 @@ Routes (on the gateway's port; `agent-rl gateway` and a training run with a `typ
 
     POST /sessions              {session_id?, seed?, sampling?: {temperature, top_p, top_k},
                                  limits?: {max_calls, max_tokens_per_call, max_sampled_tokens}}
-                                -> {session_id, base_url}         (base_url: an OpenAI endpoint for this session)
-    POST /tasks/claim           {wait_s?: 0..60} -> {session_id, base_url, task: {id, problem, numbers}} | 204
+                                -> {session_id, base_url, api_key}  (an OpenAI endpoint for this session, its token)
+    POST /tasks/claim           {wait_s?: 0..60} -> {session_id, base_url, api_key, task: {id, problem, numbers}} | 204
     POST /sessions/{id}/close   {reward?: float | answer?: str | error?: str}
                                 -> a claimed task: {session_id, accepted: true}; the run scores and trains it
                                 -> an opened session: {session_id, reward, calls, splits, trajectories: [...]}
@@ -15,6 +15,10 @@ group's staleness bound stops it (the agent's next call is a 409), its calls are
 updates (each token keeps the version that sampled it), and the run trains what it recorded, exactly as an
 in-process `type: agent` episode (gateway/episode.py). A task not claimed and closed within the env's
 `external.timeout_s` ends as an error and is sampled again.
+
+Keys (access.py): opening a session takes the gateway's key; a claim takes the external agents' key
+($AGENT_RL_EXTERNAL_AGENT_KEY) and answers the session's `api_key`, a token that opens that session's routes
+(its OpenAI endpoint, its close) and nothing else, so an agent can close and score only the tasks it claimed.
 """
 
 from __future__ import annotations
@@ -164,7 +168,8 @@ def add_session_routes(app: web.Application, key: web.AppKey) -> None:
         sid = body.session_id or uuid.uuid4().hex
         sampling = None if body.sampling is None else SamplingParams(**body.sampling.model_dump())
         gw.open(sid, seed=body.seed, sampling=sampling, limits=SessionLimits(**body.limits.model_dump()))
-        return web.json_response({"session_id": sid, "base_url": gw.base_url(sid)})
+        token = gw.sessions[sid].token
+        return web.json_response({"session_id": sid, "base_url": gw.base_url(sid), "api_key": token})
 
     async def claim(request: web.Request) -> web.Response:
         gw = request.app[key]
@@ -173,7 +178,10 @@ def add_session_routes(app: web.Application, key: web.AppKey) -> None:
         if item is None:
             return web.Response(status=204)
         task = {"id": item.task.id, "problem": item.task.problem, "numbers": list(item.task.numbers)}
-        return web.json_response({"session_id": item.sid, "base_url": gw.base_url(item.sid), "task": task})
+        token = gw.session(item.sid).token  # the only key to this task's session and its close
+        return web.json_response(
+            {"session_id": item.sid, "base_url": gw.base_url(item.sid), "api_key": token, "task": task}
+        )
 
     async def close(request: web.Request) -> web.Response:
         gw = request.app[key]

@@ -6,7 +6,9 @@ calls): the agent's code, the client's JSON request body and the JSON (or server
 the same as over HTTP; what goes is the loopback socket, HTTP framing and parsing on both sides, and the
 TLS context the client otherwise builds per instance (~25 ms of CPU, once per episode;
 benchmarks/orchestration.py). Any other route (the Responses API, ...) goes to the gateway's HTTP server,
-started at its first use. Agents in other processes use the HTTP server only.
+started at its first use. Agents in other processes use the HTTP server only. Either way a request passes
+the gateway's one access check (access.py) with the key it carries: the client's api_key is its session's
+token, which opens that session's routes and no other, and dies with the session.
 
 Duck-typed against httpx's `AsyncBaseTransport`, so it serves whichever HTTP package the installed openai
 client uses (`httpx2` for openai >= 3, `httpx` before).
@@ -37,12 +39,14 @@ class InProcessTransport:
         self._forward: Any = None  # an HTTP transport to the gateway's server, made at the first other route
 
     async def handle_async_request(self, request: Any) -> Any:
-        from agent_rl.gateway.routes import chat_reply, models_reply
+        from agent_rl.gateway.routes import Reply, chat_reply, models_reply
 
         path = request.url.path
         where = f"{request.method} {path}"
         m = _ROUTE.fullmatch(path)
-        if m and m["route"] == "chat/completions" and request.method == "POST":
+        if m and (refused := self._refusal(request, m)) is not None:
+            reply = Reply.json(*refused)
+        elif m and m["route"] == "chat/completions" and request.method == "POST":
             reply = await chat_reply(self.gateway, m["sid"], await request.aread(), where)
         elif m and m["route"] == "models" and request.method == "GET":
             reply = models_reply(self.gateway, m["sid"], where)
@@ -51,6 +55,12 @@ class InProcessTransport:
         return self.http.Response(
             reply.status, headers={"content-type": reply.content_type}, content=reply.body, request=request
         )
+
+    def _refusal(self, request: Any, m: re.Match) -> tuple[int, dict] | None:
+        """The gateway's access check (access.py), as its HTTP middleware runs it for the same route."""
+        route = "/sessions/{sid}/v1/" + m["route"]
+        auth = request.headers.get("authorization")
+        return self.gateway.access.refusal(request.method, route, m["sid"], auth, request.url.path)
 
     async def _over_http(self, request: Any) -> Any:
         url = await self.gateway.ensure_started()
@@ -76,8 +86,9 @@ class InProcessTransport:
         return None
 
 
-def session_client(transport: InProcessTransport, sid: str) -> Any:
-    """An `openai.AsyncOpenAI` bound to session `sid` through `transport` (close it when the episode ends).
+def session_client(transport: InProcessTransport, sid: str, token: str) -> Any:
+    """An `openai.AsyncOpenAI` bound to session `sid` through `transport` (close it when the episode ends); its
+    api_key is the session's `token` (never the gateway's key).
 
     Its `base_url` is the gateway server's real session URL once the server runs (rollout episodes start it
     first), so an agent that builds its own client from `client.base_url` (LangChain's ChatOpenAI, smolagents,
@@ -85,9 +96,10 @@ def session_client(transport: InProcessTransport, sid: str) -> Any:
     import openai
 
     http = transport.http.AsyncClient(transport=transport, timeout=None)
+    # the session's token: a client an agent builds from this one (base_url, api_key) reaches this session only
     return openai.AsyncOpenAI(
         base_url=f"{transport.gateway.url or BASE}/sessions/{sid}/v1",
-        api_key=transport.gateway.api_key or "agent-rl",  # the run's key: a client built from it gets in too
+        api_key=token or "agent-rl",
         max_retries=0,
         timeout=None,
         http_client=http,

@@ -10,7 +10,13 @@ class SessionOver(RuntimeError):
 
 
 class EngineFailed(RuntimeError):
-    """The engines failed a call after retries (answered 502; never the agent's fault)."""
+    """The engines failed a call after retries (answered 502; never the agent's fault). The message, with the
+    engine's URL and error, is the run's (the session's errors, the log); the agent is answered `public`, which
+    names no upstream."""
+
+    def __init__(self, message: str, public: str = "the engines failed after retries") -> None:
+        super().__init__(message)
+        self.public = f"{message.split(':', 1)[0]}: {public} (the run records the cause)"
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def _failed(s: Session, e: Exception, where: str) -> tuple[int, dict]:
         return 409, error_body(409, str(e), code="session_over")
     if isinstance(e, EngineFailed):  # engine down after retries: a 502, and the episode records why
         s.stats.errors.append(str(e))
-        return 502, error_body(502, str(e))
+        return 502, error_body(502, e.public, code="engine_failed")  # no upstream URL to the agent
     reply = client_error(e, where)
     if reply is not None:
         s.stats.client_errors.append(f"{type(e).__name__}: {e}")

@@ -3,7 +3,7 @@
     gw = Gateway(engine_client, tokenizer, max_seq_len=2048)     # embedded, SGLang, vLLM or a pool
     url = await gw.start()                                      # http://127.0.0.1:PORT
     session = gw.open("episode-17", sampling=SamplingParams(temperature=1.0))
-    client = openai.AsyncOpenAI(base_url=gw.base_url("episode-17"), api_key="unused")
+    client = openai.AsyncOpenAI(base_url=gw.base_url("episode-17"), api_key=session.token)
     ... the agent calls client.chat.completions.create(...) as it would call OpenAI ...
     calls = gw.close_session("episode-17").calls                 # -> gateway.assemble
 
@@ -17,6 +17,10 @@ Agents in another process or language open sessions over HTTP, or claim a traini
 (external.py: `POST /sessions`, `POST /tasks/claim`, `POST /sessions/{id}/close`). An agent in this
 process gets `gw.client(sid)`: the official client over an in-process transport (inprocess.py) that
 hands chat requests to the same handler (routes.py `chat_reply`) without a socket.
+
+Who may call what (access.py): the gateway's key (`api_key`, the run's control key) opens every route; a
+session's `token`, made when it opens and void when it closes, opens that session's routes only, and is the
+api_key every agent is handed; the external agents' key opens `POST /tasks/claim` only.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from typing import Any
 from aiohttp import web
 
 from agent_rl import auth
-from agent_rl.engines.api import BadRequest, EngineClient, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineAuthFailed, EngineClient, SamplingParams
 from agent_rl.engines.protocol import stop_tuple
+from agent_rl.gateway.access import Access, middleware
 from agent_rl.gateway.inprocess import InProcessTransport, session_client
 from agent_rl.gateway.prompt import Answered, PromptBuilder
 from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
@@ -45,7 +50,6 @@ from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
-from sandboxes.auth import aiohttp_key_check
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class Session:
     sampling: SamplingParams | None  # forced temperature / top-p / top-k (the agent's are ignored), or None
     limits: SessionLimits
     seed: int
+    token: str = ""  # the agent's key to this session's routes (access.py); void once the session closes
     on_call: Callable[[Call], None] | None = None
     should_stop: Callable[[], bool] | None = None
     answered: list[Answered] = field(default_factory=list)
@@ -89,13 +94,17 @@ class Gateway:
         port: int = 0,
         max_retries: int = 3,
         api_key: str | None = None,
+        external_key: str | None = None,
     ):
-        """api_key: required of every HTTP request but GET /health (default: the run's, $AGENT_RL_API_KEY)."""
+        """api_key: the gateway's control key, which opens every route (default: the run's, $AGENT_RL_API_KEY;
+        never handed to an agent); external_key: opens POST /tasks/claim only (default
+        $AGENT_RL_EXTERNAL_AGENT_KEY). Each session's agent gets a token of its own (Session.token, access.py)."""
         self.engine, self.tok, self.max_seq_len = engine, tokenizer, max_seq_len
         self.parser, self.parser_name = get_parser(tool_parser), tool_parser
         self.reasoning = get_reasoning_parser(reasoning_parser)  # the message gets reasoning_content
         self.model_name, self.host, self.port, self.max_retries = model_name, host, port, max_retries
-        self.api_key = api_key or auth.run_key()  # the agents' openai clients send it (inprocess.py)
+        self.api_key = api_key or auth.run_key()  # the training side's; agents get their session's token
+        self.access = Access(self.api_key, external_key or auth.external_key())
         # the embedded engine resumes a constrained call's grammar after an abort; others restart the call
         self.resumes_constraints = bool(getattr(engine, "resumes_constraints", False))
         self.builder = PromptBuilder(tokenizer)
@@ -118,7 +127,7 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application(
-            middlewares=[aiohttp_key_check(self.api_key), errors_to_json], client_max_size=64 * 1024**2
+            middlewares=[middleware(self.access), errors_to_json], client_max_size=64 * 1024**2
         )
         app[GATEWAY] = self
         from agent_rl.gateway.external import add_session_routes
@@ -150,7 +159,8 @@ class Gateway:
         """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
         if self._transport is None:
             self._transport = InProcessTransport(self)
-        return session_client(self._transport, sid)
+        s = self.sessions.get(sid)  # a session not open: its client's calls are answered 404 (or 401 if guarded)
+        return session_client(self._transport, sid, s.token if s is not None else "")
 
     def base_url(self, sid: str) -> str:
         if self.url is None:
@@ -171,12 +181,13 @@ class Gateway:
             raise Invalid(f"session {sid!r} is already open", param="session_id")
         if "/" in sid:
             raise Invalid(f"session id {sid!r} must not contain '/'", param="session_id")
-        s = Session(sid, sampling, limits, seed, on_call, should_stop)
+        s = Session(sid, sampling, limits, seed, self.access.grant(sid), on_call, should_stop)
         self.sessions[sid] = s
         return s
 
     def close_session(self, sid: str) -> Session:
         self.response_stores.pop(sid, None)
+        self.access.revoke(sid)  # its token opens nothing from now on
         s = self.sessions.pop(sid)
         s.closed = True
         return s
@@ -232,6 +243,13 @@ class Gateway:
             )
         except (SessionOver, BadRequest):
             raise
+        except EngineAuthFailed as e:  # the run's misconfiguration, not the agent's call: it spends no budget
+            s.stats.calls -= 1
+            s.stats.extended -= int(extended)
+            s.stats.rerendered -= int(not extended)
+            raise EngineFailed(
+                f"session {s.id}: engine failed: {e}", public="the gateway's engines refused its key"
+            ) from e
         except Exception as e:  # engines down after retries
             raise EngineFailed(f"session {s.id}: engine failed: {e!r}") from e
         parser = self.parser if req.parse_tools else None
@@ -329,7 +347,7 @@ class Gateway:
         for attempt in range(self.max_retries + 1):
             try:
                 return await self.engine.generate(ids, params, request_id=rid)
-            except BadRequest:
+            except (BadRequest, EngineAuthFailed):  # retrying cannot help either
                 raise
             except Exception as e:
                 if attempt == self.max_retries or not await self.engine.health():

@@ -60,9 +60,18 @@ async def serve(args: argparse.Namespace) -> None:
     check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl gateway")
     kind = SGLangClient if args.engine_type == "sglang" else VLLMClient
     clients = [kind(u, api_key=key) for u in args.engines]
-    down = [c.url for c in clients if not await c.health()]
-    if down:
-        raise SystemExit(f"agent-rl gateway: engines not answering /health: {down} (start them first)")
+    try:
+        down = [c.url for c in clients if not await c.health()]
+        if down:
+            raise SystemExit(f"agent-rl gateway: engines not answering /health: {down} (start them first)")
+        for (
+            url
+        ) in args.engines:  # /health is open: prove the key on a guarded route, or every agent's call fails
+            await check_engine_key(url, args.engine_type, key)
+    except SystemExit:
+        for c in clients:  # closed before the one-line exit (else aiohttp warns of unclosed sessions)
+            await c.close()
+        raise
     engine = clients[0] if len(clients) == 1 else EnginePool(clients)
     gw = Gateway(
         engine,
@@ -84,6 +93,35 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     await gw.close()
     await engine.close()
+
+
+GUARDED = {
+    "sglang": "/get_model_info",
+    "vllm": "/v1/models",
+}  # a read-only route each engine guards with its key
+
+
+async def check_engine_key(url: str, engine_type: str, key: str | None) -> None:
+    """Exit with one line unless the engine at `url` takes `key` (or no key) on a route its key guards."""
+    import aiohttp
+
+    from sandboxes.auth import bearer
+
+    route = GUARDED[engine_type]
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+        http.get(url.rstrip("/") + route, headers=bearer(key)) as r,
+    ):
+        status = r.status
+    if status in (401, 403):
+        given = "the key given" if key else "no key"
+        raise SystemExit(
+            f"agent-rl gateway: engine {url} refused {given} on GET {route} (HTTP {status}): start the gateway "
+            "with the engines' key ($AGENT_RL_API_KEY or --api-key)"
+        )
+    if status != 200:
+        raise SystemExit(f"agent-rl gateway: engine {url}: GET {route} answered HTTP {status}; is it a {engine_type} "
+                         "server (--engine-type)?")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

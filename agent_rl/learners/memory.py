@@ -337,13 +337,20 @@ def megatron_logprob_chunk(vocab: int, tp: int = 1) -> int:
 def _megatron_logprob_workspace(d: ModelDims, s: Setup, t: int) -> int:
     """Bytes of megatron's log-prob head (megatron/linear_logprobs.py) at its peak, the start of backward.
 
-    Chunked always: one chunk's logits [c, V]: in bf16 the GEMM's output and its fp32 copy (forward; backward
-    holds the logits and their softmax in bf16, less), in fp32 one buffer turned in place into the gradient;
-    the fp32 dW accumulator [V, H] and one chunk's dW product in the model's dtype."""
+    Chunked always: one chunk's logits [c, V]: in bf16 the GEMM's output and its fp32 copy (forward; on a GPU
+    the backward holds less: the logits and their softmax in bf16), in fp32 one buffer turned in place into the
+    gradient; the fp32 dW accumulator [V, H] and one chunk's dW product in the model's dtype.
+
+    On CPU in bf16 the backward is the peak: it scales the bf16 softmax in place by an fp32 per-token factor
+    (`softmax(z).mul_(factor)`), and a CPU kernel given mixed dtypes computes in the common dtype through two
+    fp32 temporaries of the chunk's size, the operand's cast and the result, before writing back (a CUDA kernel
+    casts per element, no temporaries): logits 2 + softmax 2 + 8 bytes per entry. This is what a measured
+    'megatron exact +ckpt 2x8192' peak of 109 MiB against the 62 MiB estimated without it came from (traced
+    with torch's profiler, 2026-12-06: `_LinearLogprobsBackward` > `aten::mul_` > `aten::to`, `empty_like`)."""
     span = min(t, s.logprob_chunk_tokens) if s.logprobs == "chunked" else t
     b = 2 if s.compute_dtype == "bfloat16" else 4
-    cast = 2 if b == 2 else 0
-    return (4 + cast) * d.vocab * span + (4 + b) * d.vocab * d.hidden
+    per_entry = 4 if b == 4 else 12 if s.device == "cpu" else 6  # fp32: one buffer; bf16: see above
+    return per_entry * d.vocab * span + (4 + b) * d.vocab * d.hidden
 
 
 def max_trajectory_tokens(d: ModelDims, s: Setup, memory_bytes: int, *, ceiling: int = 1 << 24) -> int:

@@ -86,7 +86,12 @@ class Adapter:
         path = Path(path)
         if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
             raise FileNotFoundError(f"{path}: not a PEFT adapter directory ({CONFIG} + {WEIGHTS})")
-        c = json.loads((path / CONFIG).read_text())
+        try:
+            c = json.loads((path / CONFIG).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path / CONFIG}: not JSON ({e})") from None
+        if not isinstance(c, dict) or not isinstance(c.get("r"), int) or "lora_alpha" not in c:
+            raise ValueError(f"{path / CONFIG}: not a LoRA adapter config (an object with r and lora_alpha)")
         for key, neutral in (
             ("use_dora", False),
             ("use_rslora", False),
@@ -101,7 +106,13 @@ class Adapter:
             )
         targets = c.get("target_modules") or ()
         targets = (targets,) if isinstance(targets, str) else tuple(targets)
-        return cls(load_file(str(path / WEIGHTS)), int(c["r"]), float(c["lora_alpha"]), targets)
+        try:
+            tensors = load_file(str(path / WEIGHTS))
+        except Exception as e:  # safetensors' SafetensorError: a corrupt or truncated file
+            raise ValueError(
+                f"{path / WEIGHTS}: not a readable safetensors file ({str(e).splitlines()[0]})"
+            ) from None
+        return cls(tensors, int(c["r"]), float(c["lora_alpha"]), targets)
 
 
 @runtime_checkable

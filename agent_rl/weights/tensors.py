@@ -21,8 +21,15 @@ from torch import nn
 SHM_ROOT = Path("/dev/shm")
 
 
+class WeightsRejected(ValueError):
+    """A weight update or adapter that does not fit the model (unknown names, wrong shapes, NaN or inf) or cannot
+    be read (a corrupt file): the sender's mistake (the embedded engine raises it as its BadRequest, which its
+    server answers with a 400)."""
+
+
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of every *.safetensors file in `path` (a file path is accepted too)."""
+    """All tensors of every *.safetensors file in `path` (a file path is accepted too). FileNotFoundError when
+    there is none; WeightsRejected naming the file when one is not a readable safetensors file."""
     from safetensors.torch import load_file
 
     p = Path(path)
@@ -31,13 +38,13 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{p}: no *.safetensors files to load weights from")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(f)))
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:  # safetensors' own error type (SafetensorError), or an OSError of the read
+            raise WeightsRejected(
+                f"{f}: not a readable safetensors file ({str(e).splitlines()[0]})"
+            ) from None
     return out
-
-
-class WeightsRejected(ValueError):
-    """A weight update or adapter that does not fit the model (unknown names, wrong shapes, NaN or inf): the
-    sender's mistake (the embedded engine raises it as its BadRequest, which its server answers with a 400)."""
 
 
 @torch.no_grad()

@@ -7,8 +7,9 @@ OpenAI function-calling loop against the session's `base_url` (a `python` tool i
 subprocess with a time limit), and closes the session with its final answer, which the run scores and
 trains on. It only needs `openai` and the standard library: the same loop works from any language.
 Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the gateway goes away
-(the run ended). It sends the run's key ($AGENT_RL_API_KEY, the value `agent-rl train` was started with) as
-`Authorization: Bearer` on every request, as its OpenAI client's api_key.
+(the run ended). It claims with the external agents' key ($AGENT_RL_EXTERNAL_AGENT_KEY, the value `agent-rl
+train` was started with; never the run's own key) as `Authorization: Bearer`; each claim answers the session's
+`api_key`, a token for that session alone, which its OpenAI client and its close send.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ TOOLS = [
 ]
 
 
-KEY = os.environ.get("AGENT_RL_API_KEY", "")  # the run's key: its gateway refuses requests without it
+KEY = os.environ.get(
+    "AGENT_RL_EXTERNAL_AGENT_KEY", ""
+)  # opens /tasks/claim of the run's gateway, nothing else
 
 
-def post(url: str, body: dict) -> dict | None:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+def post(url: str, body: dict, key: str = KEY, timeout_s: float = 60.0) -> dict | None:
+    """POST JSON; `timeout_s` bounds each wait on the socket (a gateway that accepts but never answers)."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read()) if r.status == 200 else None
 
 
@@ -93,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     waiting = False
     while True:
         try:
-            claim = post(args.gateway + "/tasks/claim", {"wait_s": 5})
+            claim = post(args.gateway + "/tasks/claim", {"wait_s": 5}, timeout_s=5 + 30)
         except urllib.error.HTTPError as e:  # a server answered, with no task
             if seen:
                 return 0  # the run is shutting down
             print(f"{args.gateway}/tasks/claim: {e}: is this a training run's gateway?", file=sys.stderr)
             return 1
-        except (urllib.error.URLError, ConnectionError) as e:
+        except (urllib.error.URLError, OSError) as e:  # refused, reset, or silent past the timeout
             if seen:
                 return 0  # the run is over
             if time.monotonic() > up_by:
@@ -118,17 +122,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log: list = []
         close: dict = {}
-        with openai.OpenAI(base_url=claim["base_url"], api_key=KEY or "none", max_retries=0) as client:
+        token = claim.get("api_key") or "none"  # this task's session token: its chat calls and its close
+        with openai.OpenAI(base_url=claim["base_url"], api_key=token, max_retries=0, timeout=300.0) as client:
             try:
                 close["answer"] = solve(client, claim["task"]["problem"], args.max_turns, log)
             except openai.APIError as e:  # engines failing, or the run shutting down: say so, never a 0
                 close["error"] = repr(e)
         try:
-            post(f"{args.gateway}/sessions/{claim['session_id']}/close", close)
-        except (
-            urllib.error.URLError,
-            ConnectionError,
-        ):  # abandoned by the run (staleness bound), or it ended
+            post(f"{args.gateway}/sessions/{claim['session_id']}/close", close, token)
+        except (urllib.error.URLError, OSError):  # abandoned by the run (staleness bound), or it ended
             continue
         if args.log:
             with open(args.log, "a") as f:

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from agent_rl.auth import WEIGHT_DIRS_ENV
-from agent_rl.engines.api import BadRequest, EngineOptions, SamplingParams
+from agent_rl.engines.api import BadRequest, EngineAuthFailed, EngineOptions, SamplingParams
 from agent_rl.engines.client import SGLangClient
 from sandboxes.auth import KEY_ENV
 
@@ -62,7 +62,7 @@ async def test_the_key_gets_in_and_health_stays_open(guarded) -> None:
     try:
         gen = await ok.generate([20, 21, 22], sp, request_id="with-key")
         assert len(gen.token_ids) == 3
-        with pytest.raises(BadRequest, match="401.*wrong API key"):
+        with pytest.raises(EngineAuthFailed, match="401.*wrong API key"):  # the run's key, not the request
             await wrong.generate([20, 21, 22], sp, request_id="wrong-key")
     finally:
         await ok.close()

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from agent_rl.engines.api import BadRequest, SamplingParams
+from agent_rl.engines.api import EngineAuthFailed, SamplingParams
 from agent_rl.engines.client import VLLMClient
 from agent_rl.engines.vllm_local import DEFAULT_VENV, launch_vllm
 from sandboxes.auth import KEY_ENV
@@ -38,7 +38,7 @@ async def test_local_vllm_wants_the_runs_key(tiny_model_dir, monkeypatch) -> Non
         assert server.url.startswith("http://127.0.0.1:")
         gen = await ok.generate([5, 6, 7], SamplingParams(max_new_tokens=2, ignore_eos=True), request_id="k")
         assert len(gen.token_ids) == 2
-        with pytest.raises(BadRequest, match="401"):
+        with pytest.raises(EngineAuthFailed, match="401"):
             await wrong.generate([5, 6, 7], SamplingParams(max_new_tokens=2), request_id="w")
         url = server.url + "/v1/completions"
         assert [status(url, {}), status(url, {"Authorization": "Bearer nope"})] == [401, 401]

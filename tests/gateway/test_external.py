@@ -54,8 +54,9 @@ group_size: 2
 """
     )
     log = tmp_path / "agent.jsonl"
-    # an external env's gateway wants the run's key: the user sets it for the run and gives it to the agents
-    monkeypatch.setenv("AGENT_RL_API_KEY", "external-key-" + "x" * 32)
+    # an external env's agents claim with a key of their own, never the run's: the user sets it for the run and
+    # gives it to the agents; each claim answers that task's session token
+    monkeypatch.setenv("AGENT_RL_EXTERNAL_AGENT_KEY", "external-key-" + "x" * 32)
     agent = subprocess.Popen(
         [
             sys.executable,

@@ -23,7 +23,7 @@ KEY = "gateway-key-" + "g" * 32
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_the_runs_gateway_refuses_requests_without_its_key_and_hands_agents_a_client_with_it(
+async def test_the_runs_gateway_refuses_requests_without_its_key_and_hands_agents_their_sessions_token(
     tool_model,
 ):
     from transformers import AutoTokenizer
@@ -51,8 +51,9 @@ async def test_the_runs_gateway_refuses_requests_without_its_key_and_hands_agent
             ) as claim:
                 assert claim.status == 401
         assert gw.sessions.keys() == {"s1"} and gw.sessions["s1"].calls == []  # nothing reached a session
-        # the agent's own client carries the key; a client an agent builds from it (LangChain, smolagents) too
-        assert inproc.api_key == KEY
+        # the agent's own client carries its session's token, never the gateway's key; a client an agent builds
+        # from it (LangChain, smolagents) gets into that session too
+        assert inproc.api_key == gw.sessions["s1"].token and KEY not in inproc.api_key
         r = await inproc.chat.completions.create(model="p", messages=conversation()[:1], tools=TOOLS)
         assert r.choices[0].message.tool_calls
         async with openai.AsyncOpenAI(

@@ -1,6 +1,6 @@
 """The memory model (agent_rl/learners/memory.py): its counts against the models, against what autograd saves,
-against peaks measured in a fresh process on CPU, and against the H200 figures of issue 33; the warning that
-`agent-rl train` prints before a run that cannot fit."""
+against peaks measured in a fresh process on CPU, and against every peak benchmarks/results/gpu_learners.json
+records on a GPU; the warning that `agent-rl train` prints before a run that cannot fit."""
 
 from __future__ import annotations
 
@@ -120,14 +120,43 @@ MEASURED_CELLS = {
 }
 
 
+def _left_out(dims: mm.ModelDims, setup: mm.Setup, tokens: int) -> int:
+    """Bytes the model leaves out of a step's peak on CPU (where the counter is exact: no allocator rounding): the
+    [t, h]-sized tensors its terms do not name, alive beside the peak's workspace: the embedding's output, the
+    final norm's casts and intermediates, the log-prob head's input gradient. Four fp32 [t, h] tensors bound them:
+    the profiler's trace of the peaks (2026-12-06) shows, beside the named terms, three [t, h] tensors and a half
+    one in the model's dtype for Megatron's 2x8192 bf16 cell, and two [t, h] fp32 ones for the torch 2x2048 cell."""
+    return 4 * 4 * dims.hidden * setup.rows_per_forward(tokens) * tokens
+
+
+def _over_counted(dims: mm.ModelDims, setup: mm.Setup, tokens: int) -> int:
+    """Bytes the model may count above a step's peak on CPU: the allowance inside the workspace term its peak
+    phase picked. The log-prob workspace: the torch learner's chunked head is bounded by the full log-softmax's 12
+    bytes per [token, vocab] entry where it holds 8 in fp32 (10 in bf16) (memory._logprob_workspace); Megatron's
+    head is counted as it runs. One layer's backward: the model allows half the layer's activations for the
+    gradients one block holds at once, which the backward may spend only in part (the profiler's trace of the
+    proxy 4x1024 cell, 2026-12-06: six 4 MiB gradients of the MLP's backward against 12.5 MiB allowed)."""
+    t = setup.rows_per_forward(tokens) * tokens
+    est = mm.step_memory(dims, setup, tokens)
+    workspace = next(x.bytes for x in est.terms if x.name == "peak_workspace")
+    if setup.backend == "megatron":
+        logprob, over = mm._megatron_logprob_workspace(dims, setup, t), 0
+    else:
+        logprob = mm._logprob_workspace(dims, setup, t)
+        span = min(t, setup.logprob_chunk_tokens) if setup.logprobs == "chunked" else t
+        over = (12 - (8 if setup.compute_dtype == "float32" else 10)) * dims.vocab * span
+    return over if workspace == logprob else mm._per_layer_token_bytes(dims, setup) * t // 2
+
+
 # The Megatron cells run in make test-heavy (their time, ~40 s, is what the default job cannot spare).
 @pytest.mark.parametrize(
     "backend", ["torch", pytest.param("megatron", marks=[pytest.mark.megatron, pytest.mark.heavy])]
 )
-def test_estimate_is_within_25_percent_of_the_measured_peak(small_model: Path, backend: str) -> None:
+def test_estimate_is_within_what_it_leaves_out_of_the_measured_peak(small_model: Path, backend: str) -> None:
     """Measured: a fresh process's peak of live tensor bytes over one step, as torch's CPU allocator counts them
     (benchmarks/_cpu_peak.py, counter "tensors": what torch.cuda.max_memory_allocated counts on a GPU; resident
-    memory also counts a varying 10-25 MiB of non-tensor memory here); 25 %: the issue's acceptance bound."""
+    memory also counts a varying 10-25 MiB of non-tensor memory here). The band is what the model leaves out
+    (`_left_out`) above the estimate and what it over-counts (`_over_counted`) below it, not a percentage."""
     from _cpu_peak import measure
     from gpu_learners import setup_for
 
@@ -137,8 +166,10 @@ def test_estimate_is_within_25_percent_of_the_measured_peak(small_model: Path, b
     dims = mm.ModelDims.from_model_dir(small_model)
     for cell, res in zip(cells, measured, strict=True):
         peak = res["peak_bytes"]
-        est = mm.step_memory(dims, setup_for(cell, "cpu", dims), cell.length).total
-        assert 0.75 <= est / peak <= 1.25, (cell.name, est, peak)
+        setup = setup_for(cell, "cpu", dims)
+        est = mm.step_memory(dims, setup, cell.length).total
+        low, high = est - _over_counted(dims, setup, cell.length), est + _left_out(dims, setup, cell.length)
+        assert low <= peak <= high, (cell.name, low, est, high, peak)
 
 
 # Deep and narrow, small vocabulary: the layers' checkpoints, which a held proxy group multiplies, outweigh the
@@ -193,25 +224,45 @@ def _fields(cell: Cell) -> dict:
     return {k: v for k, v in cell.as_dict().items() if k not in ("name", "tokens")}
 
 
-# Measured on one H200 (issue 33, 2026-11-26, bf16 autocast, the 0.5B shape): the model must land within 25 %.
-H200 = [
-    # torch learner, 8 x 4096, exact OPOB, no checkpointing: 25 GiB
-    (mm.Setup(compute_dtype="bfloat16", device="cuda"), 4096, 25.0),
-    # proxy OPOB, micro-batch 4, checkpointing: 37 GiB
-    (mm.Setup(compute_dtype="bfloat16", device="cuda", recompute="full", opob="proxy", micro_batch_rows=4), 4096, 37.0),
-    # 2 x 32768 with checkpointing (exact OPOB): 70 GiB
-    (mm.Setup(compute_dtype="bfloat16", device="cuda", recompute="full"), 32768, 70.0),
-    # Megatron, local spec (eager attention), one 4096-token trajectory: 59.7 GiB
-    (mm.Setup(backend="megatron", compute_dtype="bfloat16", device="cuda", attention="eager", packed=True), 4096, 59.7),
-]  # fmt: skip
+def _recorded_gpu_cells() -> list:
+    """Every learner cell benchmarks/results/gpu_learners.json records with a measured peak (the anchor, another
+    library, has no estimate), as (name, Cell, measured peak bytes)."""
+    res = json.loads((ROOT / "benchmarks" / "results" / "gpu_learners.json").read_text())
+    fields = {f.name for f in dataclasses.fields(Cell)}
+    return [
+        pytest.param(
+            Cell(**{k: v for k, v in c.items() if k in fields}), c["peak_gib"] * mm.GiB, id=c["name"]
+        )
+        for c in res["cells"]
+        if c["status"] == "ok" and c["backend"] != "anchor" and c.get("peak_gib") is not None
+    ]
 
 
-@pytest.mark.parametrize("setup, tokens, gib", H200)
-def test_estimate_is_within_25_percent_of_the_h200_measurements(
-    setup: mm.Setup, tokens: int, gib: float
-) -> None:
-    est = mm.step_memory(mm.ModelDims.from_config(_qwen()), setup, tokens).total / mm.GiB
-    assert 0.75 <= est / gib <= 1.25, est
+@pytest.mark.parametrize("cell, peak", _recorded_gpu_cells())
+def test_estimate_is_within_25_percent_of_every_recorded_gpu_peak(cell: Cell, peak: float) -> None:
+    """The model (today's, through the recipe a user would write for the cell) against the peak the GPU run
+    measured (torch.cuda.max_memory_allocated, the 0.5B shape). 25 %: issue 33's acceptance bound; on a GPU the
+    caching allocator's rounding and the kernels' workspaces are not in the model. Exact OPOB's two gradient-sized
+    sums are 22-24 % of the exact cells' peaks: a model without them leaves two cells below the band."""
+    from gpu_learners import setup_for
+
+    dims = mm.ModelDims.from_config(_qwen())
+    est = mm.step_memory(dims, setup_for(cell, "cuda", dims), cell.length).total
+    assert 0.75 <= est / peak <= 1.25, (cell.name, est / mm.GiB, peak / mm.GiB)
+
+
+def test_the_recorded_gpu_cells_are_there() -> None:
+    assert len(_recorded_gpu_cells()) >= 7  # the 2026-11-28 H200 run: seven learner cells measured
+
+
+# Measured on one H200 (issue 33, 2026-11-26, bf16 autocast, the 0.5B shape), a configuration gpu_learners.json has
+# no cell of: Megatron's local spec with eager attention, one 4096-token trajectory, 59.7 GiB.
+def test_estimate_is_within_25_percent_of_megatrons_eager_attention_on_an_h200() -> None:
+    setup = mm.Setup(
+        backend="megatron", compute_dtype="bfloat16", device="cuda", attention="eager", packed=True
+    )
+    est = mm.step_memory(mm.ModelDims.from_config(_qwen()), setup, 4096).total / mm.GiB
+    assert 0.75 <= est / 59.7 <= 1.25, est
 
 
 def test_megatron_eager_attention_cannot_hold_8k_on_an_h200_and_fused_attention_can_hold_128k() -> None:

@@ -95,7 +95,7 @@ class EmbeddedEngine:
         """Run a weight change on the engine thread; weights that do not fit the model are the caller's BadRequest."""
         try:
             await self.call(run)
-        except WeightsRejected as e:
+        except (WeightsRejected, FileNotFoundError) as e:  # bad or corrupt tensors, a folder with none
             raise BadRequest(str(e)) from None
 
     async def unload_adapter(self) -> None:

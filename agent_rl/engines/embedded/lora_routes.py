@@ -46,11 +46,14 @@ class UpdateWeightVersionReq(BaseModel):
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
     req = await parse(request, LoadLoRAAdapterReq)
-    check_weight_path(req.lora_path, request.app[WEIGHT_DIRS], "lora_path")
-    if not Path(req.lora_path).is_dir():
+    real = check_weight_path(req.lora_path, request.app[WEIGHT_DIRS], "lora_path")  # load what was checked
+    if not Path(real).is_dir():
         raise Invalid(f"lora_path {req.lora_path!r} is not a directory on the server's machine")
     engine = request.app[ENGINE]
-    adapter = Adapter.load(req.lora_path)
+    try:
+        adapter = Adapter.load(real)
+    except (FileNotFoundError, ValueError) as e:  # not an adapter directory, or a corrupt one: the client's
+        raise Invalid(f"lora_path {req.lora_path!r}: {e}", param="lora_path") from None
     await engine.load_adapter(version=engine.version, adapter=adapter, name=req.lora_name)
     return web.json_response({"success": True, "loaded_adapters": {req.lora_name: req.lora_path}})
 

@@ -88,7 +88,9 @@ async def _score(req: GenerateReq, engine: EmbeddedEngine, ids: list[int], rid: 
     its log-prob given the tokens before it (i >= 1); entry 0 carries None, as SGLang's does."""
     start = req.logprob_start_len
     if start >= len(ids):
-        raise ValueError(f"logprob_start_len={start} must be < the {len(ids)} input ids")
+        raise Invalid(
+            f"logprob_start_len={start} must be < the {len(ids)} input ids", param="logprob_start_len"
+        )
     scores = await engine.score(ids, start=start + 1, request_id=rid) if start + 1 < len(ids) else []
     tok = engine.scheduler.tokenizer if req.return_text_in_logprobs else None
     entries = [
@@ -163,15 +165,16 @@ async def continue_generation(request: web.Request) -> web.Response:
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     req = await parse(request, UpdateFromDiskReq)
     engine = request.app[ENGINE]
-    auth.check_weight_path(req.model_path, request.app[WEIGHT_DIRS], "model_path")
-    if not Path(req.model_path).exists():
+    # the resolved path is what loads: a symlink swapped after the check cannot redirect the load
+    real = auth.check_weight_path(req.model_path, request.app[WEIGHT_DIRS], "model_path")
+    if not Path(real).exists():
         raise Invalid(f"model_path {req.model_path!r} does not exist on the server's machine")
     try:
         version = engine.version if req.weight_version is None else int(req.weight_version)
     except ValueError:
         raise Invalid(f"weight_version must be an integer string, got {req.weight_version!r}") from None
     aborted = await engine.abort() if req.abort_all_requests else 0
-    await engine.update_weights(version=version, path=req.model_path)
+    await engine.update_weights(version=version, path=real)  # no safetensors, or a corrupt one: a 400
     return web.json_response(
         {
             "success": True,
