@@ -45,3 +45,15 @@ class StepResult:
 
 class EnvError(RuntimeError):
     """Misuse of an Env (step after done, unknown split, missing data)."""
+
+
+class InfraFailure(EnvError):
+    """The infrastructure failed, not the policy: the episode is retried, then left out of its group (never scored 0)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(f"{cause}: {message}")
+        self.cause = cause  # one of INFRA_CAUSES
+        self.message = message
+
+
+INFRA_CAUSES = ("container_start", "sandbox_killed", "verifier_timeout", "no_reward", "bad_reward", "harness_crash", "harness_timeout", "engine", "other")
