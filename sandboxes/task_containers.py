@@ -19,6 +19,7 @@ not the host's root: user namespaces aside, it still cannot load modules, mount,
 
 from __future__ import annotations
 
+import contextlib
 import io
 import queue
 import shlex
@@ -143,14 +144,16 @@ class TaskContainer:
         if self.closed:
             return
         self.closed = True
-        try:
+        with contextlib.suppress(Exception):
             self._lifeline.close()
-        except Exception:
-            pass
         try:
             self._c.remove(force=True)
         except Exception as e:  # already gone: auto-removed after the lifeline closed
-            if "No such container" not in str(e) and "already in progress" not in str(e) and "404" not in str(e):
+            if (
+                "No such container" not in str(e)
+                and "already in progress" not in str(e)
+                and "404" not in str(e)
+            ):
                 raise SandboxError(f"cannot remove container {self._c.short_id}: {e}") from e
 
 
@@ -233,14 +236,16 @@ class ContainerPool:
         except Exception as e:
             raise SandboxError(f"cannot start a container from {spec.image!r}: {e}") from e
         try:
-            exec_id = self.client.api.exec_create(container.id, [spec.python, "-I", "-c", _LIFELINE], stdin=True)
+            exec_id = self.client.api.exec_create(
+                container.id, [spec.python, "-I", "-c", _LIFELINE], stdin=True
+            )
             lifeline = self.client.api.exec_start(exec_id["Id"], socket=True)
         except Exception as e:
-            try:
+            with contextlib.suppress(Exception):
                 container.remove(force=True)
-            except Exception:
-                pass
-            raise SandboxError(f"container {container.short_id} from {spec.image!r} did not start: {e}") from e
+            raise SandboxError(
+                f"container {container.short_id} from {spec.image!r} did not start: {e}"
+            ) from e
         return TaskContainer(container, lifeline, spec)
 
     def release(self, c: TaskContainer) -> None:
@@ -260,15 +265,13 @@ class ContainerPool:
             live = list(self._live)
             self._live.clear()
         for c in live:
-            try:
+            with contextlib.suppress(SandboxError):
                 c.close()
-            except SandboxError:
-                pass
-        for container in our_containers(self.client, **{"agent-rl.pool": self.labels.pool, "agent-rl.run": self.labels.run}):
-            try:
+        for container in our_containers(
+            self.client, **{"agent-rl.pool": self.labels.pool, "agent-rl.run": self.labels.run}
+        ):
+            with contextlib.suppress(Exception):
                 container.remove(force=True)
-            except Exception:
-                pass
 
 
 # Held by an attached exec: reads stdin until it closes (this process died or closed the container).

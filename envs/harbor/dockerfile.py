@@ -22,7 +22,19 @@ from pathlib import Path
 
 from envs.harbor.task import HarborTaskError
 
-_IGNORED = {"CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "ARG", "SHELL", "HEALTHCHECK", "STOPSIGNAL", "VOLUME", "MAINTAINER", "ONBUILD"}
+_IGNORED = {
+    "CMD",
+    "ENTRYPOINT",
+    "LABEL",
+    "EXPOSE",
+    "ARG",
+    "SHELL",
+    "HEALTHCHECK",
+    "STOPSIGNAL",
+    "VOLUME",
+    "MAINTAINER",
+    "ONBUILD",
+}
 # Commands that need a package registry or the network, which offline builds do not have.
 _NEEDS_NETWORK = re.compile(
     r"(?:^|[;&|\s(])(apt-get|apt|apk|yum|dnf|microdnf|zypper|curl|wget|git\s+clone|uv|conda|npm|"
@@ -109,7 +121,9 @@ def parse(path: Path, base: str, *, pip_available: frozenset[str] = frozenset())
         where = f"{path}:{line}"
         if kind == "FROM":
             if seen_from:
-                raise HarborTaskError(f"{where}: FROM: multi-stage builds are not supported offline; use one stage")
+                raise HarborTaskError(
+                    f"{where}: FROM: multi-stage builds are not supported offline; use one stage"
+                )
             seen_from = True
             image = rest.split()[0] if rest else ""
             if image != base:
@@ -132,7 +146,9 @@ def parse(path: Path, base: str, *, pip_available: frozenset[str] = frozenset())
                     wanted = [a for a in command[m.end() :].split() if not a.startswith("-")]
                     names = {re.split(r"[<>=!~\[]", w)[0].lower().replace("_", "-") for w in wanted}
                     if names and names <= pip_available:
-                        recipe.warnings.append(f"{where}: RUN pip install {' '.join(sorted(names))}: already in the base image, skipped")
+                        recipe.warnings.append(
+                            f"{where}: RUN pip install {' '.join(sorted(names))}: already in the base image, skipped"
+                        )
                         continue
                 raise HarborTaskError(
                     f"{where}: RUN {tool}: needs a package registry or the network, which offline builds lack; "
@@ -148,7 +164,9 @@ def parse(path: Path, base: str, *, pip_available: frozenset[str] = frozenset())
                 raise HarborTaskError(f"{where}: {kind}: needs a source and a destination")
             for src in parts[:-1]:
                 if re.match(r"^[a-z]+://", src):
-                    raise HarborTaskError(f"{where}: {kind} {src}: a download; offline builds copy local files only")
+                    raise HarborTaskError(
+                        f"{where}: {kind} {src}: a download; offline builds copy local files only"
+                    )
                 if not (path.parent / src).exists() and not any(path.parent.glob(src)):
                     raise HarborTaskError(f"{where}: {kind} {src}: not in the build context {path.parent}")
             recipe.steps.append(Step(line, "COPY", tuple(parts)))

@@ -31,11 +31,14 @@ BASE_TOOLS = (
 _PIP_NAMES = frozenset({"pytest", "pluggy", "iniconfig", "packaging"})
 
 
-def ensure_base(pool: ContainerPool, *, tag: str = BASE_IMAGE, rebuild: bool = False) -> str:
-    """The base image's tag, built (a few seconds) when the engine does not have it."""
+def ensure_base(
+    pool: ContainerPool, *, tag: str = BASE_IMAGE, rebuild: bool = False, extra_packages: tuple[str, ...] = ()
+) -> str:
+    """The base image's tag, built (a few seconds) when the engine does not have it. `extra_packages`:
+    importable packages of this interpreter to add (what a suite's tasks need beyond pytest)."""
     if rebuild or not _has_image(pool.client, tag):
         tools = [t for t in BASE_TOOLS if shutil.which(t)]
-        build_image(tag, docker_host=pool.docker_host, packages=BASE_PACKAGES, tools=tools)
+        build_image(tag, docker_host=pool.docker_host, packages=BASE_PACKAGES + extra_packages, tools=tools)
     return tag
 
 
@@ -114,7 +117,9 @@ def _run_steps(task: HarborTask, recipe: Recipe, c: Any, timeout_s: float) -> No
                         c.put_files(dest, {path.name: path.read_bytes()}, mode=path.stat().st_mode & 0o777)
                     else:
                         parent, _, name = dest.rpartition("/")
-                        c.put_files(parent or "/", {name: path.read_bytes()}, mode=path.stat().st_mode & 0o777)
+                        c.put_files(
+                            parent or "/", {name: path.read_bytes()}, mode=path.stat().st_mode & 0o777
+                        )
         elif step.kind == "RUN":
             res = c.exec(step.args[0], timeout_s=timeout_s, workdir=wd, env=env, user="0")
             if res.timed_out:
@@ -124,7 +129,9 @@ def _run_steps(task: HarborTask, recipe: Recipe, c: Any, timeout_s: float) -> No
                 raise HarborTaskError(f"{where}: RUN failed (exit {res.exit_code}): {last}")
 
 
-def start_container(task: HarborTask, pool: ContainerPool, *, allow_network: bool = False, base: str = BASE_IMAGE):
+def start_container(
+    task: HarborTask, pool: ContainerPool, *, allow_network: bool = False, base: str = BASE_IMAGE
+):
     """A fresh container for one episode of `task`; InfraFailure('container_start') when it cannot start."""
     try:
         image, workdir = task_image(task, pool, base=base)
@@ -140,4 +147,3 @@ def start_container(task: HarborTask, pool: ContainerPool, *, allow_network: boo
         return pool.start(spec)
     except (SandboxError, HarborTaskError) as e:
         raise InfraFailure("container_start", f"task {task.name}: {e}") from e
-

@@ -30,7 +30,9 @@ class OracleResult:
         if self.error:
             return f"FAIL {self.task}: {self.error}"
         verdict = "ok  " if self.ok else "FAIL"
-        return f"{verdict} {self.task}: with solution {self.with_solution:g}, without {self.without_solution:g}"
+        return (
+            f"{verdict} {self.task}: with solution {self.with_solution:g}, without {self.without_solution:g}"
+        )
 
 
 def _score(task: HarborTask, pool: ContainerPool, solve: bool) -> float:
@@ -40,10 +42,14 @@ def _score(task: HarborTask, pool: ContainerPool, solve: bool) -> float:
             assert task.solution is not None
             c.put_dir(task.solution.parent, "/solution")
             res = c.exec(
-                "bash /solution/solve.sh", timeout_s=task.agent_timeout_s or 600.0, env=task.config.solution.env
+                "bash /solution/solve.sh",
+                timeout_s=task.agent_timeout_s or 600.0,
+                env=task.config.solution.env,
             )
             if res.timed_out:
-                raise InfraFailure("harness_timeout", f"solution/solve.sh ran past {task.agent_timeout_s or 600:g} s")
+                raise InfraFailure(
+                    "harness_timeout", f"solution/solve.sh ran past {task.agent_timeout_s or 600:g} s"
+                )
         return run_verifier(task, c)
     finally:
         pool.release(c)
@@ -51,7 +57,9 @@ def _score(task: HarborTask, pool: ContainerPool, solve: bool) -> float:
 
 def oracle(task: HarborTask, pool: ContainerPool) -> OracleResult:
     if task.solution is None:
-        return OracleResult(task.name, None, None, f"{task.path / 'solution' / 'solve.sh'}: missing; no oracle to run")
+        return OracleResult(
+            task.name, None, None, f"{task.path / 'solution' / 'solve.sh'}: missing; no oracle to run"
+        )
     try:
         return OracleResult(task.name, _score(task, pool, True), _score(task, pool, False))
     except InfraFailure as e:

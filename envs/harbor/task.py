@@ -239,7 +239,9 @@ def load_task(path: str | Path) -> HarborTask:
     path = Path(path)
     toml_path = path / "task.toml"
     if not toml_path.is_file():
-        raise HarborTaskError(f"{toml_path}: missing; a Harbor task directory has task.toml, instruction.md, tests/test.sh")
+        raise HarborTaskError(
+            f"{toml_path}: missing; a Harbor task directory has task.toml, instruction.md, tests/test.sh"
+        )
     text = toml_path.read_text()
     try:
         raw = tomllib.loads(text)
@@ -256,23 +258,34 @@ def load_task(path: str | Path) -> HarborTask:
         return HarborTaskError(f"{toml_path}{f':{line}' if line else ''}: [{loc[0]}] {loc[-1]}: {msg}")
 
     if env.os != "linux":
-        raise at(("environment", "os"), f"{env.os} containers are not supported; agent-rl runs Linux containers")
+        raise at(
+            ("environment", "os"), f"{env.os} containers are not supported; agent-rl runs Linux containers"
+        )
     if env.gpus:
-        raise at(("environment", "gpus"), f"the task asks for {env.gpus} GPU(s); agent-rl's task containers have none")
+        raise at(
+            ("environment", "gpus"),
+            f"the task asks for {env.gpus} GPU(s); agent-rl's task containers have none",
+        )
 
     instruction_path = path / "instruction.md"
     if not instruction_path.is_file() or not instruction_path.read_text().strip():
         raise HarborTaskError(f"{instruction_path}: missing or empty; it is what the agent is asked to do")
     test_sh = path / "tests" / "test.sh"
     if not test_sh.is_file():
-        raise HarborTaskError(f"{test_sh}: missing; the verifier runs tests/test.sh and reads /logs/verifier/reward.txt")
+        raise HarborTaskError(
+            f"{test_sh}: missing; the verifier runs tests/test.sh and reads /logs/verifier/reward.txt"
+        )
     dockerfile = path / "environment" / "Dockerfile"
     if env.docker_image is None and not dockerfile.is_file():
         raise HarborTaskError(
             f"{dockerfile}: missing; give environment/Dockerfile or set [environment] docker_image in task.toml"
         )
     solve = path / "solution" / "solve.sh"
-    memory = env.memory_mb if env.memory_mb is not None else (size_mb(env.memory) if env.memory is not None else None)
+    memory = (
+        env.memory_mb
+        if env.memory_mb is not None
+        else (size_mb(env.memory) if env.memory is not None else None)
+    )
     network = env.network_mode != "no-network" and env.allow_internet is not False
     name = (config.task or {}).get("name") or path.name
     return HarborTask(
@@ -291,7 +304,9 @@ def task_dirs(path: str | Path) -> list[Path]:
     """The task directories under `path`: itself when it holds task.toml, else its children that do."""
     path = Path(path)
     if not path.is_dir():
-        raise HarborTaskError(f"{path}: not a directory; give a Harbor task directory or a directory of tasks")
+        raise HarborTaskError(
+            f"{path}: not a directory; give a Harbor task directory or a directory of tasks"
+        )
     if (path / "task.toml").exists():
         return [path]
     dirs = sorted(p for p in path.iterdir() if p.is_dir() and (p / "task.toml").exists())

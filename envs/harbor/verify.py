@@ -41,7 +41,9 @@ def parse_reward(task: str, reward_json: bytes | None, reward_txt: bytes | None)
                 return _number(value["reward"], where)
             if len(value) == 1:
                 return _number(next(iter(value.values())), where)
-            raise InfraFailure("bad_reward", f"{where}: several rewards {sorted(value)} and none named 'reward'")
+            raise InfraFailure(
+                "bad_reward", f"{where}: several rewards {sorted(value)} and none named 'reward'"
+            )
         return _number(value, where)
     if reward_txt is not None:
         where = f"task {task}: {LOGS}/reward.txt"
@@ -50,7 +52,9 @@ def parse_reward(task: str, reward_json: bytes | None, reward_txt: bytes | None)
             return _number(float(text), where)
         except ValueError:
             raise InfraFailure("bad_reward", f"{where}: {text[:60]!r} is not a number") from None
-    raise InfraFailure("no_reward", f"task {task}: tests/test.sh wrote neither {LOGS}/reward.txt nor reward.json")
+    raise InfraFailure(
+        "no_reward", f"task {task}: tests/test.sh wrote neither {LOGS}/reward.txt nor reward.json"
+    )
 
 
 def run_verifier(task: HarborTask, container: TaskContainer) -> float:
@@ -66,8 +70,13 @@ def run_verifier(task: HarborTask, container: TaskContainer) -> float:
         )
         if res.timed_out:
             raise InfraFailure(
-                "verifier_timeout", f"task {task.name}: tests/test.sh ran past timeout_sec={task.verifier_timeout_s:g}"
+                "verifier_timeout",
+                f"task {task.name}: tests/test.sh ran past timeout_sec={task.verifier_timeout_s:g}",
             )
-        return parse_reward(task.name, container.read_file(f"{LOGS}/reward.json"), container.read_file(f"{LOGS}/reward.txt"))
+        return parse_reward(
+            task.name, container.read_file(f"{LOGS}/reward.json"), container.read_file(f"{LOGS}/reward.txt")
+        )
     except SandboxError as e:
-        raise InfraFailure("sandbox_killed", f"task {task.name}: the container failed during the verifier: {e}") from e
+        raise InfraFailure(
+            "sandbox_killed", f"task {task.name}: the container failed during the verifier: {e}"
+        ) from e
