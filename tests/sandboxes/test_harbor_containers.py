@@ -37,6 +37,8 @@ def pool(docker_host: str) -> Iterator[ContainerPool]:
     p.close()
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # 18 containers and 9 image builds: CI's heavy job
 def test_every_shipped_task_scores_1_with_its_solution_and_0_without(pool: ContainerPool):
     results = [oracle(t, pool) for t in load_tasks(SHIPPED)]
     assert [r.line() for r in results if not r.ok] == []
@@ -160,3 +162,55 @@ def test_containers_of_an_owner_killed_with_sigkill_remove_themselves(docker_hos
     while our_containers(client, **{"agent-rl.run": run}) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert our_containers(client, **{"agent-rl.run": run}) == []
+
+
+def _episode(spec, tokenizer, turns: list[str]) -> tuple[float, list]:
+    """Drive one HarborEnv episode with scripted model turns (the text a model would write), as the rollout does."""
+    import asyncio
+
+    from envs.harbor.env import HarborEnv
+
+    async def run() -> tuple[float, list]:
+        env = HarborEnv(spec, tokenizer)
+        env.reset(env.tasks("train")[0])
+        results = []
+        for text in turns:
+            res = await env.step(tokenizer.encode(text, add_special_tokens=False))
+            results.append(res)
+            if res.done:
+                return res.reward, results
+        raise AssertionError("the episode did not end")
+
+    return asyncio.run(run())
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_a_harbor_episode_fixing_the_bug_in_its_container_scores_1_and_one_doing_nothing_0(
+    docker_host: str, pool: ContainerPool, tiny_model_dir: Path, tmp_path: Path
+):
+    from transformers import AutoTokenizer
+
+    from envs.spec import EnvSpec
+
+    d = write_task(tmp_path / "tasks", 0)
+    spec = EnvSpec.model_validate(
+        {
+            "name": "h",
+            "type": "harbor",
+            "harbor": {"tasks": str(tmp_path / "tasks"), "heldout_fraction": 0.0, "docker_host": docker_host},
+        }
+    )
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    fix = (
+        (d / "solution" / "solve.sh").read_text().split("\n", 1)[1]
+    )  # the heredoc that writes the fixed module
+    reward, steps = _episode(
+        spec, tok, ["Let me look.\n```bash\nls /app\n```\n", f"```bash\n{fix}```\n", "Done."]
+    )
+    assert reward == 1.0
+    module = next((d / "environment" / "app").glob("*.py")).name
+    assert module in tok.decode(steps[0].observation_ids)  # `ls /app` ran in the task's container
+    assert steps[0].info.code_ran and steps[-1].info.finish == "answer"
+    reward, _ = _episode(spec, tok, ["I am not sure."])
+    assert reward == 0.0
