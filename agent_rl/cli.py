@@ -95,6 +95,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "recording OpenAI gateway in front of running engines, for agents in any process",
     ),
     "sandbox": ("sandboxes.cli", "main", "sandbox service (serve) and Docker image (build-image)"),
+    "harbor": ("envs.harbor.cli", "main", "Harbor task suites: validate, oracle, generate, base-image"),
     "prepare": (
         "agent_rl.tools.pretrained",
         "main",

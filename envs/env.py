@@ -83,6 +83,10 @@ def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
         return VerifiersEnv(
             spec, tokenizer, sandbox, None, None, make_limits(spec), lambda: shared_sandbox(spec)
         )
+    if spec.type == "harbor":  # a Harbor task's container, the built-in shell agent (envs/harbor/env.py)
+        from envs.harbor.env import HarborEnv
+
+        return HarborEnv(spec, tokenizer)  # type: ignore[return-value]
     if spec.type in ("agent", "external"):  # an agent runs the episode through the gateway (envs/agent.py)
         from envs.agent import make_agent_env
 

@@ -303,6 +303,29 @@ class VerifiersSplit(Strict):
     limit: int | None = Field(None, ge=1)
 
 
+class HarborConfig(Strict):
+    """`type: harbor`: Harbor-format tasks (envs/harbor/), each episode in a fresh container of its task's image."""
+
+    tasks: str
+    """A task directory or a directory of tasks; relative to the env YAML."""
+    heldout_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    """Tasks held out for evaluation (split `test`), chosen by a stable hash of each task's name."""
+    docker_host: str | None = None
+    """The Docker engine; default DOCKER_HOST's."""
+    warm_containers: int = Field(2, ge=0)
+    """Containers per task image started ahead of need."""
+    allow_network: bool = False
+    """Give network to the containers of tasks that allow it (by default no container has any)."""
+    command_timeout_s: float = Field(120.0, gt=0)
+    """One command's limit (within the task's agent timeout_sec, which bounds their sum)."""
+
+    def resolved_tasks(self, source_path: str | None) -> Path:
+        path = Path(self.tasks).expanduser()
+        return (
+            path if path.is_absolute() or source_path is None else (Path(source_path).parent / path).resolve()
+        )
+
+
 class VerifiersConfig(Strict):
     """`type: verifiers`: a `verifiers` (0.4) environment: its taskset is the data, its harness runs each episode
     (the model calls go through the run's recording gateway), its rewards are the reward (envs/verifiers_env.py)."""
@@ -367,7 +390,7 @@ def load_callable(import_path: str, near: str | Path | None = None) -> Any:
 
 class EnvSpec(Strict):
     name: str
-    type: Literal["simple-tir", "agent", "external", "verifiers"] = "simple-tir"
+    type: Literal["simple-tir", "agent", "external", "verifiers", "harbor"] = "simple-tir"
     """simple-tir: the model's turns are parsed for fenced code (tool:); agent: an OpenAI-client agent (agent:)
     runs the episode through the recording gateway; turns: then budgets its chat completions."""
     data: DataConfig | None = Field(None, validate_default=True)
@@ -382,6 +405,8 @@ class EnvSpec(Strict):
     agent: AgentConfig | None = None
     external: ExternalConfig | None = None
     verifiers: VerifiersConfig | None = None
+    harbor: HarborConfig | None = None
+    """type: harbor only: the task suite and its containers."""
     """type: external only; turns: budgets each episode's chat completions as for agents."""
     """type: agent only. turns.max_turns caps chat completions per episode, max_tokens_per_turn each one's
     max_tokens, max_response_tokens the episode's sampled tokens."""
@@ -391,7 +416,7 @@ class EnvSpec(Strict):
     @field_validator("data")
     @classmethod
     def _data_required(cls, v: DataConfig | None, info: ValidationInfo) -> DataConfig | None:
-        if v is None and info.data.get("type") != "verifiers":
+        if v is None and info.data.get("type") not in ("verifiers", "harbor"):
             raise PydanticCustomError("missing", "Field required")
         return v
 
@@ -416,6 +441,10 @@ class EnvSpec(Strict):
             raise ValueError(
                 "type: verifiers needs a verifiers: section ({env: {taskset: {id: ...}}}), and only it has one"
             )
+        if (self.type == "harbor") != (self.harbor is not None):
+            raise ValueError("type: harbor needs a harbor: section ({tasks: DIR}), and only it has one")
+        if self.type == "harbor" and self.data is not None:
+            raise ValueError("type: harbor takes its tasks from harbor.tasks: remove data:")
         if self.type == "verifiers" and self.data is not None:
             raise ValueError("type: verifiers takes its data from the taskset: remove data:")
         return self

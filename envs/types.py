@@ -56,4 +56,14 @@ class InfraFailure(EnvError):
         self.message = message
 
 
-INFRA_CAUSES = ("container_start", "sandbox_killed", "verifier_timeout", "no_reward", "bad_reward", "harness_crash", "harness_timeout", "engine", "other")
+INFRA_CAUSES = (
+    "container_start",
+    "sandbox_killed",
+    "verifier_timeout",
+    "no_reward",
+    "bad_reward",
+    "harness_crash",
+    "harness_timeout",
+    "engine",
+    "other",
+)

@@ -15,6 +15,7 @@ import importlib.util
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -78,8 +79,12 @@ def _add_dir_entry(tar: tarfile.TarFile, path: str, mode: int) -> None:
     tar.addfile(info)
 
 
-def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath")) -> bytes:
-    """The image's root filesystem as an uncompressed tar (built from *this* interpreter)."""
+def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath"), tools: Sequence[str] = ()) -> bytes:
+    """The image's root filesystem as an uncompressed tar (built from *this* interpreter).
+
+    `tools`: host programs (looked up on PATH) copied to /usr/bin with their libraries, with /bin a link to
+    usr/bin and /usr/bin/python3 a link to the interpreter: the shell and coreutils a task container needs.
+    """
     base = Path(sys.base_prefix)
     version = sysconfig.get_config_var("VERSION")
     stdlib = Path(
@@ -118,7 +123,28 @@ def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath")) -> bytes:
         if loader.exists():
             tar.add(os.path.realpath(loader), str(loader))
         tar.add(FORKSERVER_PATH, INSIDE_FORKSERVER)
+        if tools:
+            _add_tools(raw, tar, tools, str(base / "bin" / f"python{version}"))
     return buf.getvalue()
+
+
+def _add_tools(raw: tarfile.TarFile, tar: _Tar, tools: Sequence[str], python: str) -> None:
+    binaries = []
+    for name in tools:
+        found = shutil.which(name)
+        if found is None:
+            raise SandboxError(f"build-image: program {name!r} is not on this machine's PATH")
+        real = Path(os.path.realpath(found))
+        tar.add(real, f"/usr/bin/{name}")
+        binaries.append(real)
+    for lib in sorted(_shared_libs(binaries)):
+        tar.add(os.path.realpath(lib), str(lib))
+    for link, target in (("bin", "usr/bin"), ("usr/bin/python3", python), ("usr/bin/python", python)):
+        if link not in tar.seen:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            raw.addfile(info)
+            tar.seen.add(link)
 
 
 DEFAULT_PACKAGES = ("numpy", "sympy", "mpmath")
@@ -130,6 +156,7 @@ def build_image(
     python: str = sys.executable,
     docker_host: str | None = None,
     packages: Sequence[str] = DEFAULT_PACKAGES,
+    tools: Sequence[str] = (),
 ) -> str:
     """Build and import the image; returns its tag. `python` must be this interpreter for now."""
     if os.path.realpath(python) != os.path.realpath(sys.executable):
@@ -137,7 +164,7 @@ def build_image(
             f"build-image: run it with the interpreter to copy ({python}), not {sys.executable}"
         )
     client = docker_client(docker_host)
-    data = rootfs_tar(packages)
+    data = rootfs_tar(packages, tools)
     repo, _, version = tag.partition(":")
     client.api.import_image_from_data(data, repository=repo, tag=version or "latest")
     client.images.get(tag)

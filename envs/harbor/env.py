@@ -1,0 +1,217 @@
+"""One episode of a Harbor task with the built-in agent: the model works in the task's container.
+
+The built-in agent is SimpleTIR's loop with a shell for its tool: each turn's first fenced ```bash block runs
+in the episode's own container (a fresh one from the warm pool, started at the first command), its output
+comes back as the observation, and a file is edited the way a shell edits it (`cat > f <<'EOF'`, sed,
+patch). A turn without a block ends the episode; then the task's tests are copied in and test.sh gives the
+reward (verify.py). The task's agent timeout bounds the commands' total time. A container that cannot
+start or dies, and a verifier that times out or writes no reward, raise InfraFailure: the rollout retries
+the episode and then leaves it out of its group, never scoring it 0.
+
+    env:   {name: swe_tiny, type: harbor, harbor: {tasks: envs/harbor_tasks/swe_tiny, heldout_fraction: 0.2}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.codec import codec
+from envs.datasets import DatasetReport
+from envs.harbor.image import ensure_base, start_container
+from envs.harbor.task import HarborTask, heldout, load_tasks
+from envs.harbor.verify import run_verifier
+from envs.loop_resources import loop_resources
+from envs.spec import EnvSpec
+from envs.tir import ObservationFormatter
+from envs.types import EnvError, Finish, InfraFailure, StepInfo, StepResult, Task
+from sandboxes.api import SandboxError
+
+_BASH_RE = re.compile(r"(?:^|\n)[ \t]*```(?:bash|sh|shell)[ \t]*\n(.*?)\n?[ \t]*```", re.S)
+
+SYSTEM = (
+    "You are working in a Linux container with a shell. To run a command, write it in a fenced block:\n"
+    "```bash\nls /app\n```\nIts output is shown to you. Edit files with shell commands. "
+    "When the task is done, reply without a command block."
+)
+
+
+def bash_block(text: str) -> str | None:
+    m = _BASH_RE.search(text)
+    return m.group(1) if m else None
+
+
+@dataclass
+class _Suite:
+    tasks: dict[str, HarborTask]
+    splits: dict[str, tuple[Task, ...]]
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+
+
+_SUITES: dict[tuple[int, int], _Suite] = {}
+
+
+def _suite(spec: EnvSpec, tokenizer: Any) -> _Suite:
+    key = (id(spec), id(tokenizer))
+    if key not in _SUITES:
+        assert spec.harbor is not None
+        tasks = {t.name: t for t in load_tasks(spec.harbor.resolved_tasks(spec.source_path))}
+        frac = spec.harbor.heldout_fraction
+        split = {
+            "train": tuple(
+                Task(n, t.instruction, "", source=str(t.path))
+                for n, t in tasks.items()
+                if not heldout(n, frac)
+            ),
+            "test": tuple(
+                Task(n, t.instruction, "", source=str(t.path)) for n, t in tasks.items() if heldout(n, frac)
+            ),
+        }
+        _SUITES[key] = _Suite(tasks, split)
+    return _SUITES[key]
+
+
+def _pool(spec: EnvSpec) -> Any:
+    """This event loop's container pool for the spec's Docker engine (the base image built once)."""
+    from sandboxes.task_containers import ContainerPool
+
+    assert spec.harbor is not None
+    h = spec.harbor
+    per_loop = loop_resources()
+    key = f"harbor-pool:{h.docker_host}"
+    if key not in per_loop:
+        pool = ContainerPool(
+            h.docker_host, run=f"harbor-{id(per_loop)}", pool="harbor", warm=h.warm_containers
+        )
+        ensure_base(pool)
+        per_loop[key] = pool
+    return per_loop[key]
+
+
+class HarborEnv:
+    def __init__(self, spec: EnvSpec, tokenizer: Any):
+        assert spec.harbor is not None
+        self.spec = spec
+        self._tok = tokenizer
+        self._codec = codec(tokenizer)
+        obs = spec.tool.observation
+        self._fmt = ObservationFormatter(tokenizer, obs.template, obs.max_tokens)
+        self._suite = _suite(spec, tokenizer)
+        self._task: HarborTask | None = None
+        self._container: Any = None
+        self._texts: list[str] = []
+        self._turns = self._used = 0
+        self._tool_s = 0.0
+        self._done = False
+
+    def tasks(self, split: str) -> tuple[Task, ...]:
+        if split not in self._suite.splits:
+            raise EnvError(f"env {self.spec.name}: unknown split {split!r} (train or test)")
+        return self._suite.splits[split]
+
+    def data_report(self, split: str) -> DatasetReport:
+        return DatasetReport(
+            source=str(self.spec.harbor.tasks), rows=len(self.tasks(split)), tasks=len(self.tasks(split))
+        )  # type: ignore[union-attr]
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return self.spec.tool.stop
+
+    @property
+    def group_size(self) -> int:
+        return self.spec.group_size
+
+    @property
+    def max_new_tokens(self) -> int:
+        t = self.spec.turns
+        return max(0, min(t.max_tokens_per_turn, t.max_response_tokens - self._used))
+
+    @property
+    def response_text(self) -> str:
+        return "".join(self._texts)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def reset(self, task: Task) -> list[int]:
+        if self._container is not None:
+            raise EnvError("reset() during an episode with a container; await env.close() or make a new env")
+        self._task = self._suite.tasks[task.id]
+        self._texts, self._turns, self._used, self._tool_s, self._done = [], 0, 0, 0.0, False
+        ids = self._suite.prompts.get(task.id)
+        if ids is None:
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": self._task.instruction},
+            ]
+            text = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = self._suite.prompts[task.id] = self._codec.encode(text)
+        return list(ids)
+
+    async def step(self, sampled_ids: list[int], *, truncated: bool = False) -> StepResult:
+        if self._task is None or self._done:
+            raise EnvError("step() before reset() or after the episode ended; make a new env per episode")
+        self._turns += 1
+        self._used += len(sampled_ids)
+        text = self._codec.decode(sampled_ids, skip_special_tokens=True)
+        self._texts.append(text)
+        command = bash_block(text)
+        t = self.spec.turns
+        if command is None:
+            return await self._finish("length" if truncated else "answer")
+        if self._turns >= t.max_turns:
+            return await self._finish("max_turns")
+        return await self._run(command)
+
+    async def _run(self, command: str) -> StepResult:
+        task = self._task
+        assert task is not None
+        if self._container is None:
+            self._container = await asyncio.to_thread(
+                start_container, task, _pool(self.spec), allow_network=self.spec.harbor.allow_network
+            )  # type: ignore[union-attr]
+        left = (task.agent_timeout_s or self.spec.harbor.command_timeout_s) - self._tool_s  # type: ignore[union-attr]
+        limit = max(1.0, min(self.spec.harbor.command_timeout_s, left))  # type: ignore[union-attr]
+        start = time.perf_counter()
+        try:
+            res = await asyncio.to_thread(self._container.exec, command, timeout_s=limit)
+        except SandboxError as e:
+            raise InfraFailure("sandbox_killed", f"task {task.name}: {e}") from e
+        seconds = time.perf_counter() - start
+        self._tool_s += seconds
+        shown = res.stdout + res.stderr
+        if res.timed_out:
+            shown += f"\n(the command ran past {limit:g} s and was stopped)"
+        elif res.exit_code:
+            shown += f"\n(exit status {res.exit_code})"
+        ids = self._fmt.encode(shown.strip() or self.spec.tool.observation.empty)
+        ran = dict(code_ran=True, exit_code=res.exit_code, timed_out=res.timed_out, tool_seconds=seconds)
+        if self._used + len(ids) >= self.spec.turns.max_response_tokens:
+            return await self._finish("length", **ran)
+        self._used += len(ids)
+        return StepResult(ids, None, False, StepInfo(**ran))
+
+    async def _finish(self, finish: Finish, **ran: Any) -> StepResult:
+        self._done = True
+        task = self._task
+        assert task is not None
+        try:
+            if self._container is None:  # no command ran: the tests judge the untouched repository
+                self._container = await asyncio.to_thread(
+                    start_container, task, _pool(self.spec), allow_network=self.spec.harbor.allow_network
+                )  # type: ignore[union-attr]
+            reward = await asyncio.to_thread(run_verifier, task, self._container)
+        finally:
+            await self.close()
+        return StepResult([], reward, True, StepInfo(finish=finish, **ran))
+
+    async def close(self) -> None:
+        """Give the episode's container back (removed, never reused)."""
+        if self._container is not None:
+            c, self._container = self._container, None
+            await asyncio.to_thread(_pool(self.spec).release, c)

@@ -1,0 +1,6 @@
+"""core: small helpers."""
+
+
+def to_fahrenheit(c):
+    """Degrees Celsius to Fahrenheit."""
+    return c * 9 / 5 + 33
