@@ -73,13 +73,21 @@ def messages_fronts(
         runner = web.AppRunner(build_app(engine, str(model_dir), served_model_name="policy", api_key=key))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
-        gw = Gateway(engine, AutoTokenizer.from_pretrained(model_dir), max_seq_len=max_seq_len, max_retries=0, api_key=key)
+        gw = Gateway(
+            engine,
+            AutoTokenizer.from_pretrained(model_dir),
+            max_seq_len=max_seq_len,
+            max_retries=0,
+            api_key=key,
+        )
         await gw.start()
         state.update(engine=engine, runner=runner, gw=gw, url=f"http://127.0.0.1:{runner.addresses[0][1]}")
         if thinking:
             tok = AutoTokenizer.from_pretrained(model_dir)
             tok.chat_template = TEMPLATES["qwen3"]
-            tgw = Gateway(engine, tok, max_seq_len=max_seq_len, max_retries=0, api_key=key, reasoning_parser="qwen3")
+            tgw = Gateway(
+                engine, tok, max_seq_len=max_seq_len, max_retries=0, api_key=key, reasoning_parser="qwen3"
+            )
             await tgw.start()
             state["tgw"] = tgw
 

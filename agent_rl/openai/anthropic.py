@@ -266,7 +266,9 @@ def parse(model: type[CountTokensReq], data: Any) -> Any:
         cause = (errs[0].get("ctx") or {}).get("error")
         if isinstance(cause, ClientError):  # a validator that names the field itself
             raise cause from None
-        err = min(errs, key=lambda x: len(x["loc"]))  # the shallowest: a union's members nest deeper
+        # a union member that failed at its root (`content.str` for a list) says less than one that failed inside
+        inner = [x for x in errs if x["loc"] and not _member(x["loc"][-1])]
+        err = (inner or errs)[0]
         where = field_path(err["loc"], data)
         got = repr(err.get("input"))
         got = got if len(got) <= 80 else got[:77] + "..."
@@ -274,6 +276,10 @@ def parse(model: type[CountTokensReq], data: Any) -> Any:
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none", "is-instance", "function-after"}
+
+
+def _member(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in _TYPE_NAMES)
 
 
 def field_path(loc: tuple, data: Any) -> str:
@@ -284,10 +290,12 @@ def field_path(loc: tuple, data: Any) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and part < len(node) else None
+        elif isinstance(node, dict) and node.get("type") == part and k < len(loc) - 1:
+            continue  # the tag of a tagged union (the block's type), not a field
         elif isinstance(node, dict) and part in node:
             out += f".{part}" if out else part
             node = node[part]
-        elif k == len(loc) - 1 and "[" not in part and part not in _TYPE_NAMES:
+        elif k == len(loc) - 1 and not _member(part):
             out += f".{part}" if out else part  # a required field the request left out
     return out or "body"
 
@@ -314,6 +322,13 @@ def to_chat(req: CountTokensReq, max_seq_len: int) -> ChatReq:
             for t in req.tools
         ]
     choice = req.tool_choice
+    names = [t.name for t in req.tools or ()]
+    if isinstance(choice, ChoiceAny | ChoiceTool) and not names:
+        raise Invalid(f"tool_choice: {choice.type!r} needs tools", param="tool_choice.type")
+    if isinstance(choice, ChoiceTool) and choice.name not in names:
+        raise Invalid(
+            f"tool_choice.name: {choice.name!r} is none of the tools {names}", param="tool_choice.name"
+        )
     if choice is not None:
         body["tool_choice"] = {
             "auto": "auto",
@@ -362,7 +377,7 @@ def chat_messages(req: CountTokensReq) -> list[dict]:
         out.append({"role": "system", "content": text})
     if req.messages[-1].role == "assistant":
         raise Invalid(
-            f"messages[{len(req.messages) - 1}]: a final assistant message (prefill) is not supported; end "
+            f"messages[{len(req.messages) - 1}].role: a final assistant message (prefill) is not supported; end "
             "with a user message",
             param=f"messages[{len(req.messages) - 1}].role",
         )
@@ -406,7 +421,7 @@ def chat_messages(req: CountTokensReq) -> list[dict]:
 
 def _unanswered(calls: dict[str, str], i: int) -> None:
     raise Invalid(
-        f"messages[{i}]: tool_use ids {sorted(calls)} have no tool_result in the message after them (each "
+        f"messages[{i}].content: tool_use ids {sorted(calls)} have no tool_result in the message after them (each "
         "tool_use needs its tool_result block in the next user message)",
         param=f"messages[{i}].content",
     )
