@@ -151,9 +151,15 @@ def opencode(
     config = {"$schema": "https://opencode.ai/config.json", "provider": {"agent_rl": provider}}
     config["model"] = f"agent_rl/{MODEL}"
     config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+    config["agent"] = {"title": {"disable": True}}  # its side request for a session title is another chain
     (workdir / "opencode.json").write_text(json.dumps(config, indent=2))
     argv = [which("opencode", bin_dir), "run", *(["--continue"] if resume else []), prompt]
-    return Launch(argv, {"OPENCODE_DISABLE_AUTOUPDATE": "1"})
+    env = {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "npm_config_offline": "true",
+    }
+    return Launch(argv, env)
 
 
 def mini_swe_agent(

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from drive import CONTEXT, Exchange, learn, scenario
+from drive import Exchange, learn, scenario
 from harness_model import tool_call
-
-from agent_rl.gateway.assemble import assemble
+from trajectory_checks import check_exact_and_masked
 
 pytestmark = pytest.mark.harness
 
@@ -51,26 +50,9 @@ def test_codex_runs_its_shell_tool_and_finishes_both_sessions(codex_run):
 
 
 def test_codex_trajectory_is_the_engines_tokens_with_prompt_and_tool_output_masked(codex_run, codex_model):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(codex_model[0])
-    calls = codex_run.calls
-    engine_out = [
-        codex_run.returned[k]
-        for k in sorted(codex_run.returned, key=lambda k: int(k.split("/")[1].split(".")[0]))
-    ]
-    assert [c.token_ids for c in calls] == [tuple(g.token_ids) for g in engine_out]
-    assert [c.logprobs for c in calls] == [tuple(g.logprobs) for g in engine_out]
-    (traj,), splits = assemble(calls)
-    assert splits == 0  # the resumed session extends the first one's tokens: no fork
-    flat = traj.flatten()
-    assert len(flat.input_ids) < CONTEXT
-    sampled = [t for s in traj.segments if s.sampled for t in s.token_ids]
-    assert sampled == [t for c in calls for t in c.token_ids]
-    masked = tok.decode([t for t, m in zip(flat.input_ids, flat.loss_mask, strict=True) if not m])
-    trained = tok.decode([t for t, m in zip(flat.input_ids, flat.loss_mask, strict=True) if m])
-    assert "You are a coding agent running in the Codex CLI" in masked  # its system prompt: not trained on
-    assert (
-        "<tool_response>" in masked and "<tool_response>" not in trained
-    )  # the tool's output: not trained on
-    assert trained.count("exec_command") == 1 and "Is it there?" not in trained
+    check_exact_and_masked(
+        codex_run,
+        codex_model[0],
+        system_line="You are a coding agent running in the Codex CLI",
+        tool="exec_command",
+    )
