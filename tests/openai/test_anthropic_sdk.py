@@ -260,3 +260,16 @@ def test_models_list_in_anthropics_shape_for_anthropic_clients_only(fronts, fron
     assert model.type == "model" and model.id == ("policy" if front == "serve" else "agent-rl-policy")
     openai_shape = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {fronts.key}"}).json()
     assert openai_shape["object"] == "list" and openai_shape["data"][0]["object"] == "model"
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_the_key_as_x_api_key_as_claude_code_sends_it(fronts, front):
+    """This SDK sends its api_key as a bearer token; Claude Code (and older SDKs) send `x-api-key`."""
+    url = f"{base_url(fronts, front)}/v1/messages"
+    body = {"model": "policy", "max_tokens": 4, "messages": ASK}
+    ok = httpx.post(url, json=body, headers={"x-api-key": fronts.key, "anthropic-version": "2023-06-01"})
+    assert ok.status_code == 200 and ok.json()["type"] == "message"
+    wrong = httpx.post(url, json=body, headers={"x-api-key": "wrong", "anthropic-version": "2023-06-01"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    none = httpx.post(url, json=body)
+    assert none.status_code == 401 and none.json()["type"] == "error"
