@@ -172,8 +172,20 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY]
     s = gw.session(request.match_info["sid"])
     where = f"{request.method} {request.path}"
+
+    async def complete(c: ChatReq) -> dict:
+        body = await gw.complete(s, c)
+        ch = body["choices"][0]  # n = 1, and nothing ran since: s.calls[-1] is this choice's call
+        if (
+            c.stop and ch["finish_reason"] == "stop"
+        ):  # which stop sequence ended it (stop_reason stop_sequence)
+            text = gw.codec.decode(s.calls[-1].token_ids, skip_special_tokens=c.skip_special_tokens)
+            stops = [c.stop] if isinstance(c.stop, str) else list(c.stop)
+            ch["stop_reason"] = anthropic_reply.first_stop(text, stops)
+        return body
+
     return await anthropic_reply.handle_messages(
-        request, gw.max_seq_len, lambda c: gw.complete(s, c), lambda e: _failed(s, e, where)
+        request, gw.max_seq_len, complete, lambda e: _failed(s, e, where)
     )
 
 

@@ -353,9 +353,7 @@ def to_chat(req: CountTokensReq, max_seq_len: int) -> ChatReq:
                 f"most {max_seq_len} (Claude Code: CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
                 param="max_tokens",
             )
-        body.update(
-            max_tokens=req.max_tokens, logprobs=True
-        )  # log-probs: to tell which stop sequence ended it
+        body["max_tokens"] = req.max_tokens
         for name, value in (
             ("temperature", req.temperature),
             ("top_p", req.top_p),

@@ -148,15 +148,15 @@ def message(req: anthropic.MessagesReq, chat: dict) -> dict:
 
 
 def matched_stop(choice: dict, stops: list[str]) -> str | None:
-    """The stop sequence that ended a choice: the engine's match (serve), else the first one found in the
-    sampled text (its tokens' pieces: the gateway cuts the stop string from the message's text)."""
-    if not stops:
-        return None
-    if isinstance(choice.get("stop_reason"), str) and choice["stop_reason"] in stops:
-        return choice["stop_reason"]
-    pieces = (choice.get("logprobs") or {}).get("content") or []
-    raw = "".join(p["token"] for p in pieces)
-    hits = [(raw.find(s), s) for s in stops if s in raw]
+    """The stop sequence that ended a choice: the engine's match (`stop_reason`, as serve reports it and the
+    gateway's route fills it in, `first_stop`)."""
+    matched = choice.get("stop_reason")
+    return matched if isinstance(matched, str) and matched in stops else None
+
+
+def first_stop(text: str, stops: list[str]) -> str | None:
+    """The stop sequence found first in a sampled text (the engine stops at the first match)."""
+    hits = [(text.find(s), s) for s in stops if s in text]
     return min(hits)[1] if hits else None
 
 

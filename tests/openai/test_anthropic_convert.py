@@ -206,12 +206,13 @@ def test_reply_blocks_and_stop_reasons():
     text = {"role": "assistant", "content": "The"}
     assert reply.message(req(), completion(text))["stop_reason"] == "end_turn"
     assert reply.message(req(), completion(text, "length"))["stop_reason"] == "max_tokens"
-    cut = reply.message(req(stop_sequences=["xx", " an"]), completion(text, pieces=["The", " an", "swer"]))
+    cut = reply.message(req(stop_sequences=["xx", " an"]), completion(text, matched=" an"))
     assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", " an")
-    served = reply.message(req(stop_sequences=["!"]), completion(text, pieces=["The"], matched="!"))
-    assert served["stop_sequence"] == "!"  # serve reports the engine's match itself
-    eos = reply.message(req(stop_sequences=["!"]), completion(text, pieces=["The"], matched=2))
+    eos = reply.message(req(stop_sequences=["!"]), completion(text, matched=2))  # a stop token id: EOS
     assert eos["stop_reason"] == "end_turn"
+    # the gateway names the match from the sampled text: the first stop sequence in it
+    assert reply.first_stop("The answer is 12.", ["12", " is", "zz"]) == " is"
+    assert reply.first_stop("The answer", ["zz"]) is None
 
 
 def test_events_of_a_thinking_text_reply_and_an_empty_one():
