@@ -53,4 +53,6 @@ def test_opencode_runs_its_bash_tool_and_finishes_both_sessions(opencode_run):
 def test_opencode_trajectory_is_the_engines_tokens_with_prompt_and_tool_output_masked(
     opencode_run, opencode_model
 ):
-    check_exact_and_masked(opencode_run, opencode_model[0], system_line="You are opencode, an interactive CLI tool", tool="bash")
+    check_exact_and_masked(
+        opencode_run, opencode_model[0], system_line="You are opencode, an interactive CLI tool", tool="bash"
+    )
