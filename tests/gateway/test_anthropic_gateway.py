@@ -323,3 +323,16 @@ def test_malformed_json_is_a_400(fronts, session):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "malformed JSON" in r.json()["error"]["message"]
     assert fronts.session(sid).calls == []
+
+
+def test_count_tokens_records_nothing_and_refuses_like_messages(fronts, session):
+    sid, client = session()
+    counted = client.messages.count_tokens(model="policy", messages=OK_MSG, tools=[PYTHON])
+    s = fronts.session(sid)
+    assert counted.input_tokens > 0 and s.calls == [] and s.stats.calls == 0
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.count_tokens(
+            model="policy", messages=[{"role": "user", "content": [{"type": "image"}]}]
+        )
+    assert "messages[0].content[0].type" in e.value.body["error"]["message"]
+    assert s.calls == []
