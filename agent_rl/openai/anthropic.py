@@ -9,11 +9,12 @@ recorder (gateway/prompt.py, assemble.py) apply unchanged:
 |---|---|
 | `system` (a string, or text blocks joined with "\\n") | a first `system` message |
 | user `text` blocks (joined) | a `user` message |
+| a `system` message among the messages (Claude Code sends one; text blocks joined with "\\n") | a `system` message there |
 | user `tool_result` block (string or text blocks; `is_error` prefixes "Error: ") | a `tool` message |
 | assistant `thinking` blocks (joined) | `reasoning_content` |
 | assistant `text` blocks / `tool_use` blocks | `content` / `tool_calls` (input as JSON arguments) |
 | assistant `redacted_thinking` | dropped (opaque: nothing to render) |
-| `tools` (`input_schema`, `strict`) | function tools (`parameters`, `strict`) |
+| `tools` (`input_schema`, `strict`; one with `defer_loading` is left out, as Anthropic leaves it out of the context) | function tools (`parameters`, `strict`) |
 | `tool_choice` auto / any / tool / none (`disable_parallel_tool_use`) | auto / required / a named function / none (`parallel_tool_calls`) |
 | `thinking` enabled or adaptive / disabled or absent | `chat_template_kwargs.enable_thinking` true / false |
 | `output_config.format` json_schema | `response_format` json_schema |
@@ -104,7 +105,7 @@ Block = Annotated[
 
 
 class Message(Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: Claude Code sends one after its first user turn
     content: str | list[Block]
 
     @property
@@ -119,6 +120,9 @@ class Tool(Strict):
     type: Literal["custom"] | None = None
     strict: bool | None = None
     cache_control: dict | None = None
+    defer_loading: bool | None = (
+        None  # Claude Code's tool search: left out of the prompt, as Anthropic leaves it
+    )
 
     @model_validator(mode="after")
     def _object(self):
@@ -320,6 +324,7 @@ def to_chat(req: CountTokensReq, max_seq_len: int) -> ChatReq:
                 },
             }
             for t in req.tools
+            if not t.defer_loading
         ]
     choice = req.tool_choice
     names = [t.name for t in req.tools or ()]
@@ -381,6 +386,9 @@ def chat_messages(req: CountTokensReq) -> list[dict]:
         )
     open_calls: dict[str, str] = {}  # tool_use ids of the last assistant message not answered yet
     for i, m in enumerate(req.messages):
+        if m.role == "system":  # in place, as a chat system message (the template renders it where it is)
+            out.append({"role": "system", "content": _system_text(m, i)})
+            continue
         if m.role == "assistant":
             if open_calls:
                 _unanswered(open_calls, i)
@@ -415,6 +423,14 @@ def chat_messages(req: CountTokensReq) -> list[dict]:
             _unanswered({k: v for k, v in open_calls.items() if k not in answered}, i)
         open_calls = {}
     return out
+
+
+def _system_text(m: Message, i: int) -> str:
+    for j, b in enumerate(m.blocks):
+        if b.type != "text":
+            where = f"messages[{i}].content[{j}].type"
+            raise Invalid(f"{where}: a system message holds text blocks only, not {b.type!r}", param=where)
+    return "\n".join(b.text for b in m.blocks)
 
 
 def _unanswered(calls: dict[str, str], i: int) -> None:

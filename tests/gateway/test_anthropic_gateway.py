@@ -245,7 +245,11 @@ BAD = {
     "max_tokens zero": ({"max_tokens": 0}, "max_tokens"),
     "max_tokens over the context": ({"max_tokens": 10**9}, "max_tokens"),
     "no model": ({"model": None}, "model"),
-    "role system": ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    "role tool": ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    "tool_use in a system message": (
+        {"messages": [*OK_MSG, {"role": "system", "content": [CALL]}]},
+        "messages[1].content[0].type",
+    ),
     "content a number": ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     "image block": (
         {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},

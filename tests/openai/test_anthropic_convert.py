@@ -33,7 +33,7 @@ def test_a_claude_code_shaped_request_is_accepted_and_its_ignored_fields_change_
             {"type": "text", "text": "Be brief.", "cache_control": CACHE},
         ],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": CACHE}]}],
-        "tools": [{**TOOL, "cache_control": CACHE}],
+        "tools": [{**TOOL, "cache_control": CACHE}, {**TOOL, "name": "Deferred", "defer_loading": True}],
         "metadata": {"user_id": "u"},
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "max_tokens": 2000,
@@ -47,7 +47,7 @@ def test_a_claude_code_shaped_request_is_accepted_and_its_ignored_fields_change_
     for k in ("metadata", "context_management", "service_tier", "output_config"):
         del bare[k]
     del bare["system"][1]["cache_control"], bare["messages"][0]["content"][0]["cache_control"]
-    del bare["tools"][0]["cache_control"]
+    del bare["tools"][0]["cache_control"], bare["tools"][1]
     assert got.model_dump() == chat(bare).model_dump()
     assert dumped(got) == [
         {"role": "system", "content": "You are Claude Code.\nBe brief."},
@@ -55,6 +55,28 @@ def test_a_claude_code_shaped_request_is_accepted_and_its_ignored_fields_change_
     ]
     assert got.chat_template_kwargs == {"enable_thinking": True}
     assert got.tools[0].function.parameters == TOOL["input_schema"] and got.max_tokens == 2000
+
+
+def test_a_system_message_among_the_messages_is_a_system_turn_in_place():
+    """Claude Code sends its environment as a system-role message after the first user turn."""
+    got = chat(
+        {
+            "system": "top",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": CACHE}]},
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "# Env"}, {"type": "text", "text": "cwd"}],
+                },
+            ],
+            "thinking": {"type": "adaptive", "display": "omitted"},
+        }
+    )
+    assert dumped(got) == [
+        {"role": "system", "content": "top"},
+        {"role": "user", "content": "q"},
+        {"role": "system", "content": "# Env\ncwd"},
+    ]
 
 
 def test_tool_use_thinking_and_tool_results_become_the_chat_turns():
