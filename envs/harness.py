@@ -111,6 +111,9 @@ def claude_code(
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         "IS_SANDBOX": "1",  # it refuses to skip permissions as root otherwise; the run is the sandbox
+        # its default, 32000, is more than a small model's context (a 400 naming max_tokens); the gateway's
+        # per-call budget (the env's turns.max_tokens_per_turn) bounds what is sampled either way
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024",
     }
     argv = [which("claude", bin_dir), "-p", prompt, "--model", MODEL, "--dangerously-skip-permissions"]
     return Launch(argv + (["--continue"] if resume else []), env)

@@ -13,3 +13,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(
                 pytest.mark.skip(reason="the harnesses are not installed: run `make test-harnesses`")
             )
+
+
+@pytest.fixture(scope="session")
+def mini_model(tmp_path_factory):
+    """The tiny model over-fitted to mini-swe-agent's session (tests/harnesses/drive.py `learn`) and its base dir."""
+    import asyncio
+
+    from drive import learn
+    from exchanges import MINI
+
+    base = tmp_path_factory.mktemp("mini")
+    return asyncio.run(learn(MINI, base / "model", base)), base

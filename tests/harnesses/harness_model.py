@@ -99,6 +99,10 @@ def chat_of(path: str, body: dict) -> tuple[list[dict], list[dict] | None]:
         req, _ = responses.to_chat(validate(responses.ResponsesReq, body), [])
     elif path.endswith("/chat/completions"):
         req = validate(ChatReq, body)
+    elif path.endswith("/messages"):
+        from agent_rl.openai import anthropic
+
+        req = anthropic.to_chat(anthropic.parse(anthropic.MessagesReq, body), max_seq_len=1 << 20)
     else:
         raise ValueError(f"no translation for a captured {path}")
     return chat.template_messages(req.messages), chat.template_tools(req.tools)

@@ -10,28 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from drive import Exchange, learn, scenario
-from harness_model import tool_call
+from drive import scenario
+from exchanges import MINI
 from trajectory_checks import check_exact_and_masked
 
 pytestmark = pytest.mark.harness
-
-MINI = Exchange(
-    harness="mini-swe-agent",
-    api="/chat/completions",
-    prompt="Write 12 to answer.txt",
-    resume_prompt=None,
-    answers=(
-        tool_call("bash", {"command": "echo 12 > answer.txt"}),
-        tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
-    ),
-)
-
-
-@pytest.fixture(scope="module")
-def mini_model(tmp_path_factory):
-    base = tmp_path_factory.mktemp("mini")
-    return asyncio.run(learn(MINI, base / "model", base)), base
 
 
 @pytest.fixture(scope="module")
