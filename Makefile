@@ -6,7 +6,7 @@ STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c
 
 VF     := .venv-verifiers/bin/python
 
-.PHONY: install verifiers system-deps smollm run run-real test test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
+.PHONY: install verifiers system-deps smollm run run-real test test-harnesses test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
 
 ## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
@@ -51,7 +51,7 @@ smollm: install
 ## The whole suite, the slow end-to-end tests included but the heaviest (what CI runs, .ci/run), in TEST_JOBS
 ## pytest workers, a test file to a worker (docs/tests.md: how long it takes); `pytest` alone skips the slow ones.
 TEST_JOBS ?= 2
-test: export PYTEST_ADDOPTS := -m "not vllm and not bench and not heavy"
+test: export PYTEST_ADDOPTS := -m "not vllm and not bench and not heavy and not harness"
 test:
 	@# the two venvs and the system packages at once (each install is one process; CI has 2 cores)
 	@$(MAKE) --no-print-directory -j3 install verifiers system-deps
@@ -69,6 +69,12 @@ test-latest: system-deps
 	@.venv-latest/bin/python scripts/lock_drift.py $(LOCK) runs/test-latest-freeze.txt
 	.venv-latest/bin/ruff check .
 	.venv-latest/bin/python -m pytest -q
+
+## Claude Code, Codex CLI, OpenCode and mini-swe-agent, unmodified, against the gateway (tests/harnesses/,
+## docs/guides/harnesses.md): installs the pinned harnesses into .harnesses/ first (npm and PyPI, once).
+test-harnesses: install
+	bash scripts/install_harnesses.sh
+	$(PY) -m pytest -q -m harness tests/harnesses
 
 test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from agent_rl.gateway.record import EngineFailed, SessionOver
-from agent_rl.openai import responses
+from agent_rl.openai import anthropic_reply, chat, responses
 from agent_rl.openai.errors import (
     NotFound,
     as_error,
@@ -47,6 +47,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/sessions/{sid}/v1/models", _models)
     app.router.add_post("/sessions/{sid}/v1/chat/completions", _chat)
     app.router.add_post("/sessions/{sid}/v1/responses", _responses)
+    app.router.add_post("/sessions/{sid}/v1/messages", _messages)
+    app.router.add_post("/sessions/{sid}/v1/messages/count_tokens", _count_tokens)
 
 
 async def chat_reply(gw: Gateway, sid: str, raw: bytes, where: str) -> Reply:
@@ -127,6 +129,9 @@ def _send(r: Reply) -> web.Response:
 
 async def _models(request: web.Request) -> web.Response:
     gw: Gateway = request.app[GATEWAY]
+    if anthropic_reply.is_anthropic(request):  # an Anthropic client: its list's shape
+        gw.session(request.match_info["sid"])
+        return web.json_response(anthropic_reply.models_list(gw.model_name))
     return _send(models_reply(gw, request.match_info["sid"], f"{request.method} {request.path}"))
 
 
@@ -159,3 +164,41 @@ async def _chat(request: web.Request) -> web.Response:
     gw: Gateway = request.app[GATEWAY]
     raw = await request.read()
     return _send(await chat_reply(gw, request.match_info["sid"], raw, f"{request.method} {request.path}"))
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's Messages API within a session (agent_rl/openai/anthropic.py): converted to the chat request it
+    is equivalent to and recorded like chat calls; a malformed request is a 400 and records no call."""
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.session(request.match_info["sid"])
+    where = f"{request.method} {request.path}"
+
+    async def complete(c: ChatReq) -> dict:
+        body = await gw.complete(s, c)
+        ch = body["choices"][0]  # n = 1, and nothing ran since: s.calls[-1] is this choice's call
+        if (
+            c.stop and ch["finish_reason"] == "stop"
+        ):  # which stop sequence ended it (stop_reason stop_sequence)
+            text = gw.codec.decode(s.calls[-1].token_ids, skip_special_tokens=c.skip_special_tokens)
+            stops = [c.stop] if isinstance(c.stop, str) else list(c.stop)
+            ch["stop_reason"] = anthropic_reply.first_stop(text, stops)
+        return body
+
+    return await anthropic_reply.handle_messages(
+        request, gw.max_seq_len, complete, lambda e: _failed(s, e, where)
+    )
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
+    """The prompt ids' count a Messages request renders to, as a first call renders it; samples nothing."""
+    gw: Gateway = request.app[GATEWAY]
+    gw.session(request.match_info["sid"])
+    where = f"{request.method} {request.path}"
+
+    def count(c: ChatReq) -> int:
+        messages, tools = chat.template_messages(c.messages), chat.template_tools(c.tools)
+        return len(gw.builder.prepare(messages, tools, c.chat_template_kwargs, ()).ids)
+
+    return await anthropic_reply.handle_count_tokens(
+        request, gw.max_seq_len, count, lambda e: as_error(e, where)
+    )

@@ -44,7 +44,7 @@ from agent_rl.gateway.inprocess import InProcessTransport, session_client
 from agent_rl.gateway.prompt import Answered, PromptBuilder
 from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
 from agent_rl.gateway.routes import GATEWAY, add_routes
-from agent_rl.openai import chat, responses, structured
+from agent_rl.openai import anthropic_reply, chat, responses, structured
 from agent_rl.openai.errors import Invalid, NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.reasoning import get_reasoning_parser
@@ -127,7 +127,8 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application(
-            middlewares=[middleware(self.access), errors_to_json], client_max_size=64 * 1024**2
+            middlewares=[anthropic_reply.compat, middleware(self.access), errors_to_json],
+            client_max_size=64 * 1024**2,
         )
         app[GATEWAY] = self
         from agent_rl.gateway.external import add_session_routes

@@ -10,11 +10,25 @@ last `STORE` responses). Because the conversation is rebuilt as exactly the earl
 returned message, the gateway's prefix-extension rule holds and a Responses agent stays one trajectory.
 Streaming (`stream: true`) sends the complete response as Responses events once it is sampled
 (response.created ... output_text.delta / function_call_arguments.delta ... response.completed).
+
+Tools, as a Responses server takes them from clients such as Codex CLI (which sends function, namespace and
+web_search tools on every request): `function` tools are offered as chat tools; a `namespace` tool is a group
+of function tools, offered flat under their own names (a call of one comes back with the namespace in the
+`function_call` item's `namespace` field; two tools of one name are refused with a 400). Hosted tools that
+OpenAI's servers run (`web_search`, `file_search`, `code_interpreter`, `image_generation`, `computer_use`,
+`mcp`, `local_shell`, ...) have no runner here: they are accepted and NOT offered to the model, with one
+warning per tool type in the log, so a client that always sends them still works; a `tool_choice` that names
+one is refused (400), since honouring it would need the tool. Fields that do not change what is sampled are
+accepted and ignored: `store`, `include` (no encrypted reasoning exists here), `prompt_cache_key`,
+`client_metadata`, `metadata`, `user`, `safety_identifier`, `service_tier`, `truncation: disabled`, and
+`reasoning` (the model's chat template decides whether it reasons; `effort` and `summary` are not sampling
+parameters of the engine, so no request is sampled differently for them).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -26,7 +40,9 @@ from pydantic import Field
 from agent_rl.openai.errors import Invalid, NotFound, validate
 from agent_rl.openai.protocol import ChatReq, Lenient
 
+log = logging.getLogger(__name__)
 STORE = 1000  # responses `serve` remembers for previous_response_id
+_warned_hosted: set[str] = set()
 
 
 class ResponsesReq(Lenient):
@@ -45,6 +61,15 @@ class ResponsesReq(Lenient):
     stream: bool = False
     store: bool | None = None
     metadata: dict | None = None
+    # accepted and ignored: none of them changes what is sampled (module docstring)
+    reasoning: dict | None = None
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    client_metadata: dict | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    truncation: Literal["disabled"] | None = None
     seed: int | None = None  # not OpenAI's; vLLM-style extras are passed on to chat
     top_k: int = -1
 
@@ -110,18 +135,53 @@ def input_messages(items: str | list[dict]) -> list[dict]:
     return out
 
 
-def chat_tools(tools: list[dict] | None) -> list[dict] | None:
+def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, dict[str, str]]:
+    """Responses tools -> chat tools (namespaces flattened, hosted tools left out: module docstring), and the
+    namespace of each flattened tool's name."""
     if not tools:
-        return None
-    out = []
-    for t in tools:
-        if t.get("type") != "function":
-            raise Invalid(
-                f"tool type {t.get('type')!r} is not supported (function tools only)", param="tools"
-            )
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
+        return None, {}
+    out: list[dict] = []
+    namespace_of: dict[str, str] = {}
+    for i, t in enumerate(tools):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "function":
+            out.append(_function(t, f"tools[{i}]"))
+        elif kind == "namespace":
+            inner = t.get("tools")
+            if not isinstance(inner, list):
+                raise Invalid(
+                    f"tools[{i}]: a namespace tool needs a list of tools, got {inner!r}", param="tools"
+                )
+            for j, sub in enumerate(inner):
+                where = f"tools[{i}].tools[{j}]"
+                if not isinstance(sub, dict) or sub.get("type") != "function":
+                    got = sub.get("type") if isinstance(sub, dict) else sub
+                    raise Invalid(f"{where}: a namespace holds function tools, got {got!r}", param="tools")
+                out.append(_function(sub, where))
+                namespace_of[sub["name"]] = str(t.get("name"))
+        elif isinstance(kind, str) and kind:
+            if kind not in _warned_hosted:
+                _warned_hosted.add(kind)
+                log.warning(
+                    "responses: tool type %r is a hosted tool with no runner here: accepted, not offered to the model",
+                    kind,
+                )
+        else:
+            raise Invalid(f"tools[{i}] needs a type (function, namespace, ...), got {t!r}", param="tools")
+    names = [c["function"]["name"] for c in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise Invalid(
+            f"tool names must be unique once namespaces are flattened; {twice} occur twice", param="tools"
+        )
+    return out or None, namespace_of
+
+
+def _function(t: dict, where: str) -> dict:
+    if not isinstance(t.get("name"), str) or not t["name"]:
+        raise Invalid(f"{where}: a function tool needs a name", param="tools")
+    fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+    return {"type": "function", "function": fn}
 
 
 def to_chat(req: ResponsesReq, previous: list[dict]) -> tuple[ChatReq, list[dict]]:
@@ -146,10 +206,16 @@ def to_chat(req: ResponsesReq, previous: list[dict]) -> tuple[ChatReq, list[dict
     choice = req.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         choice = {"type": "function", "function": {"name": choice.get("name")}}
+    elif isinstance(choice, dict):
+        raise Invalid(
+            f"tool_choice {choice!r} names a hosted tool, which has no runner here (function tools only)",
+            param="tool_choice",
+        )
+    tools, _ = chat_tools(req.tools)
     body = {
         "model": req.model,
         "messages": messages,
-        "tools": chat_tools(req.tools),
+        "tools": tools,
         "tool_choice": choice,
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": response_format,
@@ -182,17 +248,19 @@ def to_response(req: ResponsesReq, chat: dict, rid: str) -> dict:
                 "content": [part],
             }
         )
+    _, namespace_of = chat_tools(req.tools)
     for c in msg.get("tool_calls") or []:
-        output.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{uuid.uuid4().hex}",
-                "call_id": c["id"],
-                "name": c["function"]["name"],
-                "arguments": c["function"]["arguments"],
-                "status": "completed",
-            }
-        )
+        item = {
+            "type": "function_call",
+            "id": f"fc_{uuid.uuid4().hex}",
+            "call_id": c["id"],
+            "name": c["function"]["name"],
+            "arguments": c["function"]["arguments"],
+            "status": "completed",
+        }
+        if c["function"]["name"] in namespace_of:
+            item["namespace"] = namespace_of[c["function"]["name"]]
+        output.append(item)
     length = ch["finish_reason"] == "length"
     usage = chat["usage"]
     return {

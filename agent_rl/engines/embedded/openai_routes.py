@@ -35,8 +35,8 @@ from agent_rl.engines.api import SamplingParams
 from agent_rl.engines.embedded.engine import EmbeddedEngine
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, trim_stop
-from agent_rl.openai import chat, responses, structured
-from agent_rl.openai.errors import Invalid, NotFound, parse
+from agent_rl.openai import anthropic_reply, chat, responses, structured
+from agent_rl.openai.errors import Invalid, NotFound, as_error, parse
 from agent_rl.openai.protocol import ChatReq, CompletionReq, OpenAISampling, warn_unknown
 from agent_rl.openai.reasoning import ReasoningParser, get_reasoning_parser
 from agent_rl.openai.tool_parsers import ParsedOutput, get_parser
@@ -68,6 +68,8 @@ def check_model(request: web.Request, req: OpenAISampling) -> str:
 
 async def models(request: web.Request) -> web.Response:
     name = request.app.get(SERVED_NAME) or request.app[MODEL_PATH]
+    if anthropic_reply.is_anthropic(request):  # an Anthropic client: its list's shape
+        return web.json_response(anthropic_reply.models_list(name))
     return web.json_response(
         {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agent-rl"}]}
     )
@@ -145,6 +147,35 @@ async def responses_route(request: web.Request) -> web.StreamResponse:
     warn_unknown(req, "/v1/responses")
     return await responses.handle(
         request, req, request.app[RESPONSES], lambda c: _chat(request, c, as_dict=True)
+    )
+
+
+async def messages_route(request: web.Request) -> web.StreamResponse:
+    """Anthropic's Messages API, converted to and from chat (agent_rl/openai/anthropic.py, anthropic_reply.py)."""
+    where = f"{request.method} {request.path}"
+    return await anthropic_reply.handle_messages(
+        request,
+        request.app[ENGINE].scheduler.max_seq_len,
+        lambda c: _chat(request, c, as_dict=True),
+        lambda e: as_error(e, where),
+    )
+
+
+async def count_tokens_route(request: web.Request) -> web.Response:
+    """The prompt's token count of a Messages request, rendered as /v1/messages renders it."""
+    where = f"{request.method} {request.path}"
+    engine = request.app[ENGINE]
+
+    def count(c: ChatReq) -> int:
+        check_model(request, c)
+        tok = engine.scheduler.tokenizer
+        if tok is None:
+            raise Invalid(f"{request.app[MODEL_PATH]} has no tokenizer files: chat needs a chat template")
+        messages, tools = chat.template_messages(c.messages), chat.template_tools(c.tools)
+        return len(chat.render(tok, messages, tools, template_kwargs=c.chat_template_kwargs))
+
+    return await anthropic_reply.handle_count_tokens(
+        request, engine.scheduler.max_seq_len, count, lambda e: as_error(e, where)
     )
 
 
@@ -426,4 +457,6 @@ def add_openai_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/responses", responses_route)
+    app.router.add_post("/v1/messages", messages_route)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens_route)
     app[RESPONSES] = responses.Store()

@@ -36,6 +36,7 @@ from agent_rl.engines.embedded.lora_routes import check_lora_path
 from agent_rl.engines.embedded.scheduler import Output
 from agent_rl.engines.embedded.web import ENGINE, MODEL_PATH, WEIGHT_DIRS, tokenizer, trim_stop
 from agent_rl.engines.protocol import AbortReq, ContinueReq, GenerateReq, PauseReq, UpdateFromDiskReq
+from agent_rl.openai import anthropic_reply
 from agent_rl.openai.errors import Invalid, errors_to_json, parse
 from sandboxes.auth import add_key_args, aiohttp_key_check, key_from_args
 
@@ -242,7 +243,8 @@ def build_app(
     get_parser(tool_parser)  # an unknown name fails at start, not at the first request
     get_reasoning_parser(reasoning_parser)
     app = web.Application(
-        middlewares=[aiohttp_key_check(api_key), errors_to_json], client_max_size=64 * 1024**2
+        middlewares=[anthropic_reply.compat, aiohttp_key_check(api_key), errors_to_json],
+        client_max_size=64 * 1024**2,
     )
     app[ENGINE], app[MODEL_PATH], app[WEIGHT_DIRS] = engine, model_path, weight_dirs
     app[SERVED_NAME], app[TOOL_PARSER] = served_model_name or model_path, tool_parser
