@@ -1,7 +1,8 @@
 """No two modules of agent_rl/, envs/, sandboxes/ or vcpo/ import each other, directly or around a circle,
 counting imports inside functions (a lazy import still ties the two files together for a reader); and no two
 packages either (agent_rl/engines/ and agent_rl/weights/, say), where a package is the folder its modules
-sit in. Imports under `if TYPE_CHECKING:` are annotations only and are not counted."""
+sit in. Imports under `if TYPE_CHECKING:` are annotations only and are not counted, except between the modules
+of one folder (a room), where a type-only import back up is a circle too."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The project modules `path` imports (at any depth), resolved to the deepest existing module."""
+def _imports(path: Path, modules: set[str], annotations: bool = False) -> set[str]:
+    """The project modules `path` imports (at any depth), resolved to the deepest existing module; with
+    `annotations`, those under `if TYPE_CHECKING:` too."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not annotations:
             for child in node.orelse:
                 visit(child)
             return
@@ -59,10 +61,10 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(annotations: bool = False) -> dict[str, set[str]]:
     files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
     modules = {_module_name(p) for p in files}
-    return {_module_name(p): _imports(p, modules) for p in files}
+    return {_module_name(p): _imports(p, modules, annotations) for p in files}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -148,6 +150,53 @@ def test_no_two_packages_import_each_other():
     assert not cycles, (
         "packages that import each other (move what both use below both, or the code that uses both above):\n"
         + "\n".join(" <-> ".join(c) for c in cycles)
+    )
+
+
+def _room(module: str) -> str:
+    """The folder (room) a module sits in; a package's __init__ sits in its own."""
+    return module if ROOT.joinpath(*module.split(".")).is_dir() else module.rpartition(".")[0]
+
+
+def _room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with only the imports between modules of one folder."""
+    return {m: {d for d in deps if _room(d) == _room(m)} for m, deps in graph.items()}
+
+
+# Circles inside a room not yet broken (issue 58, item 4): cache.py names model.py's Step and moe.py's
+# RoutingTable in annotations, model.py builds cache.py's KVCache, moe.py uses model.py's ModelConfig, Step and
+# Fused. Whoever moves their shared types down a floor deletes this entry; nothing else may join it.
+KNOWN_ROOM_CIRCLES = (
+    {"agent_rl.engines.embedded.cache", "agent_rl.engines.embedded.model", "agent_rl.engines.embedded.moe"},
+)
+
+
+def test_the_room_graph_keeps_the_imports_within_one_folder():
+    graph = {"agent_rl.gateway.routes": {"agent_rl.gateway.session", "agent_rl.openai.chat"}}
+    graph |= {"agent_rl.gateway.session": {"agent_rl.engines.api"}, "agent_rl.openai.chat": set()}
+    assert _room_graph(graph) == {
+        "agent_rl.gateway.routes": {"agent_rl.gateway.session"},
+        "agent_rl.gateway.session": set(),
+        "agent_rl.openai.chat": set(),
+    }
+    assert _room("agent_rl.gateway") == "agent_rl.gateway"  # the package's __init__
+    plain, typed = _graph(), _graph(annotations=True)
+    assert any(typed[m] - plain[m] for m in plain), "imports under `if TYPE_CHECKING:` were not read"
+
+
+def test_no_import_circles_inside_a_room_even_for_annotations():
+    """Inside one folder, a module that another imports never imports it back, not even under
+    `if TYPE_CHECKING:` for an annotation: the two files could not be read or changed apart. What both name goes
+    down a floor, into a module both import (gateway/session.py holds the `Session` that server.py opens and
+    routes.py answers for, and the `SessionHost` face of the gateway that routes.py needs)."""
+    cycles = [
+        c
+        for c in _cycles(_room_graph(_graph(annotations=True)))
+        if not any(set(c) <= k for k in KNOWN_ROOM_CIRCLES)
+    ]
+    assert not cycles, (
+        "modules of one folder that import each other, counting `if TYPE_CHECKING:` imports (move the types "
+        "both use into a module below both):\n" + "\n".join(" <-> ".join(c) for c in cycles)
     )
 
 
