@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from agent_rl.gateway.routes import Reply, chat_reply, models_reply
+
 _ROUTE = re.compile(r"/sessions/(?P<sid>[^/]+)/v1/(?P<route>chat/completions|models)")
 BASE = "http://gateway.in-process"  # before the gateway's server runs: the transport answers or forwards all
 
@@ -39,8 +41,6 @@ class InProcessTransport:
         self._forward: Any = None  # an HTTP transport to the gateway's server, made at the first other route
 
     async def handle_async_request(self, request: Any) -> Any:
-        from agent_rl.gateway.routes import Reply, chat_reply, models_reply
-
         path = request.url.path
         where = f"{request.method} {path}"
         m = _ROUTE.fullmatch(path)

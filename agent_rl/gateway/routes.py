@@ -25,7 +25,7 @@ from agent_rl.openai.errors import (
 from agent_rl.openai.protocol import ChatReq, warn_unknown
 
 if TYPE_CHECKING:
-    from agent_rl.gateway.server import Gateway, Session
+    from agent_rl.gateway.session import Session, SessionHost
 
 GATEWAY = web.AppKey("gateway", object)  # the Gateway an aiohttp app serves
 
@@ -51,7 +51,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/sessions/{sid}/v1/messages/count_tokens", _count_tokens)
 
 
-async def chat_reply(gw: Gateway, sid: str, raw: bytes, where: str) -> Reply:
+async def chat_reply(gw: SessionHost, sid: str, raw: bytes, where: str) -> Reply:
     """POST /sessions/{sid}/v1/chat/completions, body in, answer out (the aiohttp route and the in-process
     transport both call it): 409 when the session is over, 502 when the engines failed after retries
     (recorded as such), a request's own mistakes as OpenAI 4xx bodies (recorded as client errors), anything
@@ -86,7 +86,7 @@ def _failed(s: Session, e: Exception, where: str) -> tuple[int, dict]:
     return server_error(e, where)
 
 
-def models_reply(gw: Gateway, sid: str, where: str) -> Reply:
+def models_reply(gw: SessionHost, sid: str, where: str) -> Reply:
     """GET /sessions/{sid}/v1/models."""
     try:
         gw.session(sid)
@@ -128,7 +128,7 @@ def _send(r: Reply) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
+    gw: SessionHost = request.app[GATEWAY]
     if anthropic_reply.is_anthropic(request):  # an Anthropic client: its list's shape
         gw.session(request.match_info["sid"])
         return web.json_response(anthropic_reply.models_list(gw.model_name))
@@ -148,7 +148,7 @@ async def _guarded(s: Session, request: web.Request, run) -> web.StreamResponse:
 
 async def _responses(request: web.Request) -> web.StreamResponse:
     """OpenAI's Responses API within a session (agent_rl/openai/responses.py); recorded like chat calls."""
-    gw: Gateway = request.app[GATEWAY]
+    gw: SessionHost = request.app[GATEWAY]
     s = gw.session(request.match_info["sid"])
     store = gw.response_stores.setdefault(s.id, responses.Store())
 
@@ -161,7 +161,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 
 
 async def _chat(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY]
+    gw: SessionHost = request.app[GATEWAY]
     raw = await request.read()
     return _send(await chat_reply(gw, request.match_info["sid"], raw, f"{request.method} {request.path}"))
 
@@ -169,7 +169,7 @@ async def _chat(request: web.Request) -> web.Response:
 async def _messages(request: web.Request) -> web.StreamResponse:
     """Anthropic's Messages API within a session (agent_rl/openai/anthropic.py): converted to the chat request it
     is equivalent to and recorded like chat calls; a malformed request is a 400 and records no call."""
-    gw: Gateway = request.app[GATEWAY]
+    gw: SessionHost = request.app[GATEWAY]
     s = gw.session(request.match_info["sid"])
     where = f"{request.method} {request.path}"
 
@@ -191,7 +191,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
 
 async def _count_tokens(request: web.Request) -> web.Response:
     """The prompt ids' count a Messages request renders to, as a first call renders it; samples nothing."""
-    gw: Gateway = request.app[GATEWAY]
+    gw: SessionHost = request.app[GATEWAY]
     gw.session(request.match_info["sid"])
     where = f"{request.method} {request.path}"
 

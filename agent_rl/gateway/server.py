@@ -31,7 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -42,8 +42,9 @@ from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.access import Access, middleware
 from agent_rl.gateway.inprocess import InProcessTransport, session_client
 from agent_rl.gateway.prompt import Answered, PromptBuilder
-from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver, SessionStats
+from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver
 from agent_rl.gateway.routes import GATEWAY, add_routes
+from agent_rl.gateway.session import Session
 from agent_rl.openai import anthropic_reply, chat, responses, structured
 from agent_rl.openai.errors import Invalid, NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
@@ -52,32 +53,6 @@ from agent_rl.openai.tool_parsers import get_parser
 from envs.codec import codec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Session:
-    id: str
-    sampling: SamplingParams | None  # forced temperature / top-p / top-k (the agent's are ignored), or None
-    limits: SessionLimits
-    seed: int
-    token: str = ""  # the agent's key to this session's routes (access.py); void once the session closes
-    on_call: Callable[[Call], None] | None = None
-    should_stop: Callable[[], bool] | None = None
-    answered: list[Answered] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
-    stats: SessionStats = field(default_factory=SessionStats)
-    over: str | None = None  # why the episode may not sample any more
-    closed: bool = False
-
-    def check(self) -> None:
-        if self.closed:
-            raise SessionOver(f"session {self.id} is closed")
-        if self.should_stop is not None and self.should_stop():
-            self.over = (
-                self.over or "stopped by the trainer (the episode's group went over the staleness bound)"
-            )
-        if self.over:
-            raise SessionOver(f"session {self.id}: {self.over}")
 
 
 class Gateway:
