@@ -183,6 +183,7 @@ class GhostNorms:
         self.layout: Layout | None = None
         self._choices: tuple[Layout, Layout] | None = None
         self._armed = False
+        self._busy = False
         self.sq: Tensor | None = None
         self._handles = [L.module.register_forward_hook(self._forward_hook(L)) for L in self.layers]
         if head_input is not None and self.head is not None:
@@ -254,7 +255,7 @@ class GhostNorms:
 
     def _forward_hook(self, layer: _Layer):
         def hook(module: nn.Module, args: tuple, out) -> None:
-            if not self._armed or not torch.is_grad_enabled():
+            if not self._armed or self._busy or not torch.is_grad_enabled():
                 return
             y = out[0] if isinstance(out, tuple) else out
             if not (isinstance(y, Tensor) and y.requires_grad):
@@ -288,8 +289,12 @@ class GhostNorms:
                 return
             layer.fired += 1
             args, amp = layer.saved
-            with torch.no_grad(), torch.autocast(g.device.type, enabled=False):
-                self.sq += _LAYER_SQ[layer.kind](self.layout, layer, args, amp, g)
+            self._busy = True  # a layer run again here (vector parameters) must not re-arm its own hooks
+            try:
+                with torch.no_grad(), torch.autocast(g.device.type, enabled=False):
+                    self.sq += _LAYER_SQ[layer.kind](self.layout, layer, args, amp, g)
+            finally:
+                self._busy = False
 
         return hook
 
