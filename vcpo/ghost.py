@@ -122,6 +122,7 @@ class _Layer:
     module: nn.Module
     kind: str  # linear | embedding | vector | experts | router
     names: list[str]
+    path: str  # the module's name in the model
     saved: tuple | None = None  # the latest forward's inputs (and autocast state)
     saved_out: Tensor | None = None  # the latest forward's output, until the backward asks for its gradient
     forwards: int = 0  # forwards with gradients since the hooks were armed
@@ -133,12 +134,12 @@ class GhostNorms:
 
     `head`: the output head when the log-probs call it as a function on the decoder's last hidden state
     (`head_input`: the module whose output holds it, e.g. the decoder); None when the head runs as a module.
-    `extra_sq`: called with the [n] norms after each backward (a tensor-parallel trainer sums them over its
-    ranks there)."""
+    `by_layer`: a dict to receive each layer's [n] share (keyed by module name), for tests."""
 
     def __init__(self, model: nn.Module, params: list[nn.Parameter], *, head: nn.Linear | None = None,
-                 head_input: nn.Module | None = None) -> None:  # fmt: skip
+                 head_input: nn.Module | None = None, by_layer: dict[str, Tensor] | None = None) -> None:  # fmt: skip
         self.model = model
+        self.by_layer = by_layer
         self.layers: list[_Layer] = []
         owner: dict[int, str] = {}
         names = {id(p): n for n, p in model.named_parameters()}
@@ -162,7 +163,7 @@ class GhostNorms:
                         "backward"
                     )
                 owner[id(p)] = mname
-            self.layers.append(_Layer(m, kind, [n for n, _ in own]))
+            self.layers.append(_Layer(m, kind, [n for n, _ in own], mname))
         self.head = head if head is not None and head.weight.requires_grad else None
         if self.head is not None:
             if id(self.head.weight) in owner and self.head not in [L.module for L in self.layers]:
@@ -228,7 +229,9 @@ class GhostNorms:
         layers' output gradients (no parameter gradient is accumulated), the hooks summing their norms."""
         layout = self.layout
         if layout is None:
-            raise RuntimeError("ghost norms: no hooked layer ran with gradients in the forward (outside capture?)")
+            raise RuntimeError(
+                "ghost norms: no hooked layer ran with gradients in the forward (outside capture?)"
+            )
         self.sq = torch.zeros(layout.n, dtype=torch.float64, device=f.device)
         head_fn = self.head is not None and (self._head_layer is None or self._head_layer.forwards == 0)
         inputs = [L.saved_out for L in self.layers if L.saved_out is not None]
@@ -292,7 +295,8 @@ class GhostNorms:
             self._busy = True  # a layer run again here (vector parameters) must not re-arm its own hooks
             try:
                 with torch.no_grad(), torch.autocast(g.device.type, enabled=False):
-                    self.sq += _LAYER_SQ[layer.kind](self.layout, layer, args, amp, g)
+                    sq = _LAYER_SQ[layer.kind](self.layout, layer, args, amp, g)
+                    self._add(layer.path, sq)
             finally:
                 self._busy = False
 
@@ -300,7 +304,12 @@ class GhostNorms:
 
     def _add_head(self) -> None:
         """The functional head's norms: its output gradient c_t (e_{y_t} − p_t) formed from the saved input."""
-        assert self._head_h is not None and self.head is not None and self.layout is not None and self.sq is not None
+        assert (
+            self._head_h is not None
+            and self.head is not None
+            and self.layout is not None
+            and self.sq is not None
+        )
         h, amp = self._head_h
         layout = self.layout
         with torch.no_grad(), torch.autocast(h.device.type, enabled=False):
@@ -314,7 +323,14 @@ class GhostNorms:
             d = -torch.softmax(z, -1)
             d[torch.arange(d.shape[0], device=d.device), layout.targets] += 1.0
             d *= layout.coef[:, None]
-            self.sq += linear_sq(layout, xs, d, bias=b is not None)
+            path = self._head_layer.path if self._head_layer is not None else "head"
+            self._add(path, linear_sq(layout, xs, d, bias=b is not None))
+
+    def _add(self, path: str, sq: Tensor) -> None:
+        assert self.sq is not None
+        self.sq += sq
+        if self.by_layer is not None:
+            self.by_layer[path] = self.by_layer.get(path, 0) + sq
 
 
 def _kind(m: nn.Module, own: list[nn.Parameter]) -> str | None:
@@ -351,8 +367,13 @@ def _vector(layout: Layout, layer: _Layer, args: tuple, amp, g: Tensor) -> Tenso
     n_tok = layout.seg.shape[0]
     lead = x.shape[:2] if x.dim() >= 3 and x.shape[0] * x.shape[1] == n_tok else x.shape[:1]
     extra = x.dim() - len(lead) - 1
-    with torch.enable_grad(), torch.autocast(g.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        copies = {n: getattr(m, n).detach().expand(layout.n, -1).clone().requires_grad_() for n in layer.names}
+    with (
+        torch.enable_grad(),
+        torch.autocast(g.device.type, dtype=amp or torch.float32, enabled=amp is not None),
+    ):
+        copies = {
+            n: getattr(m, n).detach().expand(layout.n, -1).clone().requires_grad_() for n in layer.names
+        }
         seg = layout.seg.reshape(lead)
         per_tok = {n: c[seg].reshape(*lead, *([1] * extra), c.shape[-1]) for n, c in copies.items()}
         y = functional_call(m, per_tok, (x.detach(), *args[1:]))
@@ -381,7 +402,10 @@ def _experts(layout: Layout, layer: _Layer, args: tuple, amp, g: Tensor) -> Tens
             continue
         sub = Layout(layout.seg[tok], torch.arange(tok.numel(), device=tok.device), layout.n, tok.numel(),
                      layout.targets[tok], layout.coef[tok])  # fmt: skip
-        with torch.enable_grad(), torch.autocast(g.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        with (
+            torch.enable_grad(),
+            torch.autocast(g.device.type, dtype=amp or torch.float32, enabled=amp is not None),
+        ):
             xe = x2[tok].detach()
             gu = nn.functional.linear(xe, m.gate_up_proj[e].detach()).detach().requires_grad_()
             gate, up = gu.chunk(2, dim=-1)

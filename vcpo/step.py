@@ -325,7 +325,12 @@ class Step:
         self.last_rows: RowResults | None = None  # the last step's per-trajectory results, for logging
         self.ghost: GhostNorms | None = None
         self.ghost_sq_fn = ghost_sq_fn
-        if cfg.advantage == "opob" and cfg.opob_mode == "exact" and cfg.opob_norms == "ghost" and self.task_scale > 0:
+        if (
+            cfg.advantage == "opob"
+            and cfg.opob_mode == "exact"
+            and cfg.opob_norms == "ghost"
+            and self.task_scale > 0
+        ):
             head, head_input = ghost_head if ghost_head is not None else (None, None)
             self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
 
