@@ -24,8 +24,8 @@ from vcpo.baseline import opob_baseline
 from vcpo.batch import BatchError, PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
 from vcpo.distill import DistillConfig, DistillOutput, distill_term
-from vcpo.ghost import GhostNorms
 from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
+from vcpo.ghost import GhostNorms
 from vcpo.importance import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.losses import LossInputs, _truncate, get_loss, kl_k3_sum, loss_kwargs

@@ -44,7 +44,12 @@ VOCAB, WIDTH = 96, 14
 
 def _model(family: str, seed: int = 0) -> nn.Module:
     from transformers import (
-        Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )  # fmt: skip
 
     torch.manual_seed(seed)
