@@ -156,23 +156,25 @@ class GhostNorms:
                     "algorithm.opob_norms: backward (one backward per trajectory)"
                 )
             for n, p in own:
-                if id(p) in owner:
+                tied_head = head is not None and p is head.weight and (m is head or isinstance(m, nn.Embedding))
+                if id(p) in owner and not tied_head:
                     raise GhostUnsupported(
                         f"ghost norms: parameter {names.get(id(p), n)} is used by {owner[id(p)]} and {mname} "
-                        "(tied weights: the norm of a sum is not the sum of norms); set algorithm.opob_norms: "
-                        "backward"
+                        "(shared weights other than a functional head tied to the embedding); set "
+                        "algorithm.opob_norms: backward"
                     )
-                owner[id(p)] = mname
+                owner.setdefault(id(p), mname)
             self.layers.append(_Layer(m, kind, [n for n, _ in own], mname))
         self.head = head if head is not None and head.weight.requires_grad else None
+        # tied embeddings: the head's weight is an embedding's; the per-trajectory gradient of that matrix is the
+        # sum of both uses, whose squared norm takes their cross term too (`_add_head`)
+        self.tied: _Layer | None = None
         if self.head is not None:
-            if id(self.head.weight) in owner and self.head not in [L.module for L in self.layers]:
-                raise GhostUnsupported(
-                    "ghost norms: the output head's weight is used by another layer (tied embeddings); set "
-                    "algorithm.opob_norms: backward"
-                )
             if head_input is None:
                 raise ValueError("GhostNorms: a functional head needs head_input")
+            self.tied = next(
+                (L for L in self.layers if L.kind == "embedding" and L.module.weight is self.head.weight), None
+            )
         missing = want - set(owner)
         if missing:
             raise GhostUnsupported(
@@ -180,6 +182,7 @@ class GhostNorms:
             )
         self.head_input = head_input
         self._head_h: tuple | None = None
+        self._tied_grad: tuple[Tensor, Tensor] | None = None  # the tied embedding's (ids, output gradient)
         self._head_layer = next((L for L in self.layers if L.module is self.head), None)
         self.layout: Layout | None = None
         self._choices: tuple[Layout, Layout] | None = None
@@ -234,6 +237,11 @@ class GhostNorms:
             )
         self.sq = torch.zeros(layout.n, dtype=torch.float64, device=f.device)
         head_fn = self.head is not None and (self._head_layer is None or self._head_layer.forwards == 0)
+        if self.tied is not None and not head_fn:
+            raise GhostUnsupported(
+                "ghost norms: a head tied to the embedding ran as a module (not through the chunked log-probs); "
+                "set algorithm.opob_norms: backward"
+            )
         inputs = [L.saved_out for L in self.layers if L.saved_out is not None]
         if head_fn:
             assert self._head_h is not None, "GhostNorms: the head input's forward did not run"
@@ -297,19 +305,19 @@ class GhostNorms:
                 with torch.no_grad(), torch.autocast(g.device.type, enabled=False):
                     sq = _LAYER_SQ[layer.kind](self.layout, layer, args, amp, g)
                     self._add(layer.path, sq)
+                    if layer is self.tied:
+                        self._tied_grad = (args[0].reshape(-1), g.reshape(-1, g.shape[-1]))
             finally:
                 self._busy = False
 
         return hook
 
     def _add_head(self) -> None:
-        """The functional head's norms: its output gradient c_t (e_{y_t} − p_t) formed from the saved input."""
-        assert (
-            self._head_h is not None
-            and self.head is not None
-            and self.layout is not None
-            and self.sq is not None
-        )
+        """The functional head's norms: its output gradient c_t (e_{y_t} − p_t) formed again from the saved input,
+        one trajectory at a time (a [width, vocab] block, never the micro-batch's [tokens, vocab]). Tied to the
+        embedding, the head's share is ‖H_i‖² + 2⟨E_i, H_i⟩ (E_i the embedding's gradient, whose ‖E_i‖² its
+        hook added): ⟨E_i, H_i⟩ = Σ_{t,s} D_i[s, y_t] (x_s·γ_t)."""
+        assert self._head_h is not None and self.head is not None and self.layout is not None
         h, amp = self._head_h
         layout = self.layout
         with torch.no_grad(), torch.autocast(h.device.type, enabled=False):
@@ -317,14 +325,32 @@ class GhostNorms:
             w, b = self.head.weight, self.head.bias
             xs, ws = (x.to(amp), w.to(amp)) if amp is not None else (x, w)
             dt = torch.float64 if xs.dtype == torch.float64 else torch.float32
-            z = (xs @ ws.t()).to(dt)
-            if b is not None:
-                z = z + b.to(dt)
-            d = -torch.softmax(z, -1)
-            d[torch.arange(d.shape[0], device=d.device), layout.targets] += 1.0
-            d *= layout.coef[:, None]
+            xp = _padded(layout, xs.to(dt))
+            tp = _padded(layout, layout.targets[:, None].to(dt))[..., 0].long()
+            cp = _padded(layout, layout.coef[:, None].to(dt))[..., 0]
+            tied = None
+            if self.tied is not None:
+                if self._tied_grad is None:
+                    raise RuntimeError("ghost norms: the tied embedding's output gradient was never seen")
+                ids, g_emb = self._tied_grad
+                tied = (_padded(layout, ids[:, None].to(dt))[..., 0].long(), _padded(layout, g_emb.to(dt)))
+            sq = torch.zeros(layout.n, dtype=torch.float64, device=x.device)
+            for i in range(layout.n):
+                z = (xp[i].to(ws.dtype) @ ws.t()).to(dt)
+                if b is not None:
+                    z = z + b.to(dt)
+                d = -torch.softmax(z, -1)
+                d.scatter_add_(1, tp[i][:, None], torch.ones_like(cp[i])[:, None])
+                d *= cp[i][:, None]  # [width, vocab]; rows past the trajectory's end are 0
+                one = Layout(layout.seg.new_zeros(xp.shape[1]), torch.arange(xp.shape[1], device=x.device), 1,
+                             xp.shape[1], tp[i], cp[i])  # fmt: skip
+                sq[i] = linear_sq(one, xp[i], d, bias=b is not None)[0]
+                if tied is not None:
+                    ids_i, g_i = tied[0][i], tied[1][i]  # rows past the end: id 0, gradient 0
+                    sq[i] += 2 * (d[:, ids_i] * (xp[i] @ g_i.t())).sum(dtype=torch.float64)
             path = self._head_layer.path if self._head_layer is not None else "head"
-            self._add(path, linear_sq(layout, xs, d, bias=b is not None))
+            self._add(path, sq)
+        self._tied_grad = None
 
     def _add(self, path: str, sq: Tensor) -> None:
         assert self.sq is not None

@@ -186,9 +186,28 @@ def test_a_layer_the_ghost_norms_do_not_cover_is_refused_by_name() -> None:
         GhostNorms(model, list(model.parameters()))
 
 
-def test_tied_embeddings_are_refused() -> None:
+@pytest.mark.parametrize("bf16", [False, True])
+def test_tied_embeddings_take_the_cross_term_of_their_two_uses(bf16: bool) -> None:
+    """Qwen2.5-0.5B ties its head to the embedding: one matrix, gradient E_i + H_i, ‖E_i + H_i‖² per trajectory."""
     model = _model("qwen2")
     model.lm_head.weight = model.model.embed_tokens.weight
+    batch = _batch(model)
     lp = HFLogprobs(model, pack=True)
-    with pytest.raises(GhostUnsupported, match="tied"):
-        GhostNorms(model, list(model.parameters()), head=lp.head, head_input=lp.decoder)
+    params = list(model.parameters())
+    ghost = GhostNorms(model, params, head=lp.head, head_input=lp.decoder)
+    with ghost.capture(batch.input_ids, batch.loss_mask, batch.attention_mask.sum(-1).tolist()):
+        logp = _logprob_fn(lp, bf16)(model, batch.input_ids, batch.attention_mask)
+        f_i = (logp * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1)
+        got = ghost.norms(f_i.sum(), retain_graph=True)
+    want = torch.stack([
+        sum(g.double().pow(2).sum() for g in torch.autograd.grad(f_i[i], params, retain_graph=True))
+        for i in range(batch.size)
+    ])  # fmt: skip
+    torch.testing.assert_close(got, want, rtol=LAYER_RTOL16 if bf16 else LAYER_RTOL32, atol=0.0)
+
+
+def test_weights_shared_by_other_layers_are_refused() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model[1].weight = model[0].weight
+    with pytest.raises(GhostUnsupported, match="shared weights"):
+        GhostNorms(model, list(model.parameters()))
