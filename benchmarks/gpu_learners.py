@@ -300,12 +300,12 @@ def capacity(device: str) -> dict[str, Any]:
     return {"memory": mem.name, "memory_gib": mem.bytes / mm.GiB, "max_trajectory_tokens": setups}
 
 
-def anchor_candidates(cell: Cell) -> list[Cell]:
+def anchor_candidates(cell: Cell, least_rows: int | None = None) -> list[Cell]:
     """The anchor's configurations for `cell`'s batch, likely fastest first: all rows in one forward, then half
-    as many per forward, down to the learner's micro-batch (MICRO_BATCH_TOKENS), each without and with
-    gradient checkpointing; one timed step each."""
-    rows, least = cell.rows, max(1, min(cell.rows, MICRO_BATCH_TOKENS // cell.length))
-    sizes = []
+    as many per forward, down to `least_rows` (default: the learner's micro-batch, MICRO_BATCH_TOKENS // length),
+    each without and with gradient checkpointing; one timed step each."""
+    least = least_rows or max(1, min(cell.rows, MICRO_BATCH_TOKENS // cell.length))
+    rows, sizes = cell.rows, []
     while rows >= least:
         sizes.append(rows)
         rows //= 2
@@ -314,17 +314,18 @@ def anchor_candidates(cell: Cell) -> list[Cell]:
 
 
 def tune_anchor(cell: Cell, model_dir: Path, device: str, *, liger: bool, memory: int, tflops: float | None,
-                measure: Callable[..., dict] | None = None) -> list[dict]:  # fmt: skip
+                least_rows: int | None = None) -> list[dict]:  # fmt: skip
     """The tuning pass (as benchmarks/vs_trl.py tunes TRL): every candidate that fits the device (an OOM does not)
     gets a warm-up and one timed step; the fastest is then timed with `cell.repeats` and recorded under the
     plan's name with `anchor_best`. Rows: the candidates (`tuning`), then the chosen cell."""
-    measure = measure or run_cell
+    measure = run_cell
+    candidates = anchor_candidates(cell, least_rows)
     tried = []
-    for cand in anchor_candidates(cell):
+    for cand in candidates:
         row = measure(cand, model_dir, device, liger=liger, memory=memory, tflops=tflops)
         row |= {"name": f"{cand.name} mb{cand.micro_batch_rows} (tuning)", "tuning": True}
         tried.append(row)
-    ok = [(r, c) for r, c in zip(tried, anchor_candidates(cell), strict=True) if r.get("status") == "ok"]
+    ok = [(r, c) for r, c in zip(tried, candidates, strict=True) if r.get("status") == "ok"]
     if not ok:
         return tried + [
             cell.as_dict() | {"status": "error", "reason": "no anchor configuration ran", "anchor_best": True}
@@ -359,6 +360,7 @@ def run_cells(
     start: float,
     liger: bool,
     on_row: Callable[[list[dict]], None] = lambda rows: None,
+    least_anchor_rows: int | None = None,
 ) -> list[dict]:
     """Cells in order while the budget lasts; a cell predicted to end past it (from the tokens/s of cells already
     measured, and the slowest build so far) is recorded as not run. `on_row` sees the rows after each cell (the
@@ -384,7 +386,15 @@ def run_cells(
             continue
         print(f"[{time.monotonic() - start:6.1f} s] {cell.name}", flush=True)
         if cell.backend == "anchor":
-            rows += tune_anchor(cell, model_dir, device, liger=liger, memory=memory, tflops=tflops)
+            rows += tune_anchor(
+                cell,
+                model_dir,
+                device,
+                liger=liger,
+                memory=memory,
+                tflops=tflops,
+                least_rows=least_anchor_rows,
+            )
         else:
             rows.append(run_cell(cell, model_dir, device, liger=liger, memory=memory, tflops=tflops))
         print(
@@ -449,7 +459,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 json.dumps({"meta": meta, "correctness": checks, "cells": rows}, indent=2) + "\n"
             )
 
-        cells = run_cells(plan, big, device, budget_s=args.budget_s, start=start, liger=liger, on_row=keep)
+        # the smoke: every cell whatever the budget (a loaded CPU would cut cells at random), and a tuning pass
+        # down to one row per forward (its learner micro-batch holds every row: one size alone tunes nothing)
+        budget = math.inf if smoke else args.budget_s
+        cells = run_cells(plan, big, device, budget_s=budget, start=start, liger=liger, on_row=keep,
+                          least_anchor_rows=1 if smoke else None)  # fmt: skip
         partial.unlink(missing_ok=True)
     meta["elapsed_s"] = time.monotonic() - start
     return {"meta": meta, "correctness": checks, "cells": cells, "capacity": capacity(device)}

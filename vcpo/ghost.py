@@ -10,7 +10,8 @@ the layer's inputs and output gradients without any per-trajectory weight gradie
   ~T²(din+dout) per trajectory) or the [dout, din] matrix itself (~T·din·dout), whichever costs less, as
   Opacus chooses per layer; the bias adds ‖Σ_t γ_t‖².
 - embedding (ids y_t): ‖Σ_t e_{y_t} γ_tᵀ‖² = Σ_{t,s} [y_t = y_s](γ_t·γ_s), exact.
-- layers whose own parameters are all vectors (RMSNorm, LayerNorm, Qwen3's q/k norms): the layer's forward is
+- norm layers (a class named *Norm* whose own parameters are all vectors: RMSNorm, LayerNorm, Qwen3's q/k
+  norms): the layer's forward is
   run again on its saved input with each parameter replaced by one copy per trajectory, and autograd gives
   each copy's gradient: exact for any elementwise use of the vector, whatever the norm's formula.
 - the output head when the log-probs call it as a function (vcpo.logprobs.linear_logprobs, never materialising
@@ -156,7 +157,9 @@ class GhostNorms:
                     "algorithm.opob_norms: backward (one backward per trajectory)"
                 )
             for n, p in own:
-                tied_head = head is not None and p is head.weight and (m is head or isinstance(m, nn.Embedding))
+                tied_head = (
+                    head is not None and p is head.weight and (m is head or isinstance(m, nn.Embedding))
+                )
                 if id(p) in owner and not tied_head:
                     raise GhostUnsupported(
                         f"ghost norms: parameter {names.get(id(p), n)} is used by {owner[id(p)]} and {mname} "
@@ -173,7 +176,8 @@ class GhostNorms:
             if head_input is None:
                 raise ValueError("GhostNorms: a functional head needs head_input")
             self.tied = next(
-                (L for L in self.layers if L.kind == "embedding" and L.module.weight is self.head.weight), None
+                (L for L in self.layers if L.kind == "embedding" and L.module.weight is self.head.weight),
+                None,
             )
         missing = want - set(owner)
         if missing:
@@ -364,8 +368,8 @@ def _kind(m: nn.Module, own: list[nn.Parameter]) -> str | None:
         return "linear"
     if isinstance(m, nn.Embedding):
         return "embedding"
-    if all(p.dim() == 1 for p in own):
-        return "vector"
+    if all(p.dim() == 1 for p in own) and "norm" in type(m).__name__.lower():
+        return "vector"  # a norm's scale (and shift): used elementwise on the normalised input
     names = {n for n, _ in m.named_parameters(recurse=False)}
     if {"gate_up_proj", "down_proj"} <= names and all(p.dim() == 3 for p in own) and hasattr(m, "act_fn"):
         return "experts"

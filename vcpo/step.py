@@ -11,6 +11,7 @@ is scaled by the global batch's ESS for this one optimizer.step() and restored.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -25,10 +26,12 @@ from vcpo.batch import BatchError, PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
 from vcpo.distill import DistillConfig, DistillOutput, distill_term
 from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
-from vcpo.ghost import GhostNorms
+from vcpo.ghost import GhostNorms, GhostUnsupported
 from vcpo.importance import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.losses import LossInputs, _truncate, get_loss, kl_k3_sum, loss_kwargs
+
+log = logging.getLogger(__name__)
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
 ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm
@@ -332,7 +335,12 @@ class Step:
             and self.task_scale > 0
         ):
             head, head_input = ghost_head if ghost_head is not None else (None, None)
-            self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
+            try:
+                self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
+            except (
+                GhostUnsupported
+            ) as e:  # e.g. a hybrid model's linear-attention layers: still exact, slower
+                log.warning("%s; exact OPOB runs one backward per trajectory instead", e)
 
     def __call__(self, batch: PolicyBatch) -> StepMetrics:
         batch.validate()

@@ -172,9 +172,9 @@ def test_a_group_split_over_micro_batches_gives_the_same_update() -> None:
 
 
 class _Scaled(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, d: int = 4) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(4, 4))
+        self.weight = nn.Parameter(torch.eye(d) + 0.1 * torch.randn(d, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight
@@ -211,3 +211,37 @@ def test_weights_shared_by_other_layers_are_refused() -> None:
     model[1].weight = model[0].weight
     with pytest.raises(GhostUnsupported, match="shared weights"):
         GhostNorms(model, list(model.parameters()))
+
+
+def test_a_model_the_ghost_norms_cannot_cover_falls_back_to_a_backward_per_trajectory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The config's default must not stop a model with other layers (a hybrid's linear attention): the step says
+    why and runs exact OPOB the per-trajectory way, with the same update."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from vcpo_testlib import make_batch, tiny_model
+
+    def with_extra(seed: int = 0) -> nn.Module:
+        m = tiny_model(seed)
+        torch.manual_seed(seed)
+        m.extra = _Scaled(12).double()  # a parameter in a layer the ghost norms do not know; used below
+        inner = m.mix.forward
+        m.mix.forward = lambda h: inner(h) @ m.extra.weight  # type: ignore[method-assign]
+        return m
+
+    batch = make_batch(tiny_model())
+    cfg = dict(ess_lr_rule="none", grad_clip=1e9, is_truncation=1.5)
+    updates = []
+    for norms in ("backward", "ghost"):
+        m = with_extra()
+        before = torch.cat([p.detach().flatten() for p in m.parameters()])
+        with caplog.at_level("WARNING", logger="vcpo.step"):
+            step = Step(m, torch.optim.SGD(m.parameters(), lr=1.0), StepConfig(opob_norms=norms, **cfg))
+        assert step.ghost is None
+        step(batch)
+        updates.append(before - torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert "_Scaled" in caplog.text and "one backward per trajectory" in caplog.text
+    assert torch.equal(updates[0], updates[1]) and updates[0].abs().max() > 0
