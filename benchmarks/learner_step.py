@@ -158,6 +158,12 @@ def opob_norms(repeats: int) -> None:
 
     cases_cfg = {
         "exact OPOB, ghost norms": dict(opob_mode="exact", opob_norms="ghost"),
+        "exact OPOB, ghost norms, group's graphs held": dict(
+            opob_mode="exact", opob_norms="ghost", proxy_hold_group=True
+        ),
+        "exact OPOB, ghost norms, micro-batch 8 (a group per forward)": dict(
+            opob_mode="exact", opob_norms="ghost", micro_batch_size=8
+        ),
         "exact OPOB, backward per trajectory": dict(opob_mode="exact", opob_norms="backward"),
         "proxy OPOB (main job)": dict(opob_mode="proxy"),
     }
@@ -171,7 +177,7 @@ def opob_norms(repeats: int) -> None:
                 RankSpec(
                     model_path=str(model_dir), weights_dtype="float32", compute_dtype="float32", lr=1e-5,
                     betas=(0.9, 0.999), weight_decay=0.0, lr_schedule="constant", warmup_steps=0, total_steps=1000,
-                    gradient_checkpointing=False, step=StepConfig(micro_batch_size=4, **cfg), seed=0,
+                    gradient_checkpointing=False, step=StepConfig(**({"micro_batch_size": 4} | cfg)), seed=0,
                 )
             )
             for name, cfg in cases_cfg.items()
@@ -195,8 +201,9 @@ def opob_norms(repeats: int) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done, load {load[-1][0]:.1f}", flush=True)
     res = {n: {"median_cpu_s": statistics.median(cpu[n]), "median_wall_s": statistics.median(wall[n]),
                "cpu_s": cpu[n], "wall_s": wall[n]} for n in ranks}  # fmt: skip
-    ghost, backward, proxy = (res[n]["median_cpu_s"] for n in cases_cfg)
+    ghost, held, mb8, backward, proxy = (res[n]["median_cpu_s"] for n in cases_cfg)
     ratios = {"ghost / backward (cpu)": ghost / backward, "ghost / proxy (cpu)": ghost / proxy,
+              "ghost held / backward (cpu)": held / backward, "ghost mbs 8 / backward (cpu)": mb8 / backward,
               "backward / proxy (cpu)": backward / proxy}  # fmt: skip
     meta = {"repeats": repeats, "torch_threads": 1, "machine": platform.platform(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

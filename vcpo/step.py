@@ -64,7 +64,7 @@ class StepConfig:
     # forward with gradients over the group, keeping each micro-batch's graph until the baseline is known, then
     # their backwards: one forward fewer, at the memory of the group's graphs (worth it under activation
     # recompute, where a graph holds only each layer's input; the torch learner sets it then).
-    proxy_hold_group: bool = False
+    proxy_hold_group: bool = False  # (exact OPOB with ghost norms holds the same way)
     loss_kwargs: Mapping[str, float] = field(default_factory=dict)
     distill: DistillConfig | None = None  # on-policy distillation term (vcpo/distill.py); None: no teacher
 
@@ -408,7 +408,10 @@ class Step:
         for idx in _packed_groups(host.group_index, self.cfg.micro_batch_size):
             parts = self._micro_batches(idx, host, dev)
             whole = _Part.of(idx, host, dev)
-            held = [self._ghost_forward(batch, part, host, keep=len(parts) == 1) for part in parts]
+            # a group split over micro-batches: its parts' graphs held until the baseline is known (proxy_hold_group,
+            # as proxy OPOB), or each part forwarded again for the update
+            keep = len(parts) == 1 or self.cfg.proxy_hold_group
+            held = [self._ghost_forward(batch, part, host, keep=keep) for part in parts]
             adv, log_wt = self._ghost_advantages(batch, whole, host, [h[2:] for h in held], rows)
             for part, (sub, lp, _, _) in zip(parts, held, strict=True):
                 if lp is None:  # the group spans micro-batches: forward again, now for the update
