@@ -89,8 +89,8 @@ def test_the_anchor_is_tuned_and_every_ratio_is_against_the_fastest_configuratio
         fastest["micro_batch_tokens"] // fastest["length"],
         fastest["recompute"],
     )
-    for r in cells:
-        if r["backend"] != "anchor" and r.get("status") == "ok":
+    for r in cells:  # every learner cell of the tuned batch (the smoke tunes the first length only)
+        if r["backend"] != "anchor" and r.get("status") == "ok" and r["length"] == best[0]["length"]:
             assert r["tokens_per_s_vs_anchor"] == pytest.approx(r["tokens_per_s"] / best[0]["tokens_per_s"])
 
 
