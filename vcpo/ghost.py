@@ -246,6 +246,12 @@ class GhostNorms:
                 "ghost norms: a head tied to the embedding ran as a module (not through the chunked log-probs); "
                 "set algorithm.opob_norms: backward"
             )
+        silent = [L.path for L in self.layers if L.forwards == 0 and not (head_fn and L.module is self.head)]
+        if silent:  # a weight used as a function (not through its module) would leave its norm out unseen
+            raise RuntimeError(
+                f"ghost norms: {silent} ran no forward through their module (a weight used as a function?); "
+                "pass the head as GhostNorms(head=...) or set algorithm.opob_norms: backward"
+            )
         inputs = [L.saved_out for L in self.layers if L.saved_out is not None]
         if head_fn:
             assert self._head_h is not None, "GhostNorms: the head input's forward did not run"

@@ -256,3 +256,15 @@ def test_a_model_the_ghost_norms_cannot_cover_falls_back_to_a_backward_per_traje
         updates.append(before - torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert "_Scaled" in caplog.text and "one backward per trajectory" in caplog.text
     assert torch.equal(updates[0], updates[1]) and updates[0].abs().max() > 0
+
+
+def test_a_head_used_as_a_function_but_not_declared_is_refused() -> None:
+    """The torch learner's log-probs call the head as a function: undeclared, its norm would be left out unseen."""
+    model = _model("qwen2")
+    batch = _batch(model)
+    lp = HFLogprobs(model, pack=True)
+    ghost = GhostNorms(model, list(model.parameters()))  # no head=
+    with ghost.capture(batch.input_ids, batch.loss_mask, batch.attention_mask.sum(-1).tolist()):
+        logp = lp.logprobs(model, batch.input_ids, batch.attention_mask)
+        with pytest.raises(RuntimeError, match=r"\['lm_head'\] ran no forward through their module"):
+            ghost.norms((logp * batch.loss_mask).sum(), retain_graph=False)
