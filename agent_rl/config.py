@@ -442,6 +442,10 @@ class AlgorithmConfig(Strict):
     opob_mode: Literal["exact", "proxy"] = "exact"
     """exact: one backward pass per trajectory for its gradient norm; proxy: a forward-only logit-gradient
     proxy (cheaper, approximate)."""
+    opob_norms: Literal["ghost", "backward"] = "backward"
+    """How exact OPOB gets each trajectory's ‖∇‖² (torch learner): ghost forms it from every layer's inputs and
+    output gradients in one activation-only backward per micro-batch (vcpo/ghost.py); backward runs one backward
+    per trajectory. The Megatron learner always runs backward."""
     opob_weight: Literal["default", "reference"] = "default"
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)

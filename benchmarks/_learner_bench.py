@@ -67,12 +67,16 @@ class Cell:
     micro_batch_tokens: int | None = None  # proxy: rows per forward = this // length (at least 1)
     hold_group: bool = True  # proxy: learner.proxy_hold_group (false: a forward-only pass first)
     repeats: int = 2  # timed steps after the warm-up step
+    norms: Literal["ghost", "backward"] = "backward"  # exact OPOB: algorithm.opob_norms
 
     @property
     def name(self) -> str:
         what = "anchor" if self.backend == "anchor" else f"{self.backend} {self.opob}"
         extra = (" +ckpt" if self.recompute else "") + (" +lora" if self.lora else "")
         extra += "" if self.hold_group or self.opob != "proxy" else " -hold"
+        extra += (
+            " ghost" if self.backend != "anchor" and self.opob == "exact" and self.norms == "ghost" else ""
+        )
         return f"{what}{extra} {self.rows}x{self.length}"
 
     @property
@@ -104,7 +108,8 @@ def recipe(model_dir: Path, cell: Cell):
     return Recipe.model_validate({
         "name": "gpu-learners", "model": {"path": str(model_dir), "dtype": cell.dtype},
         "envs": {"train": "unused.yaml"}, "train": {"steps": 1000, "batch_prompts": 1},
-        "learner": learner, "algorithm": {"loss": "vcpo", "advantage": "opob", "opob_mode": cell.opob},
+        "learner": learner, "algorithm": {"loss": "vcpo", "advantage": "opob", "opob_mode": cell.opob,
+                      "opob_norms": cell.norms},
     })  # fmt: skip
 
 

@@ -12,12 +12,14 @@ recorded as not run):
 (a) correctness (fp32, a small model): learner log-probs on the device vs CPU, one VCPO step on both
     (loss, grad norm, ESS), Megatron TP=1 vs the torch learner's log-probs on the device;
 (b) the anchor: a transformers training step with SDPA attention and Liger's fused linear cross-entropy
-    (fp32 master weights, bf16 autocast, fused AdamW), with and without gradient checkpointing, on the same
-    batches as the learner cells;
+    (fp32 master weights, bf16 autocast, fused AdamW) on the same batches as the learner cells, at its best: a
+    short tuning pass per batch (`tune_anchor`: all rows in one forward, then fewer, each with and without
+    gradient checkpointing; whatever fits the device) picks the fastest, which is then timed;
 (c) both learners (TorchRank; MegatronRank in a 1-rank process group; no Ray) on the Qwen2.5-0.5B shape
     (random init, bf16 autocast) at 4k, 8k, 32k and 128k tokens per trajectory: recompute on and off, exact
     and proxy OPOB, LoRA; tokens/s, MFU (6 * params * tokens against the device's dense bf16 peak) and
-    torch.cuda.max_memory_allocated, each cell's ratio to the anchor of the same batch and recompute setting,
+    torch.cuda.max_memory_allocated, each cell's ratio to the tuned anchor of the same batch, exact OPOB with
+    ghost norms (vcpo/ghost.py) and with a backward per trajectory,
     and the memory model's estimate beside the measured peak. A cell the memory model rules out is skipped
     with its estimate; one that runs out of memory is recorded as OOM and the run goes on.
 
@@ -138,18 +140,27 @@ class Anchor:
         )
         self.model.to(device).train()
         self.model.config.use_cache = False
-        if (
-            cell.recompute
-        ):  # transformers 5 renamed it; older releases have gradient_checkpointing_enable only
-            getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
+        self.configure(cell)
         cuda = device.startswith("cuda")
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
-        self.cell, self.device = cell, device
+        self.device = device
         self.lce = None
         if liger:
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
             self.lce = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+
+    def configure(self, cell: Cell) -> None:
+        """Micro-batch rows and checkpointing of `cell` from now on (the tuning pass reuses one model)."""
+        self.cell = cell
+        if (
+            cell.recompute
+        ):  # transformers 5 renamed it; older releases have gradient_checkpointing_enable only
+            getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
+        else:
+            getattr(
+                self.model, "activation_checkpointing_disable", self.model.gradient_checkpointing_disable
+            )()
 
     def step(self, b) -> dict[str, float]:
         labels = torch.where(b.loss_mask[:, 1:] > 0, b.input_ids[:, 1:], -100)
@@ -183,32 +194,35 @@ class Anchor:
 
 
 def cell_plan(lengths: dict[int, int], *, smoke: bool = False) -> list[Cell]:
-    """Every cell, most important first: the anchor and torch proxy+ckpt at the first length, Megatron at the
-    second, the third length's cells, the fourth's with recompute (does it fit), then the rest. `smoke`: one
-    cell of each kind (the first length)."""
+    """Every cell, most important first: the anchor, torch proxy+ckpt and exact (ghost norms)+ckpt at the first
+    length, Megatron at the second, the third length's cells, the fourth's with recompute (does it fit), then
+    the rest. An anchor cell stands for its length's tuning pass (`tune_anchor`). `smoke`: one cell of each
+    kind (the first length)."""
     ls = list(lengths)
 
     def c(backend: str, length: int, **kw: Any) -> Cell:
         return Cell(backend, length, lengths[length], micro_batch_tokens=MICRO_BATCH_TOKENS, **kw)  # type: ignore[arg-type]
 
     first = [
-        c("anchor", ls[0]), c("anchor", ls[0], recompute=True), c("torch", ls[0], opob="proxy", recompute=True),
-        c("megatron", ls[1]),
+        c("anchor", ls[0]), c("torch", ls[0], opob="proxy", recompute=True),
+        c("torch", ls[0], recompute=True, norms="ghost"), c("megatron", ls[1]),
     ]  # fmt: skip
     long = [] if len(ls) < 3 else [
-        c("anchor", ls[2], recompute=True), c("torch", ls[2], opob="proxy", recompute=True),
+        c("anchor", ls[2]), c("torch", ls[2], opob="proxy", recompute=True),
+        c("torch", ls[2], recompute=True, norms="ghost"),
         c("torch", ls[2], recompute=True), c("megatron", ls[2], recompute=True),
     ]  # fmt: skip
     longest = [] if len(ls) < 4 else [
-        c("anchor", ls[3], recompute=True), c("torch", ls[3], opob="proxy", recompute=True),
+        c("anchor", ls[3]), c("torch", ls[3], opob="proxy", recompute=True),
         c("megatron", ls[3], recompute=True),
     ]  # fmt: skip
     rest = []
     for length in ls[:1] if smoke else ls:
+        rest.append(c("anchor", length))
         for recompute in (False, True):
             rest += [
-                c("anchor", length, recompute=recompute),
                 c("torch", length, opob="proxy", recompute=recompute),
+                c("torch", length, recompute=recompute, norms="ghost"),
                 c("torch", length, recompute=recompute),
                 c("megatron", length, recompute=recompute),
             ]
@@ -286,10 +300,51 @@ def capacity(device: str) -> dict[str, Any]:
     return {"memory": mem.name, "memory_gib": mem.bytes / mm.GiB, "max_trajectory_tokens": setups}
 
 
+def anchor_candidates(cell: Cell, least_rows: int | None = None) -> list[Cell]:
+    """The anchor's configurations for `cell`'s batch, likely fastest first: all rows in one forward, then half
+    as many per forward, down to `least_rows` (default: the learner's micro-batch, MICRO_BATCH_TOKENS // length),
+    each without and with gradient checkpointing; one timed step each."""
+    least = least_rows or max(1, min(cell.rows, MICRO_BATCH_TOKENS // cell.length))
+    rows, sizes = cell.rows, []
+    while rows >= least:
+        sizes.append(rows)
+        rows //= 2
+    return [replace(cell, micro_batch_tokens=n * cell.length, recompute=r, repeats=1)
+            for n in sizes for r in (False, True)]  # fmt: skip
+
+
+def tune_anchor(cell: Cell, model_dir: Path, device: str, *, liger: bool, memory: int, tflops: float | None,
+                least_rows: int | None = None) -> list[dict]:  # fmt: skip
+    """The tuning pass (as benchmarks/vs_trl.py tunes TRL): every candidate that fits the device (an OOM does not)
+    gets a warm-up and one timed step; the fastest is then timed with `cell.repeats` and recorded under the
+    plan's name with `anchor_best`. Rows: the candidates (`tuning`), then the chosen cell."""
+    measure = run_cell
+    candidates = anchor_candidates(cell, least_rows)
+    tried = []
+    for cand in candidates:
+        row = measure(cand, model_dir, device, liger=liger, memory=memory, tflops=tflops)
+        row |= {"name": f"{cand.name} mb{cand.micro_batch_rows} (tuning)", "tuning": True}
+        tried.append(row)
+    ok = [(r, c) for r, c in zip(tried, candidates, strict=True) if r.get("status") == "ok"]
+    if not ok:
+        return tried + [
+            cell.as_dict() | {"status": "error", "reason": "no anchor configuration ran", "anchor_best": True}
+        ]
+    _, best = max(ok, key=lambda rc: rc[0]["tokens_per_s"])
+    row = measure(
+        replace(best, repeats=cell.repeats), model_dir, device, liger=liger, memory=memory, tflops=tflops
+    )
+    row |= {"name": cell.name, "anchor_best": True, "micro_batch_rows": best.micro_batch_rows,
+            "recompute": best.recompute, "reason": f"tuned: {best.micro_batch_rows} rows per forward"
+            f"{', checkpointing' if best.recompute else ''}, fastest of {len(tried)} tried"}  # fmt: skip
+    return tried + [row]
+
+
 def ratios_to_anchor(rows: list[dict]) -> None:
-    anchors = {(r["length"], r["rows"], r["recompute"]): r for r in rows if r["backend"] == "anchor"}
+    """Every learner cell against the tuned anchor of its batch (whatever its checkpointing)."""
+    anchors = {(r["length"], r["rows"]): r for r in rows if r.get("anchor_best")}
     for r in rows:
-        a = anchors.get((r["length"], r["rows"], r["recompute"]))
+        a = anchors.get((r["length"], r["rows"]))
         if r["backend"] != "anchor" and r.get("status") == "ok" and a and a.get("status") == "ok":
             r["tokens_per_s_vs_anchor"] = r["tokens_per_s"] / a["tokens_per_s"]
             if r.get("peak_gib") and a.get("peak_gib"):
@@ -305,6 +360,7 @@ def run_cells(
     start: float,
     liger: bool,
     on_row: Callable[[list[dict]], None] = lambda rows: None,
+    least_anchor_rows: int | None = None,
 ) -> list[dict]:
     """Cells in order while the budget lasts; a cell predicted to end past it (from the tokens/s of cells already
     measured, and the slowest build so far) is recorded as not run. `on_row` sees the rows after each cell (the
@@ -329,7 +385,18 @@ def run_cells(
             )
             continue
         print(f"[{time.monotonic() - start:6.1f} s] {cell.name}", flush=True)
-        rows.append(run_cell(cell, model_dir, device, liger=liger, memory=memory, tflops=tflops))
+        if cell.backend == "anchor":
+            rows += tune_anchor(
+                cell,
+                model_dir,
+                device,
+                liger=liger,
+                memory=memory,
+                tflops=tflops,
+                least_rows=least_anchor_rows,
+            )
+        else:
+            rows.append(run_cell(cell, model_dir, device, liger=liger, memory=memory, tflops=tflops))
         print(
             f"          -> {rows[-1]['status']} {rows[-1].get('tokens_per_s', '')} {rows[-1].get('reason', '')}",
             flush=True,
@@ -392,7 +459,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 json.dumps({"meta": meta, "correctness": checks, "cells": rows}, indent=2) + "\n"
             )
 
-        cells = run_cells(plan, big, device, budget_s=args.budget_s, start=start, liger=liger, on_row=keep)
+        # the smoke: every cell whatever the budget (a loaded CPU would cut cells at random), and a tuning pass
+        # down to one row per forward (its learner micro-batch holds every row: one size alone tunes nothing)
+        budget = math.inf if smoke else args.budget_s
+        cells = run_cells(plan, big, device, budget_s=budget, start=start, liger=liger, on_row=keep,
+                          least_anchor_rows=1 if smoke else None)  # fmt: skip
         partial.unlink(missing_ok=True)
     meta["elapsed_s"] = time.monotonic() - start
     return {"meta": meta, "correctness": checks, "cells": cells, "capacity": capacity(device)}
@@ -464,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cpu_smoke:
         args.device = "cpu"
+        if args.out in (None, RESULTS):  # a smoke never writes over the GPU figures
+            args.out = Path(tempfile.mkdtemp(prefix="gpu_learners_smoke_")) / "runs"
+    elif args.out is None:
+        args.out = RESULTS
     res = run(args)
     write(res, args.out, "gpu_learners", markdown(res))
     failed = [k for k, v in res["correctness"].items() if v.get("ok") is False]

@@ -1,5 +1,6 @@
 """How often one learner step makes the host wait for the device: the calls counted, per step, through a real
-torch-learner rank (`TorchRank`, proxy OPOB, the tests' small Qwen2 shape) for several micro-batch layouts, and
+torch-learner rank (`TorchRank`, proxy OPOB, the tests' small Qwen2 shape) for several micro-batch layouts, exact
+OPOB with ghost norms (vcpo/ghost.py) in one, and
 (`--megatron`, the default on CUDA) through a Megatron rank (exact OPOB).
 
     .venv/bin/python benchmarks/host_reads.py [--device cpu|cuda] [--megatron]
@@ -125,18 +126,28 @@ LAYOUTS = (
 )
 
 
+# exact OPOB with ghost norms (vcpo/ghost.py): a group per micro-batch, one forward, an activation-only backward
+# for the norms, then the weighted backward; the norms stay on the device until the step's end
+GHOST = ("exact OPOB, ghost norms, a group per micro-batch", 2, False)
+
 # the Megatron learner (exact OPOB only: one trajectory per forward); on CPU its count includes the reads of the
 # host copies of the pack's bounds (host_bounds.py), which are no waits: only its CUDA syncs say what a GPU waits
 MEGATRON = ("Megatron, exact OPOB", 1, False)
 
 
 def measure(
-    model: Path, rows_per_micro_batch: int, recompute: bool, device: str, backend: str = "torch"
+    model: Path,
+    rows_per_micro_batch: int,
+    recompute: bool,
+    device: str,
+    backend: str = "torch",
+    norms: str = "",
 ) -> dict[str, Any]:
-    """One warm-up step, then one counted step (and, on CUDA, one step under the sync debug mode)."""
-    opob = "exact" if backend == "megatron" else "proxy"
+    """One warm-up step, then one counted step (and, on CUDA, one step under the sync debug mode). `norms`
+    'ghost': the torch learner's exact OPOB with ghost norms (else proxy OPOB; Megatron: exact)."""
+    opob = "exact" if backend == "megatron" or norms == "ghost" else "proxy"
     cell = Cell(backend, LENGTH, ROWS, recompute=recompute, opob=opob, dtype="float32",  # type: ignore[arg-type]
-                micro_batch_tokens=rows_per_micro_batch * LENGTH)  # fmt: skip
+                micro_batch_tokens=rows_per_micro_batch * LENGTH, norms=norms or "backward")  # fmt: skip
     rank = Rank(model, cell, device)
     host_batch = batch(ROWS, LENGTH, rank.vocab)  # built on the host, as a run hands it to the learner
     forwards = [0]
@@ -168,7 +179,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"# Host reads per learner step ({result['commit']}, {result['device']})",
         "",
         f"`benchmarks/host_reads.py`: one learner step ({ROWS} x {LENGTH} tokens in groups of 2, the small Qwen2 "
-        "shape, fp32; the torch learner with proxy OPOB in four micro-batch layouts, with --megatron or on CUDA the "
+        "shape, fp32; the torch learner with proxy OPOB in four micro-batch layouts and with exact OPOB from ghost norms, with --megatron or on CUDA the "
         "Megatron learner too), the calls that on a GPU wait for the device counted per step.",
         "",
         "| layout | forwards | reads per step | of them in the log-probs (per forward) |"
@@ -220,20 +231,28 @@ def main(argv: list[str] | None = None) -> int:
         or "unknown"
     )
     model = write_model(Path(tempfile.mkdtemp()) / "small", SMALL, device=args.device)
-    cells = [(*c, "torch") for c in LAYOUTS]
+    cells = [(*c, "torch") for c in LAYOUTS] + [(*GHOST, "torch ghost")]
     if args.megatron or args.device.startswith("cuda"):
         cells.append((*MEGATRON, "megatron"))
     layouts, failed = [], []
     for i, (name, rows, recompute, backend) in enumerate(cells, 1):
         print(f"[{i}/{len(cells)}] {name}", flush=True)
         try:
-            row = measure(model, rows, recompute, args.device, backend)
+            row = measure(
+                model, rows, recompute, args.device, backend.split()[0], "ghost" if "ghost" in backend else ""
+            )
         except Exception as e:  # noqa: BLE001 — one cell's failure (a GPU machine's first run) keeps the others
             failed.append(f"{name}: {type(e).__name__}: {e}")
             print(f"    FAILED: {failed[-1]}", flush=True)
             continue
         layouts.append(
-            {"layout": name, "backend": backend, "rows_per_micro_batch": rows, "recompute": recompute, **row}
+            {
+                "layout": name,
+                "backend": backend.split()[0],
+                "rows_per_micro_batch": rows,
+                "recompute": recompute,
+                **row,
+            }
         )
         print(f"    {row['reads']} reads per step, {row['forwards']} forwards", flush=True)
     result = {

@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_checks.sh [OUTDIR]          # OUTDIR: default $OUT (the device tool's), else gpu_checks_out
 #
-# Parts, run in the order PARTS names them (default "pytest profile hold"; "learners" too when asked):
+# Parts, run in the order PARTS names them (default "learners reads": issue 63's cells, exact OPOB from ghost
+# norms against the tuned anchor, then the ghost path's syncs; about 510 s; "pytest profile hold" when asked):
 #   pytest    the learners' tests with CUDA available (PYTEST_PATHS, default tests/learners tests/megatron
 #             tests/vcpo; WORKERS pytest workers, default 12, but a file runs whole on one worker, so no more
 #             workers work than there are files): pytest_cuda.txt in OUTDIR/logs.tar.gz
@@ -13,6 +14,7 @@
 #             then benchmarks/gpu_profile.py (where each learner's step goes against the anchor's, and its host
 #             syncs): OUTDIR/gpu_profile.{json,md}, written after each cell (a run cut at PROFILE_S keeps the cells
 #             it profiled); its first five cells took 93 s on 2026-11-28, the two Megatron cells come last
+#   reads     benchmarks/host_reads.py --device cuda alone (its ghost-norm cell too): host_reads_cuda.* in logs.tar.gz
 #   hold      benchmarks/proxy_hold.py (proxy OPOB under recompute, a group's graphs held vs a forward without
 #             gradients first, 0.5B shape, 2 x 32768, bf16; HOLD_ROUNDS rounds, default 2):
 #             OUTDIR/proxy_hold.{json,md}
@@ -39,12 +41,12 @@ PROFILE_S=${PROFILE_S:-150}
 HOLD_S=${HOLD_S:-150}
 LEARNERS_S=${LEARNERS_S:-330}
 HOLD_ROUNDS=${HOLD_ROUNDS:-2}
-PARTS=${PARTS:-pytest profile hold}
+PARTS=${PARTS:-learners reads}
 WORKERS=${WORKERS:-12}
 PYTEST_PATHS=${PYTEST_PATHS:-tests/learners tests/megatron tests/vcpo}
 for part in $PARTS; do  # a misspelt part is refused before anything is installed or run
-  case $part in pytest | profile | hold | learners) ;; *)
-    echo "PARTS: unknown part '$part' (pytest, profile, hold, learners)"; exit 2 ;; esac
+  case $part in pytest | profile | reads | hold | learners) ;; *)
+    echo "PARTS: unknown part '$part' (pytest, profile, reads, hold, learners)"; exit 2 ;; esac
 done
 pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$LOGS/install.txt" 2>&1 || {
   pack; echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): install.txt in $OUTDIR/logs.tar.gz"; exit 2; }
@@ -70,10 +72,13 @@ run_pytest() {
     -p no:cacheprovider -p no:benchmark
   grep -E "(FAILED|ERROR) tests/" "$LOGS/pytest_cuda.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u | head -40
 }
-run_profile() {
+run_reads() {
   echo "[$(date +%T)] host_reads (limit 120 s)"
   limited host_reads 120 TERM host_reads.log python benchmarks/host_reads.py --device cuda --commit "$COMMIT" \
     --out "$LOGS/host_reads_cuda"
+}
+run_profile() {
+  run_reads
   echo "[$(date +%T)] gpu_profile (limit ${PROFILE_S} s)"
   limited gpu_profile "$PROFILE_S" TERM gpu_profile.log python benchmarks/gpu_profile.py --commit "$COMMIT" --out "$OUTDIR"
 }

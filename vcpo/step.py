@@ -11,6 +11,7 @@ is scaled by the global batch's ESS for this one optimizer.step() and restored.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -25,9 +26,12 @@ from vcpo.batch import BatchError, PolicyBatch
 from vcpo.dist import all_reduce, sync_grads
 from vcpo.distill import DistillConfig, DistillOutput, distill_term
 from vcpo.exact import GradSqFn, LogprobFn, exact_opob_group, local_grad_sq, new_buffers, opob_weight_inputs
+from vcpo.ghost import GhostNorms, GhostUnsupported
 from vcpo.importance import ESS_RULES, ess_from_sums, ess_lr_scale, sequence_log_weights
 from vcpo.logprobs import logit_grad_proxy_of, logprobs_of
 from vcpo.losses import LossInputs, _truncate, get_loss, kl_k3_sum, loss_kwargs
+
+log = logging.getLogger(__name__)
 
 ProxyFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
 ClipFn = Callable[[list[nn.Parameter], float], Tensor | float]  # clips in place, returns the pre-clip norm
@@ -49,6 +53,9 @@ class StepConfig:
     ess_base_ratio: float = 1.0  # ρ₀: no damping while ESS/B >= ρ₀
     opob_mode: str = "exact"  # exact: backward per trajectory | proxy: forward-only logit-gradient proxy
     opob_weight: str = "default"  # default: w̃²‖g‖² | reference: w̃² w² ‖∇Σ log π‖² (mit-han-lab/vcpo)
+    # exact OPOB's ‖g_i‖²: ghost (vcpo/ghost.py: from each layer's inputs and output gradients, one extra
+    # activation-only backward per micro-batch) | backward (one backward per trajectory, vcpo/exact.py)
+    opob_norms: str = "backward"
     grad_clip: float = 1.0
     micro_batch_size: int = 4  # trajectories per forward/backward (proxy mode: whole groups)
     micro_batch_tokens: int | None = None  # and at most this many real tokens (a longer row goes alone)
@@ -57,7 +64,7 @@ class StepConfig:
     # forward with gradients over the group, keeping each micro-batch's graph until the baseline is known, then
     # their backwards: one forward fewer, at the memory of the group's graphs (worth it under activation
     # recompute, where a graph holds only each layer's input; the torch learner sets it then).
-    proxy_hold_group: bool = False
+    proxy_hold_group: bool = False  # (exact OPOB with ghost norms holds the same way)
     loss_kwargs: Mapping[str, float] = field(default_factory=dict)
     distill: DistillConfig | None = None  # on-policy distillation term (vcpo/distill.py); None: no teacher
 
@@ -71,6 +78,7 @@ class StepConfig:
             "ess_lr_rule": ESS_RULES,
             "opob_mode": ("exact", "proxy"),
             "opob_weight": ("default", "reference"),
+            "opob_norms": ("ghost", "backward"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -279,6 +287,8 @@ class Step:
         grad_sq_fn: GradSqFn = local_grad_sq,
         clip_fn: ClipFn = torch.nn.utils.clip_grad_norm_,
         finish_fn: FinishFn = _finished,
+        ghost_head: tuple[nn.Linear, nn.Module] | None = None,
+        ghost_sq_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         """logprob_fn / proxy_fn: how to get per-token log-probs (and the proxy) from the model.
         grad_sq_fn / clip_fn: ‖g‖² of one trajectory's gradient and grad clipping; a tensor-parallel
@@ -287,6 +297,9 @@ class Step:
         the sequence-parallel sum over TP, the CP average). Called exactly once on every gradient grad_sq_fn did
         not see: after the micro-batched passes, and on the distillation pass after exact OPOB on its own (exact
         OPOB's per-trajectory gradients go through grad_sq_fn, which a sharded trainer finishes them in).
+        ghost_head: (head, the module whose output is its input) when logprob_fn calls the output head as a
+        function (opob_norms='ghost'); ghost_sq_fn: the ghost norms of a micro-batch's trajectories made whole (a
+        tensor-parallel trainer sums its ranks' shares there).
         """
         cfg.check()
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -313,6 +326,21 @@ class Step:
                 raise ValueError("Step: opob_mode='proxy' with a custom logprob_fn also needs proxy_fn")
             self.proxy_fn = logit_grad_proxy_of
         self.last_rows: RowResults | None = None  # the last step's per-trajectory results, for logging
+        self.ghost: GhostNorms | None = None
+        self.ghost_sq_fn = ghost_sq_fn
+        if (
+            cfg.advantage == "opob"
+            and cfg.opob_mode == "exact"
+            and cfg.opob_norms == "ghost"
+            and self.task_scale > 0
+        ):
+            head, head_input = ghost_head if ghost_head is not None else (None, None)
+            try:
+                self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
+            except (
+                GhostUnsupported
+            ) as e:  # e.g. a hybrid model's linear-attention layers: still exact, slower
+                log.warning("%s; exact OPOB runs one backward per trajectory instead", e)
 
     def __call__(self, batch: PolicyBatch) -> StepMetrics:
         batch.validate()
@@ -324,13 +352,19 @@ class Step:
         batch = batch.to(self.params[0].device)
         self.optimizer.zero_grad(set_to_none=True)
         exact = self.cfg.advantage == "opob" and self.cfg.opob_mode == "exact" and self.task_scale > 0
+        ghost = exact and self.ghost is not None
+        exact = exact and not ghost
         # exact OPOB reads each trajectory's results on the host as it goes; the others never read a row until the end
         where = torch.device("cpu") if exact else batch.input_ids.device
         rows = _Rows(batch.size, int(batch.input_ids.shape[1]), where)
         try:
             with self.no_sync():
-                if exact:
-                    self._exact(batch, rows, host)
+                if exact or ghost:
+                    if ghost:
+                        self._ghost(batch, rows, host)
+                        self.finish_fn(self.params)
+                    else:
+                        self._exact(batch, rows, host)
                     if self.distill is not None:  # the exact pass backs up the task term alone
                         self._distill_pass(batch, rows, host)
                 else:
@@ -364,6 +398,76 @@ class Step:
             p.grad = (-self.task_scale * a).to(p.dtype)
         rows.adv *= self.task_scale
         rows.loss *= self.task_scale
+
+    def _ghost(self, batch: PolicyBatch, rows: _Rows, host: _Host) -> None:
+        """Exact OPOB from ghost norms: per chunk of whole groups, a forward, an activation-only backward of
+        Σ_i mean_t log π(τ_i) whose hooks give every ‖g_i‖², the groups' baselines, then one backward of
+        −Σ_i w̃_i A_i mean_t log π(τ_i) (what `_exact`'s running sums add up to). A group split over several
+        micro-batches is forwarded twice (norms first, then the update), like proxy OPOB without held graphs."""
+        dev = batch.input_ids.device
+        for idx in _packed_groups(host.group_index, self.cfg.micro_batch_size):
+            parts = self._micro_batches(idx, host, dev)
+            whole = _Part.of(idx, host, dev)
+            # a group split over micro-batches: its parts' graphs held until the baseline is known (proxy_hold_group,
+            # as proxy OPOB), or each part forwarded again for the update
+            keep = len(parts) == 1 or self.cfg.proxy_hold_group
+            held = [self._ghost_forward(batch, part, host, keep=keep) for part in parts]
+            adv, log_wt = self._ghost_advantages(batch, whole, host, [h[2:] for h in held], rows)
+            for part, (sub, lp, _, _) in zip(parts, held, strict=True):
+                if lp is None:  # the group spans micro-batches: forward again, now for the update
+                    lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
+                at = [whole.rows.index(k) for k in part.rows]
+                coef = (torch.exp(log_wt[at]) * adv[at]).to(lp.dtype)  # −∂loss/∂ mean_lp_i, before task_scale
+                tokens = sub.loss_mask.sum(-1).clamp(min=1.0)
+                mean_lp = (lp * sub.loss_mask).sum(-1) / tokens
+                loss = -(coef * mean_lp).sum() * self.task_scale
+                if loss.requires_grad:
+                    loss.backward()
+                rows.record(part.dev, lp, sub)
+                rows.loss[part.dev] = (-coef.double() * mean_lp.detach().double()) * self.task_scale
+                s = rows.s[part.dev]
+                clip = (log_wt[at] != s) & (self.cfg.loss != "reinforce")
+                rows.clipped[part.dev] = torch.where(clip, sub.loss_mask.double().sum(-1), 0.0)
+
+    def _ghost_forward(
+        self, batch: PolicyBatch, part: _Part, host: _Host, *, keep: bool
+    ) -> tuple[PolicyBatch, Tensor | None, Tensor, Tensor]:
+        """A part's forward with the ghost hooks armed and its activation-only backward: (sub, log-probs with
+        their graph when `keep`, else None; the sequence log-weights, each trajectory's ‖∇ mean_t log π‖²)."""
+        assert self.ghost is not None
+        sub = batch.select(part.dev, width=part.width)
+        with self.ghost.capture(sub.input_ids, sub.loss_mask, [host.lengths[k] for k in part.rows]):
+            lp = self.logprob_fn(self.module, sub.input_ids, sub.attention_mask)
+            tokens = sub.loss_mask.sum(-1).clamp(min=1.0)
+            f = ((lp * sub.loss_mask).sum(-1) / tokens).sum()
+            gsq = self.ghost.norms(f, retain_graph=keep) if f.requires_grad else torch.zeros(len(part.rows))
+        if self.ghost_sq_fn is not None:
+            gsq = self.ghost_sq_fn(gsq)
+        s = sequence_log_weights(lp.detach(), sub.behavior_logprobs, sub.loss_mask, check=False)
+        return sub, (lp if keep else None), s, gsq.to(s.device, torch.float64)
+
+    def _ghost_advantages(
+        self, batch: PolicyBatch, whole: _Part, host: _Host, parts: list[tuple[Tensor, Tensor]], rows: _Rows
+    ) -> tuple[Tensor, Tensor]:
+        """Exact OPOB's baseline and advantages (as `exact_opob_group`) of one chunk of whole groups from their
+        ghost norms; returns the unscaled advantages and truncated log-weights of the chunk's rows."""
+        s = torch.cat([p[0] for p in parts])
+        gsq = torch.cat([p[1] for p in parts])
+        tokens = batch.loss_mask[whole.dev].double().sum(-1)
+        log_wt = self.spec.seq_log_weight(s, self.cfg.is_truncation)  # type: ignore[misc]
+        measured = (tokens > 0) & (log_wt > -math.inf)
+        gsq = torch.where(measured, gsq, 0.0)
+        rows.bad_gsq[whole.dev] = (~torch.isfinite(gsq) | (gsq < 0)).double()  # raised by rows.on_cpu()
+        log_w, wgsq = opob_weight_inputs(s, log_wt, tokens, gsq, self.cfg.opob_weight)
+        dense, n_groups = _numbered(host.group_index, whole.rows, whole.dev.device)
+        r = batch.rewards[whole.dev].double()
+        b = opob_baseline(r, log_w, wgsq.clamp(min=0.0), dense, num_groups=n_groups, check=False)
+        g = group_stats(r, dense, num_groups=n_groups)
+        live = g.std > STD_EPS
+        adv = torch.where(live, (r - b) / g.std.clamp(min=STD_EPS), 0.0)
+        rows.adv[whole.dev], rows.base[whole.dev] = adv * self.task_scale, torch.where(live, b, g.mean)
+        rows.grad_sq[whole.dev] = torch.where(measured & live, gsq, -1.0)
+        return adv, log_wt
 
     def _distill_pass(self, batch: PolicyBatch, rows: _Rows, host: _Host) -> None:
         """Forward and backward of the distillation term alone, finished on its own (finish_fn) and added to the

@@ -101,6 +101,8 @@ class TorchRank:
             dp_group=dp_group,
             logprob_fn=self._logprobs,
             proxy_fn=self._proxy,
+            # the log-probs call the output head as a function of the decoder's last hidden state
+            ghost_head=(self._lp.head, self._lp.decoder) if self._lp.plain_head else None,
         )
 
     def _logprobs(

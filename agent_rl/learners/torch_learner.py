@@ -30,6 +30,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         ess_base_ratio=ac.ess_base_ratio,
         opob_mode=ac.opob_mode,
         opob_weight=ac.opob_weight,
+        opob_norms="backward" if lc.compile else ac.opob_norms,  # ghost hooks are not traced by torch.compile
         grad_clip=lc.grad_clip,
         micro_batch_size=lc.micro_batch_size,
         micro_batch_tokens=lc.micro_batch_tokens,

@@ -18,6 +18,8 @@ TP/CP ranks of one replica hold the same trajectories (all n samples of a prompt
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 
@@ -40,6 +42,9 @@ def sharded_step(
             "algorithm.opob_mode=proxy is not available on the Megatron learner (its logit-gradient proxy "
             "needs the full vocabulary on one rank); use opob_mode: exact"
         )
+    # ghost norms (vcpo/ghost.py) see nn.Linear layers, not Megatron's TP-sharded ones, and would need their
+    # shares summed over TP with duplicates counted once: not built, so exact OPOB here backs up each trajectory
+    cfg = dataclasses.replace(cfg, opob_norms="backward")
     params = [p for p in module.parameters() if p.requires_grad]
 
     def trajectory_grad_sq(_grads: list[Tensor]) -> float:
