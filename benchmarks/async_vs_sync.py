@@ -51,11 +51,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
+from train_cmd import train_command  # noqa: E402
+
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import results_dir  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
-from train_cmd import train_command  # noqa: E402
+from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
@@ -280,14 +281,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="0,1,2,4")
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_async_vs_sync")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results; "
-                   "--quick: runs/bench/async_vs_sync, never the committed results)")
-    p.add_argument("--from-results", type=Path, help="only write the summary, markdown and plot anew from this "
-                   "results file's runs (into the same folder unless --out)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/async_vs_sync, never the committed results)",
+    )
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        help="only write the summary, markdown and plot anew from this "
+        "results file's runs (into the same folder unless --out)",
+    )
     args = p.parse_args(argv)
     if args.from_results:
         old = json.loads(args.from_results.read_text())
-        cells = [Cell(**{f: c[f] for f in ("name", "k", "method", "topology", "threads")}) for c in old["per_cell"].values()]
+        cells = [
+            Cell(**{f: c[f] for f in ("name", "k", "method", "topology", "threads")})
+            for c in old["per_cell"].values()
+        ]
         head = {k: v for k, v in old.items() if k not in ("cells", "per_cell", "summary")}
         write(report(old["cells"], cells, head), args.out or args.from_results.parent, args.from_results.stem)
         return 0
@@ -484,12 +497,14 @@ def markdown(out: dict) -> str:
         "",
         f"**Async k={s['k_fixed_before_runs']} (fixed before the runs) against sync: "
         f"{f(s.get('fixed_k_speedup_train'))}x sooner to sync's final accuracy on training time, "
-        + (f"{f(s.get('fixed_k_speedup_process'))}x on whole-process time** (medians of the per-seed ratios; per seed "
-           f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))} and "
-           f"{', '.join(f(x) for x in s.get('fixed_k_speedup_process_per_seed', []))}; 0 = never reached); final "
-           if s.get("fixed_k_speedup_process") is not None else
-           "whole-process time not recorded by these runs** (the median of the per-seed ratios; per seed "
-           f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))}; 0 = never reached); final ")
+        + (
+            f"{f(s.get('fixed_k_speedup_process'))}x on whole-process time** (medians of the per-seed ratios; per seed "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))} and "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_process_per_seed', []))}; 0 = never reached); final "
+            if s.get("fixed_k_speedup_process") is not None
+            else "whole-process time not recorded by these runs** (the median of the per-seed ratios; per seed "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))}; 0 = never reached); final "
+        )
         + f"accuracy {f(s.get('fixed_k_final_minus_sync'), '{:+.3f}')} against sync. Goals: "
         + ", ".join(
             f"{g} {'met' if v else 'NOT met' if v is not None else '-'}"
