@@ -9,10 +9,10 @@ chosen lr: that pick is made on the held-out seeds themselves, which favours the
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 
+from benchmarks.harness.stats import Gap, MeanSE, mean_se
+from benchmarks.harness.stats import difference as harness_difference
 from benchmarks.stress.level_b_fair import (
     ABLATIONS,
     BASELINES,
@@ -34,20 +34,20 @@ from benchmarks.stress.level_b_fair import (
 
 def stats(accs: list[float]) -> dict:
     """n, mean, std, se and collapses of one cell (mean/std/se None where the seeds cannot give them)."""
-    n = len(accs)
-    std = statistics.stdev(accs) if n > 1 else None
+    m = mean_se(accs)
     return {
-        "n": n, "mean": statistics.mean(accs) if n else None, "std": std,
-        "se": std / math.sqrt(n) if std is not None else None, "collapsed": sum(a < WARM_START for a in accs),
-    }  # fmt: skip
+        "n": m.n,
+        "mean": m.mean,
+        "std": m.std,
+        "se": m.se,
+        "collapsed": sum(a < WARM_START for a in accs),
+    }
 
 
 def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
     """a - b and its standard error (independent cells)."""
-    if a["mean"] is None or b["mean"] is None:
-        return None, None
-    se = math.sqrt(a["se"] ** 2 + b["se"] ** 2) if a["se"] is not None and b["se"] is not None else None
-    return a["mean"] - b["mean"], se
+    g = harness_difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
+    return g.diff, g.se
 
 
 def selection(cells: dict[tuple, Cell]) -> dict:
@@ -130,13 +130,13 @@ def verdict(s: dict, k: str) -> str:
     if s["vcpo_minus_best_baseline"] is None:
         return f"- k={k}: not measured yet."
     d, se = s["vcpo_minus_best_baseline"], s["vcpo_minus_best_baseline_se"]
-    z = d / se if se else math.inf
-    how = ("VCPO is ahead" if d > 0 else "VCPO is behind") + (
-        f" by {abs(d):.2f} ± {se:.2f} ({abs(z):.1f} standard errors"
-        if se
-        else f" by {abs(d):.2f} (no spread yet"
-    )
-    how += "; within 2 SE: not separated)" if abs(z) < 2 else ")"
+    g = Gap(d, se)  # the 2-SE rule of benchmarks/harness/stats.py: "ahead"/"behind" only when separated
+    if g.separated:
+        how = f"VCPO is {g.side()} by {abs(d):.2f} ± {se:.2f} ({g.z:.1f} standard errors)"
+    elif se:
+        how = f"VCPO is level with it: {d:+.2f} ± {se:.2f} ({g.z:.1f} standard errors; within 2 SE: not separated)"
+    else:
+        how = f"VCPO is level with it: {d:+.2f} (no spread yet; not separated)"
     text = (f"- k={k}: VCPO (lr {lr_text(RECIPE_LR)}) {_pm(s['vcpo_mean'], s['vcpo_se'])} vs the best baseline at its "
             f"best lr, {LABEL[s['best_baseline']]} (lr {lr_text(s['best_baseline_lr'])}) "
             f"{_pm(s['best_baseline_mean'], s['best_baseline_se'])}: {how}.")  # fmt: skip

@@ -194,7 +194,7 @@ def _k_sweep_lines(report: dict, link: str) -> list[str]:
         lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
     if against := vcpo_vs_lines(report.get("vcpo_vs", {})):
         lines += ["", f"VCPO against each method, where both have all {len(d['heldout_seeds'])} held-out seeds "
-                  f"(VCPO minus the method ± SE of the difference; ahead or behind beyond {d['separation_se']:g} SE, "
+                  f"(VCPO minus the method ± SE of the difference; ahead or behind at {d['separation_se']:g} SE or more, "
                   "level within):", "", *against]  # fmt: skip
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]
