@@ -32,7 +32,8 @@ above the target, and at the last three (their mean is the final accuracy). Wall
 Resumable: each finished cell is appended to benchmarks/results/distill_cells.jsonl (--out) and skipped by a
 rerun; distill.{json,md} are rewritten from all finished cells after each one, and say which cells are done.
 Run it under `nice -n 15` on a shared machine. --quick: a machinery check (a random tiny model as teacher and
-student, 2 cells of 3 steps, 8 eval tasks) writing distill_quick.*; its numbers mean nothing.
+student, 2 cells of 3 steps, 8 eval tasks) writing distill_quick.* under runs/bench/distill unless --out; its numbers
+mean nothing.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from pathlib import Path
 from bench_paths import portable
 from train_cmd import train_command
 
+from benchmarks.harness.report import results_dir  # noqa: E402  (bench_paths put the checkout on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 TARGET_SHARE = 0.9  # of the teacher's held-out accuracy
 # Goals (issue #35): distillation reaches the target in <= 1/3 of RL's steps; k=4 within 2 points of k=0;
@@ -578,7 +580,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default runs/bench_distill[_quick])")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/distill, never the committed results)",
+    )
     p.add_argument(
         "--report-only", action="store_true",
         help="rewrite distill.{json,md} from the finished cells (--out) and run none; keeps the last run's "
@@ -589,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated cell names (as the report lists them): run only these, in this order",
     )  # fmt: skip
     args = p.parse_args(argv)
+    args.out = results_dir(args.out, scratch=args.quick, name="distill")
     stem = "distill_quick" if args.quick else "distill"
     work = args.work or ROOT / "runs" / ("bench_distill_quick" if args.quick else "bench_distill")
     work.mkdir(parents=True, exist_ok=True)

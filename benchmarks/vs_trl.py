@@ -40,7 +40,8 @@ held-out split and limit, with the same seed: nothing is evaluated while a timed
 Times: training wall time (sum of step seconds: generation, learner, weight sync; start-up, checkpoint
 writes and logging excluded) and whole-process wall time (from process start to the checkpoint on disk).
 
-Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.*; its accuracies mean nothing).
+Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.* under runs/bench/vs_trl unless --out;
+its accuracies mean nothing).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ from bench_paths import portable  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
+from benchmarks.harness.report import results_dir  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "agent_arith.yaml"
 TRL_RUN = ROOT / "benchmarks" / "trl_run.py"
 K_ASYNC = 2  # fixed before the runs: the recipe's buffer.max_staleness (recipes/agent_arith.yaml)
@@ -485,7 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/vs_trl, never the committed results)",
+    )
     p.add_argument(
         "--score-jobs", type=int, default=1, help="evaluations at a time when scoring (after the runs)"
     )
@@ -495,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         help="no training: score the runs already in --work (their .run.json) and write the results",
     )
     args = p.parse_args(argv)
+    args.out = results_dir(args.out, scratch=args.quick, name="vs_trl")
     if args.quick:
         args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
         args.eval_limit = args.eval_limit or 20
