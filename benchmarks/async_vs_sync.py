@@ -32,7 +32,9 @@ runs it measures. Training wall time at step s = sum of `perf/step_seconds` up t
 
 Results: benchmarks/results/async_vs_sync.{json,md} and async_vs_sync.png (accuracy vs wall time); --quick
 writes async_vs_sync_quick.* under runs/bench/async_vs_sync unless --out names a folder.
-`--from-results FILE` writes the summary, the markdown and the plot anew from a results file's runs (`cells`),
+Runs go through benchmarks/harness (seeds x cells, the cells rotated per seed; every finished run a line of
+--work/runs.jsonl, so an invocation stopped by a kill or by --time-limit-min goes on where it stopped; only seeds
+with all their cells are scored). `--from-results FILE` writes the summary, the markdown and the plot anew from a results file's runs (`cells`),
 with the statistics of benchmarks/harness/stats.py.
 """
 
@@ -56,6 +58,7 @@ from train_cmd import train_command  # noqa: E402
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import results_dir  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
+from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only write the summary, markdown and plot anew from this "
         "results file's runs (into the same folder unless --out)",
     )
+    p.add_argument(
+        "--time-limit-min",
+        type=float,
+        help="start no run after this many minutes (the running one "
+        "finishes); the next invocation with the same --work goes on from there",
+    )
     args = p.parse_args(argv)
     if args.from_results:
         old = json.loads(args.from_results.read_text())
@@ -323,26 +332,56 @@ def main(argv: list[str] | None = None) -> int:
     ).accuracy
     log(f"warm start held-out accuracy {start_acc:.3f}")
     cells = cells_for(ks)
+    by_name = {c.name: c for c in cells}
     prov = Provenance()
     load = os.getloadavg()
-    runs = []
-    total = len(cells) * args.seeds
-    for seed in range(args.seeds):
-        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotate: no cell always runs first
-        for cell in order:
-            run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{seed}"
-            log(f"[{len(runs) + 1}/{total}] {cell.name} seed {seed}")
-            steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
-            info = train_run(cell, seed, model, run_dir, steps, args.every)
-            runs.append((cell, seed, run_dir, info))
+
+    def run_one(job: Job) -> dict:
+        cell = by_name[job.cell]
+        run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
+        steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
+        return {
+            "run_dir": str(run_dir),
+            "steps": args.steps,
+            **train_run(cell, job.seed, model, run_dir, steps, args.every),
+        }
+
+    # seeds x cells, the cells rotated per seed; a run finished by an earlier invocation (runs.jsonl in --work) is
+    # not run again, and past --time-limit-min no run starts (the one running finishes)
+    jobs = plan([c.name for c in cells], range(args.seeds))
+    limit = None if args.time_limit_min is None else args.time_limit_min * 60
+    outcome = Runner(args.work, limit).run(jobs, run_one, log)
+    if stale := sorted({r["steps"] for r in outcome.records} - {args.steps}):
+        raise SystemExit(
+            f"{args.work}/runs.jsonl has runs of {stale} steps, not {args.steps}: give a new --work"
+        )
+    done = [
+        s
+        for s in range(args.seeds)
+        if all(Job(c.name, s).key not in {j.key for j in outcome.missing} for c in cells)
+    ]
+    if not done:
+        log(f"no seed has all its cells yet ({len(outcome.missing)} runs left): run the same command again")
+        return 0
     log("evaluating checkpoints")
     results = []
-    for cell, seed, run_dir, info in runs:
+    for rec in outcome.records:
+        if rec["seed"] not in done:  # a seed without all its cells is left out of every ratio
+            continue
+        cell, run_dir = by_name[rec["cell"]], Path(rec["run_dir"])
+        info = {k: rec[k] for k in ("process_wall_s", "process_start", "core_busy")}
         acc = evaluate_checkpoints(run_dir, model, args.eval_limit)
-        r = {"name": cell.name, "k": cell.k, "method": cell.method, "topology": cell.topology, "seed": seed}
+        r = {
+            "name": cell.name,
+            "k": cell.k,
+            "method": cell.method,
+            "topology": cell.topology,
+            "seed": rec["seed"],
+        }
         r |= summarise_run(run_dir, acc, start_acc, args.steps, info["process_start"]) | info
         results.append(r)
-        log(f"{cell.name} seed {seed}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
+        log(f"{cell.name} seed {rec['seed']}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
+    args.seeds = len(done)
     head = {
         "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -100,17 +103,38 @@ class Runner:
         return Outcome([done[j.key] for j in jobs if j.key in done], [j for j in jobs if j.key not in done])
 
 
-def tune(candidates: dict[str, list[str]], measure: Callable[[str, str], float | None]) -> dict:
-    """Each system's candidates measured once, interleaved across systems (A1 B1 A2 B2 ...); the one with the
-    lowest value chosen per system (a candidate that failed measures None and is never chosen).
-    Returns {'measured': {system: {candidate: value}}, 'chosen': {system: candidate or None}}."""
-    measured: dict[str, dict[str, float | None]] = {s: {} for s in candidates}
-    for i in range(max((len(c) for c in candidates.values()), default=0)):
-        for system, cands in candidates.items():
-            if i < len(cands):
-                measured[system][cands[i]] = measure(system, cands[i])
-    chosen = {}
-    for system, vals in measured.items():
-        ok = {c: v for c, v in vals.items() if v is not None}
-        chosen[system] = min(ok, key=ok.get) if ok else None
-    return {"measured": measured, "chosen": chosen}
+def interleave(candidates: Mapping[str, Sequence[T]]) -> list[tuple[str, T]]:
+    """One candidate of each system in turn (A1 B1 A2 B2 B3 ...), so a burst of load hits no system alone."""
+    queues = {name: list(cands) for name, cands in candidates.items()}
+    out = []
+    while any(queues.values()):
+        for name, q in queues.items():
+            if q:
+                out.append((name, q.pop(0)))
+    return out
+
+
+def tune(
+    candidates: Mapping[str, Sequence[T]],
+    measure: Callable[[str, T], float | None],
+    label: Callable[[T], str] = str,
+) -> dict:
+    """Each system's candidates measured once, in `interleave` order; per system the candidate with the lowest
+    value is chosen (one that failed measures None and is never chosen; a system whose every candidate failed
+    is chosen None). Returns {'measured': {'SYSTEM: LABEL': value}, 'chosen': {system: candidate or None}}."""
+    measured: dict[str, float | None] = {}
+    for system, cand in interleave(candidates):
+        measured[f"{system}: {label(cand)}"] = measure(system, cand)
+    return {"measured": measured, "chosen": choose(candidates, measured, label)}
+
+
+def choose(
+    candidates: Mapping[str, Sequence[T]], measured: Mapping[str, float | None], label: Callable[[T], str] = str
+) -> dict[str, T | None]:
+    """Per system, the candidate with the lowest measured value ('SYSTEM: LABEL' keys; None or absent: did not
+    run), None where none ran."""
+    out: dict[str, T | None] = {}
+    for system, cands in candidates.items():
+        ran = [c for c in cands if measured.get(f"{system}: {label(c)}") is not None]
+        out[system] = min(ran, key=lambda c, s=system: measured[f"{s}: {label(c)}"]) if ran else None
+    return out

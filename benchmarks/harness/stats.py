@@ -49,7 +49,9 @@ def mean_se(values: Iterable[float]) -> MeanSE:
     if not n:
         return MeanSE(None, None, 0)
     std = statistics.stdev(xs) if n > 1 else None
-    return MeanSE(statistics.mean(xs), None if std is None else std / math.sqrt(n), n, std)  # exact mean, as before
+    return MeanSE(
+        statistics.mean(xs), None if std is None else std / math.sqrt(n), n, std
+    )  # exact mean, as before
 
 
 @dataclass(frozen=True)

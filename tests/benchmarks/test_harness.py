@@ -91,11 +91,16 @@ def test_tuning_pass_interleaves_systems_and_chooses_the_lowest_that_ran():
 
     def measure(system, cand):
         calls.append((system, cand))
-        return {"a1": 3.0, "a2": 1.0, "b1": None, "b2": 2.0, "b3": 0.5}[cand]
+        return {"a1": 3.0, "a2": 1.0, "b1": None, "b2": 2.0, "b3": 0.5, "c1": None}[cand]
 
-    t = runner.tune({"a": ["a1", "a2"], "b": ["b1", "b2", "b3"]}, measure)
-    assert calls == [("a", "a1"), ("b", "b1"), ("a", "a2"), ("b", "b2"), ("b", "b3")]
-    assert t["chosen"] == {"a": "a2", "b": "b3"} and t["measured"]["b"]["b1"] is None
+    t = runner.tune({"a": ["a1", "a2"], "b": ["b1", "b2", "b3"], "c": ["c1"]}, measure)
+    assert calls == [("a", "a1"), ("b", "b1"), ("c", "c1"), ("a", "a2"), ("b", "b2"), ("b", "b3")]
+    assert t["chosen"] == {
+        "a": "a2",
+        "b": "b3",
+        "c": None,
+    }  # b1 failed: never chosen; c: every candidate failed
+    assert t["measured"]["b: b1"] is None and t["measured"]["a: a2"] == 1.0
 
 
 def test_mean_and_se_against_a_hand_computation():
