@@ -58,7 +58,7 @@ from train_cmd import train_command  # noqa: E402
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import results_dir  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
-from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
+from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,11 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     # not run again, and past --time-limit-min no run starts (the one running finishes)
     jobs = plan([c.name for c in cells], range(args.seeds))
     limit = None if args.time_limit_min is None else args.time_limit_min * 60
-    outcome = Runner(args.work, limit).run(jobs, run_one, log)
-    if stale := sorted({r["steps"] for r in outcome.records} - {args.steps}):
+    if stale := sorted({r["steps"] for r in read_runs(args.work / "runs.jsonl").values()} - {args.steps}):
         raise SystemExit(
             f"{args.work}/runs.jsonl has runs of {stale} steps, not {args.steps}: give a new --work"
         )
+    outcome = Runner(args.work, limit).run(jobs, run_one, log)
     done = [
         s
         for s in range(args.seeds)

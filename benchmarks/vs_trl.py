@@ -66,6 +66,7 @@ from bench_paths import portable  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
+from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import results_dir  # noqa: E402
 from benchmarks.harness.runner import choose as harness_choose  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
@@ -399,7 +400,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
     after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
     (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
-    load = os.getloadavg()
+    load, prov = os.getloadavg(), Provenance()
     cands = candidates()
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
     trl = tuned["chosen"]["trl"]
@@ -444,6 +445,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
             f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
             f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
         )
+        session["meta"] = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
         session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
@@ -544,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": session["command"] + (" (scored by: " + relative_args() + ")" if args.score_only else ""),
         "date": session["date"],
         "machine": session["machine"],
+        **({"meta": session["meta"]} if "meta" in session else {}),
         "recipe": str(RECIPE.relative_to(ROOT)),
         "k_async_fixed_before_runs": K_ASYNC,
         **{
