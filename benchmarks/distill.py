@@ -55,7 +55,9 @@ from pathlib import Path
 from bench_paths import portable
 from train_cmd import train_command
 
-from benchmarks.harness.report import results_dir  # noqa: E402  (bench_paths put the checkout on sys.path)
+from benchmarks.harness.provenance import commit  # noqa: E402  (bench_paths put the checkout on sys.path)
+from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
@@ -334,8 +336,8 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
             finals = [c["final3_accuracy"] for c in cs]
             row |= {
                 "steps_to_target": steps,
-                "steps_to_target_median": _median_present(steps),
-                "seconds_to_target_median": _median_present(secs),
+                "steps_to_target_median": median_or_none(steps),
+                "seconds_to_target_median": median_or_none(secs),
                 "final3_accuracy_mean": statistics.mean(finals),
                 "final3_accuracy_std": statistics.pstdev(finals),
                 "final3_accuracy_se": _se(finals),
@@ -351,13 +353,8 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
 
 
 def _se(xs: list[float]) -> float | None:
-    """Standard error of the mean over seeds (sample standard deviation / sqrt n); None under 2 seeds."""
-    return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
-
-
-def _median_present(xs: list) -> float | None:
-    present = [x for x in xs if x is not None]
-    return statistics.median(present) if present and 2 * len(present) >= len(xs) else None
+    """Standard error of the mean over seeds (benchmarks/harness/stats.py); None under 2 seeds."""
+    return mean_se(xs).se
 
 
 def _by(
@@ -553,11 +550,6 @@ def write(out_dir: Path, stem: str, out: dict) -> None:
         os.replace(tmp, out_dir / f"{stem}.{ext}")
 
 
-def _commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return r.stdout.strip() or "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -642,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": shlex.join(["benchmarks/distill.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": _commit(),
+        "commit": commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared (load average {os.getloadavg()[0]:.1f} "
         "at the last write)",
         "teacher": str(teacher),

@@ -59,3 +59,17 @@ def test_the_level_b_fair_report_is_what_its_kept_runs_give(tmp_path: Path) -> N
     write(level_b_fair.read_cells(_no_runs(tmp_path), src), out)
     assert json.loads(out.read_text()) == json.loads(src.read_text())
     assert out.with_suffix(".md").read_text() == src.with_suffix(".md").read_text()
+
+
+def test_distill_report_is_what_its_cells_give() -> None:
+    """benchmarks/results/distill.json from the runs in distill_cells.jsonl, the plan of its own command and its
+    own head (teacher, student, target ...)."""
+    import distill
+
+    d = json.loads((RESULTS / "distill.json").read_text())
+    rows = [json.loads(x) for x in (RESULTS / "distill_cells.jsonl").read_text().splitlines()]
+    cells = [r for r in rows if not r["name"].startswith("eval")]
+    assert d["command"] == "benchmarks/distill.py --distill-lr 1e-3"  # the defaults below are that command's
+    planned = distill.cells_for(3, d["steps"], d["rl_steps"], 12, d["distill_lr"], 1e-3)
+    head = {k: v for k, v in d.items() if k not in ("cells_done", "cells_missing", "table", "goals", "cells")}
+    assert json.loads(json.dumps(distill.report(cells, planned, head))) == d  # tuples as the JSON writes them
