@@ -66,6 +66,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
     "reliability.md": _reliability,
     "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
+    "moe_replay.md": lambda tmp: __import__("moe_replay").markdown(_load("moe_replay.json")),
     "stress/level_b_fair.md": _level_b_fair,
 }
 
