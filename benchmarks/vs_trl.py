@@ -62,12 +62,11 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # the env's agent (examples/) imports from the root
 from _agent_arith import warm_start  # noqa: E402
-from bench_paths import portable  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.report import results_dir, write  # noqa: E402
 from benchmarks.harness.runner import choose as harness_choose  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
 from benchmarks.harness.runner import tune as harness_tune  # noqa: E402
@@ -558,12 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         "cells": records,
         "summary": summarise(records, K_ASYNC, session["budget_s"]),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "vs_trl_quick" if args.quick else "vs_trl"
-    (args.out / f"{stem}.json").write_text(portable(json.dumps(out, indent=2) + "\n"))
-    (args.out / f"{stem}.md").write_text(portable(markdown(out)))
+    write(stem, out, args.out, markdown)
     plot(out, args.out / f"{stem}.png")
-    print(markdown(out))
     return 0
 
 

@@ -101,9 +101,3 @@ class Provenance:
             "elapsed_s": round((dt.datetime.now(dt.UTC) - self.started).total_seconds(), 1),
             "versions": versions(),
         }
-
-
-def machine_line(meta: dict) -> str:
-    """'x86_64, 2 cores, load average 0.60 -> 1.20' from a meta block (the figure's row says its load)."""
-    c = meta["cpu"]
-    return f"{c['arch']}, {c['cores']} cores, load average {meta['load_before'][0]:.2f} -> {meta['load_after'][0]:.2f}"

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.harness.provenance import ROOT
+from benchmarks.harness.provenance import ROOT, portable
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCRATCH = ROOT / "runs" / "bench"
@@ -44,14 +44,9 @@ def write(name: str, data: dict, out: Path, render: Callable[[dict], str], quiet
     """out/NAME.json and out/NAME.md (render(data)); returns the JSON's path."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(portable(json.dumps(data, indent=1)) + "\n")
     text = render(data)
-    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.md").write_text(portable(text))
     if not quiet:
         print(text)
     return path
-
-
-def regenerate(path: Path, render: Callable[[dict], str]) -> str:
-    """The markdown of a committed results file, rendered anew from its JSON."""
-    return render(json.loads(path.read_text()))

@@ -129,7 +129,9 @@ def tune(
 
 
 def choose(
-    candidates: Mapping[str, Sequence[T]], measured: Mapping[str, float | None], label: Callable[[T], str] = str
+    candidates: Mapping[str, Sequence[T]],
+    measured: Mapping[str, float | None],
+    label: Callable[[T], str] = str,
 ) -> dict[str, T | None]:
     """Per system, the candidate with the lowest measured value ('SYSTEM: LABEL' keys; None or absent: did not
     run), None where none ran."""
