@@ -43,6 +43,11 @@ class MeanSE:
         return head + (f" ± {self.se:.2f}" if self.se is not None else "")
 
 
+def pm(mean: float | None, se: float | None, signed: bool = False) -> str:
+    """'0.63 ± 0.02' ('+0.03 ± 0.02' signed; no '±' without an SE; 'missing' without a mean)."""
+    return MeanSE(mean, se, 0).text(signed)
+
+
 def mean_se(values: Iterable[float]) -> MeanSE:
     xs = list(values)
     n = len(xs)

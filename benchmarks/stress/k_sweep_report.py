@@ -18,7 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, MeanSE, difference, mean_se
+from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, MeanSE, difference, mean_se, pm
 from benchmarks.stress import k_sweep as ks
 from benchmarks.stress.level_b_fair import LABEL
 from benchmarks.stress.level_b_fair_report import lr_text
@@ -136,7 +136,7 @@ def _against(c: dict | None) -> str:
     if c is None:
         return "-"
     word = {"level": "not separated"}.get(_side(c), _side(c))
-    return f"{_pm(c['difference'], c['se'], signed=True)} ({_spread(c)}{'; ' if c['se'] else ''}{word})"
+    return f"{pm(c['difference'], c['se'], signed=True)} ({_spread(c)}{'; ' if c['se'] else ''}{word})"
 
 
 def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
@@ -150,17 +150,11 @@ def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
         groups: dict[str, list[str]] = {"behind": [], "level": [], "ahead": []}
         for m, c in against.items():
             spread = f", {_spread(c)}" if c["se"] else ""
-            groups[_side(c)].append(f"{LABEL[m]} ({_pm(c['difference'], c['se'], signed=True)}{spread})")
+            groups[_side(c)].append(f"{LABEL[m]} ({pm(c['difference'], c['se'], signed=True)}{spread})")
         words = {"behind": "behind", "level": "level with", "ahead": "ahead of"}
         text = "; ".join(f"{words[side]} {', '.join(ms)}" for side, ms in groups.items() if ms)
         lines.append((0 if groups["behind"] else 1, int(k), f"- k={k}: VCPO is {text}."))
     return [text for *_, text in sorted(lines)]
-
-
-def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
-    if mean is None:
-        return "missing"
-    return (f"{mean:+.2f}" if signed else f"{mean:.2f}") + (f" ± {se:.2f}" if se is not None else "")
 
 
 def _gap_text(d: float, se: float | None, sep: bool | None) -> str:
@@ -173,7 +167,7 @@ def _gap_text(d: float, se: float | None, sep: bool | None) -> str:
 
 
 def _who(s: dict, role: str) -> str:
-    return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {_pm(s[f'{role}_mean'], s[f'{role}_se'])}"
+    return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {pm(s[f'{role}_mean'], s[f'{role}_se'])}"
 
 
 def _under_way(s: dict) -> str:
@@ -186,9 +180,7 @@ def verdict_line(k: str, s: dict) -> str:
     highest mean within 2 SE of the next is "level", never "ahead"."""
     if not s.get("best"):
         return f"- k={k}: not measured yet." + (f" Under way: {_under_way(s)}." if s.get("partial") else "")
-    vcpo = (
-        f"VCPO (lr {lr_text(s['vcpo_lr'])}) {_pm(s['vcpo_mean'], s['vcpo_se'])}" if "vcpo_side" in s else ""
-    )
+    vcpo = f"VCPO (lr {lr_text(s['vcpo_lr'])}) {pm(s['vcpo_mean'], s['vcpo_se'])}" if "vcpo_side" in s else ""
     if "vcpo_side" not in s:
         text = f"- k={k}: VCPO not measured yet. Best so far: {_who(s, 'best')}."
     elif s["vcpo_best"] and "second" not in s:
@@ -277,7 +269,7 @@ def edge_lines(sel: dict) -> list[str]:
 def _fmt(c: dict, n: int) -> str:
     if not c["n"]:
         return "-"
-    txt = _pm(c["mean"], c["se"]) + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+    txt = pm(c["mean"], c["se"]) + (f" [{c['collapsed']}]" if c["collapsed"] else "")
     return txt + ("" if c["n"] == n else f" ({c['n']}/{n})")
 
 
@@ -364,7 +356,7 @@ def markdown(report: dict) -> str:
             row = []
             for k in ks.LAGS:
                 c = held[m][str(k)]
-                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {_pm(c['auc']['mean'], c['auc']['se'])}; "
+                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {pm(c['auc']['mean'], c['auc']['se'])}; "
                            f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
             lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     lines += ["", f"## VCPO against each method (final: VCPO minus the method, ± SE of the difference; ahead or "

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, mean_se
+from benchmarks.stress.level_b_fair_report import lr_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -23,11 +24,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 def load(name: str) -> dict:
     """A results file by its path under benchmarks/results/ (e.g. 'stress/level_b_fair.json')."""
     return json.loads((RESULTS / name).read_text())
-
-
-def lr_text(lr: float) -> str:
-    """5e-4, 1.5e-4, 5e-5 (as the study writes them)."""
-    return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,6 @@ def _k_sweep_lines(report: dict) -> list[str]:
     """One sweep's verdict, where VCPO is not ahead first: the best method per k, then VCPO against each method."""
     from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, vcpo_vs_lines, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
-    from benchmarks.stress.level_b_fair_report import lr_text
 
     d = report["design"]
     measured = [line for line in verdict_lines(report["summary"]) if not line.endswith("not measured yet.")]
