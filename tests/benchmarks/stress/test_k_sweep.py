@@ -305,14 +305,14 @@ def test_the_docs_give_the_sweeps_verdict_and_vcpo_against_each_method_at_the_la
     from scripts.docs.figures import _k_sweep_lines
 
     rows = _selection(BEST) + [("vcpo", BEST["vcpo"], 0, s, 0.5) for s in ks.HELDOUT_SEEDS[:3]]
-    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True), "")
+    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True))
     assert [x for x in lines if x.startswith("- ")] == [
         "- k=0: not measured yet. Under way: VCPO 3/5.",
         "- not measured yet: k=4, 8, 16, 32, 64.",
     ]
     rows += _heldout(0, {"vcpo": [0.50] * 5, "plain": [0.40, 0.41, 0.39, 0.42, 0.38]})
     report = write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True)
-    lines = _k_sweep_lines(report, "")
+    lines = _k_sweep_lines(report)
     (k0,) = [x for x in verdict_lines(report["summary"]) if x.startswith("- k=0:")]
     assert k0.startswith("- k=0: VCPO is ahead") and k0 in lines
     # the ESS lr alone's k=0 runs are plain's at its lr, BEST's 1e-4 for both
@@ -324,7 +324,7 @@ def test_the_docs_give_the_sweeps_verdict_and_vcpo_against_each_method_at_the_la
     for k in ks.LAGS:
         rows += _heldout(k, {m: [0.5, 0.6, 0.5, 0.6, 0.5] for m in ks.METHODS})
     rows += [(m, lr, 0, s, 0.5) for m, lr, s in ks.CALIBRATE]
-    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True), "")
+    lines = _k_sweep_lines(write(_cells(rows), tmp_path / "k_sweep2.json", quiet=True))
     assert ", the sweep complete)" in lines[0] and "not measured yet" not in "".join(lines)
 
 
