@@ -321,7 +321,7 @@ def staleness_row() -> Row:
     report = load("stress/level_b_fair.json")
     words: dict[str, dict[str, list[int]]] = {}
     for c in staleness_comparisons():
-        who = "VCPO at the baseline's lr" if "baseline's lr" in c.what else c.what.split(" at ")[0]
+        who = "VCPO at the baseline's lr" if "baseline's lr" in c.what else c.what  # e.g. "VCPO at 5e-4"
         words.setdefault(who, {}).setdefault(c.word, []).append(c.k)
     figure = "; ".join(
         f"{who}: " + ", ".join(f"{w} at k={_ks(ks)}" for w, ks in by.items()) for who, by in words.items()
