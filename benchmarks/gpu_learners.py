@@ -455,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
     )
-    ap.add_argument("--out", type=Path, help="default: benchmarks/results; --cpu-smoke: runs/bench/gpu_learners")
+    ap.add_argument(
+        "--out", type=Path, help="default: benchmarks/results; --cpu-smoke: runs/bench/gpu_learners"
+    )
     args = ap.parse_args(argv)
     if args.out is None:  # a smoke run never writes over the committed GPU results
         args.out = ROOT / "runs" / "bench" / "gpu_learners" if args.cpu_smoke else RESULTS
