@@ -131,7 +131,7 @@ bench-trl: install system-deps trl-venv
 ## stale generated page (regenerate: .venv/bin/python -m scripts.docs.generate) fails. docs-serve: 127.0.0.1:8000.
 .PHONY: docs docs-serve
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 

@@ -30,7 +30,12 @@ the same 100 test tasks, one sample at T=1, the in-process engine): evaluation n
 runs it measures. Training wall time at step s = sum of `perf/step_seconds` up to s (take + learner step
 + weight sync; start-up, checkpoint writes and logging excluded, and reported separately).
 
-Results: benchmarks/results/async_vs_sync.{json,md} and async_vs_sync.png (accuracy vs wall time).
+Results: benchmarks/results/async_vs_sync.{json,md} and async_vs_sync.png (accuracy vs wall time); --quick
+writes async_vs_sync_quick.* under runs/bench/async_vs_sync unless --out names a folder.
+Runs go through benchmarks/harness (seeds x cells, the cells rotated per seed; every finished run a line of
+--work/runs.jsonl, so an invocation stopped by a kill or by --time-limit-min goes on where it stopped; only seeds
+with all their cells are scored). `--from-results FILE` writes the summary, the markdown and the plot anew from a results file's runs (`cells`),
+with the statistics of benchmarks/harness/stats.py.
 """
 
 from __future__ import annotations
@@ -47,11 +52,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench_stats import median_or_none, speedup_per_seed, time_to
-from train_cmd import train_command
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_cmd import train_command  # noqa: E402
+
+from benchmarks.harness.provenance import Provenance  # noqa: E402
+from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.report import write as report_write  # noqa: E402
+from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
+from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
 ENV = ROOT / "envs" / "tiny_chain.yaml"
 # Warm start: as the main job (examples/tiny_tir.py), on tiny_chain's teacher.
@@ -274,8 +284,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="0,1,2,4")
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_async_vs_sync")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/async_vs_sync, never the committed results)",
+    )
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        help="only write the summary, markdown and plot anew from this "
+        "results file's runs (into the same folder unless --out)",
+    )
+    p.add_argument(
+        "--time-limit-min",
+        type=float,
+        help="start no run after this many minutes (the running one "
+        "finishes); the next invocation with the same --work goes on from there",
+    )
     args = p.parse_args(argv)
+    if args.from_results:
+        old = json.loads(args.from_results.read_text())
+        cells = [
+            Cell(**{f: c[f] for f in ("name", "k", "method", "topology", "threads")})
+            for c in old["per_cell"].values()
+        ]
+        head = {k: v for k, v in old.items() if k not in ("cells", "per_cell", "summary")}
+        write(report(old["cells"], cells, head), args.out or args.from_results.parent, args.from_results.stem)
+        return 0
+    args.out = results_dir(args.out, scratch=args.quick, name="async_vs_sync")
     if args.quick:
         args.seeds, args.steps, args.every, args.ks, args.eval_limit = 1, 4, 2, "0,2", 10
         if args.work == p.get_default("work"):
@@ -294,36 +332,79 @@ def main(argv: list[str] | None = None) -> int:
     ).accuracy
     log(f"warm start held-out accuracy {start_acc:.3f}")
     cells = cells_for(ks)
+    by_name = {c.name: c for c in cells}
+    prov = Provenance()
     load = os.getloadavg()
-    runs = []
-    total = len(cells) * args.seeds
-    for seed in range(args.seeds):
-        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotate: no cell always runs first
-        for cell in order:
-            run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{seed}"
-            log(f"[{len(runs) + 1}/{total}] {cell.name} seed {seed}")
-            steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
-            info = train_run(cell, seed, model, run_dir, steps, args.every)
-            runs.append((cell, seed, run_dir, info))
+
+    def run_one(job: Job) -> dict:
+        cell = by_name[job.cell]
+        run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
+        steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
+        return {
+            "run_dir": str(run_dir),
+            "steps": args.steps,
+            **train_run(cell, job.seed, model, run_dir, steps, args.every),
+        }
+
+    # seeds x cells, the cells rotated per seed; a run finished by an earlier invocation (runs.jsonl in --work) is
+    # not run again, and past --time-limit-min no run starts (the one running finishes)
+    jobs = plan([c.name for c in cells], range(args.seeds))
+    limit = None if args.time_limit_min is None else args.time_limit_min * 60
+    if stale := sorted({r["steps"] for r in read_runs(args.work / "runs.jsonl").values()} - {args.steps}):
+        raise SystemExit(
+            f"{args.work}/runs.jsonl has runs of {stale} steps, not {args.steps}: give a new --work"
+        )
+    outcome = Runner(args.work, limit).run(jobs, run_one, log)
+    done = [
+        s
+        for s in range(args.seeds)
+        if all(Job(c.name, s).key not in {j.key for j in outcome.missing} for c in cells)
+    ]
+    if not done:
+        log(f"no seed has all its cells yet ({len(outcome.missing)} runs left): run the same command again")
+        return 0
     log("evaluating checkpoints")
     results = []
-    for cell, seed, run_dir, info in runs:
+    for rec in outcome.records:
+        if rec["seed"] not in done:  # a seed without all its cells is left out of every ratio
+            continue
+        cell, run_dir = by_name[rec["cell"]], Path(rec["run_dir"])
+        info = {k: rec[k] for k in ("process_wall_s", "process_start", "core_busy")}
         acc = evaluate_checkpoints(run_dir, model, args.eval_limit)
-        r = {"name": cell.name, "k": cell.k, "method": cell.method, "topology": cell.topology, "seed": seed}
+        r = {
+            "name": cell.name,
+            "k": cell.k,
+            "method": cell.method,
+            "topology": cell.topology,
+            "seed": rec["seed"],
+        }
         r |= summarise_run(run_dir, acc, start_acc, args.steps, info["process_start"]) | info
         results.append(r)
-        log(f"{cell.name} seed {seed}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
-    out = report(results, cells, args, start_acc, model, load)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "async_vs_sync_quick" if args.quick else "async_vs_sync"
-    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(out))
-    plot(out, args.out / f"{stem}.png")
-    print(markdown(out))
+        log(f"{cell.name} seed {rec['seed']}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
+    args.seeds = len(done)
+    head = {
+        "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",
+        "meta": prov.meta(),
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "checkpoint_every": args.every,
+        "eval_tasks": args.eval_limit,
+        "warm_start_accuracy": start_acc,
+    }
+    write(report(results, cells, head), args.out, "async_vs_sync_quick" if args.quick else "async_vs_sync")
     return 0
 
 
-def report(results: list[dict], cells: list[Cell], args, start_acc: float, model: Path, load) -> dict:
+def write(out: dict, folder: Path, stem: str) -> None:
+    report_write(stem, out, folder, markdown)
+    plot(out, folder / f"{stem}.png")
+
+
+def report(results: list[dict], cells: list[Cell], head: dict) -> dict:
+    """The results file from the runs' records: `head` (command, machine, recipe, steps, seeds, checkpoint_every,
+    eval_tasks, warm_start_accuracy) first, then the runs, per cell figures and the summary."""
     med = statistics.median
     sync_cells = [c for c in cells if c.k == 0]
     step_s = {c.name: med(r["seconds_per_step"] for r in results if r["name"] == c.name) for c in sync_cells}
@@ -335,7 +416,9 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
         r["target_accuracy"] = target[r["seed"]]
         r["time_to_sync_final_s"] = time_to(r["curve"], target[r["seed"]])
         r["time_to_90pct_sync_final_s"] = time_to(r["curve"], 0.9 * target[r["seed"]])
-        r["time_to_sync_final_process_s"] = time_to(r["curve_process"], target[r["seed"]])
+        # a run recorded before the process clock was (the committed 2026 file) has no curve_process
+        process = r.get("curve_process")
+        r["time_to_sync_final_process_s"] = None if process is None else time_to(process, target[r["seed"]])
     per_cell = {}
     for c in cells:
         rs = [r for r in results if r["name"] == c.name]
@@ -390,28 +473,16 @@ def report(results: list[dict], cells: list[Cell], args, start_acc: float, model
     ]
     best = min(timed, key=lambda c: c["time_to_sync_final_median_s"], default=None)
     best_t = None if best is None else best["time_to_sync_final_median_s"]
-    speedup = sync_t / best_t if (sync_t and best_t) else None
-    per_seed = []  # the same ratio seed by seed (sync seed s against best-k seed s): the spread
+    # the speed-up over seeds is the median of the per-seed ratios (sync seed s against best-k seed s), never the
+    # ratio of the two median times
+    speedup, per_seed = None, []
     if best is not None:
-        for seed in range(args.seeds):
-            ts = [
-                next(
-                    (r["time_to_sync_final_s"] for r in results if r["name"] == n and r["seed"] == seed), None
-                )
-                for n in (baseline.name, best["name"])
-            ]
-            # a time of 0 (the target met at the start, as in --quick's meaningless accuracies): no ratio, as above
-            per_seed.append(ts[0] / ts[1] if None not in ts and ts[1] else None)
+        times = {n: {r["seed"]: r["time_to_sync_final_s"] for r in results if r["name"] == n}
+                 for n in (baseline.name, best["name"])}  # fmt: skip
+        speedup, per_seed = median_speedup(times[baseline.name], times[best["name"]])
     fixed = fixed_k_summary(results, baseline.name, per_cell.get(f"async k={K_FIXED}"))
     return {
-        "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",
-        "recipe": str(RECIPE.relative_to(ROOT)),
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "checkpoint_every": args.every,
-        "eval_tasks": args.eval_limit,
-        "warm_start_accuracy": start_acc,
+        **head,
         "cells": [{k: v for k, v in r.items() if k != "curve"} | {"curve": r["curve"]} for r in results],
         "per_cell": per_cell,
         "summary": {
@@ -439,10 +510,7 @@ def fixed_k_summary(results: list[dict], baseline: str, cell: dict | None) -> di
     for axis, key in (("train", "time_to_sync_final_s"), ("process", "time_to_sync_final_process_s")):
         sync_t = {r["seed"]: r[key] for r in results if r["name"] == baseline}
         ours = {r["seed"]: r[key] for r in results if r["name"] == cell["name"]}
-        per_seed = speedup_per_seed(sync_t, ours)
-        present = [x for x in per_seed.values() if x is not None]
-        out[f"fixed_k_speedup_{axis}"] = statistics.median(present) if present else None
-        out[f"fixed_k_speedup_{axis}_per_seed"] = [per_seed[s] for s in sorted(per_seed)]
+        out[f"fixed_k_speedup_{axis}"], out[f"fixed_k_speedup_{axis}_per_seed"] = median_speedup(sync_t, ours)
     out["fixed_k_final_accuracy_mean"] = cell["final_accuracy_mean"]
     out["fixed_k_final_minus_sync"] = cell["final_minus_sync_mean"]
     tr, pr = out["fixed_k_speedup_train"], out["fixed_k_speedup_process"]
@@ -468,10 +536,15 @@ def markdown(out: dict) -> str:
         "",
         f"**Async k={s['k_fixed_before_runs']} (fixed before the runs) against sync: "
         f"{f(s.get('fixed_k_speedup_train'))}x sooner to sync's final accuracy on training time, "
-        f"{f(s.get('fixed_k_speedup_process'))}x on whole-process time** (medians of the per-seed ratios; per seed "
-        f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))} and "
-        f"{', '.join(f(x) for x in s.get('fixed_k_speedup_process_per_seed', []))}; 0 = never reached); final "
-        f"accuracy {f(s.get('fixed_k_final_minus_sync'), '{:+.3f}')} against sync. Goals: "
+        + (
+            f"{f(s.get('fixed_k_speedup_process'))}x on whole-process time** (medians of the per-seed ratios; per seed "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))} and "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_process_per_seed', []))}; 0 = never reached); final "
+            if s.get("fixed_k_speedup_process") is not None
+            else "whole-process time not recorded by these runs** (the median of the per-seed ratios; per seed "
+            f"{', '.join(f(x) for x in s.get('fixed_k_speedup_train_per_seed', []))}; 0 = never reached); final "
+        )
+        + f"accuracy {f(s.get('fixed_k_final_minus_sync'), '{:+.3f}')} against sync. Goals: "
         + ", ".join(
             f"{g} {'met' if v else 'NOT met' if v is not None else '-'}"
             for g, v in s.get("goals", {}).items()
@@ -481,10 +554,10 @@ def markdown(out: dict) -> str:
         f"Sync baseline: {s['sync_baseline']} (the faster sync placement); its final accuracy "
         f"{s['sync_final_accuracy']:.3f} (per seed {', '.join(f'{a:.3f}' for a in s['sync_final_accuracy_per_seed'])}, "
         f"each seed's target); best async k = {s['best_k']}; "
-        f"speed-up to sync's final accuracy {f(s['speedup_to_sync_final'])}x (the best k after the fact, for reference) "
-        f"(median sync time {f(s['sync_time_to_final_median_s'], '{:.0f}')} s / median best-async time "
-        f"{f(s['best_time_to_sync_final_median_s'], '{:.0f}')} s; per seed "
-        f"{', '.join(f(x) for x in s['speedup_per_seed'])}).",
+        f"speed-up to sync's final accuracy {f(s['speedup_to_sync_final'])}x (the best k after the fact, for reference; "
+        f"the median of the per-seed ratios {', '.join(f(x) for x in s['speedup_per_seed'])}; median times: sync "
+        f"{f(s['sync_time_to_final_median_s'], '{:.0f}')} s, best async "
+        f"{f(s['best_time_to_sync_final_median_s'], '{:.0f}')} s).",
         "",
         "| cell | topology | steps | final acc (mean ± std; - sync) | reached | time to 90% (s) | time to 100% (s) | "
         "process time to 100% (s) | process s | s/step | "
@@ -543,6 +616,9 @@ def plot(out: dict, path: Path) -> None:
     ):
         for r in out["cells"]:
             c = colors.setdefault(r["name"], f"C{len(colors)}")
+            if key not in r:  # runs recorded before the process clock was
+                ax.set_title("whole-process time not recorded by these runs", fontsize=9)
+                continue
             t, a = zip(*r[key], strict=True)
             ax.plot(t, a, color=c, alpha=0.8, label=r["name"] if r["seed"] == 0 else None, marker=".")
         ax.axhline(

@@ -1,14 +1,11 @@
-"""Results name paths relative to the checkout (`.` the repository, `..` the folder it sits in), never as
-absolute paths of the machine that ran them: results are committed, and tests/test_portable_tree.py checks
-that no committed file names a path of one machine."""
+"""The neighbour import of the benchmarks run as scripts (`python benchmarks/x.py` puts only benchmarks/ on
+sys.path): puts the checkout on sys.path and re-exports benchmarks.harness.provenance's ROOT and `portable`
+(results name paths relative to the checkout; tests/test_portable_tree.py)."""
 
-from __future__ import annotations
-
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness.provenance import ROOT, portable  # noqa: E402
 
-
-def portable(text: str) -> str:
-    """`text` with this checkout's absolute path written `.` and its parent folder's `..`."""
-    return text.replace(str(ROOT), ".").replace(str(ROOT.parent), "..")
+__all__ = ["ROOT", "portable"]

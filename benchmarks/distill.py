@@ -32,7 +32,8 @@ above the target, and at the last three (their mean is the final accuracy). Wall
 Resumable: each finished cell is appended to benchmarks/results/distill_cells.jsonl (--out) and skipped by a
 rerun; distill.{json,md} are rewritten from all finished cells after each one, and say which cells are done.
 Run it under `nice -n 15` on a shared machine. --quick: a machinery check (a random tiny model as teacher and
-student, 2 cells of 3 steps, 8 eval tasks) writing distill_quick.*; its numbers mean nothing.
+student, 2 cells of 3 steps, 8 eval tasks) writing distill_quick.* under runs/bench/distill unless --out; its numbers
+mean nothing.
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ from pathlib import Path
 from bench_paths import portable
 from train_cmd import train_command
 
+from benchmarks.harness.provenance import commit  # noqa: E402  (bench_paths put the checkout on sys.path)
+from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 TARGET_SHARE = 0.9  # of the teacher's held-out accuracy
 # Goals (issue #35): distillation reaches the target in <= 1/3 of RL's steps; k=4 within 2 points of k=0;
@@ -332,8 +336,8 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
             finals = [c["final3_accuracy"] for c in cs]
             row |= {
                 "steps_to_target": steps,
-                "steps_to_target_median": _median_present(steps),
-                "seconds_to_target_median": _median_present(secs),
+                "steps_to_target_median": median_or_none(steps),
+                "seconds_to_target_median": median_or_none(secs),
                 "final3_accuracy_mean": statistics.mean(finals),
                 "final3_accuracy_std": statistics.pstdev(finals),
                 "final3_accuracy_se": _se(finals),
@@ -349,13 +353,8 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
 
 
 def _se(xs: list[float]) -> float | None:
-    """Standard error of the mean over seeds (sample standard deviation / sqrt n); None under 2 seeds."""
-    return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
-
-
-def _median_present(xs: list) -> float | None:
-    present = [x for x in xs if x is not None]
-    return statistics.median(present) if present and 2 * len(present) >= len(xs) else None
+    """Standard error of the mean over seeds (benchmarks/harness/stats.py); None under 2 seeds."""
+    return mean_se(xs).se
 
 
 def _by(
@@ -551,11 +550,6 @@ def write(out_dir: Path, stem: str, out: dict) -> None:
         os.replace(tmp, out_dir / f"{stem}.{ext}")
 
 
-def _commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return r.stdout.strip() or "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -578,7 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--eval-limit", type=int, default=200, help="held-out tasks per checkpoint (200: all)")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default runs/bench_distill[_quick])")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/distill, never the committed results)",
+    )
     p.add_argument(
         "--report-only", action="store_true",
         help="rewrite distill.{json,md} from the finished cells (--out) and run none; keeps the last run's "
@@ -589,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated cell names (as the report lists them): run only these, in this order",
     )  # fmt: skip
     args = p.parse_args(argv)
+    args.out = results_dir(args.out, scratch=args.quick, name="distill")
     stem = "distill_quick" if args.quick else "distill"
     work = args.work or ROOT / "runs" / ("bench_distill_quick" if args.quick else "bench_distill")
     work.mkdir(parents=True, exist_ok=True)
@@ -633,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": shlex.join(["benchmarks/distill.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": _commit(),
+        "commit": commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared (load average {os.getloadavg()[0]:.1f} "
         "at the last write)",
         "teacher": str(teacher),

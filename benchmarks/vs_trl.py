@@ -40,7 +40,8 @@ held-out split and limit, with the same seed: nothing is evaluated while a timed
 Times: training wall time (sum of step seconds: generation, learner, weight sync; start-up, checkpoint
 writes and logging excluded) and whole-process wall time (from process start to the checkpoint on disk).
 
-Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.*; its accuracies mean nothing).
+Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.* under runs/bench/vs_trl unless --out;
+its accuracies mean nothing).
 """
 
 from __future__ import annotations
@@ -61,12 +62,16 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # the env's agent (examples/) imports from the root
 from _agent_arith import warm_start  # noqa: E402
-from bench_paths import portable  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
+from benchmarks.harness.provenance import Provenance  # noqa: E402
+from benchmarks.harness.report import results_dir, write  # noqa: E402
+from benchmarks.harness.runner import choose as harness_choose  # noqa: E402
+from benchmarks.harness.runner import plan as run_order  # noqa: E402
+from benchmarks.harness.runner import tune as harness_tune  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "recipes" / "agent_arith.yaml"
 TRL_RUN = ROOT / "benchmarks" / "trl_run.py"
 K_ASYNC = 2  # fixed before the runs: the recipe's buffer.max_staleness (recipes/agent_arith.yaml)
@@ -115,17 +120,6 @@ def candidates() -> dict[str, list[Config]]:
         for k in (0, K_ASYNC)
     }
     return agent | {"trl": trl}
-
-
-def interleaved(cands: dict[str, list[Config]]) -> list[tuple[str, Config]]:
-    """The tuning pass's order: one candidate of each cell in turn, so a burst of load hits no system alone."""
-    queues = {name: list(configs) for name, configs in cands.items()}
-    out = []
-    while any(queues.values()):
-        for name, q in queues.items():
-            if q:
-                out.append((name, q.pop(0)))
-    return out
 
 
 @dataclass
@@ -337,41 +331,46 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
 
 
 def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path) -> dict:
-    """Run every candidate for `steps` steps (seed 0, interleaved); per cell, the fastest by median s/step
-    after step 1, with each candidate's cores busy."""
-    seen: dict[str, float | None] = {}
+    """Run every candidate for `steps` steps (seed 0, interleaved across cells: benchmarks/harness/runner.py);
+    per cell, the fastest by median s/step after step 1, with each candidate's cores busy."""
     busy: dict[str, float | None] = {}
     failed: dict[str, str] = {}
-    order = interleaved(cands)
-    for n, (name, c) in enumerate(order):
+    total = sum(map(len, cands.values()))
+
+    def measure(name: str, c: Config) -> float | None:
         key = f"{name}: {c.label}"
         d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
-        log(f"tune [{n + 1}/{len(order)}] {key}")
+        log(f"tune [{len(busy) + 1}/{total}] {key}")
         try:
             run = train(c, 0, model, d, steps, steps, trl_py)
         except RunFailed as e:
-            seen[key], busy[key] = None, None
-            failed[key] = str(e).replace(f"{ROOT}/", "")
+            busy[key], failed[key] = None, str(e).replace(f"{ROOT}/", "")
             log(f"  failed, left out of the choice: {failed[key]}")
-            continue
+            return None
         times = sorted(r["step_seconds"] for r in step_records(run)[1:])
-        seen[key] = times[len(times) // 2]
         busy[key] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
-        log(f"  median {seen[key]:.2f} s/step")
-    return {"chosen": choose(cands, seen), "s_per_step": seen, "cores_busy": busy, "failed": failed}
+        log(f"  median {times[len(times) // 2]:.2f} s/step")
+        return times[len(times) // 2]
+
+    t = harness_tune(cands, measure, label=lambda c: c.label)
+    return {
+        "chosen": choose(cands, t["measured"]),
+        "s_per_step": t["measured"],
+        "cores_busy": busy,
+        "failed": failed,
+    }
 
 
 def choose(cands: dict[str, list[Config]], seen: dict[str, float | None]) -> dict[str, Config]:
-    """Per cell, the candidate with the lowest median s/step among those that ran (None: failed)."""
-    out = {}
-    for name, cs in cands.items():
-        ran = [c for c in cs if seen.get(f"{name}: {c.label}") is not None]
-        if not ran:
+    """Per cell, the candidate with the lowest median s/step among those that ran; every candidate of a cell
+    failed: the invocation stops."""
+    chosen = harness_choose(cands, seen, label=lambda c: c.label)
+    for name, c in chosen.items():
+        if c is None:
             raise SystemExit(
                 f"tuning pass: every candidate of {name} failed; see their logs under --work/tune"
             )
-        out[name] = min(ran, key=lambda c, n=name: seen[f"{n}: {c.label}"])
-    return out
+    return chosen
 
 
 def plan(args: argparse.Namespace) -> str:
@@ -400,7 +399,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
     after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
     (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
-    load = os.getloadavg()
+    load, prov = os.getloadavg(), Provenance()
     cands = candidates()
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
     trl = tuned["chosen"]["trl"]
@@ -428,22 +427,25 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         },
         "runs": [],
     }
-    total = len(cells) * args.seeds
-    for seed in range(args.seeds):
-        order = cells[seed % len(cells) :] + cells[: seed % len(cells)]  # rotated: no cell always first
-        for c in order:
-            log(f"[{len(session['runs']) + 1}/{total}] {c.name} seed {seed}")
-            d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
-            run = train(c, seed, model, d, args.steps, args.every, trl_py)
-            log(f"  {run.process_wall_s:.0f} s")
-            session["runs"].append({"dir": str(run.dir), "seed": seed})
-            session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
-            load_end = os.getloadavg()
-            session["machine"] = (
-                f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
-                f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
-            )
-            session_file.write_text(json.dumps(session, indent=2) + "\n")
+    by_name = {c.name: c for c in cells}
+    jobs = run_order(
+        list(by_name), range(args.seeds)
+    )  # seeds x cells, rotated per seed: no cell always first
+    for job in jobs:
+        c, seed = by_name[job.cell], job.seed
+        log(f"[{len(session['runs']) + 1}/{len(jobs)}] {c.name} seed {seed}")
+        d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
+        run = train(c, seed, model, d, args.steps, args.every, trl_py)
+        log(f"  {run.process_wall_s:.0f} s")
+        session["runs"].append({"dir": str(run.dir), "seed": seed})
+        session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
+        load_end = os.getloadavg()
+        session["machine"] = (
+            f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
+            f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
+        )
+        session["meta"] = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
+        session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
 def complete_runs(session: dict) -> list[str]:
@@ -485,7 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results; "
+        "--quick: runs/bench/vs_trl, never the committed results)",
+    )
     p.add_argument(
         "--score-jobs", type=int, default=1, help="evaluations at a time when scoring (after the runs)"
     )
@@ -495,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         help="no training: score the runs already in --work (their .run.json) and write the results",
     )
     args = p.parse_args(argv)
+    args.out = results_dir(args.out, scratch=args.quick, name="vs_trl")
     if args.quick:
         args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
         args.eval_limit = args.eval_limit or 20
@@ -536,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": session["command"] + (" (scored by: " + relative_args() + ")" if args.score_only else ""),
         "date": session["date"],
         "machine": session["machine"],
+        **({"meta": session["meta"]} if "meta" in session else {}),
         "recipe": str(RECIPE.relative_to(ROOT)),
         "k_async_fixed_before_runs": K_ASYNC,
         **{
@@ -547,12 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         "cells": records,
         "summary": summarise(records, K_ASYNC, session["budget_s"]),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "vs_trl_quick" if args.quick else "vs_trl"
-    (args.out / f"{stem}.json").write_text(portable(json.dumps(out, indent=2) + "\n"))
-    (args.out / f"{stem}.md").write_text(portable(markdown(out)))
+    write(stem, out, args.out, markdown)
     plot(out, args.out / f"{stem}.png")
-    print(markdown(out))
     return 0
 
 

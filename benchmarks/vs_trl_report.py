@@ -15,9 +15,11 @@ than one core busy.
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
-from bench_stats import accuracy_at, median_or_none, ratio, speedup_per_seed, spread, time_to
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness.stats import accuracy_at, median_or_none, median_speedup, ratio, spread, time_to  # noqa: E402
 
 TARGET_SHARE = 0.9  # time to 90% of agent-rl k=0's final accuracy (paired by seed)
 GOAL_S_PER_STEP = 1.0  # agent-rl k=0 at or under TRL's s/step
@@ -66,10 +68,7 @@ def _speedups(records: list[dict], ours: str, theirs: str, goal: dict[int, float
         ("process", lambda n: _times(records, n, "curve_process", goal)),
         ("cpu", lambda n: _cpu_times(records, n, goal)),
     ):
-        per_seed = speedup_per_seed(of(theirs), of(ours))
-        present = [x for x in per_seed.values() if x is not None]
-        out[f"speedup_{axis}"] = statistics.median(present) if present else None
-        out[f"speedup_{axis}_per_seed"] = list(per_seed.values())
+        out[f"speedup_{axis}"], out[f"speedup_{axis}_per_seed"] = median_speedup(of(theirs), of(ours))
     return out
 
 
@@ -168,10 +167,9 @@ def summarise(records: list[dict], k_async: int, budget_s: float) -> dict:
                     own[r["seed"]] = time_to(r[key], goal)
                 elif goal is not None and cell_name(r) == async_name:
                     ours[r["seed"]] = time_to(r[key], goal)
-            per_seed = speedup_per_seed(own, ours)
-            present = [x for x in per_seed.values() if x is not None]
-            out[f"time_to_trl_final_speedup{axis}{suffix}"] = statistics.median(present) if present else None
-            out[f"time_to_trl_final_speedup{axis}{suffix}_per_seed"] = list(per_seed.values())
+            med, per_seed = median_speedup(own, ours)
+            out[f"time_to_trl_final_speedup{axis}{suffix}"] = med
+            out[f"time_to_trl_final_speedup{axis}{suffix}_per_seed"] = per_seed
     out["headline"] = headline(records, per_cell, k_async, target)
     k0 = out.get("agent_rl_k0_over_trl_s_per_step")
     speed = out.get("time_to_trl_final_speedup")

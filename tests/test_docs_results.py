@@ -2,8 +2,7 @@
 
 The docs include benchmarks/results/NAME.md whole; these tests render each one again from NAME.json with the
 benchmark's own report function and compare, so a figure on a page cannot differ from its file. Not covered:
-async_vs_sync.md (its JSON predates the report's current fields: `k_fixed_before_runs`; the next run rewrites
-both) and the benchmarks that render inside main() (learner_step, long_context, packing, env_bench, mismatch,
+the benchmarks that render inside main() (learner_step, long_context, packing, env_bench, mismatch,
 lora_engines, topology, trajectory_log_bench, vcpo_overhead, constrained_is, the stress reports other than
 level_b_fair).
 """
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(
     0, str(ROOT / "benchmarks")
-)  # the benchmarks import their helpers (bench_stats) as scripts do
+)  # the benchmarks import their neighbours (train_cmd, vs_trl_report) as scripts do
 
 
 def _load(name: str) -> dict:
@@ -57,6 +56,7 @@ def _level_b_fair(tmp: Path) -> str:
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "vs_trl.md": lambda tmp: __import__("vs_trl_report").markdown(_load("vs_trl.json")),
+    "async_vs_sync.md": lambda tmp: __import__("async_vs_sync").markdown(_load("async_vs_sync.json")),
     "torch_learner_speed.md": lambda tmp: __import__("torch_learner_speed").markdown(
         _load("torch_learner_speed.json")
     ),
@@ -66,6 +66,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
     "reliability.md": _reliability,
     "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
+    "moe_replay.md": lambda tmp: __import__("moe_replay").markdown(_load("moe_replay.json")),
     "stress/level_b_fair.md": _level_b_fair,
 }
 

@@ -127,3 +127,57 @@ def test_mkdocs_leaves_the_incoming_pages_out_and_builds_strict() -> None:
     cfg = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
     assert cfg["strict"] == "true" and "_incoming/" in cfg["exclude_docs"]
     assert "scripts/docs/hooks.py" in cfg["hooks"]
+
+
+def _docs_command() -> list[str]:
+    """The `make docs` recipe's mkdocs command, as the Makefile has it (`$(PY)` is this interpreter)."""
+    import re
+    import shlex
+    import sys
+
+    recipe = re.search(r"^docs:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M)[1]
+    words = [w for w in shlex.split(recipe) if "=" not in w or w.startswith("-")]
+    return [sys.executable if w == "$(PY)" else w for w in words]
+
+
+def _tiny_site(tmp_path: Path, page: str) -> Path:
+    """A one-page site with mkdocs.yml's own strictness and link validation (no hooks or plugins: seconds)."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    (tmp_path / "docs").mkdir(parents=True)
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n## A section\n")
+    (tmp_path / "docs" / "page.md").write_text(page)
+    site = {"site_name": "t", "docs_dir": "docs", "site_dir": str(tmp_path / "site"), "strict": cfg["strict"],
+            "validation": cfg["validation"], "nav": ["index.md", "page.md"]}  # fmt: skip
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(site))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "broken", ["[gone](no-such-page.md)", "[anchor](index.md#no-such-section)", "[out](../../nowhere.md)"]
+)
+def test_make_docs_fails_on_a_planted_broken_link_and_passes_without_it(tmp_path: Path, broken: str) -> None:
+    """`make docs`'s own command (no --quiet: it would silence the warnings --strict counts) on a site with
+    mkdocs.yml's validation settings: a broken link or anchor aborts the build, the same page without it builds."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    cmd = [*_docs_command(), "-f"]
+    ok = _tiny_site(tmp_path / "ok", "# Page\n\n[home](index.md#a-section)\n")
+    assert subprocess.run([*cmd, str(ok / "mkdocs.yml")], env=env, capture_output=True).returncode == 0
+    bad = _tiny_site(tmp_path / "bad", f"# Page\n\n[home](index.md#a-section) {broken}\n")
+    r = subprocess.run([*cmd, str(bad / "mkdocs.yml")], env=env, capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Aborted with 1 warnings in strict mode" in out, out
+
+
+def test_a_link_to_a_repository_file_outside_docs_is_its_path_on_the_site_and_must_exist() -> None:
+    md = hooks.expand("See [the table](../../benchmarks/results/topology.md).\n", "benchmarks/x.md")
+    assert md == "See the table (`benchmarks/results/topology.md`).\n"
+    assert hooks.expand("[a](other.md) [b](../concepts/vcpo.md)\n", "benchmarks/x.md") == (
+        "[a](other.md) [b](../concepts/vcpo.md)\n"  # inside docs/: left to MkDocs' validation
+    )
+    with pytest.raises(SystemExit, match="no such file benchmarks/results/gone.md"):
+        hooks.expand("[x](../../benchmarks/results/gone.md) and more\n", "benchmarks/x.md")

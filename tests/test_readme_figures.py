@@ -137,10 +137,65 @@ def test_generated_docs_equal_what_the_results_files_give_now() -> None:
     assert generate.stale() == [], "run .venv/bin/python -m scripts.docs.generate"
 
 
-def test_the_readme_carries_the_headline_block() -> None:
-    blocks = dict(GENERATED_BLOCK.findall((ROOT / "README.md").read_text()))
-    assert "headline" in blocks, "README.md lost its generated headline block"
-    assert blocks["headline"].count("[More](docs/") >= 3, "each headline figure links to its page"
+def _measured_section() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## What it has been measured to do")
+    return text[start : text.index("\n## ", start + 1)].rstrip().splitlines()
+
+
+def _headline_rows() -> list[list[str]]:
+    block = dict(GENERATED_BLOCK.findall((ROOT / "README.md").read_text()))["headline"]
+    ((_, header, rows),) = tables(block)
+    assert header == ["job", "figure", "compared with", "machine and load", "page"]
+    return [cells for _, cells in rows]
+
+
+def test_the_front_page_measured_block_is_one_short_table_linking_each_row_to_its_page() -> None:
+    section = _measured_section()
+    assert len(section) <= 15, f"README.md: the measured block is {len(section)} lines (at most 15)"
+    assert sum(line.startswith("|---") for line in section) == 1, "one table"
+    rows = _headline_rows()
+    assert len(rows) >= 5
+    for cells in rows:
+        assert all(cells), f"README.md: an empty cell in the headline row {cells[0]!r}"
+        assert re.fullmatch(r"\[more\]\(docs/[\w/.#-]+\)", cells[4]), cells[4]
+        assert (ROOT / cells[4][len("[more](") : -1].split("#")[0]).is_file(), cells[4]
+
+
+def test_a_figure_from_a_loaded_machine_says_so_in_its_row() -> None:
+    """The main job's row carries the load its results file recorded, and says when it exceeded the cores."""
+    job = results("main_job.json")
+    row = next(c for c in _headline_rows() if "make run" in c[0])
+    start = float(job["load_average_at_start"].split()[0])
+    cores = int(job["machine"].split(", ")[1].split()[0])
+    assert f"load {start:.1f}" in row[3] and f"{job['minutes_total']:.1f} min" in row[1]
+    assert ("not an idle-machine time" in row[3]) == (start > cores)
+
+
+def test_the_async_row_is_the_median_of_the_per_seed_ratios_from_the_runs() -> None:
+    """Recomputed from the runs' curves: per seed, sync's time to its own final accuracy over async k=2's; the
+    row states the median of those ratios (not the ratio of the median times)."""
+    data = results("async_vs_sync.json")
+    base = data["summary"]["sync_baseline"]
+    target = {r["seed"]: r["final_accuracy"] for r in data["cells"] if r["name"] == base}
+
+    def when(r: dict) -> float:
+        return next(t for t, a in r["curve"] if a >= target[r["seed"]] - 1e-9)
+
+    sync = {r["seed"]: when(r) for r in data["cells"] if r["name"] == base}
+    fast = {r["seed"]: when(r) for r in data["cells"] if r["name"] == "async k=2"}
+    ratios = [sync[s] / fast[s] for s in sorted(sync)]
+    row = next(c for c in _headline_rows() if c[0].startswith("async vs sync"))
+    assert f"**{statistics.median(ratios):.2f}× sooner**" in row[1]
+    ratio_of_medians = statistics.median(sync.values()) / statistics.median(fast.values())
+    if f"{ratio_of_medians:.2f}" != f"{statistics.median(ratios):.2f}":
+        assert f"{ratio_of_medians:.2f}×" not in row[1]
+
+
+def test_the_gpu_row_names_the_opob_modes_and_the_anchor_cells_it_compares_with() -> None:
+    row = next(c for c in _headline_rows() if "GPU" in c[0])
+    assert "proxy OPOB + recompute" in row[1] and "exact OPOB (the default)" in row[1]
+    assert "not the anchor at its best" in row[2] and "micro-batches" in row[2]
 
 
 # A measured figure typed by hand: a number with two or more decimals (0.75, 1.56) or a ratio (1.3×). Versions
@@ -232,19 +287,20 @@ def expected_words() -> dict[tuple[int, str, str], str]:
     return out
 
 
+STUDY = DOCS / "studies" / "staleness.md"
+
+
 def test_the_staleness_verdict_words_are_what_the_per_seed_runs_say() -> None:
-    readme = (ROOT / "README.md").read_text()
-    claims = _claims(dict(GENERATED_BLOCK.findall(readme))["headline"])
+    claims = _claims(dict(GENERATED_BLOCK.findall(STUDY.read_text()))["staleness_verdict"])
     assert claims == expected_words()
-    outside = GENERATED_BLOCK.sub("", readme)
+    outside = GENERATED_BLOCK.sub("", (ROOT / "README.md").read_text())
     assert not re.search(r"\b(ahead|behind)\b", outside), (
         "README.md: a verdict ('ahead'/'behind') outside the generated block: state it from the file"
     )
 
 
 def test_the_verdict_check_catches_a_word_changed_by_hand() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = dict(GENERATED_BLOCK.findall(readme))["headline"]
+    block = dict(GENERATED_BLOCK.findall(STUDY.read_text()))["staleness_verdict"]
     edited = block.replace("**not separated**", "**behind**", 1)
     assert edited != block and _claims(edited) != expected_words()
 

@@ -4,33 +4,34 @@ Written by `python -m benchmarks.stress.k_sweep report` (and by `run` as runs fi
 benchmarks/results/stress/k_sweep.{json,md,png}.
 
 Statistics: mean and sample std over the held-out seeds a cell has; SE = std / sqrt(n); the SE of a difference
-of two cells = sqrt(se_a² + se_b²) (separate runs, not paired draws). A lead is "separated" when it is more than
-2 SE of the difference. The verdict at each k names the method with the highest held-out mean final (each at
-its own chosen lr), its lead over the second and, where VCPO is not that method, VCPO's gap to it; the lags
-where VCPO is not ahead come first. The sentences are built from the summary fields in k_sweep.json, and
+of two cells = sqrt(se_a² + se_b²) (separate runs, not paired draws); all of it, and the 2-SE rule (a gap is
+"separated" at 2 SE of the difference or more), is benchmarks/harness/stats.py. The verdict at each k names the
+method with the highest held-out mean final (each at its own chosen lr), its lead over the second and, where VCPO
+is not that method, VCPO's gap to it; VCPO is "ahead" or "behind" only when that gap is separated, "level"
+otherwise; the lags where VCPO is behind come first. The sentences are built from the summary fields in k_sweep.json, and
 `verdict_lines` is the one function that words them (the test re-derives them from the file).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 
+from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, MeanSE, difference, mean_se, pm
 from benchmarks.stress import k_sweep as ks
 from benchmarks.stress.level_b_fair import LABEL
 from benchmarks.stress.level_b_fair_report import lr_text
 
-SEPARATION = 2.0  # a lead counts as separated beyond this many standard errors of the difference
+SEPARATION = (
+    SEPARATED_AT_SE  # a lead counts as separated at this many standard errors of the difference or more
+)
 COMMAND = "nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run"
 
 
 def stats(values: list[float]) -> dict:
-    n = len(values)
-    std = statistics.stdev(values) if n > 1 else None
-    return {"n": n, "mean": statistics.mean(values) if n else None, "std": std,
-            "se": std / math.sqrt(n) if std is not None else None}  # fmt: skip
+    m = mean_se(values)
+    return {"n": m.n, "mean": m.mean, "std": m.std, "se": m.se}
 
 
 def cell_stats(runs: list[ks.Cell]) -> dict:
@@ -43,18 +44,8 @@ def cell_stats(runs: list[ks.Cell]) -> dict:
     }
 
 
-def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
-    if a["mean"] is None or b["mean"] is None:
-        return None, None
-    se = math.sqrt(a["se"] ** 2 + b["se"] ** 2) if a["se"] is not None and b["se"] is not None else None
-    return a["mean"] - b["mean"], se
-
-
-def separated(d: float | None, se: float | None) -> bool | None:
-    """|d| > 2 SE (None while either cell has a single run: no spread to judge by)."""
-    if d is None or se is None:
-        return None
-    return abs(d) > SEPARATION * se
+def _gap(a: dict, b: dict) -> Gap:
+    return difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
 
 
 def heldout(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) -> dict[str, dict[str, dict]]:
@@ -90,16 +81,21 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
             s |= {"best": best, "best_lr": chosen[best], "best_mean": b["mean"], "best_se": b["se"]}
             if len(ranked) > 1:
                 second = ranked[1]
-                lead, lead_se = difference(b, held[second][k])
+                g = _gap(b, held[second][k])
+                lead, lead_se = g.diff, g.se
                 s |= {"second": second, "second_lr": chosen[second], "second_mean": held[second][k]["mean"],
                       "second_se": held[second][k]["se"], "lead": lead, "lead_se": lead_se,
-                      "lead_separated": separated(lead, lead_se)}  # fmt: skip
+                      "lead_separated": g.separated}  # fmt: skip
             if "vcpo" in ranked:
                 v = held["vcpo"][k]
-                gap, gap_se = difference(v, b)
-                s |= {"vcpo_ahead": best == "vcpo", "vcpo_lr": chosen["vcpo"], "vcpo_mean": v["mean"],
-                      "vcpo_se": v["se"], "vcpo_minus_best": gap, "vcpo_minus_best_se": gap_se,
-                      "vcpo_gap_separated": separated(gap, gap_se)}  # fmt: skip
+                g = _gap(v, b)
+                # VCPO's side by the 2-SE rule: ahead only when it is the best AND its lead over the second is
+                # separated; behind only when its gap to the best is separated; level otherwise
+                side = (("ahead" if s.get("lead_separated") else "level") if best == "vcpo"
+                        else "behind" if g.separated else "level")  # fmt: skip
+                s |= {"vcpo_best": best == "vcpo", "vcpo_side": side, "vcpo_lr": chosen["vcpo"],
+                      "vcpo_mean": v["mean"], "vcpo_se": v["se"], "vcpo_minus_best": g.diff,
+                      "vcpo_minus_best_se": g.se, "vcpo_gap_separated": g.separated}  # fmt: skip
         out[k] = s
     return out
 
@@ -118,15 +114,14 @@ def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]
             out[m] = {}
             for k in map(str, ks.LAGS):
                 if v[k]["n"] == n and held[m][k]["n"] == n:
-                    d, se = difference(v[k], held[m][k])
-                    a, a_se = difference(v[k]["auc"], held[m][k]["auc"])
-                    out[m][k] = {"difference": d, "se": se, "separated": separated(d, se),
-                                 "auc": {"difference": a, "se": a_se, "separated": separated(a, a_se)}}  # fmt: skip
+                    f, a = _gap(v[k], held[m][k]), _gap(v[k]["auc"], held[m][k]["auc"])
+                    out[m][k] = {"difference": f.diff, "se": f.se, "separated": f.separated,
+                                 "auc": {"difference": a.diff, "se": a.se, "separated": a.separated}}  # fmt: skip
     return out
 
 
 def _side(c: dict) -> str:
-    """Where VCPO stands against a method in one `vcpo_vs` entry: 'ahead' or 'behind' beyond SEPARATION SE of the
+    """Where VCPO stands against a method in one `vcpo_vs` entry: 'ahead' or 'behind' at SEPARATION SE or more of the
     difference, else 'level'."""
     return ("ahead" if c["difference"] > 0 else "behind") if c["separated"] else "level"
 
@@ -137,11 +132,11 @@ def _spread(c: dict) -> str:
 
 
 def _against(c: dict | None) -> str:
-    """'+0.06 ± 0.02 (3.4 SE; ahead)': VCPO minus the method; 'ahead'/'behind' only beyond SEPARATION SE."""
+    """'+0.06 ± 0.02 (3.4 SE; ahead)': VCPO minus the method; 'ahead'/'behind' only at SEPARATION SE or more."""
     if c is None:
         return "-"
     word = {"level": "not separated"}.get(_side(c), _side(c))
-    return f"{_pm(c['difference'], c['se'], signed=True)} ({_spread(c)}{'; ' if c['se'] else ''}{word})"
+    return f"{pm(c['difference'], c['se'], signed=True)} ({_spread(c)}{'; ' if c['se'] else ''}{word})"
 
 
 def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
@@ -155,20 +150,14 @@ def vcpo_vs_lines(vs: dict[str, dict[str, dict]]) -> list[str]:
         groups: dict[str, list[str]] = {"behind": [], "level": [], "ahead": []}
         for m, c in against.items():
             spread = f", {_spread(c)}" if c["se"] else ""
-            groups[_side(c)].append(f"{LABEL[m]} ({_pm(c['difference'], c['se'], signed=True)}{spread})")
+            groups[_side(c)].append(f"{LABEL[m]} ({pm(c['difference'], c['se'], signed=True)}{spread})")
         words = {"behind": "behind", "level": "level with", "ahead": "ahead of"}
         text = "; ".join(f"{words[side]} {', '.join(ms)}" for side, ms in groups.items() if ms)
         lines.append((0 if groups["behind"] else 1, int(k), f"- k={k}: VCPO is {text}."))
     return [text for *_, text in sorted(lines)]
 
 
-def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
-    if mean is None:
-        return "missing"
-    return (f"{mean:+.2f}" if signed else f"{mean:.2f}") + (f" ± {se:.2f}" if se is not None else "")
-
-
-def _gap(d: float, se: float | None, sep: bool | None) -> str:
+def _gap_text(d: float, se: float | None, sep: bool | None) -> str:
     """'0.05 ± 0.02 (2.5 SE; separated)', or without a spread yet '0.05 (no spread yet)'."""
     if se is None:
         return f"{abs(d):.2f} (no spread yet; not separated)"
@@ -178,7 +167,7 @@ def _gap(d: float, se: float | None, sep: bool | None) -> str:
 
 
 def _who(s: dict, role: str) -> str:
-    return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {_pm(s[f'{role}_mean'], s[f'{role}_se'])}"
+    return f"{LABEL[s[role]]} (lr {lr_text(s[f'{role}_lr'])}) {pm(s[f'{role}_mean'], s[f'{role}_se'])}"
 
 
 def _under_way(s: dict) -> str:
@@ -187,21 +176,28 @@ def _under_way(s: dict) -> str:
 
 
 def verdict_line(k: str, s: dict) -> str:
-    """One sentence per k, from the summary fields only."""
+    """One sentence per k, from the summary fields only; its first words follow the 2-SE rule (`vcpo_side`): a
+    highest mean within 2 SE of the next is "level", never "ahead"."""
     if not s.get("best"):
         return f"- k={k}: not measured yet." + (f" Under way: {_under_way(s)}." if s.get("partial") else "")
-    if "vcpo_ahead" not in s:
+    vcpo = f"VCPO (lr {lr_text(s['vcpo_lr'])}) {pm(s['vcpo_mean'], s['vcpo_se'])}" if "vcpo_side" in s else ""
+    if "vcpo_side" not in s:
         text = f"- k={k}: VCPO not measured yet. Best so far: {_who(s, 'best')}."
-    elif s["vcpo_ahead"]:
-        text = f"- k={k}: VCPO is ahead: {_who(s, 'best')}"
-        text += (f", leading {_who(s, 'second')} by {_gap(s['lead'], s['lead_se'], s['lead_separated'])}."
-                 if "second" in s else ", the only method measured.")  # fmt: skip
+    elif s["vcpo_best"] and "second" not in s:
+        text = f"- k={k}: VCPO is the only method measured: {_who(s, 'best')}."
+    elif s["vcpo_best"]:
+        gap = _gap_text(s["lead"], s["lead_se"], s["lead_separated"])
+        text = (f"- k={k}: VCPO is ahead: {vcpo} leads {_who(s, 'second')} by {gap}." if s["vcpo_side"] == "ahead"
+                else f"- k={k}: VCPO is level with {LABEL[s['second']]}: {vcpo} has the highest mean, above "
+                f"{_who(s, 'second')} by {gap}.")  # fmt: skip
     else:
-        text = (f"- k={k}: VCPO is not ahead: VCPO (lr {lr_text(s['vcpo_lr'])}) {_pm(s['vcpo_mean'], s['vcpo_se'])} "
-                f"is behind {_who(s, 'best')} by {_gap(s['vcpo_minus_best'], s['vcpo_minus_best_se'], s['vcpo_gap_separated'])}.")  # fmt: skip
+        gap = _gap_text(s["vcpo_minus_best"], s["vcpo_minus_best_se"], s["vcpo_gap_separated"])
+        text = (f"- k={k}: VCPO is behind {LABEL[s['best']]}: {vcpo} is below {_who(s, 'best')} by {gap}."
+                if s["vcpo_side"] == "behind" else
+                f"- k={k}: VCPO is level with {LABEL[s['best']]}: {vcpo} is below {_who(s, 'best')} by {gap}.")  # fmt: skip
         if s["second"] != "vcpo":
             text += (f" The best leads the second, {_who(s, 'second')}, by "
-                     f"{_gap(s['lead'], s['lead_se'], s['lead_separated'])}.")  # fmt: skip
+                     f"{_gap_text(s['lead'], s['lead_se'], s['lead_separated'])}.")  # fmt: skip
     col = [f"{LABEL[m]} {c}/{s['runs'][m]}" for m, c in s["collapsed"].items() if c]
     text += f" Collapsed: {', '.join(col)}." if col else " No run collapsed."
     if s.get("partial"):
@@ -212,11 +208,11 @@ def verdict_line(k: str, s: dict) -> str:
 
 
 def verdict_lines(summ: dict[str, dict]) -> list[str]:
-    """The verdict, lags where VCPO is not ahead first (then ahead, then unmeasured), each in k order."""
+    """The verdict, lags where VCPO is behind first, then level, then ahead, then unmeasured, each in k order."""
 
     def order(k: str) -> int:
         s = summ[k]
-        return 2 if not s.get("best") else 1 if s.get("vcpo_ahead") else 0
+        return 3 if not s.get("best") else {"behind": 0, "level": 1, "ahead": 2}.get(s.get("vcpo_side"), 0)
 
     return [verdict_line(k, summ[k]) for k in sorted(summ, key=lambda k: (order(k), int(k)))]
 
@@ -273,7 +269,7 @@ def edge_lines(sel: dict) -> list[str]:
 def _fmt(c: dict, n: int) -> str:
     if not c["n"]:
         return "-"
-    txt = _pm(c["mean"], c["se"]) + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+    txt = pm(c["mean"], c["se"]) + (f" [{c['collapsed']}]" if c["collapsed"] else "")
     return txt + ("" if c["n"] == n else f" ({c['n']}/{n})")
 
 
@@ -360,11 +356,11 @@ def markdown(report: dict) -> str:
             row = []
             for k in ks.LAGS:
                 c = held[m][str(k)]
-                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {_pm(c['auc']['mean'], c['auc']['se'])}; "
+                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {pm(c['auc']['mean'], c['auc']['se'])}; "
                            f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
             lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
     lines += ["", f"## VCPO against each method (final: VCPO minus the method, ± SE of the difference; ahead or "
-              f"behind beyond {SEPARATION:g} SE; where both have all {n_held} held-out seeds)"]  # fmt: skip
+              f"behind at {SEPARATION:g} SE or more; where both have all {n_held} held-out seeds)"]  # fmt: skip
     tables = {"final": ("", lambda c: c), "auc": (
         "The same for the area under the curve (how soon a method gets to its level, not only where it ends):",
         lambda c: c["auc"])}  # fmt: skip

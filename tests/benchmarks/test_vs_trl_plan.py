@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import vs_trl  # noqa: E402
 
+from benchmarks.harness.runner import interleave  # noqa: E402
+
 
 def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topologies() -> None:
     cands = vs_trl.candidates()
@@ -26,7 +28,7 @@ def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topolo
 
 def test_tuning_candidates_are_interleaved_across_cells() -> None:
     cands = vs_trl.candidates()
-    order = vs_trl.interleaved(cands)
+    order = interleave(cands)
     assert sorted(map(str, (c for _, c in order))) == sorted(
         map(str, (c for cs in cands.values() for c in cs))
     )

@@ -10,7 +10,7 @@ from benchmarks.stress.report import SAME_AT_K0, k_star, summarise
 from benchmarks.stress.study import StudyConfig, cell_key
 from envs.yamlio import ConfigError, load_model
 
-STRESS = Path(__file__).resolve().parents[1]
+STRESS = Path(__file__).resolve().parents[3] / "benchmarks" / "stress"
 
 
 @pytest.mark.parametrize("name", ["grid.yaml", "grid_full.yaml"])
@@ -48,10 +48,9 @@ def test_k_star_is_the_last_lag_of_the_unbroken_run_above_ninety_percent_of_sync
 
 
 def test_every_shipped_study_file_passes_its_own_check(capsys):
-    from pathlib import Path
 
     from benchmarks.stress.grid import check
 
-    studies = sorted((Path(__file__).resolve().parents[1]).glob("*.yaml"))
+    studies = sorted(STRESS.glob("*.yaml"))
     assert studies and check(studies) == 0
     assert capsys.readouterr().out.count(": ok (study)") == len(studies)

@@ -1,0 +1,7 @@
+"""The harness every comparative benchmark and study runs on (docs/benchmarks/harness.md):
+
+- `runner`: cells x seeds interleaved and rotated, resume by cell, a time limit that drains, a tuning pass;
+- `stats`: mean ± SE, the 2-SE rule and its words, medians of per-seed ratios, time to target;
+- `provenance`: commit, CPU model and flags, cores, load before and after, versions;
+- `report`: where results go (committed or scratch) and the JSON + markdown writer.
+"""

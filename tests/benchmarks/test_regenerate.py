@@ -1,0 +1,89 @@
+"""Every results file of a benchmark on the harness is what the harness's code computes from the raw runs the
+file keeps: regenerated here from those runs alone (no re-run), it equals the committed file, numbers and words.
+So a figure cannot be edited by hand, and a change to benchmarks/harness/stats.py that moves a committed
+number fails here until the file is regenerated and the change explained."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import their neighbours as scripts do
+
+
+def _no_runs(tmp_path: Path) -> Path:
+    return tmp_path / "no-runs"  # an empty runs folder: only the cells the committed JSON keeps
+
+
+def test_async_vs_sync_summary_is_what_its_runs_give(tmp_path: Path) -> None:
+    import async_vs_sync
+
+    committed = json.loads((RESULTS / "async_vs_sync.json").read_text())
+    async_vs_sync.main(["--from-results", str(RESULTS / "async_vs_sync.json"), "--out", str(tmp_path)])
+    again = json.loads((tmp_path / "async_vs_sync.json").read_text())
+    assert again == committed
+    assert (tmp_path / "async_vs_sync.md").read_text() == (RESULTS / "async_vs_sync.md").read_text()
+
+
+def test_vs_trl_summary_is_what_its_runs_give() -> None:
+    from vs_trl_report import summarise
+
+    d = json.loads((RESULTS / "vs_trl.json").read_text())
+    assert summarise(d["cells"], d["k_async_fixed_before_runs"], d["budget_s"]) == d["summary"]
+
+
+@pytest.mark.parametrize("name", ["k_sweep2", "k_sweep"])
+def test_the_k_sweep_report_is_what_its_kept_runs_give(tmp_path: Path, name: str) -> None:
+    from benchmarks.stress import k_sweep
+    from benchmarks.stress.k_sweep_report import write
+
+    src = RESULTS / "stress" / f"{name}.json"
+    warm = k_sweep.load_warm_start(ROOT / k_sweep.WARM) if name == "k_sweep2" else None
+    out = tmp_path / f"{name}.json"
+    write(k_sweep.read_cells(_no_runs(tmp_path), src, warm), out, quiet=True, warm=warm)
+    assert json.loads(out.read_text()) == json.loads(src.read_text())
+    assert out.with_suffix(".md").read_text() == src.with_suffix(".md").read_text()
+
+
+def test_the_level_b_fair_report_is_what_its_kept_runs_give(tmp_path: Path) -> None:
+    from benchmarks.stress import level_b_fair
+    from benchmarks.stress.level_b_fair_report import write
+
+    src = RESULTS / "stress" / "level_b_fair.json"
+    out = tmp_path / "level_b_fair.json"
+    write(level_b_fair.read_cells(_no_runs(tmp_path), src), out)
+    assert json.loads(out.read_text()) == json.loads(src.read_text())
+    assert out.with_suffix(".md").read_text() == src.with_suffix(".md").read_text()
+
+
+def test_distill_report_is_what_its_cells_give() -> None:
+    """benchmarks/results/distill.json from the runs in distill_cells.jsonl, the plan of its own command and its
+    own head (teacher, student, target ...)."""
+    import distill
+
+    d = json.loads((RESULTS / "distill.json").read_text())
+    rows = [json.loads(x) for x in (RESULTS / "distill_cells.jsonl").read_text().splitlines()]
+    cells = [r for r in rows if not r["name"].startswith("eval")]
+    assert d["command"] == "benchmarks/distill.py --distill-lr 1e-3"  # the defaults below are that command's
+    planned = distill.cells_for(3, d["steps"], d["rl_steps"], 12, d["distill_lr"], 1e-3)
+    head = {k: v for k, v in d.items() if k not in ("cells_done", "cells_missing", "table", "goals", "cells")}
+    assert json.loads(json.dumps(distill.report(cells, planned, head))) == d  # tuples as the JSON writes them
+
+
+def test_the_level_b_report_is_what_its_packed_runs_give(tmp_path: Path) -> None:
+    """level_b_stabilisers.{json,md} from runs_b.jsonl.gz (every run's series, packed), the gap to the best
+    baseline worded by the 2-SE rule."""
+    import shutil
+
+    from benchmarks.stress import level_b_report
+
+    src = RESULTS / "stress"
+    shutil.copy(src / "runs_b.jsonl.gz", tmp_path / "runs_b.jsonl.gz")
+    level_b_report.main(str(_no_runs(tmp_path)), str(tmp_path / "level_b_stabilisers.md"))
+    for name in ("level_b_stabilisers.json", "level_b_stabilisers.md"):
+        assert (tmp_path / name).read_text() == (src / name).read_text(), name
