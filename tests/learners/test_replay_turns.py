@@ -44,8 +44,6 @@ PROMPT = [11, 873, 42, 1999, 7, 3051, 260, 18]
 TOOL_OUTPUT = ([5, 77, 901, 4], [300, 12])  # tool output after turns 1 and 2 (prefilled by turns 2 and 3)
 
 
-
-
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
     return sparse_model("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
@@ -206,7 +204,11 @@ def test_three_turn_episode_is_replayed_turn_by_turn(moe_dir, calls, pack, hf_mo
         got = lps[t.uid][: len(ids)]
         assert (got - want)[mask].abs().max() <= FP32_TOLERANCE, t.uid
         # the test can fail: each wrong routing moves the loss tokens' log-probs by far more than the bound
-        for name, wrong in (("no replay", own), ("shifted a turn", shifted), ("newest record", last_everywhere)):
+        for name, wrong in (
+            ("no replay", own),
+            ("shifted a turn", shifted),
+            ("newest record", last_everywhere),
+        ):
             if name != "shifted a turn" or len(cut) > 1:
                 assert (wrong - want)[mask].abs().max() > SEPARATION, (t.uid, name)
 
@@ -237,9 +239,9 @@ def test_a_padded_row_without_its_record_is_an_error_under_replay(hf_model, call
         with replay.step(ids, am, routes):
             with replay.rows(ids, am), torch.no_grad():
                 hf_model(input_ids=ids, attention_mask=am)
-            with pytest.raises(ValueError, match="matches none of the step's 1 trajectories"):
-                with replay.rows(torch.cat([ids, other]), torch.cat([am, other_am])):
-                    pass
+            rows = replay.rows(torch.cat([ids, other]), torch.cat([am, other_am]))
+            with pytest.raises(ValueError, match="matches none of the step's 1 trajectories"), rows:
+                pass
         stats = replay.pop_stats()
         assert stats["routing/replayed"] == stats["routing/fed"] == 2 * (ids.shape[1] - 1)  # 2 sparse layers
     finally:
