@@ -289,6 +289,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        self.head_fp32 = False  # model.lm_head_fp32: final norm and head in fp32 (logits)
+        self._fp32: dict[str, tuple[int, torch.Tensor]] = {}  # name -> (weight version, fp32 copy)
 
     def fuse(self) -> None:
         """Store every matrix transposed and fused (see the module docstring); parameters become views."""
@@ -330,8 +332,24 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of last-layer hidden states x [N, H] (before the final norm)."""
-        return self.head(self.model.norm(x)).float()
+        """fp32 logits of last-layer hidden states x [N, H] (before the final norm). `head_fp32` (a bf16 model):
+        the final norm's output and the head's matmul in fp32, on fp32 copies of the norm's and head's weights
+        (refreshed whenever a weight update writes them in place), as the learner computes them."""
+        if not self.head_fp32 or self.head.weight.dtype == torch.float32:
+            return self.head(self.model.norm(x)).float()
+        norm = self.model.norm
+        if isinstance(norm, RMSNorm):
+            h = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps) * self._as_fp32("norm", norm.weight)
+        else:  # sparse.OffsetRMSNorm (hybrid models) normalises and scales in fp32 and keeps x's dtype
+            h = norm(x.float())
+        return h @ self._as_fp32("head", self.head.weight)
+
+    def _as_fp32(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """An fp32 copy of `weight`, made again after any in-place write (torch bumps `_version` on each)."""
+        kept = self._fp32.get(name)
+        if kept is None or kept[0] != weight._version:
+            kept = self._fp32[name] = (weight._version, weight.detach().float())
+        return kept[1]
 
     @torch.inference_mode()
     def hidden_states(
