@@ -126,7 +126,7 @@ def sample(recipe: Any, model_dir: Path, *, prompts: int, n: int, tokens: int) -
     from transformers import AutoTokenizer
 
     import envs
-    from agent_rl.engines.api import SamplingParams
+    from agent_rl.engines.api import EngineError, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(recipe.model.tokenizer or recipe.model.path)
     env = envs.make(envs.load(recipe.envs.train), tok)
@@ -142,7 +142,13 @@ def sample(recipe: Any, model_dir: Path, *, prompts: int, n: int, tokens: int) -
                     temperature=recipe.rollout.temperature, max_new_tokens=tokens, seed=i, ignore_eos=True,
                     return_routed_experts=True,
                 )  # fmt: skip
-                g = await engine.generate(prompt, sp, request_id=f"consistency-{i}")
+                try:
+                    g = await engine.generate(prompt, sp, request_id=f"consistency-{i}")
+                except EngineError as e:  # e.g. a Generation without log-probs refused where it is built
+                    raise ConsistencyError(
+                        f"engine {where}: request consistency-{i}: {e}; the engine must return the sampled "
+                        "tokens' log-probs"
+                    ) from None
                 lps = list(g.logprobs or [])
                 if not g.token_ids or len(lps) != len(g.token_ids) or not all(map(math.isfinite, lps)):
                     raise ConsistencyError(
