@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_rl.config import load_recipe
 
     p = argparse.ArgumentParser(prog="agent-rl consistency", description=__doc__.split("\n\n")[0])
-    p.add_argument("recipe", type=Path)
+    p.add_argument("recipe", type=Path, help="the recipe whose engines and learner settings to measure")
     p.add_argument(
         "--checkpoint", type=Path, help="a checkpoint dir or a run dir (its latest); default: model.path"
     )
