@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines += [
         "",
-        "| model | RMS on/off | learner step on/off | engine sampling on/off |",
-        "|---|---|---|---|",
+        "| model | RMS on/off | learner step on/off (median) | (fastest step) | engine sampling on/off |",
+        "|---|---|---|---|---|",
     ]
     for name, q in ratios.items():
         rms = "n/a" if q["rms_on_over_off"] is None else f"{q['rms_on_over_off']:.2f}"
