@@ -5,7 +5,9 @@ visible here while half-finished, so a checkpoint holds them), and report each o
 finished. The learner takes whole groups. Three rules keep the learner's data sound:
 
 - staleness bound k: a group whose oldest sampled token is more than k versions behind
-  the learner is never delivered; it is dropped and its prompt recycled (sampled again);
+  the learner is never delivered; it is dropped and its prompt recycled (sampled again). This
+  is checked wherever a group is: in flight (doomed, its workers stop), finished and waiting to
+  be taken (every new version or bound; counted apart as `dropped_stale_waiting`), and on load;
 - no starving long episodes (`wait_for_due`): a group whose oldest token is k versions
   behind is due: the next step is its last chance, so the learner waits for it and trains
   it first rather than stepping past it (which would drop it, and always the longest ones);
@@ -66,6 +68,9 @@ class BufferCounters:
     partial_trajectories: int = 0  # delivered trajectories sampled by more than one version
     # tokens sampled for groups that were dropped (thrown away; their prompts are sampled again)
     dropped_sampled_tokens: int = 0
+    # of dropped_stale: whole groups that finished within the bound and went over it while they waited to be
+    # taken (the learner busy, or the version moving by more than one: a rollback publishes a new version)
+    dropped_stale_waiting: int = 0
 
 
 class BufferClosed(RuntimeError):
@@ -252,6 +257,7 @@ class RolloutBuffer:
             grp = self._ready.pop(gid)
             del self._ready_seq[gid]
             self.counters.dropped_sampled_tokens += sum(t.num_sampled for t in grp.trajectories)
+            self.counters.dropped_stale_waiting += 1
             self._drop(gid, grp.trajectories[0].task_id, "stale")
         for g in self._open.values():
             g.doomed = g.doomed or self._over_bound(g.min_version())
@@ -408,6 +414,7 @@ class RolloutBuffer:
             assert group is not None, f"{gid}: a ready group has a member that did not fail"
             self._ready[gid] = group
             self._ready_seq[gid] = r["seq"]
+        self._enforce_bound()  # a resumed run with a smaller bound: what waited past it is not trained
 
     # -- waking -------------------------------------------------------------------------
     def _notify(self) -> None:

@@ -102,6 +102,11 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
         "write an offline pretrained model as a HF directory (smollm2)",
     ),
     "tiny-model": ("agent_rl.tools.tiny", "main", "build a small tokenizer + Qwen2 model from scratch"),
+    "consistency": (
+        "agent_rl.consistency",
+        "main",
+        "where a recipe's trainer-engine log-prob mismatch comes from (dtype, head, routing, packing, kernels)",
+    ),
     "view": (
         "agent_rl.viewer",
         "main",

@@ -34,6 +34,11 @@ class ModelConfig(Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Precision of the weights the engines serve (and the learner publishes to them); learner.dtype picks the
     learner's compute precision."""
+    lm_head_fp32: bool = False
+    """The final norm's output and the LM head's matmul in fp32 on both sides: the torch learner (the head outside
+    bf16 autocast), the Megatron learner (its vocab-parallel head), embedded engines, SGLang servers started here
+    (--lm-head-fp32) and local vLLM (--hf-overrides head_dtype float32); external servers need the same flag.
+    No effect in fp32. Off by default: docs/guides/fp32-head.md has the measurement behind that."""
 
 
 class EngineConfig(Strict):
@@ -63,9 +68,9 @@ class EngineConfig(Strict):
     server_args: tuple[str, ...] = ()
     """sglang without `urls`: extra `python -m sglang.launch_server` arguments for the servers Ray starts."""
 
-    def options(self, dtype: str) -> EngineOptions:
-        """What each embedded engine is built with (`dtype`: model.dtype)."""
-        return EngineOptions(self.max_batch, self.max_seq_len, dtype)
+    def options(self, dtype: str, lm_head_fp32: bool = False) -> EngineOptions:
+        """What each embedded engine is built with (`dtype`: model.dtype; `lm_head_fp32`: model.lm_head_fp32)."""
+        return EngineOptions(self.max_batch, self.max_seq_len, dtype, lm_head_fp32)
 
     @property
     def started_here(self) -> int:

@@ -99,11 +99,14 @@ class RayStarter:
         if eng.type == "sglang":
             self.kind = "sglang"
             self.kw: dict[str, Any] = dict(
-                tp=int(self.role.gpus), max_seq_len=eng.max_seq_len, dtype=model.dtype, extra=eng.server_args
-            )
+                tp=int(self.role.gpus), max_seq_len=eng.max_seq_len, dtype=model.dtype,
+                extra=(*eng.server_args, *(("--lm-head-fp32",) if model.lm_head_fp32 else ())),  # SGLang PR#10729
+            )  # fmt: skip
         else:
             self.kind = "embedded"
-            self.kw = dict(opts=eng.options(model.dtype), threads=max(1, int(self.role.cpus)))
+            self.kw = dict(
+                opts=eng.options(model.dtype, model.lm_head_fp32), threads=max(1, int(self.role.cpus))
+            )
         self._pending: Any = None
 
     async def start(self, i: int) -> Replica:
@@ -152,7 +155,7 @@ class LocalStarter:
 
     def __init__(self, p: Plan, eng: EngineConfig, model: ModelConfig, *, seed: int):
         self.pins = p.cores.engines if p.cores is not None else (None,)
-        self.kw = dict(opts=eng.options(model.dtype))
+        self.kw = dict(opts=eng.options(model.dtype, model.lm_head_fp32))
         self.model, self.seed = model.path, seed
 
     async def start(self, i: int) -> Replica:
@@ -207,7 +210,7 @@ async def start_engines(
     if eng.type == "embedded" and eng.started_here == 1 and p.cores is None and not p.engine_actors:
         from agent_rl.engines.embedded.engine import EmbeddedEngine
 
-        client = EmbeddedEngine(model.path, eng.options(model.dtype), seed=seed)
+        client = EmbeddedEngine(model.path, eng.options(model.dtype, model.lm_head_fp32), seed=seed)
         return Engines(client)
     if eng.urls:
         cls = SGLangClient if eng.type == "sglang" else VLLMClient
@@ -260,6 +263,7 @@ async def _local_vllm(
                 cores=c,
                 logprobs_mode="processed_logprobs",
                 lora_rank=lora.rank if lora else None,
+                head_fp32=model.lm_head_fp32,
             )  # fmt: skip
             for i, c in enumerate(pins)
         ),

@@ -124,6 +124,21 @@ class RoutedExperts:
     def positions(self) -> int:
         return len(self.ids) // self.width
 
+    def then(self, newer: RoutedExperts) -> RoutedExperts:
+        """This record followed by a later call's of the same sequence: every position keeps the routing of the
+        first call that fed it (the turn that sampled it, or, for a turn's last token and the tool output after
+        it, the next turn's prefill); `newer` adds only the positions past this record. A later call re-routes
+        earlier positions (a prefill after a weight update, a near-tie), but the tokens of a turn were sampled
+        under that turn's routing, which is what replay must give them (issue 61: routes on the right turn)."""
+        if newer.width != self.width:
+            raise TrajectoryError(
+                f"routed experts of {newer.width} ids per position after {self.width}: "
+                "the calls of one episode came from different models"
+            )
+        if newer.positions <= self.positions:
+            return self
+        return RoutedExperts(self.width, self.ids + newer.ids[self.positions * self.width :])
+
 
 @dataclass(frozen=True)
 class TurnInfo:
@@ -194,23 +209,20 @@ class Trajectory:
             self.segments.append(seg)
 
     def set_routed_experts(self, routes: RoutedExperts | None) -> None:
-        """Keep the engine's latest routing record: each call's prompt extends the previous one, so the newest
-        covers every earlier position (as the engine computed it for that call: after a weight update, the
-        prefix recomputed under the new weights). A shorter or missing record leaves the kept one."""
+        """Add an engine call's routing record (its prompt extends the previous call's): positions already
+        recorded keep the routing of the call that first fed them, the new ones come from this call
+        (`RoutedExperts.then`), so each turn's tokens are replayed with that turn's routing. A missing record
+        leaves the kept one."""
         if routes is None:
             return
         if routes.positions > len(self):
             raise TrajectoryError(
                 f"trajectory {self.uid}: routed experts for {routes.positions} positions, but it has {len(self)} tokens"
             )
-        old = self.routed_experts
-        if old is not None and old.width != routes.width:
-            raise TrajectoryError(
-                f"trajectory {self.uid}: routed experts of {routes.width} ids per position after {old.width}: "
-                "the calls of one episode came from different models"
-            )
-        if old is None or routes.positions >= old.positions:
-            self.routed_experts = routes
+        try:
+            self.routed_experts = routes if self.routed_experts is None else self.routed_experts.then(routes)
+        except TrajectoryError as e:
+            raise TrajectoryError(f"trajectory {self.uid}: {e}") from None
 
     def append_env(self, token_ids: list[int]) -> None:
         """Append environment tokens (tool output, template glue): loss mask 0."""

@@ -26,14 +26,17 @@ def trajectory(uid: str = "t0", group: str = "g") -> Trajectory:
     return t  # 7 tokens
 
 
-def test_the_newest_record_replaces_a_shorter_one_and_a_shorter_one_is_ignored():
+def test_each_position_keeps_the_routing_of_the_call_that_first_fed_it():
+    """A later call (the next turn) adds only the positions past the record; the earlier ones keep the routing
+    their own turn used (issue 61). A shorter or missing record changes nothing."""
     t = trajectory()
     t.set_routed_experts(routes(4))
-    t.set_routed_experts(routes(6, start=100))  # the next turn's call: covers every earlier position
-    assert t.routed_experts.positions == 6 and t.routed_experts.ids[0] == 100
+    t.set_routed_experts(routes(6, start=100))  # the next turn's call: re-routes 0..3, adds 4 and 5
+    assert t.routed_experts.positions == 6
+    assert list(t.routed_experts.ids) == list(range(16)) + list(range(116, 124))
     t.set_routed_experts(routes(3))
     t.set_routed_experts(None)  # an engine that reports none
-    assert t.routed_experts.positions == 6
+    assert t.routed_experts.positions == 6 and t.routed_experts.ids[0] == 0
 
 
 def test_a_record_longer_than_the_trajectory_or_of_another_width_is_refused():

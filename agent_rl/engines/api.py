@@ -47,6 +47,8 @@ class EngineOptions:
     """Prompt + output tokens per request."""
     dtype: str = "float32"
     """Weights and KV cache: float32, bfloat16 or float16."""
+    lm_head_fp32: bool = False
+    """The final norm's output and the LM head's matmul in fp32 (config.ModelConfig.lm_head_fp32)."""
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ def launch_server(
     ]  # fmt: skip
     if cores:
         cmd += ["--cores", ",".join(map(str, cores))]
+    if opts.lm_head_fp32:
+        cmd += ["--lm-head-fp32"]
     return start_server(
         cmd, lambda text: m.group(1) if (m := READY.search(text)) else None, timeout_s, log_path
     )

@@ -51,6 +51,7 @@ def launch_vllm(
     logprobs_mode: str | None = None,
     lora_rank: int | None = None,
     timeout_s: float = 420.0,
+    head_fp32: bool = False,
 ) -> VLLMServerHandle:
     """`python -m vllm.entrypoints.openai.api_server` from `venv` on a free port, eager; `cores` pins it.
     logprobs_mode "processed_logprobs": log-probs of the distribution sampled from (after temperature,
@@ -73,6 +74,8 @@ def launch_vllm(
         cmd += ["--seed", str(seed)]
     if logprobs_mode:
         cmd += ["--logprobs-mode", logprobs_mode]
+    if head_fp32:  # model.lm_head_fp32: vLLM's fp32 head for generation models (vllm-project/vllm#48390)
+        cmd += ["--hf-overrides", '{"head_dtype": "float32"}']
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if key := auth.run_key():  # vLLM reads its key from VLLM_API_KEY (it guards /v1/... only, see docs)
         env["VLLM_API_KEY"] = key

@@ -36,6 +36,7 @@ class Assembler:
                     list(call.token_ids), list(call.behaviour(self.constrained)), list(call.versions)
                 )
                 ids[:] = prompt + list(call.token_ids)
+                traj.set_routed_experts(call.routed_experts)  # its new positions as this call routed them
                 return traj
         if self.trajectories:
             self.splits += 1
@@ -44,6 +45,7 @@ class Assembler:
             traj = self.first
         traj.prompt_ids = prompt
         traj.append_sampled(list(call.token_ids), list(call.behaviour(self.constrained)), list(call.versions))
+        traj.set_routed_experts(call.routed_experts)
         self.trajectories.append(traj)
         self._ids.append(prompt + list(call.token_ids))
         return traj

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent_rl.types import RoutedExperts
+
 
 class SessionOver(RuntimeError):
     """The episode may not sample any more (budget spent, or its group went over the staleness bound)."""
@@ -39,6 +41,8 @@ class Call:
     unmasked_logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # when the agent asked for them
     constrained: bool = False  # sampled under a grammar (response_format, tool_choice, strict tools)
+    # MoE: the engines' routing of every fed position, each as first fed (continuations add only their tail)
+    routed_experts: RoutedExperts | None = None
 
     def behaviour(self, constrained: str = "unmasked") -> tuple[float, ...]:
         """The log-probs the learner takes as log mu: under a constraint, `unmasked` (the default) gives the

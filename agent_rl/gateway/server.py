@@ -50,6 +50,7 @@ from agent_rl.openai.errors import Invalid, NotFound, errors_to_json
 from agent_rl.openai.protocol import ChatReq
 from agent_rl.openai.reasoning import get_reasoning_parser
 from agent_rl.openai.tool_parsers import get_parser
+from agent_rl.types import RoutedExperts
 from envs.codec import codec
 
 log = logging.getLogger(__name__)
@@ -270,13 +271,16 @@ class Gateway:
         tops: list = []
         aborts, finish = 0, "length"
         c = params.constraint
+        routes: RoutedExperts | None = None  # MoE: as each position was first fed (types.RoutedExperts.then)
         while True:
             s.check()
             room = min(params.max_new_tokens - len(toks), self.max_seq_len - len(ids) - len(toks))
             if room < 1:
                 finish = "length"
                 break
-            p = replace(params, max_new_tokens=room, seed=_seed(s.seed, rid, len(toks)))
+            p = replace(
+                params, max_new_tokens=room, seed=_seed(s.seed, rid, len(toks)), return_routed_experts=True
+            )  # MoE engines report routing: replayed by the learner on the turn that fed it (routing_replay.py)
             if c is not None and toks:  # the grammar resumes after the tokens already sampled
                 p = replace(p, constraint=replace(c, resume_ids=tuple(toks)))
             gen = await self._generate(
@@ -288,6 +292,8 @@ class Gateway:
                 continue
             toks += gen.token_ids
             lps += gen.logprobs
+            if gen.routed_experts is not None:
+                routes = gen.routed_experts if routes is None else routes.then(gen.routed_experts)
             vers += gen.versions
             if unmasked is not None and gen.unmasked_logprobs is not None:
                 unmasked += gen.unmasked_logprobs
@@ -317,6 +323,7 @@ class Gateway:
             unmasked_logprobs=tuple(unmasked) if c is not None and unmasked is not None else None,
             top_logprobs=tuple(tuple(t) for t in tops) if params.top_logprobs else None,
             constrained=c is not None,
+            routed_experts=routes,
         )
 
     async def _generate(self, ids: list[int], params: SamplingParams, rid: str):

@@ -55,6 +55,7 @@ class RankSpec:
     logprob_chunk_tokens: int = CHUNK_TOKENS  # tokens per chunk of the output head + log-softmax
     compile: bool = False  # torch.compile the decoder (dynamic shapes)
     routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's experts (routing_replay.py)
+    lm_head_fp32: bool = False  # the output head in fp32 outside bf16 autocast (hf_logprobs.py)
 
 
 class TorchRank:
@@ -77,7 +78,8 @@ class TorchRank:
         model.train()
         self.model = model
         self._lp = HFLogprobs(
-            model, pack=spec.pack, chunk_tokens=spec.logprob_chunk_tokens, compile=spec.compile
+            model, pack=spec.pack, chunk_tokens=spec.logprob_chunk_tokens, compile=spec.compile,
+            head_fp32=spec.lm_head_fp32,
         )
         self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined

@@ -15,10 +15,15 @@ the rank is built and go through the model's own `.logits`, upcast chunk by chun
 (`vcpo.logprobs.logits_logprobs`), unpacked.
 
 `compile`: the decoder runs under `torch.compile(dynamic=True)` (lengths change every micro-batch).
+
+`head_fp32` (model.lm_head_fp32): the head's matmuls (forward and backward) run in fp32 outside bf16 autocast,
+on the final norm's output in fp32: under autocast the residual stream and the norm are fp32 already (the
+master weights are fp32, elementwise ops are not autocast), so only the head's GEMM changes precision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -37,7 +42,13 @@ class HFLogprobs:
     """`logprobs(model, ids, mask)` and `proxy(model, ids, mask)` with vcpo's signatures, for one HF model."""
 
     def __init__(
-        self, model: nn.Module, *, pack: bool = True, chunk_tokens: int = CHUNK_TOKENS, compile: bool = False
+        self,
+        model: nn.Module,
+        *,
+        pack: bool = True,
+        chunk_tokens: int = CHUNK_TOKENS,
+        compile: bool = False,
+        head_fp32: bool = False,
     ):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
         if pack and _linear_attention_cannot_pack(base):
@@ -61,6 +72,7 @@ class HFLogprobs:
                 type(base).__name__,
             )
         self.compiled = compile
+        self.head_fp32 = head_fp32
         self._run = torch.compile(self.decoder, dynamic=True) if compile else self.decoder
 
     def logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -92,9 +104,13 @@ class HFLogprobs:
             else:  # packed: the real tokens in row order; the one before each target is its predictor
                 h = hidden[0, at.packed_pred.to(dev, non_blocking=True)]
             head = self.head
-            out = linear_logprobs(
-                h, head.weight, targets, bias=head.bias, chunk_tokens=self.chunk_tokens, with_sum_p2=proxy
-            )
+            fp32 = self.head_fp32 and h.dtype != torch.float64
+            with torch.autocast(dev.type, enabled=False) if fp32 else contextlib.nullcontext():
+                out = linear_logprobs(
+                    h.float() if fp32 else h, head.weight.float() if fp32 else head.weight, targets,
+                    bias=None if head.bias is None else head.bias.float() if fp32 else head.bias,
+                    chunk_tokens=self.chunk_tokens, with_sum_p2=proxy,
+                )  # fmt: skip
             lp, p2 = out if proxy else (out, None)
         else:
             logits = model(input_ids).logits.flatten(0, 1)[pred]

@@ -18,7 +18,7 @@ from agent_rl.batch import LearnerBatch
 def mismatch_metrics(
     batches: Sequence[LearnerBatch], logprobs: Sequence[torch.Tensor], version: int, threshold: float
 ) -> dict[str, float]:
-    """mean / max |log π − log μ| and the share above `threshold` over loss tokens of `version`;
+    """mean / max / RMS of |log π − log μ| and the share above `threshold` over loss tokens of `version`;
     `logprobs[i]` is the learner's [B, T] log π for `batches[i]` at the pre-update weights."""
     gaps = []
     for b, lp in zip(batches, logprobs, strict=True):
@@ -32,5 +32,7 @@ def mismatch_metrics(
             "rollout/logprob_mismatch_mean": float(gap.mean()),
             "rollout/logprob_mismatch_max": float(gap.max()),
             "rollout/logprob_mismatch_frac": float((gap > threshold).float().mean()),
+            # the RMS log-ratio (Fast-LLM's and benchmarks/fp32_head.py's measure): weighs the large gaps more
+            "rollout/logprob_mismatch_rms": float(gap.double().square().mean().sqrt()),
         }
     return out

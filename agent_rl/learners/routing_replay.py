@@ -20,6 +20,12 @@ near-ties). Under gradient checkpointing a layer is re-run in the backward pass,
 context closed: the hook then replays what that layer's last grad-enabled forward used (vcpo runs each
 micro-batch's backward right after its forward).
 
+`rollout/routing_replayed_fraction`: of the (token, MoE layer) pairs the engine fed (real tokens but each
+row's last, which is sampled and never fed), the share whose recorded experts the learner used: 0 without
+replay, 1 when every turn's record reached the learner. Each turn's positions carry the routing of the call
+that first fed them (types.RoutedExperts.then), so a multi-turn trajectory is replayed turn by turn. Under
+replay a row that finds no record is an error, never silently the learner's own routing.
+
 The same hook measures, with or without replay, `rollout/routing_agreement`: the share of (token, MoE
 layer) pairs, over the trained tokens sampled by the learner's current weights, whose learner top-k
 equals the engine's as a set; and it logs the load-balancing loss (`learner/moe_aux_loss`, transformers'
@@ -38,7 +44,9 @@ import torch
 from torch import Tensor, nn
 
 _ROUTER = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.gate$")
-_STATS = ("routing/agree", "routing/total", "routing/aux_sum", "routing/aux_calls")
+_STATS = (
+    "routing/agree", "routing/total", "routing/aux_sum", "routing/aux_calls", "routing/replayed", "routing/fed"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ class RoutingReplay:
         self.replay, self.layers = replay, layers
         self.top_k = int(top_k if top_k is not None else next(iter(routers.values())).top_k)
         self._records: dict[bytes, tuple[Tensor, Tensor]] = {}  # row ids -> (experts [n, L, k], counted [n])
-        self._rows: tuple[Tensor | None, Tensor | None, Tensor] | None = None  # ids [B,T,L,k], counted, mask
+        # ids [B,T,L,k], counted, real-token mask, fed mask (real tokens but each row's last, which no engine feeds)
+        self._rows: tuple[Tensor | None, Tensor | None, Tensor, Tensor] | None = None
         self._used: dict[int, Tensor] = {}  # layer -> experts the last grad-enabled forward used (recompute)
         self._stats = dict.fromkeys(_STATS, 0.0)
         self.seq_major = seq_major
@@ -140,6 +149,9 @@ class RoutingReplay:
         """Within: the routers see the tokens of these rows (padded [B, T], or packed in row order)."""
         am = attention_mask > 0
         b, t = input_ids.shape
+        fed = am.clone()
+        lengths = am.sum(-1)
+        fed[torch.arange(b, device=am.device)[lengths > 0], lengths[lengths > 0] - 1] = False
         ids = counted = None
         if self._records:
             first = next(iter(self._records.values()))[0]
@@ -150,7 +162,13 @@ class RoutingReplay:
                 hit = self._records.get(_key(input_ids[r, :n]))
                 if hit is not None:
                     ids[r, :n], counted[r, :n] = hit[0].to(ids.device), hit[1].to(ids.device)
-        self._rows = (ids, counted, am)
+                elif self.replay and n > 0:  # never silently the learner's own routing (issue 60)
+                    raise ValueError(
+                        f"routing replay: row {r} of this forward ({n} tokens, starting {input_ids[r, :4].tolist()}) "
+                        f"matches none of the step's {len(self._records)} trajectories, so it has no routing record "
+                        "to replay: the rows a forward sees must be the step's rows (their real tokens unchanged)"
+                    )
+        self._rows = (ids, counted, am, fed)
         try:
             yield
         finally:
@@ -201,7 +219,7 @@ class RoutingReplay:
         `probs`: the router's softmax [n, E]. None when the n tokens are not the rows in scope."""
         if self._rows is None:
             return None
-        ids, counted, am = self._rows
+        ids, counted, am, fed = self._rows
         n = probs.shape[0]
         if n == am.numel():  # padded rows, flattened
             pick = None
@@ -216,6 +234,8 @@ class RoutingReplay:
             return x.reshape(n if pick is None else am.numel(), *x.shape[2:])
 
         real = flat(am) if pick is None else torch.ones(n, dtype=torch.bool, device=probs.device)
+        fed_n = flat(fed) if pick is None else flat(fed)[pick]
+        self._stats["routing/fed"] += float(fed_n.sum())
         used = own
         if ids is not None and counted is not None:
             rec, cnt = flat(ids[:, :, layer]), flat(counted)
@@ -229,6 +249,7 @@ class RoutingReplay:
                 self._stats["routing/total"] += float(scored.sum())
             if self.replay:
                 used = torch.where(has[:, None], rec, own)
+                self._stats["routing/replayed"] += float((has & fed_n).sum())
         self._aux(probs, used, real)
         return used
 
@@ -257,12 +278,15 @@ def _key(row: Tensor) -> bytes:
 
 
 def routing_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """rollout/routing_agreement and learner/moe_aux_loss from every rank's counts (none: a dense model)."""
+    """rollout/routing_agreement, rollout/routing_replayed_fraction and learner/moe_aux_loss from every rank's
+    counts (none: a dense model)."""
     total = {k: sum(float(r.get(k, 0.0)) for r in per_rank) for k in _STATS}
     out: dict[str, float] = {}
     if total["routing/total"] > 0:
         out["rollout/routing_agreement"] = total["routing/agree"] / total["routing/total"]
         out["rollout/routing_agreement_tokens"] = total["routing/total"]
+    if total["routing/fed"] > 0:  # (token, MoE layer) pairs the engine fed whose recorded experts were used
+        out["rollout/routing_replayed_fraction"] = total["routing/replayed"] / total["routing/fed"]
     if total["routing/aux_calls"] > 0:
         out["learner/moe_aux_loss"] = total["routing/aux_sum"] / total["routing/aux_calls"]
     return out

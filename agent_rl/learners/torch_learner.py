@@ -60,6 +60,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         logprob_chunk_tokens=lc.logprob_chunk_tokens,
         compile=lc.compile,
         routing_replay=ac.routing_replay,
+        lm_head_fp32=spec.model.lm_head_fp32,
     )
 
 

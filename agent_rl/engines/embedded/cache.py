@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from agent_rl.engines.embedded.model import Step
     from agent_rl.engines.embedded.moe import RoutingTable
+    from agent_rl.engines.embedded.shapes import Step
 
 
 class KVCache:

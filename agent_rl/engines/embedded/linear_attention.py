@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from agent_rl.engines.embedded.model import ModelConfig, Step
+    from agent_rl.engines.embedded.shapes import ModelConfig, Step
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class GatedDeltaNet(nn.Module):
         self.ratio = r
 
     def fuse(self) -> None:
-        from agent_rl.engines.embedded.model import Fused
+        from agent_rl.engines.embedded.fused import Fused
 
         if self.lin.layout == "qkvz":
             self.proj = Fused([self.in_proj_qkvz, self.in_proj_ba])

@@ -21,95 +21,15 @@ Why hand-written and how it is fast on CPU (measured on SmolLM2-135M, benchmarks
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_rl.engines.embedded import SPARSE_ARCHITECTURES  # MoE / hybrid linear attention: sparse.py
 from agent_rl.engines.embedded.cache import KVCache
-
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    attention_bias: bool  # Qwen2 has q/k/v biases; Llama, Mistral and Qwen3 (by default) do not
-    qk_norm: bool  # Qwen3: RMSNorm over head_dim on every query and key head, before RoPE
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    eos_token_ids: tuple[int, ...]
-    architecture: str = ""  # config.json's architectures[0]
-    # Mistral: a query at position p attends to keys p - sliding_window + 1 .. p (as transformers masks it)
-    sliding_window: int | None = None
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
-        """Read config.json (+ generation_config.json for EOS ids); refuse what this engine can't run."""
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path}: no config.json; MODEL_DIR must be a Hugging Face model directory"
-            )
-        c = json.loads(path.read_text())
-        arch = (c.get("architectures") or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES + SPARSE_ARCHITECTURES:
-            raise ValueError(
-                f"{path}: architecture {arch!r} is not supported; use one of "
-                f"{SUPPORTED_ARCHITECTURES + SPARSE_ARCHITECTURES}"
-            )
-        rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{path}: rope type {rope_type!r} is not supported (only 'default' RoPE)")
-        if c.get("use_sliding_window"):  # Qwen2/Qwen3: a window on some layers only (max_window_layers)
-            raise ValueError(f"{path}: use_sliding_window (Qwen's per-layer window) is not supported")
-        window = c.get("sliding_window") if arch == "MistralForCausalLM" else None  # Mistral: every layer
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"{path}: sliding_window must be a positive integer or null, got {window!r}")
-        if c.get("mlp_bias") or c.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{path}: only SwiGLU MLPs without bias are supported (mlp_bias, hidden_act)")
-        heads = c["num_attention_heads"]
-        eos: list[int] = []
-        for src in (c, _read_json(Path(model_dir) / "generation_config.json")):
-            e = src.get("eos_token_id")
-            eos += e if isinstance(e, list) else [] if e is None else [e]
-        return cls(
-            vocab_size=c["vocab_size"],
-            hidden_size=c["hidden_size"],
-            intermediate_size=c.get("intermediate_size", 0),  # Qwen3.5-MoE: every MLP is sparse
-            num_layers=c["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=c.get("num_key_value_heads", heads),
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
-            attention_bias=c.get("attention_bias", arch == "Qwen2ForCausalLM"),
-            qk_norm=arch == "Qwen3ForCausalLM" or arch in SPARSE_ARCHITECTURES,
-            tie_word_embeddings=c.get("tie_word_embeddings", False),
-            max_position_embeddings=c.get("max_position_embeddings", 2048),
-            eos_token_ids=tuple(dict.fromkeys(eos)),
-            architecture=arch,
-            sliding_window=window,
-        )
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+from agent_rl.engines.embedded.fused import Fused, PackedHead  # noqa: F401
+from agent_rl.engines.embedded.shapes import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, Step  # noqa: F401
 
 
 class RMSNorm(nn.Module):
@@ -123,62 +43,6 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # As HF: normalise in fp32, cast back, then scale (in the low precision), so bf16 rounds as HF does.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-class Fused:
-    """Linears sharing one input as one `[in, sum(out)]` matrix; each HF parameter becomes a view of it."""
-
-    def __init__(self, modules: list[nn.Linear]):
-        self.weight = torch.cat([m.weight.detach() for m in modules]).t().contiguous()  # [in, out]
-        biases = [m.bias for m in modules]
-        self.bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
-        at = 0
-        for m in modules:
-            n = m.weight.shape[0]
-            m.weight = nn.Parameter(self.weight[:, at : at + n].t(), requires_grad=False)
-            if self.bias is not None:
-                m.bias = nn.Parameter(self.bias[at : at + n], requires_grad=False)
-            at += n
-
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W (+ bias) (+ residual), for x: [N, in]."""
-        if residual is not None:
-            assert self.bias is None, "a fused residual and a bias: not needed by any supported architecture"
-            return torch.addmm(residual, x, self.weight)
-        if self.bias is not None:
-            return torch.addmm(self.bias, x, self.weight)
-        return x @ self.weight
-
-
-class PackedHead(Fused):
-    """The LM head: above `MIN_ROWS` rows it runs oneDNN's matmul on a prepacked copy of the weight.
-
-    MKL's GEMM is slow for a [rows, H] x [H, 49k+] product: oneDNN on a prepacked weight took 15 ms
-    instead of 24 ms at 16 rows and 31 instead of 41 ms at 64 rows (SmolLM2, 1 thread, runs/); at
-    1-4 rows plain `x @ W` is faster. The copy is refreshed whenever the weight was written in place
-    (torch bumps the version counter of a tensor and all its views on every in-place write).
-    """
-
-    MIN_ROWS = 8
-
-    def __init__(self, modules: list[nn.Linear]):
-        super().__init__(modules)
-        self.packed: torch.Tensor | None = None
-        self.packed_version = -1
-        self.enabled = (
-            self.weight.dtype == torch.float32
-            and self.weight.numel() >= 2**22
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        )
-
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.enabled or x.shape[0] < self.MIN_ROWS:
-            return super().__call__(x, residual)
-        if self.packed_version != self.weight._version:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), None)
-            self.packed_version = self.weight._version
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 class Attention(nn.Module):
@@ -261,22 +125,6 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-@dataclass
-class Step:
-    """What every layer of one forward shares: shapes, rotary tables, attention mask, cache indices."""
-
-    batch: int
-    seq: int
-    key_len: int
-    start: int  # the rows are cache slots start..start+batch-1
-    cos: torch.Tensor  # [B, S, 1, d]
-    sin: torch.Tensor  # [B, S, 1, d], sign of rotate_half folded in
-    bias: torch.Tensor  # additive mask [B, 1, 1, S, T]
-    write: torch.Tensor  # flat cache row of each (row, position, kv head), [B*S*nkv]
-    positions: torch.Tensor | None = None  # [B, S] (linear-attention and MoE layers: sparse.py)
-    last: torch.Tensor | None = None  # [B] index of each row's last real position
-
-
 class CausalLM(nn.Module):
     """`model.*` + `lm_head` exactly as in a Hugging Face `*ForCausalLM` checkpoint."""
 
@@ -289,6 +137,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        self.head_fp32 = False  # model.lm_head_fp32: final norm and head in fp32 (logits)
+        self._fp32: dict[str, tuple[int, torch.Tensor]] = {}  # name -> (weight version, fp32 copy)
 
     def fuse(self) -> None:
         """Store every matrix transposed and fused (see the module docstring); parameters become views."""
@@ -330,8 +180,24 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of last-layer hidden states x [N, H] (before the final norm)."""
-        return self.head(self.model.norm(x)).float()
+        """fp32 logits of last-layer hidden states x [N, H] (before the final norm). `head_fp32` (a bf16 model):
+        the final norm's output and the head's matmul in fp32, on fp32 copies of the norm's and head's weights
+        (refreshed whenever a weight update writes them in place), as the learner computes them."""
+        if not self.head_fp32 or self.head.weight.dtype == torch.float32:
+            return self.head(self.model.norm(x)).float()
+        norm = self.model.norm
+        if isinstance(norm, RMSNorm):
+            h = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps) * self._as_fp32("norm", norm.weight)
+        else:  # sparse.OffsetRMSNorm (hybrid models) normalises and scales in fp32 and keeps x's dtype
+            h = norm(x.float())
+        return h @ self._as_fp32("head", self.head.weight)
+
+    def _as_fp32(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """An fp32 copy of `weight`, made again after any in-place write (torch bumps `_version` on each)."""
+        kept = self._fp32.get(name)
+        if kept is None or kept[0] != weight._version:
+            kept = self._fp32[name] = (weight._version, weight.detach().float())
+        return kept[1]
 
     @torch.inference_mode()
     def hidden_states(

@@ -35,7 +35,7 @@ from torch import nn
 from agent_rl.types import RoutedExperts
 
 if TYPE_CHECKING:
-    from agent_rl.engines.embedded.model import ModelConfig, Step
+    from agent_rl.engines.embedded.shapes import ModelConfig, Step
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class SharedExpert(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def fuse(self) -> None:
-        from agent_rl.engines.embedded.model import Fused
+        from agent_rl.engines.embedded.fused import Fused
 
         self.gate_up, self.down = Fused([self.gate_proj, self.up_proj]), Fused([self.down_proj])
 
@@ -170,7 +170,7 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def fuse(self) -> None:
-        from agent_rl.engines.embedded.model import Fused
+        from agent_rl.engines.embedded.fused import Fused
 
         self.router = Fused([self.gate])
         self.experts.fuse()

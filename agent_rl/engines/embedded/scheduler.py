@@ -94,6 +94,7 @@ class Scheduler:
         max_batch, max_seq_len, dtype = opts.max_batch, opts.max_seq_len, opts.dtype
         self.model_dir = str(model_dir)
         self.model = load_model(model_dir, dtype=dtype, max_seq_len=max_seq_len)
+        self.model.head_fp32 = opts.lm_head_fp32  # final norm + LM head in fp32 (model.py, CausalLM.logits)
         cfg = self.model.cfg
         self.cache: KVCache = self.model.new_cache(slots=max_batch, max_seq_len=max_seq_len)
         self.max_batch, self.max_seq_len = max_batch, max_seq_len

@@ -270,7 +270,7 @@ async def serve(args: argparse.Namespace) -> None:
     auth.check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl serve")
     engine = EmbeddedEngine(
         args.model_dir,
-        EngineOptions(max_batch=args.max_batch, max_seq_len=args.max_seq_len, dtype=args.dtype),
+        EngineOptions(args.max_batch, args.max_seq_len, args.dtype, args.lm_head_fp32),
         seed=args.seed,
     )
     app = build_app(
@@ -333,6 +333,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="context length per sequence (prompt + output)",
     )
     p.add_argument("--dtype", default=default.dtype, choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--lm-head-fp32",
+        action="store_true",
+        help="the final norm's output and the LM head's matmul in fp32 (a bf16 model; model.lm_head_fp32)",
+    )
     p.add_argument("--served-model-name", default=None, help="OpenAI model id (default: MODEL_DIR as given)")
     p.add_argument(
         "--tool-parser",

@@ -38,6 +38,7 @@ def megatron_logprobs(
     cp_group=None,
     temperature: float = 1.0,
     pack: bool = False,
+    head_fp32: bool = False,
 ) -> Tensor:
     """[B, T] float32 log p(input_ids[t] | input_ids[:t]) with gradients into this rank's shard.
 
@@ -51,7 +52,13 @@ def megatron_logprobs(
         )
     if pack:
         return _packed_logprobs(
-            model, input_ids, attention_mask, par=par, cp_group=cp_group, temperature=temperature
+            model,
+            input_ids,
+            attention_mask,
+            par=par,
+            cp_group=cp_group,
+            temperature=temperature,
+            head_fp32=head_fp32,
         )
     b, t = input_ids.shape
     ids = pad_to_multiple(input_ids, par.seq_multiple)
@@ -59,21 +66,29 @@ def megatron_logprobs(
     labels[:, :-1] = ids[:, 1:]  # position t predicts token t+1
     s = ids.shape[1]
     positions = torch.arange(s, device=ids.device).expand(b, s)
-    lp = _token_logprobs(model, model(ids, positions, None), labels, par, temperature)
+    lp = _token_logprobs(model, model(ids, positions, None), labels, par, temperature, head_fp32)
     out = lp.new_zeros(b, t)
     out[:, 1:] = lp[:, : t - 1]
     return out
 
 
-def _token_logprobs(model, hidden: Tensor, labels: Tensor, par: ParallelConfig, temperature: float) -> Tensor:
-    """[B, S] log p(labels) from the final hidden states [S (/ tp under SP), B, H], never gathering the vocabulary."""
+def _token_logprobs(
+    model, hidden: Tensor, labels: Tensor, par: ParallelConfig, temperature: float, head_fp32: bool = False
+) -> Tensor:
+    """[B, S] log p(labels) from the final hidden states [S (/ tp under SP), B, H], never gathering the vocabulary.
+    `head_fp32` (model.lm_head_fp32): the final norm's output and this rank's vocabulary shard of the output
+    weight upcast to fp32, so the head's GEMMs (forward and backward) run in fp32; gradients flow back through
+    the casts into the model's dtype."""
     from megatron.core import parallel_state as ps
 
     from agent_rl.learners.megatron.linear_logprobs import linear_logprobs
 
+    weight = model.output_weight()
+    if head_fp32:
+        hidden, weight = hidden.float(), weight.float()
     lp = linear_logprobs(
         hidden,
-        model.output_weight(),
+        weight,
         labels.t(),
         temperature=temperature,
         tp_group=ps.get_tensor_model_parallel_group() if par.tp > 1 else None,
@@ -90,6 +105,7 @@ def _packed_logprobs(
     par: ParallelConfig,
     cp_group,
     temperature: float,
+    head_fp32: bool = False,
 ) -> Tensor:
     """megatron_logprobs over one packed sequence: same [B, T] result, no compute spent on row padding."""
     if attention_mask is None:
@@ -107,7 +123,9 @@ def _packed_logprobs(
         local = packing.thd_partition_index(layout, cp_rank, par.cp).to(device, non_blocking=True)
         ids, labels, pos = ids[:, local], labels[:, local], pos[:, local]
     seq_params = packing.packed_seq_params(layout, device)
-    lp = _token_logprobs(model, model(ids, pos, None, packed_seq_params=seq_params), labels, par, temperature)
+    lp = _token_logprobs(
+        model, model(ids, pos, None, packed_seq_params=seq_params), labels, par, temperature, head_fp32
+    )
     if par.cp > 1:
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 

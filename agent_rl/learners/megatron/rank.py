@@ -188,6 +188,7 @@ class MegatronRank:
                 cp_group=self.groups.cp,
                 temperature=self.spec.temperature,
                 pack=self.spec.pack,
+                head_fp32=self.spec.rank.lm_head_fp32,
             )
 
     def step(self, shares: list[PolicyBatch], routes: RouteBatch | None = None) -> dict[str, float]:
