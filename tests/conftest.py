@@ -33,10 +33,15 @@ def tool_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """../shared/data beside the checkout (the data sets with their SOURCE.txt)."""
-    path = SHARED / "data"
+    """$AGENT_RL_DATA if set (as envs.spec.default_data_root reads it: a git worktree has no ../shared beside it),
+    else ../shared/data beside the checkout (the data sets with their SOURCE.txt)."""
+    import os
+
+    path = Path(os.environ["AGENT_RL_DATA"]) if os.environ.get("AGENT_RL_DATA") else SHARED / "data"
     if not path.is_dir():
-        pytest.skip(f"{path} not found: the tests expect ../shared beside the checkout")
+        pytest.skip(
+            f"{path} not found: the tests expect ../shared beside the checkout (or AGENT_RL_DATA set)"
+        )
     return path
 
 

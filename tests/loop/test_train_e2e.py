@@ -91,7 +91,9 @@ def test_fixed_lag_makes_every_batch_exactly_k_stale(smoke_recipe) -> None:
     assert records[-1]["learner/version"] == 5 and records[-1]["eval/policy_version"] == 3
 
 
+# make test-heavy: the 5-step k=2 run above checks the same per-step properties in make test (docs/tests.md, per directory)
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_two_minute_async_run_with_vcpo(smoke_recipe) -> None:
     recipe = smoke_recipe(
         "buffer.max_staleness=2", "train.steps=60", "train.batch_prompts=4", "checkpoint.every=20"

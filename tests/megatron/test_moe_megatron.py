@@ -106,22 +106,28 @@ def _routes(b):
 
 @pytest.fixture(scope="module")
 def records(moe_dir, unnormalised_dir, groups, tmp_path_factory):
-    """case -> (megatron record of global rank 0, torch learner record on the whole batch)."""
+    """case -> (megatron record of global rank 0, torch learner record on the whole batch). The cases of one DP size
+    share one launch of their rank processes (rank_step_worker builds each case's rank in turn, on the same shares
+    and routes): one launch for the five DP=1 cases instead of five."""
     from agent_rl.learners.megatron import megatron_spec
 
-    out = {}
-    whole = collate(groups)
+    by_dp: dict[int, dict] = {}
     for name, (layout, algorithm, norm) in CASES.items():
         model = moe_dir if norm else unnormalised_dir
         spec = megatron_spec(recipe(model, algorithm, backend="megatron", **layout).learner_spec)
-        shares = [collate(s) for s in split_groups(groups, spec.dp)]
+        by_dp.setdefault(spec.dp, {})[name] = spec
+    out = {}
+    whole = collate(groups)
+    for dp, specs in by_dp.items():
+        shares = [collate(s) for s in split_groups(groups, dp)]
         got = run_rank_steps(
-            {name: spec},
+            specs,
             [s.policy for s in shares],
-            tmp_path_factory.mktemp(name),
+            tmp_path_factory.mktemp(f"dp{dp}"),
             routes=[_routes(s) for s in shares],
-        )[name]
-        out[name] = (got, torch_rank_step(spec.rank, whole.policy, _routes(whole)))
+        )
+        for name, spec in specs.items():
+            out[name] = (got[name], torch_rank_step(spec.rank, whole.policy, _routes(whole)))
     return out
 
 
