@@ -53,5 +53,8 @@ def test_claude_code_trajectory_is_the_engines_tokens_with_prompt_and_tool_outpu
     claude_run, claude_model
 ):
     check_exact_and_masked(
-        claude_run, claude_model[0], system_line="You are an interactive agent", tool="Bash"
+        claude_run,
+        claude_model[0],
+        system_line="You are an agent working with the user toward their goals",
+        tool="Bash",
     )
