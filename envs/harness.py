@@ -304,12 +304,9 @@ async def run(
     for rel, content in (files or {}).items():
         (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
         (workdir / rel).write_text(content)
-    logs = Path(log_dir or os.environ.get("AGENT_RL_HARNESS_LOGS") or base / "logs")
-    logs = (
-        logs / f"{task.id}-{uuid.uuid4().hex[:8]}"
-        if (log_dir or "AGENT_RL_HARNESS_LOGS" in os.environ)
-        else logs
-    )
+    # the run's choice (kwarg log_dir, or $AGENT_RL_HARNESS_LOGS), one folder per episode; else beside the workdir
+    chosen = log_dir or os.environ.get("AGENT_RL_HARNESS_LOGS")
+    logs = Path(chosen) / f"{task.id}-{uuid.uuid4().hex[:8]}" if chosen else base / "logs"
     bins = Path(bin_dir) if bin_dir else None
     if harness is not None:
         launch = PRESETS[harness](session, text, workdir, home, bins)
@@ -324,3 +321,5 @@ async def run(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+        if chosen:
+            shutil.rmtree(base, ignore_errors=True)

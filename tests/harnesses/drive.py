@@ -50,10 +50,52 @@ class Recording:
         return getattr(self.engine, name)
 
 
+class Tap:
+    """A pass-through HTTP proxy in front of the gateway that keeps each answer's bytes (what the harness read)."""
+
+    def __init__(self, target: str):
+        self.target, self.answers, self.url, self._runner = target, [], None, None
+
+    async def start(self) -> str:
+        import aiohttp
+        from aiohttp import web
+
+        async def forward(request: web.Request) -> web.Response:
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+            }
+            async with (
+                aiohttp.ClientSession() as http,
+                http.request(
+                    request.method,
+                    self.target + request.rel_url.path_qs,
+                    headers=headers,
+                    data=await request.read(),
+                ) as r,
+            ):
+                body = await r.read()
+                self.answers.append((request.path, r.status, body))
+                return web.Response(status=r.status, body=body, content_type=r.content_type)
+
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_route("*", "/{tail:.*}", forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+
 @dataclass
 class Outcome:
     calls: list[Any]  # gateway.record.Call, in order, over both runs
     returned: dict[str, Any]  # request id -> the engine's Generation
+    answers: list[tuple[str, int, bytes]] = field(
+        default_factory=list
+    )  # (path, status, body) the harness read
     results: list[HarnessResult | HarnessFailed] = field(default_factory=list)
     workdir: Path | None = None
     answer: str | None = None  # answer.txt the harness's tool wrote
@@ -92,15 +134,17 @@ async def scenario(ex: Exchange, model_dir: Path, base: Path, *, calls: int | No
     gw = Gateway(
         rec, AutoTokenizer.from_pretrained(model_dir), max_seq_len=CONTEXT, api_key="harness-test-key"
     )
+    tap = None
     try:
-        await gw.start()
+        tap = Tap(await gw.start())
+        await tap.start()
         gw.open(
             "ep",
             sampling=SamplingParams(temperature=0.0),
             limits=SessionLimits(max_calls=calls or len(ex.answers), max_tokens_per_call=64),
         )
-        s = Session(gw.base_url("ep"), gw.api_key)
-        out = Outcome([], rec.returned, workdir=workdir)
+        s = Session(f"{tap.url}/sessions/ep/v1", gw.api_key)
+        out = Outcome([], rec.returned, tap.answers, workdir=workdir)
         out.results.append(await run_once(ex, s, workdir, home, ex.prompt))
         answer = workdir / "answer.txt"
         out.answer = answer.read_text().strip() if answer.exists() else None
@@ -109,6 +153,8 @@ async def scenario(ex: Exchange, model_dir: Path, base: Path, *, calls: int | No
         out.calls = list(gw.close_session("ep").calls)
         return out
     finally:
+        if tap is not None and tap.url is not None:
+            await tap.close()
         await gw.close()
         await engine.close()
 

@@ -53,5 +53,37 @@ def test_claude_code_trajectory_is_the_engines_tokens_with_prompt_and_tool_outpu
     claude_run, claude_model
 ):
     check_exact_and_masked(
-        claude_run, claude_model[0], system_line="You are an interactive agent", tool="Bash"
+        claude_run,
+        claude_model[0],
+        system_line="You are an agent working with the user toward their goals",
+        tool="Bash",
     )
+
+
+def test_claude_code_read_anthropics_event_grammar_and_stop_reasons(claude_run):
+    """What Claude Code itself tolerates (message_stop before message_delta, `end_turn` on a tool call) is still
+    Anthropic's protocol: every streamed answer it read follows the event grammar, a tool_use block's input comes
+    in input_json_delta events, and stop_reason is tool_use exactly when a tool was called."""
+    import json
+    import re
+
+    streams = [
+        body for path, status, body in claude_run.answers if path.endswith("/messages") and status == 200
+    ]
+    assert len(streams) == 3
+    for raw in streams:
+        events = [
+            (m[1], json.loads(m[2])) for m in re.finditer(r"event: (\S+)\ndata: (.*)\n\n", raw.decode())
+        ]
+        names = " ".join(n for n, _ in events)
+        block = r"content_block_start (ping )?(content_block_delta )+content_block_stop "
+        assert re.fullmatch(rf"message_start ({block})+message_delta message_stop", names + " "[:0] + ""), (
+            names
+        )
+        starts = [d["content_block"] for n, d in events if n == "content_block_start"]
+        deltas = {d["delta"]["type"] for n, d in events if n == "content_block_delta"}
+        called = any(b["type"] == "tool_use" for b in starts)
+        assert ("input_json_delta" in deltas) == called
+        (stop,) = [d["delta"]["stop_reason"] for n, d in events if n == "message_delta"]
+        assert stop == ("tool_use" if called else "end_turn")
+    assert sum("tool_use" in raw.decode() for raw in streams) >= 1
