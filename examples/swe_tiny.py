@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # as examples/tiny_tir.py: the tiny model's matrices gain nothing from a 2nd core
     sets = (QUICK + ["logging.run_dir=runs/swe_tiny_quick"] if args.quick else []) + args.set
     root = load_recipe(RECIPES / "swe_tiny.yaml", sets).run_dir
+    if not any(s.startswith("model.path=") for s in sets):  # the warm start lives in its run dir
+        sets.append(f"model.path={root / 'sft'}")
     if args.fresh:
         import shutil
 
