@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -117,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if not any(s.startswith("model.path=") for s in sets):  # the warm start lives in its run dir
         sets.append(f"model.path={root / 'sft'}")
     if args.fresh:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
+    rl = root / "rl"
+    if (
+        rl.is_dir() and not (rl / "checkpoints").is_dir()
+    ):  # stopped before its first checkpoint: nothing to resume
+        shutil.rmtree(rl)
     n = 24 if args.quick else args.tasks
     tasks_dir = root / "tasks"
     if len(list(tasks_dir.glob("*/task.toml"))) != n:
