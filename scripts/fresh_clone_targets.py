@@ -53,6 +53,7 @@ NOT_RUN = {
     "test-megatron": "the megatron-marked tests run in make test",
     "test-cpus": "the suite four times (threads x kernel sets); run by hand, docs/tests.md",
     "bench": "every benchmark, hours; each writes its own results file",
+    "run-swe": "the swe_tiny learning run in containers (tens of minutes); its --quick pipeline runs in make test-heavy",
     "bench-trl": "the TRL comparison, about an hour, in its own venv",
     "trl-venv": "bench-trl's venv",
     "lock": "re-resolves requirements.lock against the registry (changes the file)",
