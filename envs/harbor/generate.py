@@ -96,7 +96,10 @@ def write_task(out: Path, index: int, seed: int = 0) -> Path:
     )
     (d / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY app/ /app/\n")
     (d / "environment" / "app" / f"{module}.py").write_text(_files(fn, module, fn.bad))
-    cases = "\n".join(f"    assert {fn.name}({args}) == {want}" for args, want in fn.cases)
+    cases = "\n".join(
+        f"    assert {fn.name}({args}) {'is' if want in ('True', 'False') else '=='} {want}"
+        for args, want in fn.cases
+    )
     (d / "tests" / f"test_{module}.py").write_text(
         f'import sys\n\nsys.path.insert(0, "/app")\n\nfrom {module} import {fn.name}  # noqa: E402\n\n\n'
         f"def test_{fn.name}():\n{cases}\n"
