@@ -27,6 +27,7 @@ from envs.datasets import DatasetReport, env_split
 from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec, load_callable
 from envs.tir import ObservationFormatter, parse_turn, tool_output
+from envs.turns import TurnBudget
 from envs.types import EnvError, Finish, StepInfo, StepResult, Task
 from envs.verify_pool import default_pool
 
@@ -109,7 +110,7 @@ def make(spec: EnvSpec, tokenizer: Any, sandbox: Any = None) -> Env:
     return Env(shared, sandbox)
 
 
-class Env:
+class Env(TurnBudget):
     def __init__(self, shared: _Shared, sandbox: Any = None):
         self._s = shared
         self.spec = shared.spec
@@ -128,30 +129,6 @@ class Env:
     def data_report(self, split: str) -> DatasetReport:
         """What the loader fixed or dropped in this split."""
         return env_split(self.spec, split)[1]
-
-    # -- engine-facing properties ----------------------------------------------------------
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return self.spec.tool.stop
-
-    @property
-    def group_size(self) -> int:
-        return self.spec.group_size
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Budget for the next turn: the per-turn cap, or what is left of the response budget if less."""
-        t = self.spec.turns
-        return max(0, min(t.max_tokens_per_turn, t.max_response_tokens - self._used))
-
-    @property
-    def response_text(self) -> str:
-        """The model's turns, decoded (for logging and scoring; never re-encoded)."""
-        return "".join(self._texts)
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     # -- episode --------------------------------------------------------------------------
     def reset(self, task: Task) -> list[int]:

@@ -27,6 +27,7 @@ from envs.harbor.verify import run_verifier
 from envs.loop_resources import loop_resources
 from envs.spec import EnvSpec
 from envs.tir import ObservationFormatter
+from envs.turns import TurnBudget
 from envs.types import EnvError, Finish, InfraFailure, StepInfo, StepResult, Task
 from sandboxes.api import SandboxError
 
@@ -101,7 +102,7 @@ class _LoopPool:
         await asyncio.to_thread(self.pool.close)
 
 
-class HarborEnv:
+class HarborEnv(TurnBudget):
     def __init__(self, spec: EnvSpec, tokenizer: Any):
         assert spec.harbor is not None
         self.spec = spec
@@ -126,27 +127,6 @@ class HarborEnv:
         return DatasetReport(
             source=str(self.spec.harbor.tasks), rows=len(self.tasks(split)), tasks=len(self.tasks(split))
         )  # type: ignore[union-attr]
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return self.spec.tool.stop
-
-    @property
-    def group_size(self) -> int:
-        return self.spec.group_size
-
-    @property
-    def max_new_tokens(self) -> int:
-        t = self.spec.turns
-        return max(0, min(t.max_tokens_per_turn, t.max_response_tokens - self._used))
-
-    @property
-    def response_text(self) -> str:
-        return "".join(self._texts)
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     def reset(self, task: Task) -> list[int]:
         if self._container is not None:
