@@ -44,44 +44,35 @@ def test_every_shipped_task_scores_1_with_its_solution_and_0_without(pool: Conta
     assert [r.line() for r in results if not r.ok] == []
 
 
-def test_a_test_sh_that_writes_no_reward_is_an_infra_failure(pool: ContainerPool, tmp_path: Path):
-    d = write_task(tmp_path, 1)
-    (d / "tests" / "test.sh").write_text("#!/bin/bash\necho ran > /logs/verifier/note.txt\n")
+@pytest.mark.parametrize(
+    ("index", "test_sh", "verifier_timeout", "cause", "says"),
+    [
+        (1, "echo ran > /logs/verifier/note.txt", None, "no_reward", "wrote neither"),
+        (2, "echo PASSED > /logs/verifier/reward.txt", None, "bad_reward", "'PASSED' is not a number"),
+        (3, "sleep 600\necho 1 > /logs/verifier/reward.txt", "1.0", "verifier_timeout", "past timeout_sec=1"),
+    ],
+    ids=["no reward", "text reward", "verifier timeout"],
+)
+def test_a_verifier_without_a_usable_reward_is_an_infra_failure_never_a_zero(
+    pool: ContainerPool,
+    tmp_path: Path,
+    index: int,
+    test_sh: str,
+    verifier_timeout: str | None,
+    cause: str,
+    says: str,
+):
+    d = write_task(tmp_path, index)
+    if verifier_timeout is not None:
+        toml = d / "task.toml"
+        toml.write_text(toml.read_text().replace("timeout_sec = 60.0", f"timeout_sec = {verifier_timeout}"))
+    (d / "tests" / "test.sh").write_text(f"#!/bin/bash\n{test_sh}\n")
     task = load_task(d)
     c = start_container(task, pool)
     try:
-        with pytest.raises(InfraFailure, match="wrote neither") as e:
+        with pytest.raises(InfraFailure, match=says) as e:
             run_verifier(task, c)
-        assert e.value.cause == "no_reward"
-    finally:
-        pool.release(c)
-
-
-def test_a_reward_file_with_text_in_it_is_an_infra_failure(pool: ContainerPool, tmp_path: Path):
-    d = write_task(tmp_path, 2)
-    (d / "tests" / "test.sh").write_text("#!/bin/bash\necho PASSED > /logs/verifier/reward.txt\n")
-    task = load_task(d)
-    c = start_container(task, pool)
-    try:
-        with pytest.raises(InfraFailure, match="'PASSED' is not a number") as e:
-            run_verifier(task, c)
-        assert e.value.cause == "bad_reward"
-    finally:
-        pool.release(c)
-
-
-def test_a_verifier_past_its_timeout_is_an_infra_failure(pool: ContainerPool, tmp_path: Path):
-    d = write_task(tmp_path, 3)
-    (d / "task.toml").write_text(
-        (d / "task.toml").read_text().replace("timeout_sec = 60.0", "timeout_sec = 1.0")
-    )
-    (d / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 600\necho 1 > /logs/verifier/reward.txt\n")
-    task = load_task(d)
-    c = start_container(task, pool)
-    try:
-        with pytest.raises(InfraFailure, match="past timeout_sec=1") as e:
-            run_verifier(task, c)
-        assert e.value.cause == "verifier_timeout"
+        assert e.value.cause == cause
     finally:
         pool.release(c)
 
