@@ -20,6 +20,11 @@
 #             OUTDIR/proxy_hold.{json,md}
 #   learners  benchmarks/gpu_learners.py inside LEARNERS_S seconds (its own budget; the cells it has no time
 #             for are recorded as not run): OUTDIR/gpu_learners.{json,md}
+#   mainjob   benchmarks/main_job_seeds.py --devices cuda --bare over MAIN_SEEDS (default "0 1 2"): the main job with
+#             its learner on the GPU, one run per seed from the CPU's SFT warm start, which travels with the tree
+#             (`carry: ["wheels", "runs/tiny_tir/sft"]`: 8 MB; without it the first run makes its own, 2-3 min);
+#             starts no run after MAIN_S - 90 s: OUTDIR/main_job_seeds.{json,md} and OUTDIR/main_job_runs.jsonl
+#             (put it in runs/bench/main_job_seeds/runs.jsonl here and run the CPU seeds: the report sets both)
 # Each part has its own time limit (PYTEST_S, PROFILE_S, HOLD_S, LEARNERS_S), so one that hangs does not cost
 # the others; the device tool's limit is 600 s a command, so pick limits that sum below it. pytest runs
 # verbose: every result is in the file as it lands, so a run cut at its limit (xdist may lose the summary then)
@@ -40,13 +45,15 @@ PYTEST_S=${PYTEST_S:-300}
 PROFILE_S=${PROFILE_S:-150}
 HOLD_S=${HOLD_S:-150}
 LEARNERS_S=${LEARNERS_S:-330}
+MAIN_S=${MAIN_S:-300}
+MAIN_SEEDS=${MAIN_SEEDS:-0 1 2}
 HOLD_ROUNDS=${HOLD_ROUNDS:-2}
 PARTS=${PARTS:-learners reads}
 WORKERS=${WORKERS:-12}
 PYTEST_PATHS=${PYTEST_PATHS:-tests/learners tests/megatron tests/vcpo}
 for part in $PARTS; do  # a misspelt part is refused before anything is installed or run
-  case $part in pytest | profile | reads | hold | learners) ;; *)
-    echo "PARTS: unknown part '$part' (pytest, profile, reads, hold, learners)"; exit 2 ;; esac
+  case $part in pytest | profile | reads | hold | learners | mainjob) ;; *)
+    echo "PARTS: unknown part '$part' (pytest, profile, reads, hold, learners, mainjob)"; exit 2 ;; esac
 done
 pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl >"$LOGS/install.txt" 2>&1 || {
   pack; echo "installing wheels/ failed (run scripts/gpu_wheels.sh first): install.txt in $OUTDIR/logs.tar.gz"; exit 2; }
@@ -93,6 +100,18 @@ run_learners() {
   echo "[$(date +%T)] gpu_learners (budget ${LEARNERS_S} s)"
   limited gpu_learners "$((LEARNERS_S + 60))" TERM gpu_learners.log python benchmarks/gpu_learners.py \
     --budget-s "$LEARNERS_S" --commit "$COMMIT" --out "$OUTDIR"
+}
+run_mainjob() {
+  # the benchmark drains (no run started past MAIN_S - 90 s, one run takes about a minute); each run's output
+  # and metrics go into logs.tar.gz
+  echo "[$(date +%T)] main job, learner on cuda, seeds $MAIN_SEEDS (limit ${MAIN_S} s)"
+  # shellcheck disable=SC2086  # MAIN_SEEDS is a list of seeds
+  limited main_job "$MAIN_S" TERM main_job.log python benchmarks/main_job_seeds.py --devices cuda --seeds $MAIN_SEEDS \
+    --bare --time-limit-s "$((MAIN_S - 90))" --work "$LOGS/main_job" --out "$OUTDIR"
+  cp "$LOGS/main_job/runs.jsonl" "$OUTDIR/main_job_runs.jsonl" 2>/dev/null
+  for run in runs/main_job_cuda_s*; do
+    [ -d "$run" ] && mkdir -p "$LOGS/$run" && cp "$run/report.txt" "$run/rl/metrics.jsonl" "$LOGS/$run/" 2>/dev/null
+  done
 }
 pack
 for part in $PARTS; do "run_$part"; pack; done
