@@ -16,6 +16,7 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
+from agent_rl.types import FinishReason
 from agent_rl.viewer.log import (
     RecordedSegment,
     RecordedTrajectory,
@@ -120,7 +121,10 @@ def step_json(rec: StepRecord, decode: Decode) -> dict[str, object]:
 def trajectory_json(t: RecordedTrajectory, decode: Decode) -> dict[str, object]:
     blocks = _blocks(t.segments, masked=t.masked, decode=decode)
     turns = [asdict(x) for x in t.turns]
-    error = t.finish_reason == "error" or any(x.timed_out or (x.exit_code or 0) != 0 for x in t.turns)
+    # infra_failed (saved as "error" before the rename): an infrastructure failure, left out of its group
+    error = t.finish_reason in (FinishReason.INFRA_FAILED, "error") or any(
+        x.timed_out or (x.exit_code or 0) != 0 for x in t.turns
+    )
     trained = (
         t.seq_log_weight is not None and not t.masked
     )  # a masked trajectory has no weight (no loss token)

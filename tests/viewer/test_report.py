@@ -89,6 +89,10 @@ def test_flags_name_errors_void_turns_and_truncation() -> None:
     assert trajectory_json(void, decode)["weight"] is None  # no loss token, so no weight to show
     assert trajectory_json(err, decode)["weight"] == 1.0
     assert trajectory_json(cut, decode)["flags"]["truncated"]
+    # an infrastructure failure, as saved now and as saved before the rename ("error")
+    for saved in (str(FinishReason.INFRA_FAILED), "error"):
+        infra = _rec([_sampled([10], 0)], finish_reason=saved)
+        assert trajectory_json(infra, decode)["flags"]["error"], saved
 
 
 @dataclass
