@@ -32,16 +32,15 @@ def _reference_by_layer(model, f_i: torch.Tensor, groups) -> dict[str, torch.Ten
     return dict(zip(paths, local, strict=True))
 
 
-def ghost_layers_worker(
-    rank: int, world: int, port: int, model_dir: str, par, cases: dict, batch, out: str) -> None:
-    """One rank of a tp layout: for each case (pack: bool), the ghost norms of every layer and in total of the
-    micro-batch `batch`, and the reference per layer (`_reference_by_layer`); rank 0 saves {case: record}."""
+def ghost_layers_worker(rank: int, world: int, port: int, par, cases: dict, batch, out: str) -> None:
+    """One rank of a tp layout: for each case (model_dir, pack), the ghost norms of every layer and in total of
+    the micro-batch `batch`, and the reference per layer (`_reference_by_layer`); rank 0 saves {case: record}."""
     from agent_rl.learners.megatron.ghost import MegatronGhostNorms
     from agent_rl.learners.megatron.logprobs import megatron_logprobs
 
-    model, par, groups, _ = _parallel_model(rank, world, port, model_dir, par)
     result = {}
-    for name, pack in cases.items():
+    for name, (model_dir, pack) in cases.items():
+        model, par, groups, _ = _parallel_model(rank, world, port, model_dir, par)
         by_layer: dict[str, torch.Tensor] = {}
         ghost = MegatronGhostNorms(model, par=par, groups=groups, pack=pack, by_layer=by_layer)
         lengths = batch.attention_mask.sum(-1).tolist()
@@ -54,6 +53,41 @@ def ghost_layers_worker(
             "ghost": {k: v.clone() for k, v in by_layer.items()},
             "total": total.clone(),
             "want": _reference_by_layer(model, f_i, groups),
+        }
+    if rank == 0:
+        torch.save(result, out)
+    exit_worker()
+
+
+def ghost_step_worker(rank: int, world: int, port: int, specs: dict, share, out: str) -> None:
+    """One learner rank: for each MegatronSpec of `specs` (one layout), a MegatronRank's step on `share`: the
+    metrics, the fp32 gradient the optimizer steps with (HF names, TP shards gathered) and which ghost hooks the
+    step built (None: a backward per trajectory). Rank 0 saves {name: record}."""
+    from agent_rl.learners._dp import join_rank_group
+    from agent_rl.learners.megatron.convert import gather_hf_state_dict
+    from agent_rl.learners.megatron.rank import MegatronRank
+
+    torch.set_num_threads(1)
+    join_rank_group(rank, world, f"tcp://127.0.0.1:{port}", device="cpu")
+    result = {}
+    for name, spec in specs.items():
+        learner = MegatronRank(spec)
+        captured: dict = {}
+
+        def capture(*_unused, learner=learner, captured=captured) -> None:
+            grads = {n: p.grad if p.grad is not None else torch.zeros_like(p)
+                     for n, p in learner.fp32_parameters().items()}  # fmt: skip
+            captured["grads"] = gather_hf_state_dict(
+                grads, learner.shape, tp_group=learner.groups.tp, te=False
+            )
+
+        learner.optimizer.register_step_pre_hook(capture)
+        metrics = learner.step([share])
+        ghost = learner._step.ghost
+        result[name] = {
+            "metrics": metrics,
+            "grads": captured["grads"],
+            "ghost": None if ghost is None else type(ghost).__name__,
         }
     if rank == 0:
         torch.save(result, out)

@@ -301,7 +301,11 @@ class MegatronGhostNorms:
                 per_layer[L.path] = per_layer[L.path] + flat[at : at + v.numel()].view_as(v).pow(2).sum(-1)
                 at += v.numel()
             L.shares, L.vectors = [], []
-        if head is not None:
+        if (
+            head is not None and self.tied is not None
+        ):  # one weight: the head's share and the cross term join it
+            per_layer[self.tied.path] = per_layer[self.tied.path] + reduced[:, k - 1]
+        elif head is not None:
             per_layer["output_layer"] = reduced[:, k - 1]
         if self.by_layer is not None:
             for path, share in per_layer.items():
