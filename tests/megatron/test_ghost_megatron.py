@@ -150,3 +150,16 @@ def test_ghost_exact_opob_step_at_tp2_sp_makes_the_per_trajectory_update(steps, 
         want = flat(ref["grads"])
         err = float((flat(rec["grads"]) - want).norm() / want.norm())
         assert err <= STEP_RTOL, f"{ref_name}: relative gradient error {err:.3g}"
+
+
+def test_context_parallelism_is_refused_so_the_step_backs_up_each_trajectory():
+    """Under CP a trajectory's tokens lie on several ranks (cross-rank token pairs): refused before any hook, and
+    vcpo.Step turns GhostUnsupported into a backward per trajectory (tests/vcpo/test_ghost_norms.py)."""
+    from agent_rl.learners.megatron.ghost import MegatronGhostNorms
+    from agent_rl.learners.megatron.grads import ShardGroups
+    from agent_rl.learners.megatron.model import ParallelConfig
+    from vcpo.ghost import GhostUnsupported
+
+    with pytest.raises(GhostUnsupported, match=r"context parallelism.*opob_norms: backward"):
+        MegatronGhostNorms(torch.nn.Linear(2, 2), par=ParallelConfig(cp=2), groups=ShardGroups(None, None, None),
+                           pack=True)  # fmt: skip

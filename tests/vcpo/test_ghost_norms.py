@@ -282,6 +282,22 @@ def test_a_model_the_ghost_norms_cannot_cover_falls_back_to_a_backward_per_traje
     assert torch.equal(updates[0], updates[1]) and updates[0].abs().max() > 0
 
 
+def test_ghost_hooks_a_trainer_builds_that_refuse_its_model_fall_back_to_a_backward_per_trajectory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Step(ghost_norms=...) (the Megatron learner's TP-aware hooks): the factory's GhostUnsupported (context
+    parallelism, MoE layers) is logged and exact OPOB runs the per-trajectory way."""
+    model = _model("qwen2")
+
+    def refuse() -> GhostNorms:
+        raise GhostUnsupported("ghost norms (megatron): context parallelism is not covered")
+
+    with caplog.at_level("WARNING", logger="vcpo.step"):
+        step = Step(model, torch.optim.SGD(model.parameters(), lr=1.0), StepConfig(opob_norms="ghost"),
+                    ghost_norms=refuse)  # fmt: skip
+    assert step.ghost is None and "context parallelism" in caplog.text
+
+
 def test_a_head_used_as_a_function_but_not_declared_is_refused() -> None:
     """The torch learner's log-probs call the head as a function: undeclared, its norm would be left out unseen."""
     model = _model("qwen2")
