@@ -20,6 +20,9 @@ Float bounds (tests/float_bounds.py's reasoning):
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from _ghost_workers import ghost_layers_worker, ghost_step_worker
@@ -50,6 +53,18 @@ def tied_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    """test_megatron_qwen3.py's Qwen3 (q/k norms: each TP rank normalises its own heads, a partial sum over TP)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
+    from benchmarks.mismatch import random_model
+
+    root = tmp_path_factory.mktemp("ghost_qwen3")
+    tok = build_tiny(root / "tok", sample_corpus(), vocab_size=320, hidden=32, layers=1, heads=2, kv_heads=2)
+    return random_model("qwen3", root / "model", tok)
+
+
+@pytest.fixture(scope="module")
 def batch(model_dir):
     """Two groups of three (13-28 tokens each), one loss token's input made the pad id: the lookup gives that row
     no gradient (freeze_padding_row), which the embedding's norm must follow."""
@@ -60,7 +75,7 @@ def batch(model_dir):
 
 
 @pytest.fixture(scope="module")
-def layers(model_dir, tied_dir, batch, tmp_path_factory, monkeypatch_module):
+def layers(model_dir, tied_dir, qwen3_dir, batch, tmp_path_factory, monkeypatch_module):
     from agent_rl.learners._pool import free_port
     from agent_rl.learners.megatron.model import ParallelConfig
 
@@ -72,6 +87,7 @@ def layers(model_dir, tied_dir, batch, tmp_path_factory, monkeypatch_module):
         "packed": (str(model_dir), True),
         "padded": (str(model_dir), False),
         "tied": (str(tied_dir), True),
+        "qwen3": (str(qwen3_dir), True),
     }
     par = ParallelConfig(tp=2, sp=True)
     spawn_ranks(ghost_layers_worker, (2, free_port(), par, cases, batch, str(out)), 2)
@@ -84,17 +100,20 @@ def monkeypatch_module():
         yield mp
 
 
-@pytest.mark.parametrize("case", ["packed", "padded", "tied"])
+@pytest.mark.parametrize("case", ["packed", "padded", "tied", "qwen3"])
 def test_each_layers_ghost_norm_at_tp2_sp_equals_the_trajectorys_own_gradient(layers, case):
     """Every layer's share (column- and row-parallel linears, the vocab-parallel embedding and head, the SP norms),
     reduced over the two TP ranks, against the trajectory's own finished gradient from the same forward graph;
-    packed and right-padded micro-batches, and an output head tied to the embedding (the cross term)."""
+    packed and right-padded micro-batches, an output head tied to the embedding (the cross term), and Qwen3's q/k
+    norms (each rank's heads: summed over TP before squaring)."""
     rec = layers[case]
     got, want = rec["ghost"], rec["want"]
     assert set(got) == set(want), f"layers missing from the ghost norms: {set(want) - set(got)}"
-    assert len(want) == (
-        15 if case != "tied" else 14
-    )  # 2 x (2 norms, qkv, proj, fc1, fc2), final norm, emb, head
+    if case == "qwen3":
+        qk = {"decoder.layers.0.self_attention.q_layernorm", "decoder.layers.0.self_attention.k_layernorm"}
+        assert qk < set(want)
+    else:  # 2 x (2 norms, qkv, proj, fc1, fc2), the final norm, the embedding, the head (tied: the embedding's)
+        assert len(want) == (15 if case != "tied" else 14)
     for name, w in want.items():
         assert float(w.min()) > 0, name  # every layer has a gradient in every trajectory: a dropped one shows
         torch.testing.assert_close(got[name], w, rtol=LAYER_RTOL, atol=0.0, msg=lambda m, n=name: f"{n}: {m}")
