@@ -16,6 +16,10 @@ Float bounds (tests/float_bounds.py's reasoning):
   model): the two run the forward in other layouts (one packed micro-batch vs one trajectory at a time) and the
   backward in other groupings through 2 · 17 chained reductions of ≤ 512 terms: 2·drift(512, 34, 1) = 3.7e-4 of
   the update's norm and of each metric (tests/vcpo/test_ghost_norms.py's STEP_RTOL32, same reasoning).
+- BF16_RTOL, the same comparison with learner.dtype bfloat16 on both sides (bf16 parameters and compute, fp32 main
+  gradients): the two layouts round other values to bf16 at each of test_bf16.py's ROUNDINGS = 5·2 + 3 places
+  forward and as many backward, each by at most u = 2^-8 relative: 2·ROUNDINGS·u = 0.10, test_bf16.py's GRAD_RTOL
+  (a TP share left unreduced moves ‖g_i‖ by ~30 %). The loss is not compared there (test_bf16.py says why).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ pytestmark = requires_megatron
 
 LAYER_RTOL = 2 * drift(32 * 160, 3, 1.0)
 STEP_RTOL = 2 * drift(512, 34, 1.0)
+BF16_RTOL = 2 * (5 * 2 + 3) * 2.0**-8
 PAD_ID = 0  # build_tiny's tokenizer: <|endoftext|>, the models' pad_token_id (model.freeze_padding_row)
 
 
@@ -135,6 +140,9 @@ def steps(model_dir, batch, tmp_path_factory, monkeypatch_module):
             "ghost": (ghost, {}),
             "ghost-padded": (ghost, {"pack_sequences": False}),
             "ghost-recompute": (ghost, {"gradient_checkpointing": True}),  # megatron's reentrant recompute
+            "backward-bf16": ({}, {"dtype": "bfloat16"}),
+            # the norm pass's backward puts back the fp32 main gradients too (mixed_precision.MainParams)
+            "ghost-bf16-recompute": (ghost, {"dtype": "bfloat16", "gradient_checkpointing": True}),
         }.items()
     }
     out = tmp_path_factory.mktemp("ghost_steps") / "steps.pt"
@@ -182,3 +190,16 @@ def test_context_parallelism_is_refused_so_the_step_backs_up_each_trajectory():
     with pytest.raises(GhostUnsupported, match=r"context parallelism.*opob_norms: backward"):
         MegatronGhostNorms(torch.nn.Linear(2, 2), par=ParallelConfig(cp=2), groups=ShardGroups(None, None, None),
                            pack=True)  # fmt: skip
+
+
+def test_ghost_exact_opob_step_in_bf16_makes_the_per_trajectory_update(steps):
+    """learner.dtype bfloat16 with full recompute: the ghost step against the bf16 backward per trajectory."""
+    got, _ = steps
+    rec, ref = got["ghost-bf16-recompute"], got["backward-bf16"]
+    assert ref["ghost"] is None and rec["ghost"] == "MegatronGhostNorms"
+    for key in COMPARED[1:]:  # not the loss
+        assert rec["metrics"][key] == pytest.approx(ref["metrics"][key], rel=BF16_RTOL), key
+    flat = lambda grads: torch.cat([grads[k].flatten() for k in sorted(grads)])  # noqa: E731
+    want = flat(ref["grads"])
+    err = float((flat(rec["grads"]) - want).norm() / want.norm())
+    assert err <= BF16_RTOL, f"relative gradient error {err:.3g}"
