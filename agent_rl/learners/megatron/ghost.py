@@ -39,6 +39,7 @@ TE) and MoE layers (router, experts), and any trainable parameter outside the la
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -97,8 +98,9 @@ class MegatronGhostNorms:
     """The ghost hooks of one Megatron model shard; the protocol of vcpo.ghost.GhostNorms that vcpo.Step uses
     (`capture`, then `norms`), returning the whole model's ‖g_i‖² on every TP rank.
 
-    `by_layer`: a dict to receive each layer's [n] whole-model share (TP-reduced; one more all-reduce), for
-    tests."""
+    `grad_holders`: parameters whose `.grad` the norm pass must leave as it found them besides the model's (the
+    fp32 main copies in bf16). `by_layer`: a dict to receive each layer's [n] whole-model share (TP-reduced in the
+    same all-reduce), for tests."""
 
     def __init__(
         self,
@@ -107,7 +109,7 @@ class MegatronGhostNorms:
         par: ParallelConfig,
         groups: ShardGroups,
         pack: bool,
-        grad_holders: list[nn.Parameter] = (),
+        grad_holders: Sequence[nn.Parameter] = (),
         by_layer: dict[str, Tensor] | None = None,
     ) -> None:
         from megatron.core.tensor_parallel import (
@@ -144,7 +146,8 @@ class MegatronGhostNorms:
                 )
             if kind == "row" and getattr(m, "bias", None) is not None and m.bias.requires_grad:
                 raise GhostUnsupported(
-                    f"ghost norms (megatron): {path} has a bias (add_bias_linear is off here)"
+                    f"ghost norms (megatron): {path} has a bias (model.add_bias_linear), which the ghost norms do "
+                    "not cover; set algorithm.opob_norms: backward"
                 )
             self.layers.append(_Layer(m, kind, path, own))
         self.tied = next(
