@@ -450,7 +450,8 @@ class AlgorithmConfig(Strict):
     opob_norms: Literal["ghost", "backward"] = "backward"
     """How exact OPOB gets each trajectory's ‖∇‖² (torch learner): ghost forms it from every layer's inputs and
     output gradients in one activation-only backward per micro-batch (vcpo/ghost.py); backward runs one backward
-    per trajectory. The Megatron learner always runs backward."""
+    per trajectory. The Megatron learner takes ghost too, reduced over TP (megatron/ghost.py; not under CP or MoE,
+    which fall back to backward)."""
     opob_weight: Literal["default", "reference"] = "default"
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)

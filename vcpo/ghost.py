@@ -61,8 +61,8 @@ class Layout:
     pos: Tensor
     n: int
     width: int
-    targets: Tensor
-    coef: Tensor
+    targets: Tensor | None = None
+    coef: Tensor | None = None
 
     @staticmethod
     def of(input_ids: Tensor, loss_mask: Tensor, lengths: list[int], packed: bool) -> Layout:
@@ -310,6 +310,9 @@ class GhostNorms:
                 return
             layer.fired += 1
             args, amp = layer.saved
+            pad = getattr(layer.module, "padding_idx", None) if layer.kind == "embedding" else None
+            if pad is not None:  # nn.Embedding(padding_idx) gives that row no gradient through the lookup
+                g = g * (args[0] != pad)[..., None].to(g.dtype)
             self._busy = True  # a layer run again here (vector parameters) must not re-arm its own hooks
             try:
                 with torch.no_grad(), torch.autocast(g.device.type, enabled=False):

@@ -289,6 +289,7 @@ class Step:
         finish_fn: FinishFn = _finished,
         ghost_head: tuple[nn.Linear, nn.Module] | None = None,
         ghost_sq_fn: Callable[[Tensor], Tensor] | None = None,
+        ghost_norms: Callable[[], GhostNorms] | None = None,
     ) -> None:
         """logprob_fn / proxy_fn: how to get per-token log-probs (and the proxy) from the model.
         grad_sq_fn / clip_fn: ‖g‖² of one trajectory's gradient and grad clipping; a tensor-parallel
@@ -299,7 +300,9 @@ class Step:
         OPOB's per-trajectory gradients go through grad_sq_fn, which a sharded trainer finishes them in).
         ghost_head: (head, the module whose output is its input) when logprob_fn calls the output head as a
         function (opob_norms='ghost'); ghost_sq_fn: the ghost norms of a micro-batch's trajectories made whole (a
-        tensor-parallel trainer sums its ranks' shares there).
+        tensor-parallel trainer sums its ranks' shares there). ghost_norms: builds the hooks instead of GhostNorms,
+        for layers it does not know (Megatron's TP-sharded ones: agent_rl/learners/megatron/ghost.py), with the same
+        `capture` / `norms` protocol; GhostUnsupported from it falls back to a backward per trajectory.
         """
         cfg.check()
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -336,7 +339,10 @@ class Step:
         ):
             head, head_input = ghost_head if ghost_head is not None else (None, None)
             try:
-                self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
+                if ghost_norms is not None:
+                    self.ghost = ghost_norms()
+                else:
+                    self.ghost = GhostNorms(self.module, self.params, head=head, head_input=head_input)
             except (
                 GhostUnsupported
             ) as e:  # e.g. a hybrid model's linear-attention layers: still exact, slower

@@ -217,6 +217,30 @@ def test_tied_embeddings_take_the_cross_term_of_their_two_uses(bf16: bool) -> No
     torch.testing.assert_close(got, want, rtol=LAYER_RTOL16 if bf16 else LAYER_RTOL32, atol=0.0)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_pad_ids_embedding_row_gets_no_gradient_through_the_lookup(tied: bool) -> None:
+    """nn.Embedding(padding_idx) (HF models built with a pad_token_id) gives the pad id's row no gradient through the
+    lookup, whatever its output gradient: a trajectory that holds the pad id must not count that token."""
+    model = _model("qwen2")
+    model.model.embed_tokens.padding_idx = 5
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    batch = _batch(model)
+    batch.input_ids[:, 4] = 5  # a loss token's input in every row (loss on tokens 3..)
+    lp = HFLogprobs(model, pack=True)
+    params = list(model.parameters())
+    ghost = GhostNorms(model, params, head=lp.head, head_input=lp.decoder)
+    with ghost.capture(batch.input_ids, batch.loss_mask, batch.attention_mask.sum(-1).tolist()):
+        logp = lp.logprobs(model, batch.input_ids, batch.attention_mask)
+        f_i = (logp * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1)
+        got = ghost.norms(f_i.sum(), retain_graph=True)
+    want = torch.stack([
+        sum(g.double().pow(2).sum() for g in torch.autograd.grad(f_i[i], params, retain_graph=True))
+        for i in range(batch.size)
+    ])  # fmt: skip
+    torch.testing.assert_close(got, want, rtol=LAYER_RTOL32, atol=0.0)
+
+
 def test_weights_shared_by_other_layers_are_refused() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     model[1].weight = model[0].weight
@@ -256,6 +280,22 @@ def test_a_model_the_ghost_norms_cannot_cover_falls_back_to_a_backward_per_traje
         updates.append(before - torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert "_Scaled" in caplog.text and "one backward per trajectory" in caplog.text
     assert torch.equal(updates[0], updates[1]) and updates[0].abs().max() > 0
+
+
+def test_ghost_hooks_a_trainer_builds_that_refuse_its_model_fall_back_to_a_backward_per_trajectory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Step(ghost_norms=...) (the Megatron learner's TP-aware hooks): the factory's GhostUnsupported (context
+    parallelism, MoE layers) is logged and exact OPOB runs the per-trajectory way."""
+    model = _model("qwen2")
+
+    def refuse() -> GhostNorms:
+        raise GhostUnsupported("ghost norms (megatron): context parallelism is not covered")
+
+    with caplog.at_level("WARNING", logger="vcpo.step"):
+        step = Step(model, torch.optim.SGD(model.parameters(), lr=1.0), StepConfig(opob_norms="ghost"),
+                    ghost_norms=refuse)  # fmt: skip
+    assert step.ghost is None and "context parallelism" in caplog.text
 
 
 def test_a_head_used_as_a_function_but_not_declared_is_refused() -> None:

@@ -25,6 +25,9 @@ of the bf16 GEMMs it feeds. dW is accumulated over chunks in fp32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -72,10 +75,11 @@ class _LinearLogprobs(torch.autograd.Function):
             lp[a:b] = sums[1] - sums[0].log()
         ctx.save_for_backward(h, weight, local, owned, lp, lse, shard)
         ctx.temperature = temperature
-        return lp
+        ctx.mark_non_differentiable(lse)
+        return lp, lse
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, grad: Tensor, _lse_grad: Tensor | None):
         h, weight, local, owned, lp, lse, shard = ctx.saved_tensors
         t = ctx.temperature
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
@@ -109,6 +113,22 @@ class _LinearLogprobs(torch.autograd.Function):
         return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None
 
 
+@dataclass(frozen=True)
+class HeadCall:
+    """One call of the output head, as an observer (`observe`) sees it: the hidden states as the head took them
+    ([s·b, H], gathered over the sequence under SP, in megatron's sequence-major order), this rank's weight
+    shard [V / tp, H] and its first vocabulary id, the labels [s·b], the log-probs [s·b] (with their graph) and
+    the full vocabulary's log-sum-exp of z / T [s·b] (no graph)."""
+
+    hidden: Tensor
+    weight: Tensor
+    vocab_start: int
+    labels: Tensor
+    logprobs: Tensor
+    lse: Tensor
+    temperature: float
+
+
 def linear_logprobs(
     hidden: Tensor,
     weight: Tensor,
@@ -117,10 +137,12 @@ def linear_logprobs(
     temperature: float = 1.0,
     tp_group=None,
     sequence_parallel: bool = False,
+    observe: Callable[[HeadCall], None] | None = None,
 ) -> Tensor:
     """[s, b] fp32 log p(labels) from the final norm's output [s (/ tp under SP), b, H] and this rank's output
     weight [V / tp, H]. The hidden states enter as megatron's ColumnParallelLinear takes them: gathered over the
-    sequence under SP (backward: reduce-scatter), else copied to the TP region (backward: all-reduce)."""
+    sequence under SP (backward: reduce-scatter), else copied to the TP region (backward: all-reduce).
+    `observe`: called with the head's inputs and outputs (the ghost norms' head rule, ghost.py)."""
     from megatron.core import tensor_parallel
 
     tp = dist.get_world_size(tp_group) if tp_group is not None else 1
@@ -131,7 +153,10 @@ def linear_logprobs(
     s, b = hidden.shape[0], hidden.shape[1]
     vocab_start = (dist.get_rank(tp_group) if tp > 1 else 0) * weight.shape[0]
     flat = hidden.reshape(s * b, hidden.shape[2])
-    lp = _LinearLogprobs.apply(
-        flat, weight, labels.reshape(s * b), temperature, vocab_start, tp_group if tp > 1 else None
+    flat_labels = labels.reshape(s * b)
+    lp, lse = _LinearLogprobs.apply(
+        flat, weight, flat_labels, temperature, vocab_start, tp_group if tp > 1 else None
     )
+    if observe is not None:
+        observe(HeadCall(flat, weight, vocab_start, flat_labels, lp, lse, temperature))
     return lp.view(s, b)

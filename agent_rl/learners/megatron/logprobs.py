@@ -93,6 +93,7 @@ def _token_logprobs(
         temperature=temperature,
         tp_group=ps.get_tensor_model_parallel_group() if par.tp > 1 else None,
         sequence_parallel=par.sp,
+        observe=getattr(model, "head_observer", None),  # set by ghost.MegatronGhostNorms while it captures
     )
     return lp.t()
 

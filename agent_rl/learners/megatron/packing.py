@@ -63,12 +63,16 @@ def row_lengths(attention_mask: Tensor) -> list[int]:
 
 def plan(attention_mask: Tensor, par: ParallelConfig) -> PackLayout:
     """The packed layout of a right-padded micro-batch under `par`."""
-    lengths = row_lengths(attention_mask)
+    return plan_of_lengths(row_lengths(attention_mask), attention_mask.shape[1], par)
+
+
+def plan_of_lengths(lengths: list[int], width: int, par: ParallelConfig) -> PackLayout:
+    """The packed layout of rows of these real lengths (host ints), right-padded to `width`, under `par`."""
     per_seq = par.seq_multiple if par.cp > 1 else 1
     padded = [n + (-n) % per_seq for n in lengths]
     padded[-1] += (-sum(padded)) % par.seq_multiple
     starts = itertools.accumulate(padded[:-1], initial=0)
-    return PackLayout(tuple(lengths), tuple(starts), tuple(padded), attention_mask.shape[1])
+    return PackLayout(tuple(lengths), tuple(starts), tuple(padded), width)
 
 
 def pack(rows: Tensor, layout: PackLayout, fill: int = 0) -> Tensor:

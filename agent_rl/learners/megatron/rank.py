@@ -155,8 +155,19 @@ class MegatronRank:
             self.optimizer, schedule=rs.lr_schedule, warmup_steps=rs.warmup_steps, total_steps=rs.total_steps
         )
         self._step = sharded_step(
-            self.trained, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs
-        )
+            self.trained, self.optimizer, rs.step, groups=self.groups, logprob_fn=self.logprobs,
+            ghost_norms=self._ghost_norms,
+        )  # fmt: skip
+
+    def _ghost_norms(self):
+        """The TP-aware ghost hooks on the model (opob_norms: ghost); the fp32 main copies' gradients are kept
+        through the norms' backward too."""
+        from agent_rl.learners.megatron.ghost import MegatronGhostNorms
+
+        return MegatronGhostNorms(
+            self.model, par=self.spec.par, groups=self.groups, pack=self.spec.pack,
+            grad_holders=list(self.trained.parameters()),
+        )  # fmt: skip
 
     def fp32_parameters(self) -> dict[str, torch.Tensor]:
         """The fp32 weights under megatron names: the main copies in bf16, else the model's parameters."""

@@ -8,6 +8,9 @@ once (`grads.grad_sq_norm`). Both go through vcpo's hooks:
 - exact OPOB (one backward per trajectory): `grad_sq_fn` runs right after each trajectory's
   backward, on the very `.grad` tensors vcpo then folds into its running sums; it finishes
   them in place, then returns the TP-reduced ‖g_i‖²;
+- exact OPOB from ghost norms (algorithm.opob_norms: ghost): `ghost.MegatronGhostNorms` forms every
+  ‖g_i‖² of a micro-batch from its layers' inputs and output gradients, reduced over TP, and the one
+  weighted backward's gradients are finished by `finish_fn` like the micro-batched losses';
 - every other loss/advantage: the gradients of all trajectories accumulate unfinished (both
   reductions are linear) and `clip_fn` finishes them once, after vcpo's DP sum, before clipping.
 
@@ -18,7 +21,8 @@ TP/CP ranks of one replica hold the same trajectories (all n samples of a prompt
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +30,9 @@ from torch import Tensor, nn
 from agent_rl.learners.megatron.grads import ShardGroups, clip_grads, finish_backward, grad_sq_norm
 from vcpo.exact import LogprobFn
 from vcpo.step import Step, StepConfig
+
+if TYPE_CHECKING:
+    from agent_rl.learners.megatron.ghost import MegatronGhostNorms
 
 
 def sharded_step(
@@ -35,16 +42,15 @@ def sharded_step(
     *,
     groups: ShardGroups,
     logprob_fn: LogprobFn,
+    ghost_norms: Callable[[], MegatronGhostNorms] | None = None,
 ) -> Step:
-    """A vcpo.Step whose gradients, norms and clipping are those of the full (unsharded) model."""
+    """A vcpo.Step whose gradients, norms and clipping are those of the full (unsharded) model. `ghost_norms`
+    builds the TP-aware ghost hooks (ghost.py) for opob_norms='ghost'."""
     if cfg.advantage == "opob" and cfg.opob_mode != "exact":
         raise ValueError(
             "algorithm.opob_mode=proxy is not available on the Megatron learner (its logit-gradient proxy "
             "needs the full vocabulary on one rank); use opob_mode: exact"
         )
-    # ghost norms (vcpo/ghost.py) see nn.Linear layers, not Megatron's TP-sharded ones, and would need their
-    # shares summed over TP with duplicates counted once: not built, so exact OPOB here backs up each trajectory
-    cfg = dataclasses.replace(cfg, opob_norms="backward")
     params = [p for p in module.parameters() if p.requires_grad]
 
     def trajectory_grad_sq(_grads: list[Tensor]) -> float:
@@ -60,4 +66,5 @@ def sharded_step(
         grad_sq_fn=trajectory_grad_sq,
         clip_fn=lambda _params, max_norm: clip_grads(params, max_norm, groups),
         finish_fn=lambda _params: finish_backward(params, groups),
+        ghost_norms=ghost_norms,
     )
