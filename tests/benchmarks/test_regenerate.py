@@ -87,3 +87,18 @@ def test_the_level_b_report_is_what_its_packed_runs_give(tmp_path: Path) -> None
     level_b_report.main(str(_no_runs(tmp_path)), str(tmp_path / "level_b_stabilisers.md"))
     for name in ("level_b_stabilisers.json", "level_b_stabilisers.md"):
         assert (tmp_path / name).read_text() == (src / name).read_text(), name
+
+
+def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -> None:
+    """summary.{json,md} of the staleness grid (level a) from runs.jsonl.gz (every run, packed) and the step-time
+    file beside it, by `python -m benchmarks.stress.grid --report-only`."""
+    import shutil
+
+    from benchmarks.stress import grid
+
+    src = RESULTS / "stress"
+    for name in ("runs.jsonl.gz", "steptime.json"):
+        shutil.copy(src / name, tmp_path / name)
+    assert grid.main(["--report-only", "--out", str(tmp_path)]) == 0
+    for name in ("summary.json", "summary.md"):
+        assert (tmp_path / name).read_text() == (src / name).read_text(), name
