@@ -51,7 +51,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     ),
     "vs_trl_quick.md": lambda tmp: __import__("vs_trl_report").markdown(_load("vs_trl_quick.json")),
     "orchestration.md": lambda tmp: __import__("orchestration")._markdown(_load("orchestration.json")),
-    "sandbox_bench.md": _via_path("sandbox_bench", "write_markdown", "sandbox_bench.json"),
+    "sandbox_bench.md": lambda tmp: __import__("sandbox_bench").markdown(_load("sandbox_bench.json")),
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
     "reliability.md": lambda tmp: __import__("reliability").markdown(_load("reliability.json")),
     "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
