@@ -104,12 +104,13 @@ def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -
         assert (tmp_path / name).read_text() == (src / name).read_text(), name
 
 
-@pytest.mark.parametrize(
-    "name", ["topology", "trajectory_log_bench", "moe_replay", "orchestration", "env_bench"]
-)
+BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "moe_replay", "orchestration", "env_bench"]
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
     """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
-    (topology's and trajectory_log_bench's summaries are recomputed from their runs; moe_replay's and
+    (topology's, trajectory_log_bench's and vcpo_overhead's summaries are recomputed from their runs; moe_replay's and
     orchestration's and env_bench's are kept, and each page is rendered from the JSON)."""
     module = __import__(name)
     module.main(["--from-results", str(RESULTS / f"{name}.json"), "--out", str(tmp_path)])
