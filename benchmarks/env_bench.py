@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
-from pathlib import Path
 
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, write
+from benchmarks.harness.report import results_args, results_dir, rewrite, write
 
 
 async def _bounded(n: int, concurrency: int, fn) -> float:
@@ -161,13 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reward-checks", type=int, default=50)
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    p.add_argument("--from-results", type=Path, default=None,
-                   help="run nothing: rewrite env_bench.{json,md} (into --out) from this results file alone")  # fmt: skip
+    results_args(p, "env_bench")
     args = p.parse_args(argv)
-    out = results_dir(args.out, scratch=False, name="env_bench")
-    if args.from_results is not None:
-        write("env_bench", json.loads(args.from_results.read_text()), out, markdown)
+    if rewrite(args, "env_bench", markdown):
         return
     prov = Provenance()
     result = {
@@ -175,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "env_cpu": bench_env_cpu(2000),
         "rewards": bench_rewards(args.reward_checks),
     }
+    out = results_dir(args.out, scratch=False, name="env_bench")
     write("env_bench", {"meta": prov.meta(), **result}, out, markdown)
 
 

@@ -34,7 +34,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, write
+from benchmarks.harness.report import results_args, rewrite, write
 from benchmarks.harness.stats import mean_se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,14 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: small SFT, 1 seed, 4 RL steps")
     p.add_argument("--report", action="store_true",
                    help="run nothing: write the results from the cells done so far, naming the missing ones")  # fmt: skip
-    p.add_argument("--from-results", type=Path, default=None,
-                   help="run nothing: rewrite moe_replay.{json,md} (into --out) from this results file alone")  # fmt: skip
-    p.add_argument("--out", type=Path, default=None,
-                   help="results folder (default: benchmarks/results; --quick: --work, never the committed results)")  # fmt: skip
+    results_args(p, "moe_replay")  # --quick without --out: --work, never the committed results
     args = p.parse_args(argv)
-    if args.from_results is not None:
-        data = json.loads(args.from_results.read_text())
-        write("moe_replay", data, results_dir(args.out, scratch=False, name="moe_replay"), markdown)
+    if rewrite(args, "moe_replay", markdown):
         return 0
     if args.quick:
         args.seeds, args.steps, args.samples = 1, 4, 8

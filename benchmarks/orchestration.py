@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # appended: a cell run in the baseline tree (its PYTHONPATH) imports that tree's code, the harness from here
 sys.path.append(str(ROOT))
 from benchmarks.harness.provenance import Provenance, commit, describe  # noqa: E402
-from benchmarks.harness.report import results_dir, write  # noqa: E402
+from benchmarks.harness.report import results_args, results_dir, rewrite, write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
 
@@ -302,13 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="rollout process counts of the current tree")
     p.add_argument("--paths", default="tir,agent")
     p.add_argument("--cell", help=argparse.SUPPRESS)
-    p.add_argument("--from-results", type=Path, default=None,
-                   help="run nothing: rewrite orchestration.{json,md} (into --out) from this results file alone")  # fmt: skip
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    results_args(p, "orchestration")
     args = p.parse_args(argv)
-    if args.from_results is not None:
-        write("orchestration", json.loads(args.from_results.read_text()), results_dir(args.out, scratch=False,
-              name="orchestration"), _markdown)  # fmt: skip
+    if rewrite(args, "orchestration", _markdown):
         return 0
     if args.cell:
         c = json.loads(args.cell)

@@ -249,7 +249,9 @@ async def main() -> None:
     parser.add_argument("--mix-calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--docker-host", default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)"
+    )
     args = parser.parse_args()
     prov = Provenance()
     results: dict = {}

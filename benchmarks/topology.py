@@ -16,7 +16,6 @@ FILE` rewrites the JSON and markdown from a results file alone.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from bench_paths import ROOT
 from train_cmd import train_command
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, table, write
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
 from benchmarks.harness.runner import Runner, plan
 from benchmarks.harness.stats import median_speedup, spread
 
@@ -126,14 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny_tir" / "sft")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_topology")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    p.add_argument("--from-results", type=Path, default=None,
-                   help="run nothing: rewrite topology.{json,md} (into --out) from this results file alone")  # fmt: skip
+    results_args(p, "topology")
     args = p.parse_args(argv)
-    out = results_dir(args.out, scratch=False, name="topology")
-    if args.from_results is not None:
-        d = json.loads(args.from_results.read_text())
-        write("topology", d | summarise(d["runs"]), out, markdown)
+    if rewrite(args, "topology", markdown, lambda d: summarise(d["runs"])):
         return 0
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"no warm start at {args.model}: run `make run` first (it builds runs/tiny_tir/sft)")
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     records = Runner(work).run(jobs, lambda j: run(j.cell, j.seed, args.steps, args.model, work)).records
     rows = [{k: v for k, v in r.items() if k != "cell"} for r in records]
     d = {"meta": prov.meta(), "steps": args.steps, "seeds": args.seeds, "runs": rows, **summarise(rows)}
-    write("topology", d, out, markdown)
+    write("topology", d, results_dir(args.out, scratch=False, name="topology"), markdown)
     return 0
 
 

@@ -32,12 +32,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, write
+from benchmarks.harness.report import results_args, results_dir, rewrite, write
 from benchmarks.harness.runner import Job, Runner, plan
 from benchmarks.harness.stats import median_speedup
 
@@ -168,14 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    p.add_argument("--from-results", type=Path, default=None,
-                   help="run nothing: rewrite trajectory_log_bench.{json,md} (into --out) from this file alone")  # fmt: skip
+    results_args(p, "trajectory_log_bench")
     args = p.parse_args(argv)
-    out = results_dir(args.out, scratch=False, name="trajectory_log_bench")
-    if args.from_results is not None:
-        d = json.loads(args.from_results.read_text())
-        write("trajectory_log_bench", d | {"summary": summarise(d["runs"])}, out, markdown)
+    if rewrite(args, "trajectory_log_bench", markdown, lambda d: {"summary": summarise(d["runs"])}):
         return 0
     if not (WARM / "config.json").is_file():
         print(
@@ -192,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     records = Runner(WORK / f"steps{args.steps}").run(plan(list(CELLS), range(args.repeats)), run).records
     runs = [{k: v for k, v in r.items() if k != "seed"} for r in records]
+    out = results_dir(args.out, scratch=False, name="trajectory_log_bench")
     write(
         "trajectory_log_bench", {"meta": prov.meta(), "summary": summarise(runs), "runs": runs}, out, markdown
     )

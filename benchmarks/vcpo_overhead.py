@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
-from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, table, write
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of, opob_baseline
 from vcpo.advantages import group_stats
@@ -211,14 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
-    ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    ap.add_argument("--from-results", type=Path, default=None,
-                    help="run nothing: rewrite vcpo_overhead.{json,md} (into --out) from this results file alone")  # fmt: skip
+    results_args(ap, "vcpo_overhead")
     args = ap.parse_args(argv)
-    out = results_dir(args.out, scratch=False, name="vcpo_overhead")
-    if args.from_results is not None:
-        r = json.loads(args.from_results.read_text())
-        write("vcpo_overhead", r | summarise(r["seconds"], r["cpu_seconds"]), out, markdown)
+    if rewrite(args, "vcpo_overhead", markdown, lambda r: summarise(r["seconds"], r["cpu_seconds"])):
         return
     prov = Provenance()
     torch.set_num_threads(args.threads)
@@ -244,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         **summarise(times, cpu),
         "opob_proxy_vs_exact": quality,
     }
-    write("vcpo_overhead", result, out, markdown)
+    write("vcpo_overhead", result, results_dir(args.out, scratch=False, name="vcpo_overhead"), markdown)
 
 
 if __name__ == "__main__":
