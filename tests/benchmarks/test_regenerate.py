@@ -105,7 +105,7 @@ def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -
 
 
 BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step_opob", "moe_replay", "orchestration",
-              "env_bench", "constrained_is"]  # fmt: skip
+              "env_bench", "constrained_is", "mismatch"]  # fmt: skip
 MODULE = {"learner_step_opob": "learner_step"}  # a results file named otherwise than its benchmark
 
 
@@ -113,7 +113,7 @@ MODULE = {"learner_step_opob": "learner_step"}  # a results file named otherwise
 def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
     """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
     (the summaries of topology, trajectory_log_bench, vcpo_overhead and learner_step_opob are recomputed from their
-    runs; moe_replay's, orchestration's and env_bench's are kept, constrained_is's page is computed from its
+    runs; moe_replay's, orchestration's, env_bench's and mismatch's are kept, constrained_is's page is computed from its
     per-seed rows; each page is rendered from the JSON)."""
     module = __import__(MODULE.get(name, name))
     module.main(["--from-results", str(RESULTS / f"{name}.json"), "--out", str(tmp_path)])
