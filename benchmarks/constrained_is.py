@@ -11,7 +11,9 @@ so under `masked` log w = sum_t log Z_t (Z_t: the mass the mask kept at token t)
 batch of constrained trajectories alone and mixed half-and-half with unconstrained ones (as an agent's
 episodes mix constrained and free calls), the mean per-token log Z, and the lr scale VCPO's sqrt rule
 would apply. Model: the tiny random Qwen2 (the worst case: it knows no JSON) and, with --model-dir,
-a real one (e.g. SmolLM2-135M-Instruct). Writes benchmarks/results/constrained_is.{json,md}.
+a real one (e.g. SmolLM2-135M-Instruct). Writes benchmarks/results/constrained_is.{json,md} with benchmarks/harness
+(provenance under `meta`, median and range by `stats.spread`, one writer); `--from-results FILE` rewrites the page
+from a results file's per-seed rows.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
+from benchmarks.harness.provenance import Provenance
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.stats import spread
 from vcpo.importance import effective_sample_size, ess_lr_scale
 
-OUT = Path(__file__).resolve().parent / "results"
+KEYS = ["closed", "tokens_per_answer", "mean_token_log_z", "max_abs_unmasked_log_w"] + [
+    f"{k}_{m}"
+    for k in ("ess_constrained", "ess_mixed", "lr_scale_mixed", "mean_log_w")
+    for m in ("unmasked", "masked")
+]
 SCHEMA = {
     "type": "object",
     "properties": {"answer": {"type": "integer"}, "confident": {"type": "boolean"}},
@@ -109,13 +118,32 @@ def measure(model_dir: str, n: int, seed: int, max_tokens: int) -> dict:
     return row
 
 
-def main() -> None:
+def markdown(d: dict) -> str:
+    """The results page from the JSON alone: per metric and model, the median over seeds (min-max)."""
+    results, settings = d["results"], d.get("settings", d["meta"])  # before the harness: settings under meta
+
+    def cell(rows: list[dict], k: str) -> str:
+        s = spread(r[k] for r in rows)
+        return f"{s['median']:.3g} ({s['min']:.3g}-{s['max']:.3g})"
+
+    return "\n".join([
+        "# Constrained decoding: importance weights and ESS, on-policy (benchmarks/constrained_is.py)", "",
+        f"B = {settings['samples']} answers per batch, T = 1, median over {settings['seeds']} seeds (min-max).", "",
+        *table(["metric", *results], [[k, *(cell(rows, k) for rows in results.values())] for k in KEYS]),
+    ]) + "\n"  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default=None, help="a real HF model (default: only the tiny random one)")
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=48)
-    args = p.parse_args()
+    results_args(p, "constrained_is")
+    args = p.parse_args(argv)
+    if rewrite(args, "constrained_is", markdown):
+        return
+    prov = Provenance()
     torch.set_num_threads(1)
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,28 +158,9 @@ def main() -> None:
             name: [measure(d, args.samples, s, args.max_tokens) for s in range(args.seeds)]
             for name, d in models.items()
         }
-    OUT.mkdir(exist_ok=True)
-    meta = {"samples": args.samples, "seeds": args.seeds, "machine": platform.machine(), "threads": 1}
-    (OUT / "constrained_is.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    keys = ["closed", "tokens_per_answer", "mean_token_log_z", "max_abs_unmasked_log_w"] + [
-        f"{k}_{m}"
-        for k in ("ess_constrained", "ess_mixed", "lr_scale_mixed", "mean_log_w")
-        for m in ("unmasked", "masked")
-    ]
-    lines = [
-        "# Constrained decoding: importance weights and ESS, on-policy (benchmarks/constrained_is.py)",
-        "",
-    ]
-    lines += [f"B = {args.samples} answers per batch, T = 1, median over {args.seeds} seeds (min-max).", ""]
-    lines += ["| metric | " + " | ".join(results) + " |", "|---|" + "---|" * len(results)]
-    for k in keys:
-        cells = []
-        for rows in results.values():
-            vals = [r[k] for r in rows]
-            cells.append(f"{statistics.median(vals):.3g} ({min(vals):.3g}-{max(vals):.3g})")
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    (OUT / "constrained_is.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    settings = {"samples": args.samples, "seeds": args.seeds, "threads": 1}
+    out = results_dir(args.out, scratch=False, name="constrained_is")
+    write("constrained_is", {"meta": prov.meta(), "settings": settings, "results": results}, out, markdown)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -52,11 +51,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench_paths import portable
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 from train_cmd import train_command
 
-from benchmarks.harness.provenance import commit  # noqa: E402  (bench_paths put the checkout on sys.path)
-from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_dir, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,7 +339,7 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
                 "seconds_to_target_median": median_or_none(secs),
                 "final3_accuracy_mean": statistics.mean(finals),
                 "final3_accuracy_std": statistics.pstdev(finals),
-                "final3_accuracy_se": _se(finals),
+                "final3_accuracy_se": mean_se(finals).se,
             }
         table[key] = row
     return meta | {
@@ -352,9 +351,11 @@ def report(cells: list[dict], planned: list[Cell], meta: dict) -> dict:
     }
 
 
-def _se(xs: list[float]) -> float | None:
-    """Standard error of the mean over seeds (benchmarks/harness/stats.py); None under 2 seeds."""
-    return mean_se(xs).se
+def _mean_se(out: dict, key: str, xs: list[float]) -> None:
+    """out[KEY_mean], out[KEY_se]: mean over seeds and its standard error (benchmarks/harness/stats.py; the mean
+    None without values, the SE None under two)."""
+    m = mean_se(xs)
+    out[f"{key}_mean"], out[f"{key}_se"] = m.mean, m.se
 
 
 def _by(
@@ -404,14 +405,12 @@ def _also(cells: list[dict], distill_lr: float | None) -> dict:
         ]
         present = [r for r in ratios if r is not None]
         out["both_over_rl_steps_per_seed"] = ratios
-        out["both_over_rl_steps_mean"] = statistics.mean(present) if present else None
-        out["both_over_rl_steps_se"] = _se(present)
+        _mean_se(out, "both_over_rl_steps", present)
     for name, k0, k4 in (("both", both0, both4), ("rl", rl0, rl4)):
         if paired := sorted(set(k0) & set(k4)):
             gaps = [k4[s]["final3_accuracy"] - k0[s]["final3_accuracy"] for s in paired]
             out[f"{name}_k4_minus_k0_final_per_seed"] = gaps
-            out[f"{name}_k4_minus_k0_final_mean"] = statistics.mean(gaps)
-            out[f"{name}_k4_minus_k0_final_se"] = _se(gaps)
+            _mean_se(out, f"{name}_k4_minus_k0_final", gaps)
     for name, method, lr in (("small_distill", "distill", distill_lr), ("small_rl", "rl", None)):
         if runs := _by(cells, method, 0, lr, student="small"):
             finals = [runs[s]["final3_accuracy"] for s in sorted(runs)]
@@ -435,8 +434,7 @@ def _distill_goals(cells: list[dict], lr: float | None) -> dict:
             a / b if a is not None and b else None for a, b in pairs
         ]
         present = [r for r in ratios if r is not None]
-        out["distill_over_rl_steps_mean"] = statistics.mean(present) if present else None
-        out["distill_over_rl_steps_se"] = _se(present)
+        _mean_se(out, "distill_over_rl_steps", present)
         decided = [m for m in met if m is not None]
         out["distill_steps_at_most_a_third_of_rl"] = all(decided) if decided else None
     d4 = _by(cells, "distill", 4, lr)
@@ -444,9 +442,10 @@ def _distill_goals(cells: list[dict], lr: float | None) -> dict:
     if paired:
         gaps = [d4[s]["final3_accuracy"] - d0[s]["final3_accuracy"] for s in paired]
         out["distill_k4_minus_k0_final_per_seed"] = gaps
-        out["distill_k4_minus_k0_final_mean"] = statistics.mean(gaps)
-        out["distill_k4_minus_k0_final_se"] = _se(gaps)
-        out["distill_k4_within_2_points_of_k0"] = abs(statistics.mean(gaps)) <= GOAL_K4_POINTS + 1e-9
+        _mean_se(out, "distill_k4_minus_k0_final", gaps)
+        out["distill_k4_within_2_points_of_k0"] = (
+            abs(out["distill_k4_minus_k0_final_mean"]) <= GOAL_K4_POINTS + 1e-9
+        )
     return out
 
 
@@ -465,10 +464,12 @@ def markdown(out: dict) -> str:
         return "-" if x is None else fmt.format(x)
 
     g = out["goals"]
+    when = (describe(out["meta"]) if "meta" in out  # on the harness; before it, its own provenance fields
+            else f"{out['date']}, commit {out['commit']}; {out['machine']}")  # fmt: skip
     lines = [
         "# On-policy distillation on the main job",
         "",
-        f"`{out['command']}`; {out['date']}, commit {out['commit']}; {out['machine']}. Teacher: the main job's RL "
+        f"`{out['command']}`; {when}. Teacher: the main job's RL "
         f"checkpoint, held-out accuracy **{out['teacher_accuracy']:.3f}** ({out['eval_tasks']} tasks); student: its "
         f"SFT warm start, {out['student_accuracy']:.3f}; target (90 % of the teacher) **{out['target']:.3f}**. "
         f"{out['steps']} steps a run (RL {out['rl_steps']}); checkpoints scored at steps 1-6, every 2nd to 20, every "
@@ -543,13 +544,6 @@ def markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
-def write(out_dir: Path, stem: str, out: dict) -> None:
-    for ext, text in (("json", portable(json.dumps(out, indent=1)) + "\n"), ("md", portable(markdown(out)))):
-        tmp = out_dir / f"{stem}.{ext}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out_dir / f"{stem}.{ext}")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -582,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-only", action="store_true",
         help="rewrite distill.{json,md} from the finished cells (--out) and run none; keeps the last run's "
-        "command, date, commit and machine line",
+        "command and provenance",
     )  # fmt: skip
     p.add_argument(
         "--cells", default=None,
@@ -596,12 +590,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     extra: list[str] = []
     if args.quick:
-        teacher, student = quick_models(work)
+        teacher, student = (None, None) if args.report_only else quick_models(work)
         planned = [Cell("distill k=0 s0", "distill", 0, 0, 3), Cell("rl k=0 s0", "rl", 0, 0, 3)]
         args.eval_limit = 8
         extra = ["train.batch_prompts=2", "engines.max_batch=16", "rollout.max_concurrent_episodes=16"]
     else:
-        teacher, student = main_job(args.main_run)
+        # --report-only needs no model: the teacher's and student's paths come from the last results file
+        teacher, student = (None, None) if args.report_only else main_job(args.main_run)
         planned = cells_for(
             args.seeds, args.steps, args.rl_steps, args.overhead_steps, args.distill_lr, args.probe_lr
         )
@@ -622,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         cells_file.unlink()  # a smoke test starts from nothing
     done = [json.loads(x) for x in cells_file.read_text().splitlines()] if cells_file.exists() else []
     evals = next((c for c in done if c.get("name") == "eval"), None)
+    if evals is None and args.report_only:
+        raise SystemExit(f"distill --report-only: {cells_file} has no 'eval' line (nothing has run there)")
     if evals is None:
         log("held-out accuracy of the teacher and the student")
         t_acc = evaluate_models([teacher], args.eval_limit)[0]
@@ -631,12 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     small_acc = next((c["accuracy"] for c in done if c.get("name") == "eval small"), None)
     target = TARGET_SHARE * evals["teacher"]
     log(f"teacher {evals['teacher']:.3f}, student {evals['student']:.3f}; target {target:.3f}")
+    prov = Provenance()
     meta = {
         "command": shlex.join(["benchmarks/distill.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared (load average {os.getloadavg()[0]:.1f} "
-        "at the last write)",
         "teacher": str(teacher),
         "student": str(student),
         "teacher_accuracy": evals["teacher"],
@@ -650,13 +644,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     finished = [c for c in done if not c.get("name", "").startswith("eval")]
     names = {c["name"] for c in finished}
+
+    def save(quiet: bool = True) -> None:  # the report from every finished cell; the provenance as of now
+        fresh = {} if args.report_only else {"meta": prov.meta()}
+        write(stem, report(finished, planned, meta | fresh), args.out, markdown, quiet=quiet)
+
     if args.report_only:
         last = args.out / f"{stem}.json"
         if last.is_file():
             old = json.loads(last.read_text())
-            meta |= {k: old[k] for k in ("command", "date", "commit", "machine") if k in old}
-        write(args.out, stem, report(finished, planned, meta))
-        print(markdown(report(finished, planned, meta)))
+            keep = ("command", "date", "commit", "machine", "meta", "teacher", "student")
+            meta |= {k: old[k] for k in keep if k in old}
+        save(quiet=False)
         return 0
     for i, cell in enumerate(planned):
         if cell.name in names or (run_only is not None and cell.name not in run_only):
@@ -677,12 +676,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(cells_file, "a") as f:
             f.write(json.dumps(result) + "\n")
         finished.append(result)
-        write(args.out, stem, report(finished, planned, meta))
+        save()
         log(
             f"{cell.name}: steps to target {result.get('steps_to_target')}, final {result.get('final3_accuracy')}"
         )
-    write(args.out, stem, report(finished, planned, meta))
-    print(markdown(report(finished, planned, meta)))
+    save(quiet=False)
     return 0
 
 

@@ -9,21 +9,21 @@
 2. The env's own CPU work per call (make, reset, decode + parse a turn, encode an observation).
 3. Reward checks: the in-process fast path (plain numbers) versus a math-verify worker round
    trip (LaTeX fractions), per comparison.
-Writes benchmarks/results/env_bench.json and .md.
+Writes benchmarks/results/env_bench.{json,md} with benchmarks/harness (provenance under `meta`, one writer);
+`--from-results FILE` rewrites them from a results file alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
+from bench_paths import ROOT
+
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, results_dir, rewrite, write
 
 
 async def _bounded(n: int, concurrency: int, fn) -> float:
@@ -126,25 +126,14 @@ def bench_rewards(n: int) -> dict:
     return {"fast_path_us": 1e6 * quick, "worker_ms": 1e3 * worker, "ratio_worker_vs_fast": worker / quick}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--episodes", type=int, default=300)
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--reward-checks", type=int, default=50)
-    args = p.parse_args()
-    result = {
-        "machine": f"{platform.machine()} {platform.python_version()}",
-        "episodes": asyncio.run(bench_episodes(args.episodes, args.concurrency, args.rounds)),
-        "env_cpu": bench_env_cpu(2000),
-        "rewards": bench_rewards(args.reward_checks),
-    }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "env_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+def markdown(result: dict) -> str:
+    """The results page from the JSON alone."""
     e, r, c = result["episodes"], result["rewards"], result["env_cpu"]
+    when = [describe(result["meta"]), ""] if "meta" in result else []  # written before the harness: none
     md = [
         "# env_bench",
         "",
+        *when,
         f"tiny_arith tool episodes, local sandbox pool 2, concurrency {e['concurrency']}, {e['episodes']} episodes, "
         f"best of {e['rounds']} alternating rounds",
         "",
@@ -161,8 +150,27 @@ def main() -> None:
         f"reward check: fast path {r['fast_path_us']:.1f} us, math-verify worker {r['worker_ms']:.2f} ms "
         f"({r['ratio_worker_vs_fast']:.0f}x)",
     ]
-    (OUT / "env_bench.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=300)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reward-checks", type=int, default=50)
+    results_args(p, "env_bench")
+    args = p.parse_args(argv)
+    if rewrite(args, "env_bench", markdown):
+        return
+    prov = Provenance()
+    result = {
+        "episodes": asyncio.run(bench_episodes(args.episodes, args.concurrency, args.rounds)),
+        "env_cpu": bench_env_cpu(2000),
+        "rewards": bench_rewards(args.reward_checks),
+    }
+    out = results_dir(args.out, scratch=False, name="env_bench")
+    write("env_bench", {"meta": prov.meta(), **result}, out, markdown)
 
 
 if __name__ == "__main__":

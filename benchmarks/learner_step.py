@@ -15,28 +15,46 @@ from the same weights (restored before each step), cases interleaved round by ro
    fp32), exact OPOB with ghost norms (vcpo/ghost.py) vs one backward per trajectory vs proxy OPOB (what the
    main job runs). Writes benchmarks/results/learner_step_opob.{json,md}, with the load average (shared machine).
 Times are this process's CPU seconds (robust to other load on a shared machine) and wall
-seconds, medians. Writes benchmarks/results/learner_step.{json,md}.
+seconds, medians over rounds; a ratio of two cases is the median of the per-round ratios (benchmarks/harness/stats.py;
+a round steps every case once). Writes benchmarks/results/learner_step.{json,md} with benchmarks/harness
+(provenance under `meta`, each case's rounds kept, one writer); `--from-results FILE` rewrites a results file's
+ratios and page from its rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from agent_rl.batch import collate
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.tools.tiny import build_tiny, sample_corpus
 from agent_rl.types import Group, Trajectory
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_dir, table, write
+from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, StepConfig
 
-OUT = Path(__file__).resolve().parent / "results"
+# ratio name -> (case, case it is divided by, "cpu" or "wall")
+PAD_RATIOS = {
+    "sorted / arrival (cpu)": ("grpo, mbs 4, sorted by length", "grpo, mbs 4, arrival order", "cpu"),
+    "sorted / arrival (wall)": ("grpo, mbs 4, sorted by length", "grpo, mbs 4, arrival order", "wall"),
+    "mbs 8 / mbs 4 (cpu)": ("vcpo proxy, group 8, mbs 8", "vcpo proxy, group 8, mbs 4", "cpu"),
+    "mbs 8 / mbs 4 (wall)": ("vcpo proxy, group 8, mbs 8", "vcpo proxy, group 8, mbs 4", "wall"),
+}
+GHOST, HELD, MB8 = "exact OPOB, ghost norms", "exact OPOB, ghost norms, group's graphs held", (
+    "exact OPOB, ghost norms, micro-batch 8 (a group per forward)")  # fmt: skip
+BACKWARD, PROXY = "exact OPOB, backward per trajectory", "proxy OPOB (main job)"
+OPOB_RATIOS = {"ghost / backward (cpu)": (GHOST, BACKWARD, "cpu"), "ghost / proxy (cpu)": (GHOST, PROXY, "cpu"),
+               "ghost held / backward (cpu)": (HELD, BACKWARD, "cpu"),
+               "ghost mbs 8 / backward (cpu)": (MB8, BACKWARD, "cpu"),
+               "backward / proxy (cpu)": (BACKWARD, PROXY, "cpu")}  # fmt: skip
 
 
 def make_groups(vocab: int, groups: int, per_group: int, lo: int, hi: int) -> list[Group]:
@@ -63,16 +81,26 @@ def padding_fraction(batch: PolicyBatch, mbs: int) -> float:
     return 1 - sum(lengths) / computed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
         "--cases", choices=["all", "opob"], default="all", help="opob: the exact-OPOB norms cell only"
     )
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    ap.add_argument("--from-results", type=Path, default=None,
+                    help="run nothing: rewrite learner_step_opob.json's ratios and page (into --out) from its rounds")  # fmt: skip
+    args = ap.parse_args(argv)
+    args.out = results_dir(args.out, scratch=False, name="learner_step")
+    if args.from_results is not None:
+        d = json.loads(args.from_results.read_text())
+        ratios = OPOB_RATIOS if "batch" in d["config"] else PAD_RATIOS
+        write(args.from_results.stem, d | summarise(d["cases"], ratios), args.out, markdown)
+        return
+    prov = Provenance()
     torch.set_num_threads(1)
     if args.cases == "opob":
-        opob_norms(args.repeats)
+        opob_norms(args.repeats, args.out, prov)
         return
     grpo = dict(loss="reinforce", advantage="grpo", ess_lr_rule="none")
     proxy = dict(loss="vcpo", advantage="opob", opob_mode="proxy")
@@ -99,63 +127,66 @@ def main() -> None:
             "vcpo proxy, group 8, mbs 4": (p4, sorted_tir, 4),
             "vcpo proxy, group 8, mbs 8": (p8, sorted_tir, 8),
         }
-        init = {k: v.clone() for k, v in r4.model.state_dict().items()}
-        opt_init = {id(r): r.optimizer.state_dict() for r in (r4, p4, p8)}
-        wall: dict[str, list[float]] = {k: [] for k in cases}
-        cpu: dict[str, list[float]] = {k: [] for k in cases}
-        for rnd in range(args.repeats + 1):  # round 0 warms up
-            for name, (rk, batch, _) in cases.items():
-                rk.model.load_state_dict(init)
-                rk.optimizer.load_state_dict(opt_init[id(rk)])
-                t0, c0 = time.perf_counter(), time.process_time()
-                rk.step(batch)
-                if rnd:
-                    wall[name].append(time.perf_counter() - t0)
-                    cpu[name].append(time.process_time() - c0)
-            print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done", flush=True)
-    res: dict[str, dict[str, float]] = {
-        name: {
-            "median_cpu_s": statistics.median(cpu[name]),
-            "median_wall_s": statistics.median(wall[name]),
-            "padding_fraction": padding_fraction(batch, mbs),
-        }
-        for name, (_, batch, mbs) in cases.items()
-    }
-    names = list(cases)
-    ratios = {
-        "sorted / arrival (cpu)": res[names[1]]["median_cpu_s"] / res[names[0]]["median_cpu_s"],
-        "sorted / arrival (wall)": res[names[1]]["median_wall_s"] / res[names[0]]["median_wall_s"],
-        "mbs 8 / mbs 4 (cpu)": res[names[3]]["median_cpu_s"] / res[names[2]]["median_cpu_s"],
-        "mbs 8 / mbs 4 (wall)": res[names[3]]["median_wall_s"] / res[names[2]]["median_wall_s"],
-    }
-    meta = {"repeats": args.repeats, "torch_threads": 1, "machine": platform.platform()}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "learner_step.json").write_text(
-        json.dumps({"config": meta, "cases": res, "ratios": ratios}, indent=2)
-    )
-    md = [
-        "# Torch learner step: padding and micro-batch size",
-        "",
-        f"median of {args.repeats}, 1 torch thread; {meta['machine']}",
-        "",
-        "| case | CPU s | wall s | padding fraction |",
-        "|---|---|---|---|",
-        *(
-            f"| {n} | {r['median_cpu_s']:.2f} | {r['median_wall_s']:.2f} | {r['padding_fraction']:.2f} |"
-            for n, r in res.items()
-        ),
-        "",
-        *(f"- {k}: **{v:.2f}**" for k, v in ratios.items()),
-        "",
-    ]
-    (OUT / "learner_step.md").write_text("\n".join(md))
-    print("\n".join(md))
+        wall, cpu = time_rounds({n: (rk, b) for n, (rk, b, _) in cases.items()}, args.repeats)
+    res = {n: {"cpu_s": cpu[n], "wall_s": wall[n], "padding_fraction": padding_fraction(b, mbs)}
+           for n, (_, b, mbs) in cases.items()}  # fmt: skip
+    d = {"meta": prov.meta(), "config": {"repeats": args.repeats, "torch_threads": 1}, "cases": res}
+    write("learner_step", d | summarise(res, PAD_RATIOS), args.out, markdown)
 
 
-def opob_norms(repeats: int) -> None:
+def time_rounds(cases: dict[str, tuple[TorchRank, PolicyBatch]], repeats: int) -> tuple[dict, dict]:
+    """Wall and CPU seconds of each case's step per round, the cases interleaved round by round (round 0 warms up);
+    every case steps from the same weights and optimizer state (restored before each step)."""
+    ranks = {id(rk): rk for rk, _ in cases.values()}
+    init = {k: v.clone() for k, v in next(iter(ranks.values())).model.state_dict().items()}
+    opt_init = {key: rk.optimizer.state_dict() for key, rk in ranks.items()}
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    for rnd in range(repeats + 1):
+        for name, (rk, batch) in cases.items():
+            rk.model.load_state_dict(init)
+            rk.optimizer.load_state_dict(opt_init[id(rk)])
+            t0, c0 = time.perf_counter(), time.process_time()
+            rk.step(batch)
+            if rnd:
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+        print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done", flush=True)
+    return wall, cpu
+
+
+def summarise(cases: dict[str, dict], ratios: dict[str, tuple[str, str, str]]) -> dict:
+    """Each case's median CPU and wall seconds; each ratio the median of the per-round ratios."""
+    med = {n: {"median_cpu_s": spread(c["cpu_s"])["median"], "median_wall_s": spread(c["wall_s"])["median"]}
+           for n, c in cases.items()}  # fmt: skip
+    rounds = {n: {k: dict(enumerate(c[f"{k}_s"])) for k in ("cpu", "wall")} for n, c in cases.items()}
+    return {"median": med,
+            "ratios": {name: median_speedup(rounds[a][k], rounds[b][k])[0] for name, (a, b, k) in ratios.items()}}  # fmt: skip
+
+
+def markdown(d: dict) -> str:
+    """Either cell's page from its JSON alone."""
+    opob, c, m = "batch" in d["config"], d["config"], d["median"]
+    meta = d.get("meta")  # None: written before the harness, its date, machine and loads under config
+    when = (f"{describe(meta) if meta else c.get('date', '') + ', ' + c['machine']}, median of {c['repeats']}, "
+            "1 torch thread" + (f"; {c['model']}; {c['batch']}" if opob else ""))  # fmt: skip
+    load = (f"before / after: {meta['load_before'][0]:.1f} / {meta['load_after'][0]:.1f}" if meta
+            else f"per round: {', '.join(f'{v[0]:.1f}' for v in c.get('load_avg_1_5_15_per_round', []))}")  # fmt: skip
+    rows = [[n, f"{r['median_cpu_s']:.2f}", f"{r['median_wall_s']:.2f}"]
+            + ([] if opob else [f"{d['cases'][n]['padding_fraction']:.2f}"]) for n, r in m.items()]  # fmt: skip
+    title = ("exact OPOB's norms (ghost vs a backward per trajectory) vs proxy OPOB" if opob
+             else "padding and micro-batch size")  # fmt: skip
+    return "\n".join([
+        f"# Torch learner step: {title}", "", when + ".",
+        *([f"Load average (1 min) {load} on 2 cores shared with other work: CPU seconds of this process are the "
+           "figure to read, not an idle-machine one."] if opob else []),
+        "", *table(["case", "CPU s", "wall s"] + ([] if opob else ["padding fraction"]), rows), "",
+        *(f"- {k}: **{v:.2f}** (median of the per-round ratios)" for k, v in d["ratios"].items()), "",
+    ])  # fmt: skip
+
+
+def opob_norms(repeats: int, out: Path, prov: Provenance) -> None:
     """Cell 3: exact OPOB with ghost norms vs a backward per trajectory vs proxy OPOB, main job's shapes."""
-    import os
-
     cases_cfg = {
         "exact OPOB, ghost norms": dict(opob_mode="exact", opob_norms="ghost"),
         "exact OPOB, ghost norms, group's graphs held": dict(
@@ -167,7 +198,6 @@ def opob_norms(repeats: int) -> None:
         "exact OPOB, backward per trajectory": dict(opob_mode="exact", opob_norms="backward"),
         "proxy OPOB (main job)": dict(opob_mode="proxy"),
     }
-    load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_tiny(
             d, sample_corpus(), vocab_size=512, seed=0, hidden=256, layers=2, heads=4, kv_heads=2
@@ -184,52 +214,17 @@ def opob_norms(repeats: int) -> None:
         }  # fmt: skip
         first = next(iter(ranks.values()))
         batch = collate(make_groups(first.model.config.vocab_size, 8, 8, 48, 256), sort_by_length=True).policy
-        init = {k: v.clone() for k, v in first.model.state_dict().items()}
-        opt_init = {name: r.optimizer.state_dict() for name, r in ranks.items()}
-        wall: dict[str, list[float]] = {k: [] for k in ranks}
-        cpu: dict[str, list[float]] = {k: [] for k in ranks}
-        for rnd in range(repeats + 1):  # round 0 warms up
-            for name, rk in ranks.items():
-                rk.model.load_state_dict(init)
-                rk.optimizer.load_state_dict(opt_init[name])
-                t0, c0 = time.perf_counter(), time.process_time()
-                rk.step(batch)
-                if rnd:
-                    wall[name].append(time.perf_counter() - t0)
-                    cpu[name].append(time.process_time() - c0)
-            load.append(os.getloadavg())
-            print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done, load {load[-1][0]:.1f}", flush=True)
-    res = {n: {"median_cpu_s": statistics.median(cpu[n]), "median_wall_s": statistics.median(wall[n]),
-               "cpu_s": cpu[n], "wall_s": wall[n]} for n in ranks}  # fmt: skip
-    ghost, held, mb8, backward, proxy = (res[n]["median_cpu_s"] for n in cases_cfg)
-    ratios = {"ghost / backward (cpu)": ghost / backward, "ghost / proxy (cpu)": ghost / proxy,
-              "ghost held / backward (cpu)": held / backward, "ghost mbs 8 / backward (cpu)": mb8 / backward,
-              "backward / proxy (cpu)": backward / proxy}  # fmt: skip
-    meta = {"repeats": repeats, "torch_threads": 1, "machine": platform.platform(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_avg_1_5_15_per_round": [[round(x, 1) for x in v] for v in load],
-            "batch": "8 prompts x 8 samples, 48-256 sampled tokens + 24-token prompt, micro-batch 4, fp32",
-            "model": "Qwen2, hidden 256, 2 layers, 4 heads, 2 kv heads, vocab 512 (examples/tiny_tir.py)"}  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "learner_step_opob.json").write_text(
-        json.dumps({"config": meta, "cases": res, "ratios": ratios}, indent=2)
+        wall, cpu = time_rounds({n: (rk, batch) for n, rk in ranks.items()}, repeats)
+    res = {n: {"cpu_s": cpu[n], "wall_s": wall[n]} for n in ranks}
+    config = {"repeats": repeats, "torch_threads": 1, "torch": torch.__version__,
+              "batch": "8 prompts x 8 samples, 48-256 sampled tokens + 24-token prompt, micro-batch 4, fp32",
+              "model": "Qwen2, hidden 256, 2 layers, 4 heads, 2 kv heads, vocab 512 (examples/tiny_tir.py)"}  # fmt: skip
+    write(
+        "learner_step_opob",
+        {"meta": prov.meta(), "config": config, "cases": res} | summarise(res, OPOB_RATIOS),
+        out,
+        markdown,
     )
-    md = [
-        "# Torch learner step: exact OPOB's norms (ghost vs a backward per trajectory) vs proxy OPOB",
-        "",
-        f"{meta['date']}, median of {repeats}, 1 torch thread, {meta['machine']}; {meta['model']}; {meta['batch']}.",
-        f"Load average (1 min) per round: {', '.join(f'{v[0]:.1f}' for v in load)} on 2 cores shared with other "
-        "work: CPU seconds of this process are the figure to read, not an idle-machine one.",
-        "",
-        "| case | CPU s | wall s |",
-        "|---|---|---|",
-        *(f"| {n} | {r['median_cpu_s']:.2f} | {r['median_wall_s']:.2f} |" for n, r in res.items()),
-        "",
-        *(f"- {k}: **{v:.2f}**" for k, v in ratios.items()),
-        "",
-    ]
-    (OUT / "learner_step_opob.md").write_text("\n".join(md))
-    print("\n".join(md))
 
 
 if __name__ == "__main__":

@@ -142,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", nargs="+", choices=["cpu", "cuda"], default=["cpu", "cuda"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument(
-        "--bare", action="store_true", help="no bubblewrap here: tool calls in a plain subprocess"
-    )
+    p.add_argument("--bare", action="store_true", help="no bubblewrap here: tool calls in a plain subprocess")
     p.add_argument("--time-limit-s", type=float, default=None, help="start no run after this many seconds")
     p.add_argument(
         "--work", type=Path, default=WORK, help=f"runs.jsonl and logs (default {WORK.relative_to(ROOT)})"

@@ -7,7 +7,8 @@ and dtype (fp32; bf16 = engine weights in bf16 and the learner's forward under b
 embedded engine samples `samples` continuations of `tokens` tokens at T=1 from random prompts, and
 the torch learner takes one step on them: its `rollout/logprob_mismatch_*` metrics (the ones every
 training step logs) are the result. An architecture the embedded engine cannot read is reported as
-such. Writes benchmarks/results/mismatch.{json,md}.
+such. Writes benchmarks/results/mismatch.{json,md} with benchmarks/harness (provenance under `meta`, one writer);
+`--from-results FILE` rewrites the page from a results file.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
-from bench_paths import portable
 
-OUT = Path(__file__).resolve().parent / "results"
+from benchmarks.harness.provenance import Provenance
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+
 ARCHS = ("qwen2", "llama", "qwen3")
 
 
@@ -97,6 +99,31 @@ def measure(model_dir: Path, dtype: str, *, samples: int, tokens: int, seed: int
     return {k.removeprefix("rollout/logprob_mismatch_"): v for k, v in m.items() if "logprob_mismatch" in k}
 
 
+def markdown(d: dict) -> str:
+    """The results page from the JSON alone."""
+    a, date = d["args"], d["meta"]["date"].replace("T", " ")[:16]
+
+    def row(r: dict) -> list:
+        if "error" in r:
+            return [r["model"], r["dtype"], f"not run: {r['error']}", "", "", ""]
+        return [
+            r["model"],
+            r["dtype"],
+            f"{r['mean']:.2e}",
+            f"{r['max']:.2e}",
+            f"{r['frac']:.4f}",
+            int(r["tokens"]),
+        ]
+
+    head = (
+        f"# Engine vs learner log-prob mismatch ({date}, {a['samples']} samples x {a['tokens']} tokens, T=1)"
+    )
+    rows = table(
+        ["model", "dtype", "mean abs", "max abs", "share > 0.1", "tokens"], [row(r) for r in d["rows"]]
+    )
+    return "\n".join([head, "", *rows]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from agent_rl.tools.tiny import build_tiny, sample_corpus
 
@@ -104,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smollm2", type=Path, help="also SmolLM2-135M-Instruct from this HF directory")
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--tokens", type=int, default=48)
+    results_args(p, "mismatch")
     args = p.parse_args(argv)
+    if rewrite(args, "mismatch", markdown):
+        return 0
+    prov = Provenance()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tok = build_tiny(Path(tmp) / "tok", sample_corpus(), vocab_size=512)
@@ -120,37 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                     r = {"error": str(e).split(": ", 1)[-1]}
                 rows.append({"model": name, "dtype": dtype, **r, "seconds": time.time() - t0})
                 print(json.dumps(rows[-1]), flush=True)
-    OUT.mkdir(exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.node(), "load": _load()}
-    (OUT / "mismatch.json").write_text(
-        portable(
-            json.dumps(
-                {"meta": meta, "args": vars(args) | {"smollm2": str(args.smollm2)}, "rows": rows}, indent=2
-            )
-        )
-    )
-    lines = [
-        f"# Engine vs learner log-prob mismatch ({meta['date']}, {args.samples} samples x {args.tokens} tokens, T=1)",
-        "",
-        "| model | dtype | mean abs | max abs | share > 0.1 | tokens |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['dtype']} | not run: {r['error']} | | | |")
-        else:
-            lines.append(
-                f"| {r['model']} | {r['dtype']} | {r['mean']:.2e} | {r['max']:.2e} | {r['frac']:.4f} | {int(r['tokens'])} |"
-            )
-    (OUT / "mismatch.md").write_text(portable("\n".join(lines) + "\n"))
-    print("\n".join(lines))
+    settings = {"smollm2": str(args.smollm2), "samples": args.samples, "tokens": args.tokens}
+    data = {"meta": prov.meta(), "args": settings, "rows": rows}
+    write("mismatch", data, results_dir(args.out, scratch=False, name="mismatch"), markdown)
     return 0
-
-
-def _load() -> float:
-    import os
-
-    return os.getloadavg()[0]
 
 
 if __name__ == "__main__":

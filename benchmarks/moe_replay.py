@@ -14,7 +14,8 @@
    mean mismatch and agreement over the run.
 
 Resumable: every stage and cell writes its result under --work (default runs/moe_replay) and is skipped when
-present; an interrupted RL run continues from its last checkpoint. Results: benchmarks/results/moe_replay.{json,md}.
+present; an interrupted RL run continues from its last checkpoint. Results: benchmarks/results/moe_replay.{json,md}
+(benchmarks/harness: provenance, mean ± SE, one writer); `--from-results FILE` rewrites them from a results file alone.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
-from bench_paths import portable
 
-from benchmarks.harness.provenance import commit  # bench_paths put the checkout on sys.path
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, rewrite, write
+from benchmarks.harness.stats import mean_se
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -205,13 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: small SFT, 1 seed, 4 RL steps")
     p.add_argument("--report", action="store_true",
                    help="run nothing: write the results from the cells done so far, naming the missing ones")  # fmt: skip
+    results_args(p, "moe_replay")  # --quick without --out: --work, never the committed results
     args = p.parse_args(argv)
+    if rewrite(args, "moe_replay", markdown):
+        return 0
     if args.quick:
         args.seeds, args.steps, args.samples = 1, 4, 8
     torch.set_num_threads(1)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    prov = Provenance()
     compute = not args.report
     base, sft = work / "base", work / "sft"
     if compute:
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rl.append({"replay": replay, "seed": seed, **cell})
             print(json.dumps(rl[-1]), flush=True)
-    write_results(args, mismatch, rl, time.time() - t0, missing, partial_pairs(work, args.seeds, rl))
+    write_results(args, mismatch, rl, prov, missing, partial_pairs(work, args.seeds, rl))
     return 0
 
 
@@ -275,29 +280,23 @@ def write_results(
     args: argparse.Namespace,
     mismatch: list[dict],
     rl: list[dict],
-    seconds: float,
+    prov: Provenance,
     missing: list[str],
     partial: list[dict],
 ) -> None:
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "commit": commit(), "load": os.getloadavg()[0], "seconds": seconds, "model": MODEL, "quick": args.quick,
-            "missing": missing}  # fmt: skip
-    out = args.work if args.quick else OUT  # a smoke run's figures stay out of the results
-    data = {"meta": meta, "args": {k: str(v) for k, v in vars(args).items()}, "mismatch": mismatch, "rl": rl,
-            "rl_partial": partial}  # fmt: skip
-    out.mkdir(exist_ok=True)
-    (out / "moe_replay.json").write_text(portable(json.dumps(data, indent=2)))
-    (out / "moe_replay.md").write_text(markdown(data))
-    print(markdown(data))
+    meta = prov.meta() | {"model": MODEL, "quick": args.quick, "missing": missing}
+    out = args.out or (args.work if args.quick else OUT)  # a smoke run's figures stay out of the results
+    data = {"meta": meta, "args": {k: str(v) for k, v in vars(args).items() if k not in ("from_results", "out")},
+            "mismatch": mismatch, "rl": rl, "rl_partial": partial}  # fmt: skip
+    write("moe_replay", data, out, markdown)
 
 
 def _agg(rows: list[dict], key: str) -> str:
-    """'mean ± sd' over the rows that have `key` (the sd of the sampling seeds, not an SE)."""
-    vals = [r[key] for r in rows if key in r]
-    if not vals:
+    """'mean ± SE' over the rows that have `key` (benchmarks/harness/stats.py; the mean alone from one row)."""
+    m = mean_se(r[key] for r in rows if key in r)
+    if m.mean is None:
         return "-"
-    m = statistics.fmean(vals)
-    return f"{m:.3g} ± {statistics.pstdev(vals):.2g}" if len(vals) > 1 else f"{m:.3g}"
+    return f"{m.mean:.3g}" + (f" ± {m.se:.2g}" if m.se is not None else "")
 
 
 def markdown(data: dict) -> str:
@@ -310,13 +309,15 @@ def markdown(data: dict) -> str:
         data["rl_partial"],
     )
     quick, missing = args["quick"] == "True", meta["missing"]
+    when = (describe(meta) if "cpu" in meta  # written on the harness; before it, its own provenance fields
+            else f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, load {meta['load']:.1f}")  # fmt: skip
     lines = [
-        f"# Routing replay on a small MoE ({meta['date']}, commit {meta['commit']}, {meta['machine']}, load {meta['load']:.1f})",
+        f"# Routing replay on a small MoE ({when})",
         "",
         f"Qwen3-MoE, hidden 128, 2 layers, 8 experts top-2, SFT warm start on tiny_arith. Command: "
         f"`nice -n 15 .venv/bin/python benchmarks/moe_replay.py{' --quick' if quick else ''}`.",
         "",
-        f"## Engine vs learner, one step on {args['samples']} first turns (mean ± sd over 3 sampling seeds)",
+        f"## Engine vs learner, one step on {args['samples']} first turns (mean ± SE over 3 sampling seeds)",
         "",
         "| dtype | replay | mismatch mean | mismatch max | share > 0.1 | routing agreement |",
         "|---|---|---|---|---|---|",
@@ -328,7 +329,7 @@ def markdown(data: dict) -> str:
                          f"{_agg(rows, 'mismatch_frac')} | {_agg(rows, 'routing_agreement')} |")  # fmt: skip
     lines += [
         "",
-        f"## RL in bf16 at k=4, {args['steps']} steps, {args['seeds']} seeds (mean ± sd; per-seed rows in the JSON)",
+        f"## RL in bf16 at k=4, {args['steps']} steps, {args['seeds']} seeds (mean ± SE; per-seed rows in the JSON)",
         "",
         "| replay | held-out accuracy | reward, last 10 steps | min ESS ratio | max grad norm | mismatch mean | agreement |",
         "|---|---|---|---|---|---|---|",

@@ -19,6 +19,10 @@ model calls/s and episodes/s (wall). Cells: the tree at --baseline (a git worktr
 default: the merge base with main, i.e. before this branch's changes) and the current tree, in-process
 (rollout.workers 1) and sharded (rollout.workers N, current tree only). One cProfile of the in-process
 driver per path and tree goes into the md. Results: benchmarks/results/orchestration.{json,md}.
+
+On benchmarks/harness: the rounds are `plan`'s seeds (cells rotated per round), each finished (cell, round) a line
+of WORK/runs.jsonl (`Runner`: a rerun resumes), medians and ranges from `stats.spread`, the provenance block and
+the writer; `--from-results FILE` rewrites the JSON and markdown from a results file alone.
 """
 
 from __future__ import annotations
@@ -28,10 +32,9 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import resource
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +42,13 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# appended: a cell run in the baseline tree (its PYTHONPATH) imports that tree's code, the harness from here
+sys.path.append(str(ROOT))
+from benchmarks.harness.provenance import Provenance, commit, describe  # noqa: E402
+from benchmarks.harness.report import results_args, results_dir, rewrite, write  # noqa: E402
+from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
+from benchmarks.harness.stats import spread  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results"
 WORK = ROOT / "runs" / "bench_orchestration"
 BATCH, GROUP, K = 8, 8, 2  # the main job's batch: 8 prompts x 8 samples, staleness bound 2
@@ -292,14 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="rollout process counts of the current tree")
     p.add_argument("--paths", default="tir,agent")
     p.add_argument("--cell", help=argparse.SUPPRESS)
+    results_args(p, "orchestration")
     args = p.parse_args(argv)
+    if rewrite(args, "orchestration", _markdown):
+        return 0
     if args.cell:
         c = json.loads(args.cell)
         out = asyncio.run(_cell(c["path"], c["workers"], c["steps"], c["warm"], Path(c["tok"]), c["profile"]))
         print(json.dumps(out))
         return 0
     WORK.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    prov = Provenance()
     toks = _build_tokenizers()
     trees = {"current": (ROOT, _head(ROOT))}
     if args.baseline != "none":
@@ -311,23 +324,27 @@ def main(argv: list[str] | None = None) -> int:
         trees["baseline"] = _baseline_tree(ref)
     paths = args.paths.split(",")
     ns = [int(n) for n in args.workers.split(",")]
-    plan = [(t, path, 1) for path in paths for t in trees] + [
-        ("current", path, n) for path in paths for n in ns if n > 1
+    grid = {f"{t}/{path}/workers={n}": (t, path, n)
+            for t, path, n in [(t, path, 1) for path in paths for t in trees]
+            + [("current", path, n) for path in paths for n in ns if n > 1]}  # fmt: skip
+
+    def run(job: Job) -> dict:
+        tree, path, n = grid[job.cell]
+        res = _run_cell(trees[tree][0], path, n, args, toks[path], profile=False)
+        print(f"driver {res['driver_ms_per_call']:.2f} ms/call, {res['calls_per_s']:.0f} calls/s", flush=True)
+        return {"round": job.seed, "tree": tree, "path": path, "workers": n, "commit": trees[tree][1], **res}
+
+    # one work folder per trees and settings measured (a dirty tree never resumes): a rerun resumes only those runs
+    tag = "_".join(sha[:10] for _, sha in trees.values()) + ("_dirty" if commit().endswith("+dirty") else "")
+    work = WORK / f"{tag}_s{args.steps}_a{args.agent_steps}_w{args.warm}"
+    if tag.endswith("_dirty"):
+        shutil.rmtree(work, ignore_errors=True)
+    jobs = plan(list(grid), range(args.rounds))
+    cells = [
+        {k: v for k, v in r.items() if k not in ("cell", "seed")} for r in Runner(work).run(jobs, run).records
     ]
-    cells: list[dict] = []
-    for r in range(args.rounds):
-        for tree, path, n in plan:
-            t0 = time.monotonic()
-            res = _run_cell(trees[tree][0], path, n, args, toks[path], profile=False)
-            cells.append({"round": r, "tree": tree, "path": path, "workers": n, **res})
-            print(
-                f"round {r + 1}/{args.rounds} {tree:8s} {path:5s} workers={n}: "
-                f"driver {res['driver_ms_per_call']:.2f} ms/call, {res['calls_per_s']:.0f} calls/s "
-                f"({time.monotonic() - t0:.0f} s)",
-                flush=True,
-            )
     profiles = {}
-    for tree, path, n in plan:
+    for tree, path, n in grid.values():
         print(f"profile {tree} {path} workers={n}", flush=True)
         res = _run_cell(trees[tree][0], path, n, args, toks[path], profile=True)
         profiles[f"{tree}/{path}/workers={n}"] = {k: v for k, v in res.items() if k != "profile"} | {
@@ -336,13 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(cells, trees, paths, ns)
     result = {
         "benchmark": "orchestration",
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_avg_start": load_start,
-            "load_avg_end": os.getloadavg(),
-        },
+        "meta": prov.meta(),
         "trees": {k: v[1] for k, v in trees.items()},
         "settings": {
             "rounds": args.rounds,
@@ -356,10 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": _goals(summary),
         "profiles": profiles,
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "orchestration.json").write_text(json.dumps(result, indent=2))
-    (OUT / "orchestration.md").write_text(_markdown(result))
-    print((OUT / "orchestration.md").read_text())
+    write("orchestration", result, results_dir(args.out, scratch=False, name="orchestration"), _markdown)
     return 0
 
 
@@ -370,23 +378,25 @@ def _head(root: Path) -> str:
 
 
 def _summary(cells: list[dict], trees: dict, paths: list[str], ns: list[int]) -> dict:
-    def med(tree: str, path: str, n: int, key: str) -> float | None:
-        v = [c[key] for c in cells if (c["tree"], c["path"], c["workers"]) == (tree, path, n)]
-        return statistics.median(v) if v else None
+    def of(tree: str, path: str, n: int, key: str) -> dict[str, float | None]:
+        return spread(c[key] for c in cells if (c["tree"], c["path"], c["workers"]) == (tree, path, n))
 
-    def spread(tree: str, path: str, n: int, key: str) -> list[float]:
-        v = [c[key] for c in cells if (c["tree"], c["path"], c["workers"]) == (tree, path, n)]
-        return [min(v), max(v)] if v else []
+    def med(tree: str, path: str, n: int, key: str) -> float | None:
+        return of(tree, path, n, key)["median"]
+
+    def span(tree: str, path: str, n: int, key: str) -> list[float]:
+        s = of(tree, path, n, key)
+        return [] if s["min"] is None else [s["min"], s["max"]]
 
     out: dict = {}
     for path in paths:
         row: dict = {}
         for tree in trees:
             row[f"{tree}_driver_ms_per_call"] = med(tree, path, 1, "driver_ms_per_call")
-            row[f"{tree}_driver_ms_per_call_range"] = spread(tree, path, 1, "driver_ms_per_call")
+            row[f"{tree}_driver_ms_per_call_range"] = span(tree, path, 1, "driver_ms_per_call")
             row[f"{tree}_total_ms_per_call"] = med(tree, path, 1, "total_ms_per_call")
         row["calls_per_s"] = {str(n): med("current", path, n, "calls_per_s") for n in ns}
-        row["calls_per_s_range"] = {str(n): spread("current", path, n, "calls_per_s") for n in ns}
+        row["calls_per_s_range"] = {str(n): span("current", path, n, "calls_per_s") for n in ns}
         row["episodes_per_s"] = {str(n): med("current", path, n, "episodes_per_s") for n in ns}
         row["sharded_driver_ms_per_call"] = {
             str(n): med("current", path, n, "driver_ms_per_call") for n in ns if n > 1
@@ -420,13 +430,15 @@ def _goals(summary: dict) -> dict:
 
 
 def _markdown(r: dict) -> str:
-    s, m = r["summary"], r["machine"]
+    s, m = r["summary"], r.get("machine")
     f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    when = (describe(r["meta"]) if m is None else  # written before the harness: its own provenance fields
+            f"{r['date']}; {m['cpus']} cores; load average {m['load_avg_start'][0]:.1f} at the start, "
+            f"{m['load_avg_end'][0]:.1f} at the end")  # fmt: skip
     lines = [
         "# Orchestration: driver CPU per model call (instant engine)",
         "",
-        f"{r['date']}; {m['cpus']} cores; load average {m['load_avg_start'][0]:.1f} at the start, "
-        f"{m['load_avg_end'][0]:.1f} at the end (the machine is shared); trees: {r['trees']}; "
+        f"{when} (the machine is shared); trees: {r['trees']}; "
         f"{r['settings']['rounds']} interleaved rounds; steps {r['settings']['steps']} x {r['settings']['batch']} "
         "groups x 8 episodes, 2 model calls per episode; medians [min, max] over rounds. Driver CPU: the "
         "driver process's CPU time (all threads) over the measured steps per model call; whole tree: plus its "

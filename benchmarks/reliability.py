@@ -25,7 +25,8 @@ uninterrupted run in --work is reused by a later invocation, so the campaign can
 at a time with --merge.
 Node and replica faults (engine node lost, learner node lost + --resume, a replica added or removed mid-run) run
 on a Ray cluster of several nodes on this machine: benchmarks/reliability_cluster.py.
-Results: benchmarks/results/reliability.{json,md}. Needs root for the tmpfs and the private dockerd (those
+Results: benchmarks/results/reliability.{json,md}, written by benchmarks/harness (its provenance block under `meta`,
+its writer; `--report-only [--out DIR]` rewrites both from the JSON alone). Needs root for the tmpfs and the private dockerd (those
 scenarios are skipped, saying why, otherwise).
 """
 
@@ -36,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -52,9 +52,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench_paths import portable
+from bench_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness.provenance import Provenance, describe  # bench_paths put the checkout on sys.path
+from benchmarks.harness.report import write
+
 RESULTS = ROOT / "benchmarks" / "results"
 FORKSERVER = b"/opt/agent-rl/forkserver.py"
 STEPS = 10
@@ -745,13 +747,10 @@ def fault_table(report: dict) -> list[str]:
     return lines
 
 
-def write_markdown(report: dict) -> None:
-    lines = [
-        "# Reliability: load and faults",
-        "",
-        f"`{report['command']}` on {report['machine']}, {report['date']}; model: {report['model']}.",
-        "",
-    ]
+def markdown(report: dict) -> str:
+    when = (f"`{report['command']}` on {report['machine']}, {report['date']}" if "meta" not in report
+            else f"`{report['meta']['command']}`, {describe(report['meta'])}")  # fmt: skip
+    lines = ["# Reliability: load and faults", "", f"{when}; model: {report['model']}.", ""]
     if "load_train" in report:
         lt = report["load_train"]
         lines += ["## Load: the full loop with up to 1,000 episodes in flight", ""]
@@ -785,10 +784,16 @@ def write_markdown(report: dict) -> None:
     lines += fault_table(report)
     if report.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()), ""]
-    (RESULTS / "reliability.md").write_text(portable("\n".join(lines) + "\n"))
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def save(report: dict, out: Path = RESULTS) -> None:
+    """reliability.{json,md} in `out` (the summary recomputed from the fault runs)."""
+    report["summary"] = summarize(report.get("faults", []))
+    write("reliability", json.loads(json.dumps(report, default=str)), out, markdown, quiet=True)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", default="load,serve,faults")
@@ -807,42 +812,40 @@ def main() -> None:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="rewrite results/reliability.{json,md} from the json; run nothing",
+        help="rewrite reliability.{json,md} (into --out) from results/reliability.json; run nothing",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)"
+    )
+    args = parser.parse_args(argv)
     if args.report_only:
-        report = json.loads((RESULTS / "reliability.json").read_text())
-        report["summary"] = summarize(report.get("faults", []))
-        (RESULTS / "reliability.json").write_text(portable(json.dumps(report, indent=2, default=str) + "\n"))
-        write_markdown(report)
+        save(json.loads((RESULTS / "reliability.json").read_text()), args.out)
         return
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = (args.model or default_model(work)).resolve()
     only, wanted = set(args.only.split(",")), set(args.faults.split(","))
     rng = random.Random(args.seed)
+    prov = Provenance()
     report: dict = {
-        "command": "python benchmarks/reliability.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "meta": prov.meta(),
         "model": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
         "faults": [],
         "skipped": {},
     }
-    out_json = RESULTS / "reliability.json"
+    out_json = args.out / "reliability.json"
     if args.merge and out_json.exists():  # keep the sections of an earlier run that this one does not redo
         earlier = json.loads(out_json.read_text())
         for key in ("load_serve", "load_train"):
             if key in earlier:
                 report[key] = earlier[key]
         report["faults"], report["skipped"] = earlier.get("faults", []), earlier.get("skipped", {})
-        report["command"] = f"{earlier['command']}; then {report['command']}"
+        earlier_command = earlier.get("meta", earlier).get("command")
+        report["meta"]["command"] = f"{earlier_command}; then {report['meta']['command']}"
 
-    def save() -> None:
-        report["summary"] = summarize(report["faults"])
-        RESULTS.mkdir(exist_ok=True)
-        out_json.write_text(portable(json.dumps(report, indent=2, default=str) + "\n"))
-        write_markdown(report)
+    def checkpoint() -> None:  # after each part: the results so far, the load and elapsed time as of now
+        report["meta"] = prov.meta() | {"command": report["meta"]["command"]}
+        save(report, args.out)
 
     redone: set[str] = set()
 
@@ -853,18 +856,18 @@ def main() -> None:
         report["faults"].append(asdict(result))
         print(f"  {result.fault} #{result.repeat}: completed={result.completed} recovery={result.recovery_s} "
               f"audit={result.audit} saw={result.user_saw!r} {result.note}", flush=True)  # fmt: skip
-        save()
+        checkpoint()
 
     if "serve" in only:
         print(f"load: sandbox serve, {args.clients} clients", flush=True)
         report["load_serve"] = load_serve(work, args.clients, args.calls_per_client)
         print(f"  {report['load_serve']}", flush=True)
-        save()
+        checkpoint()
     if "load" in only:
         print("load: the full loop, 1,000 episodes in flight", flush=True)
         report["load_train"] = load_train(work, model)
         print(f"  { {k: v for k, v in report['load_train'].items() if k != 'pss_samples'} }", flush=True)
-        save()
+        checkpoint()
     if "faults" in only:
         refs: dict[str, list[dict]] = {}
         engines = {**K0, "placement.topology": "processes", "engines.count": 2, "engines.weight_sync": "disk"}
@@ -918,8 +921,8 @@ def main() -> None:
             from benchmarks.reliability_cluster import cluster_faults
 
             cluster_faults(add, work, model, rng, args.repeats, wanted)
-    save()
-    print((RESULTS / "reliability.md").read_text())
+    checkpoint()
+    print((args.out / "reliability.md").read_text())
 
 
 def docker_faults(

@@ -11,16 +11,14 @@ All in one run, on the same machine state:
 3. A realistic snippet mix of model-written code (numpy, sympy, fractions, pure Python), with and without
    `preload: [numpy, sympy]` (what the math envs now declare): p50/p99 per snippet kind.
 4. docker (warm containers) when `--docker-host` is given.
-Writes benchmarks/results/sandbox_bench.{json,md}.
+Writes benchmarks/results/sandbox_bench.{json,md} with benchmarks/harness (provenance under `meta`, medians and
+ranges by `stats.spread`, each local round kept under its row's `runs`, one writer).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -29,9 +27,13 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import sandboxes
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
-RESULTS = Path(__file__).resolve().parent / "results"
+import sandboxes
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import RESULTS, write
+from benchmarks.harness.stats import spread
+
 PRINT = ("print(1+1)", "2\n")
 # What models write in SimpleTIR math episodes: the kinds and a typical cell of each.
 MIX = {
@@ -117,12 +119,12 @@ async def bench_local_print(calls: int, rounds: int) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
+    """Median and range over the rounds of each figure (stats.spread), the rounds themselves under `runs`."""
     out: dict = {"rounds": len(runs)}
     for field in ("calls_per_s", "p50_ms", "p99_ms"):
-        values = [r[field] for r in runs]
-        out[field] = statistics.median(values)
-        out[f"{field}_min"], out[f"{field}_max"] = min(values), max(values)
-    return out
+        s = spread(r[field] for r in runs)
+        out[field], out[f"{field}_min"], out[f"{field}_max"] = s["median"], s["min"], s["max"]
+    return out | {"runs": runs}
 
 
 def _free_port() -> int:
@@ -183,16 +185,17 @@ async def bench_docker(calls: int, docker_host: str) -> dict:
     return rows
 
 
-def write_markdown(report: dict, path: Path) -> None:
+def markdown(report: dict) -> str:
     r = report["results"]
     base = r["subprocess.run (baseline)"]
+    meta = report.get("meta")  # before the harness: its own command, machine and load fields
+    when = describe(meta) if meta else f"{report['machine']}; load average at start {report['loadavg_start']}"
     lines = [
         "# Sandbox benchmark",
         "",
-        f"`{report['command']}`",
+        f"`{meta['command'] if meta else report['command']}`",
         "",
-        f"{report['machine']}; load average at start {report['loadavg_start']}; {report['calls']} calls per cell "
-        f"(the snippet mix: {report['mix_calls']}).",
+        f"{when}; {report['calls']} calls per cell (the snippet mix: {report['mix_calls']}).",
         "",
         "## print(1+1): local pool (pool_size 2) and the HTTP service, same run",
         "",
@@ -237,7 +240,7 @@ def write_markdown(report: dict, path: Path) -> None:
     ]
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items())]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 async def main() -> None:
@@ -246,8 +249,11 @@ async def main() -> None:
     parser.add_argument("--mix-calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--docker-host", default=None)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)"
+    )
     args = parser.parse_args()
-    loadavg = os.getloadavg()[0]
+    prov = Provenance()
     results: dict = {}
     skipped: dict = {}
     print("subprocess.run baseline:", flush=True)
@@ -272,9 +278,7 @@ async def main() -> None:
         else f"Not reached: {best:.0f} calls/s."
     )
     report = {
-        "command": "python benchmarks/sandbox_bench.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
-        "loadavg_start": round(loadavg, 2),
+        "meta": prov.meta(),
         "calls": args.calls,
         "mix_calls": args.mix_calls,
         "rounds": args.rounds,
@@ -282,10 +286,7 @@ async def main() -> None:
         "skipped": skipped,
         "verdict": verdict,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sandbox_bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_markdown(report, RESULTS / "sandbox_bench.md")
-    print((RESULTS / "sandbox_bench.md").read_text())
+    write("sandbox_bench", report, args.out, markdown)
 
 
 if __name__ == "__main__":

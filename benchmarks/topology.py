@@ -5,16 +5,17 @@
 The main job's RL phase (recipes/tiny_tir.yaml, k=2 VCPO, from the warm start `make run` builds at
 runs/tiny_tir/sft) run as `agent-rl train` with each topology, interleaved seed by seed so machine noise
 hits both alike; in-run evaluation off. Reported: median s/step (take + learner step + weight sync),
-learner and engine busy shares, weight-sync seconds, and the ratio processes / inprocess.
-Results: benchmarks/results/topology.{json,md}.
+learner and engine busy shares, weight-sync seconds, and processes / inprocess s/step as the median of the
+per-seed ratios. Results: benchmarks/results/topology.{json,md}.
+
+On benchmarks/harness: `plan` (the topologies rotated seed by seed), `Runner` (each finished run one line of
+WORK/runs.jsonl: a rerun with the same --steps resumes), its statistics, provenance and writer; `--from-results
+FILE` rewrites the JSON and markdown from a results file alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -22,11 +23,16 @@ import sys
 import time
 from pathlib import Path
 
+from bench_paths import ROOT
 from train_cmd import train_command
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.runner import Runner, plan
+from benchmarks.harness.stats import median_speedup, spread
+
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
+METRICS = ("seconds_per_step", "learner_busy", "engine_busy", "weight_sync_seconds", "process_wall_s")
 TOPOLOGIES = {
     "inprocess": ["placement.topology=inprocess"],
     "processes": ["placement.topology=processes", "engines.weight_sync=nccl"],
@@ -69,83 +75,69 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
     }
 
 
+def summarise(rows: list[dict]) -> dict:
+    """Per topology the medians over seeds; processes / inprocess s/step seed by seed and their median."""
+    per = {
+        t: {k: spread(r[k] for r in rows if r["topology"] == t)["median"] for k in METRICS}
+        for t in TOPOLOGIES
+    }
+    s_per_step = {
+        t: {r["seed"]: r["seconds_per_step"] for r in rows if r["topology"] == t} for t in TOPOLOGIES
+    }
+    ratio, by_seed = median_speedup(s_per_step["processes"], s_per_step["inprocess"])
+    faster = ("processes" if max(by_seed) < 1 else "inprocess" if min(by_seed) > 1
+              else "neither (within the seeds' spread)")  # fmt: skip
+    return {"per_topology": per, "processes_over_inprocess_seconds_per_step": ratio, "per_seed_ratio": by_seed,
+            "faster": faster}  # fmt: skip
+
+
+def markdown(d: dict) -> str:
+    """The results page from the JSON alone."""
+    when = describe(d["meta"]) if "meta" in d else d["machine"]  # before the harness: its own machine line
+    command = d["meta"]["command"] if "meta" in d else d["command"]
+    rows = [[t, f"{v['seconds_per_step']:.2f}", f"{v['learner_busy']:.2f}", f"{v['engine_busy']:.2f}",
+             f"{v['weight_sync_seconds']:.1f}", f"{v['process_wall_s']:.0f}"] for t, v in d["per_topology"].items()]  # fmt: skip
+    header = [
+        "topology",
+        "s/step (median)",
+        "learner busy",
+        "engine busy",
+        "weight sync s/run",
+        "whole command s",
+    ]
+    return "\n".join([
+        "# Main job (recipes/tiny_tir.yaml, k=2): placement.topology inprocess vs processes",
+        "",
+        f"`{command.strip()}`; {when}; {d['steps']} steps x {d['seeds']} seeds, interleaved.",
+        "",
+        *table(header, rows),
+        "",
+        f"processes / inprocess s/step: **{d['processes_over_inprocess_seconds_per_step']:.2f}x** (the median of the "
+        f"per-seed ratios {', '.join(f'{x:.2f}' for x in d['per_seed_ratio'])}; faster: {d['faster']}). The whole "
+        "command includes start-up: engine server and learner processes.",
+        "",
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny_tir" / "sft")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_topology")
-    p.add_argument("--out", type=Path, default=OUT)
+    results_args(p, "topology")
     args = p.parse_args(argv)
+    if rewrite(args, "topology", markdown, lambda d: summarise(d["runs"])):
+        return 0
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"no warm start at {args.model}: run `make run` first (it builds runs/tiny_tir/sft)")
-    args.work.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()[0]
-    rows = []
-    for seed in range(args.seeds):
-        order = list(TOPOLOGIES) if seed % 2 == 0 else list(reversed(TOPOLOGIES))
-        for topology in order:
-            print(f"[{time.strftime('%H:%M:%S')}] {topology} seed {seed}", flush=True)
-            rows.append(run(topology, seed, args.steps, args.model, args.work))
-    per = {
-        t: {
-            k: statistics.median(r[k] for r in rows if r["topology"] == t)
-            for k in (
-                "seconds_per_step",
-                "learner_busy",
-                "engine_busy",
-                "weight_sync_seconds",
-                "process_wall_s",
-            )
-        }
-        for t in TOPOLOGIES
-    }
-    ratio = per["processes"]["seconds_per_step"] / per["inprocess"]["seconds_per_step"]
-    # per seed (runs of one seed ran back to back): the spread says whether the difference is real
-    by_seed = [
-        next(r for r in rows if r["topology"] == "processes" and r["seed"] == s)["seconds_per_step"]
-        / next(r for r in rows if r["topology"] == "inprocess" and r["seed"] == s)["seconds_per_step"]
-        for s in range(args.seeds)
-    ]
-    faster = (
-        "processes"
-        if max(by_seed) < 1
-        else "inprocess"
-        if min(by_seed) > 1
-        else "neither (within the seeds' spread)"
-    )
-    out = {
-        "command": "benchmarks/topology.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load:.2f}",
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "runs": rows,
-        "per_topology": per,
-        "processes_over_inprocess_seconds_per_step": ratio,
-        "per_seed_ratio": by_seed,
-        "faster": faster,
-    }
-    lines = [
-        "# Main job (recipes/tiny_tir.yaml, k=2): placement.topology inprocess vs processes",
-        "",
-        f"`{out['command'].strip()}`; {out['machine']}; {args.steps} steps x {args.seeds} seeds, interleaved.",
-        "",
-        "| topology | s/step (median) | learner busy | engine busy | weight sync s/run | whole command s |",
-        "|---|---|---|---|---|---|",
-        *(
-            f"| {t} | {v['seconds_per_step']:.2f} | {v['learner_busy']:.2f} | {v['engine_busy']:.2f} | "
-            f"{v['weight_sync_seconds']:.1f} | {v['process_wall_s']:.0f} |"
-            for t, v in per.items()
-        ),
-        "",
-        f"processes / inprocess s/step: **{ratio:.2f}x** (per seed {', '.join(f'{x:.2f}' for x in by_seed)}; "
-        f"faster: {faster}). The whole command includes start-up: engine server and learner processes.",
-        "",
-    ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "topology.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.out / "topology.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    prov = Provenance()
+    work = args.work / f"steps{args.steps}"
+    jobs = plan(list(TOPOLOGIES), range(args.seeds))
+    records = Runner(work).run(jobs, lambda j: run(j.cell, j.seed, args.steps, args.model, work)).records
+    rows = [{k: v for k, v in r.items() if k != "cell"} for r in records]
+    d = {"meta": prov.meta(), "steps": args.steps, "seeds": args.seeds, "runs": rows, **summarise(rows)}
+    write("topology", d, results_dir(args.out, scratch=False, name="topology"), markdown)
     return 0
 
 

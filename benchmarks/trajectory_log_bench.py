@@ -13,28 +13,33 @@ step is take + learner step + weight sync + logging:
 Two measures of cost:
 - in-run (the direct one): `perf/trajectory_log_seconds` (reading the learner's rows, encoding,
   compressing, appending) over `perf/step_seconds`, summed over the run's steps, in the same run;
-- across runs: median `perf/step_seconds` of a cell / that of `off` (includes everything the
-  recording changes, but runs differ in episode lengths as their policies drift apart: noisy).
+- across runs: median `perf/step_seconds` of a cell / that of `off` in the same repeat, the median over repeats
+  (includes everything the recording changes, but runs differ in episode lengths as their policies drift apart:
+  noisy).
 
 Size: bytes of data.bin + index.jsonl per step and per recorded trajectory.
-Results: benchmarks/results/trajectory_log_bench.{json,md}.
+Results: benchmarks/results/trajectory_log_bench.{json,md}, on benchmarks/harness (`plan`: cells rotated per
+repeat; `Runner`: each finished run a line of WORK/steps<N>/runs.jsonl, a rerun resumes; its statistics,
+provenance and writer); `--from-results FILE` rewrites them from a results file alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results"
+from bench_paths import ROOT
+
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, results_dir, rewrite, write
+from benchmarks.harness.runner import Job, Runner, plan
+from benchmarks.harness.stats import median_speedup
+
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 WARM = ROOT / "runs" / "tiny_tir" / "sft"
 WORK = ROOT / "runs" / "trajectory_log_bench"
@@ -93,14 +98,14 @@ def summarise(runs: list[dict[str, object]]) -> dict[str, dict[str, float]]:
     by: dict[str, list[dict[str, object]]] = {}
     for r in runs:
         by.setdefault(str(r["cell"]), []).append(r)
-    base = statistics.median(float(r["step_seconds_median"]) for r in by["off"])  # type: ignore[arg-type]
+    off = {int(r["repeat"]): float(r["step_seconds_median"]) for r in by["off"]}  # type: ignore[arg-type]
     out = {}
     for name, rs in by.items():
-        med = statistics.median(float(r["step_seconds_median"]) for r in rs)  # type: ignore[arg-type]
+        mine = {int(r["repeat"]): float(r["step_seconds_median"]) for r in rs}  # type: ignore[arg-type]
         s: dict[str, float] = {
             "runs": len(rs),
-            "step_seconds_median": med,
-            "step_time_vs_off": med / base,
+            "step_seconds_median": statistics.median(mine.values()),
+            "step_time_vs_off": median_speedup(mine, off)[0],  # the median of the per-repeat ratios
             "log_fraction_of_step_mean": statistics.mean(float(r["log_fraction_of_step"]) for r in rs),  # type: ignore[arg-type]
             "log_fraction_of_step_max": max(float(r["log_fraction_of_step"]) for r in rs),  # type: ignore[arg-type]
             "log_seconds_max": max(float(r["log_seconds_max"]) for r in rs),  # type: ignore[arg-type]
@@ -118,22 +123,15 @@ def summarise(runs: list[dict[str, object]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def write(
-    runs: list[dict[str, object]], summary: dict[str, dict[str, float]], args: argparse.Namespace
-) -> None:
-    meta = {
-        "command": f"benchmarks/trajectory_log_bench.py --steps {args.steps} --repeats {args.repeats}",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_average_at_end": list(os.getloadavg()),  # other jobs on the machine make s/step noisy
-    }
-    (OUT / "trajectory_log_bench.json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=2)
-    )
+def markdown(d: dict) -> str:
+    """The results page from the JSON alone."""
+    meta, summary = d["meta"], d["summary"]
+    when = f"{meta['command']}` on {meta['machine']}, {meta['date']}" if "machine" in meta else (
+        f"{meta['command']}`, {describe(meta)}")  # before the harness: its own machine line  # fmt: skip
     lines = [
         "# Trajectory log: cost on the main job's step time, size per step",
         "",
-        f"`{meta['command']}` on {meta['machine']}, {meta['date']}. Main job RL stage (recipes/tiny_tir.yaml,",
+        f"`{when}. Main job RL stage (recipes/tiny_tir.yaml,",
         "8 prompts x 8 samples per step, k=2, VCPO), eval and checkpoints off; cells interleaved.",
         "",
         "| cell | runs | median s/step | vs off | log time / step time (same run) | max log s | recorded traj./step | bytes/step (compressed) | raw bytes/step | bytes/traj. |",
@@ -155,38 +153,43 @@ def write(
     lines += [
         "",
         "Read the in-run fraction: it times the recording itself inside the step it is part of. The across-run",
-        "ratio also carries run-to-run noise (async timing and episode lengths differ between runs).",
-        f"Load average at the end (1/5/15 min): {', '.join(f'{x:.1f}' for x in meta['load_average_at_end'])}.",
+        "ratio (the median over repeats of a cell's median s/step over off's in the same repeat) also carries",
+        "run-to-run noise (async timing and episode lengths differ between runs).",
     ]
-    (OUT / "trajectory_log_bench.md").write_text("\n".join(lines) + "\n")
+    if "load_average_at_end" in meta:
+        lines.append(
+            f"Load average at the end (1/5/15 min): {', '.join(f'{x:.1f}' for x in meta['load_average_at_end'])}."
+        )
+    return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
-    args = p.parse_args()
+    results_args(p, "trajectory_log_bench")
+    args = p.parse_args(argv)
+    if rewrite(args, "trajectory_log_bench", markdown, lambda d: {"summary": summarise(d["runs"])}):
+        return 0
     if not (WARM / "config.json").is_file():
         print(
             f"{WARM} not found: run `make run` (or python -m examples.tiny_tir) first for the warm start",
             file=sys.stderr,
         )
         return 2
-    WORK.mkdir(parents=True, exist_ok=True)
-    runs = []
-    names = list(CELLS)
-    for rep in range(args.repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            log(f"repeat {rep}: {name}")
-            runs.append(run_cell(name, rep, args.steps))
-            r = runs[-1]
-            log(
-                f"  median {r['step_seconds_median']:.3f} s/step, log {100 * float(r['log_fraction_of_step']):.2f}% of step time"
-            )  # type: ignore[arg-type]
-    summary = summarise(runs)
-    write(runs, summary, args)
-    print((OUT / "trajectory_log_bench.md").read_text())
+    prov = Provenance()
+
+    def run(job: Job) -> dict:
+        r = run_cell(job.cell, job.seed, args.steps)
+        log(f"  median {r['step_seconds_median']:.3f} s/step, log {100 * float(r['log_fraction_of_step']):.2f}% of step time")  # type: ignore[arg-type]  # fmt: skip
+        return r
+
+    records = Runner(WORK / f"steps{args.steps}").run(plan(list(CELLS), range(args.repeats)), run).records
+    runs = [{k: v for k, v in r.items() if k != "seed"} for r in records]
+    out = results_dir(args.out, scratch=False, name="trajectory_log_bench")
+    write(
+        "trajectory_log_bench", {"meta": prov.meta(), "summary": summarise(runs), "runs": runs}, out, markdown
+    )
     return 0
 
 

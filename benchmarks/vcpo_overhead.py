@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of, opob_baseline
 from vcpo.advantages import group_stats
 
-OUT = Path(__file__).resolve().parent / "results"
 GROUPS, PER_GROUP, PROMPT, MIN_RESP, MAX_RESP = 8, 8, 32, 160, 288
 
 CONFIGS = {
@@ -164,7 +162,45 @@ def proxy_vs_exact(model: torch.nn.Module, batch: PolicyBatch, truncation: float
     }
 
 
-def main() -> None:
+def summarise(times: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict:
+    """Medians and minima over rounds; each step's ratio to GRPO as the median of the per-round ratios (the rounds
+    are interleaved, so a round's three steps share the machine's state), and as the ratio of the minima (the least
+    disturbed samples)."""
+
+    def per_round(xs: dict[str, list[float]]) -> dict[str, float | None]:
+        return {k: median_speedup(dict(enumerate(v)), dict(enumerate(xs["grpo"])))[0] for k, v in xs.items()}
+
+    med = {k: spread(v)["median"] for k, v in times.items()}
+    best = {k: min(v) for k, v in times.items()}
+    return {"median_s": med, "min_s": best, "ratio_median_vs_grpo": per_round(times),
+            "ratio_min_vs_grpo": {k: best[k] / best["grpo"] for k in best},
+            "cpu_median_s": {k: spread(v)["median"] for k, v in cpu.items()},
+            "cpu_ratio_median_vs_grpo": per_round(cpu)}  # fmt: skip
+
+
+def markdown(r: dict) -> str:
+    """The results page from the JSON alone."""
+    when = f"`{r['command']}` on {r['machine']}" if "meta" not in r else (
+        f"`{r['meta']['command']}`, {describe(r['meta'])}, {r['threads']} torch thread(s)")  # fmt: skip
+    rows = [[k, f"{r['median_s'][k]:.3f}", f"{r['min_s'][k]:.3f}", f"{r['ratio_median_vs_grpo'][k]:.2f}x",
+             f"{r['ratio_min_vs_grpo'][k]:.2f}x", f"{r['cpu_median_s'][k]:.3f}",
+             f"{r['cpu_ratio_median_vs_grpo'][k]:.2f}x"] for k in CONFIGS]  # fmt: skip
+    head = ["step", "wall median s", "wall min s", "ratio (median of per-round)", "ratio (min)", "cpu median s",
+            "cpu ratio (median of per-round)"]  # fmt: skip
+    quality = [[k, f"{v:.3f}"] for k, v in r["opob_proxy_vs_exact"].items()]
+    lines = [
+        "# vcpo overhead",
+        "",
+        when,
+        "",
+        *table(head, rows),
+        "",
+        *table(["OPOB proxy vs exact", "value"], quality),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
@@ -173,7 +209,11 @@ def main() -> None:
     ap.add_argument(
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
-    args = ap.parse_args()
+    results_args(ap, "vcpo_overhead")
+    args = ap.parse_args(argv)
+    if rewrite(args, "vcpo_overhead", markdown, lambda r: summarise(r["seconds"], r["cpu_seconds"])):
+        return
+    prov = Provenance()
     torch.set_num_threads(args.threads)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     model = build_model()
@@ -181,15 +221,11 @@ def main() -> None:
     log(f"batch: {batch.size} trajectories, {int(batch.attention_mask.sum())} tokens, "
         f"{int(batch.loss_mask.sum())} loss tokens, width {batch.input_ids.shape[1]}")  # fmt: skip
     times, cpu = time_steps(model, batch, args.repeats)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    best = {k: min(v) for k, v in times.items()}
-    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     log("proxy vs exact OPOB baseline")
     quality = proxy_vs_exact(model, batch)
     result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": f"{platform.machine()} {platform.processor()}, {torch.get_num_threads()} torch thread(s), "
-        f"load average {os.getloadavg()[0]:.1f} at the end (2 cores shared with other jobs)",
+        "meta": prov.meta(),
+        "threads": torch.get_num_threads(),
         "batch": {
             "trajectories": batch.size,
             "tokens": int(batch.attention_mask.sum()),
@@ -197,32 +233,11 @@ def main() -> None:
             "groups": GROUPS,
         },  # fmt: skip
         "seconds": times,
-        "median_s": med,
-        "min_s": best,
-        "ratio_median_vs_grpo": {k: med[k] / med["grpo"] for k in med},
-        "ratio_min_vs_grpo": {k: best[k] / best["grpo"] for k in best},
         "cpu_seconds": cpu,
-        "cpu_median_s": cpu_med,
-        "cpu_ratio_median_vs_grpo": {k: cpu_med[k] / cpu_med["grpo"] for k in cpu_med},
+        **summarise(times, cpu),
         "opob_proxy_vs_exact": quality,
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "vcpo_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    rows = [
-        "| step | wall median s | wall min s | ratio (median) | ratio (min) | cpu median s | cpu ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for k in CONFIGS:
-        rows.append(f"| {k} | {med[k]:.3f} | {best[k]:.3f} | {result['ratio_median_vs_grpo'][k]:.2f}x "
-                    f"| {result['ratio_min_vs_grpo'][k]:.2f}x | {cpu_med[k]:.3f} "
-                    f"| {result['cpu_ratio_median_vs_grpo'][k]:.2f}x |")  # fmt: skip
-    rows += ["", "| OPOB proxy vs exact | value |", "|---|---|"]
-    rows += [f"| {k} | {v:.3f} |" for k, v in quality.items()]
-    (OUT / "vcpo_overhead.md").write_text(
-        f"# vcpo overhead\n\n`{result['command']}` on {result['machine']}\n\n" + "\n".join(rows) + "\n"
-    )
-    print("\n".join(rows))
-    log(f"wrote {OUT / 'vcpo_overhead.json'} and .md")
+    write("vcpo_overhead", result, results_dir(args.out, scratch=False, name="vcpo_overhead"), markdown)
 
 
 if __name__ == "__main__":

@@ -36,17 +36,6 @@ def _via_path(module: str, function: str, name: str) -> Callable[[Path], str]:
     return render
 
 
-def _reliability(tmp: Path) -> str:
-    import reliability
-
-    before, reliability.RESULTS = reliability.RESULTS, tmp
-    try:
-        reliability.write_markdown(_load("reliability.json"))
-    finally:
-        reliability.RESULTS = before
-    return (tmp / "reliability.md").read_text()
-
-
 def _level_b_fair(tmp: Path) -> str:
     from benchmarks.stress import level_b_fair_report
 
@@ -62,9 +51,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     ),
     "vs_trl_quick.md": lambda tmp: __import__("vs_trl_report").markdown(_load("vs_trl_quick.json")),
     "orchestration.md": lambda tmp: __import__("orchestration")._markdown(_load("orchestration.json")),
-    "sandbox_bench.md": _via_path("sandbox_bench", "write_markdown", "sandbox_bench.json"),
+    "sandbox_bench.md": lambda tmp: __import__("sandbox_bench").markdown(_load("sandbox_bench.json")),
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
-    "reliability.md": _reliability,
+    "reliability.md": lambda tmp: __import__("reliability").markdown(_load("reliability.json")),
     "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
     "moe_replay.md": lambda tmp: __import__("moe_replay").markdown(_load("moe_replay.json")),
     "stress/level_b_fair.md": _level_b_fair,

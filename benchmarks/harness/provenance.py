@@ -101,3 +101,12 @@ class Provenance:
             "elapsed_s": round((dt.datetime.now(dt.UTC) - self.started).total_seconds(), 1),
             "versions": versions(),
         }
+
+
+def describe(meta: dict) -> str:
+    """The provenance block in one line for a results page: '2026-12-06 10:00 UTC, commit abc1234, AMD EPYC ... (2
+    cores), load 0.4 before / 1.2 after'."""
+    date = meta["date"].replace("T", " ").replace("+00:00", " UTC")
+    cpu = meta["cpu"]
+    return (f"{date}, commit {meta['commit']}, {cpu['model']} ({cpu['cores']} cores), "
+            f"load {meta['load_before'][0]:.1f} before / {meta['load_after'][0]:.1f} after")  # fmt: skip

@@ -9,6 +9,7 @@ over committed results.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,3 +51,25 @@ def write(name: str, data: dict, out: Path, render: Callable[[dict], str], quiet
     if not quiet:
         print(text)
     return path
+
+
+def results_args(parser: argparse.ArgumentParser, name: str) -> None:
+    """The two options of every benchmark on the harness: `--out DIR` and `--from-results FILE`."""
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    parser.add_argument("--from-results", type=Path, default=None,
+                        help=f"run nothing: rewrite {name}.{{json,md}} (into --out) from this results file alone")  # fmt: skip
+
+
+def rewrite(
+    args: argparse.Namespace,
+    name: str,
+    render: Callable[[dict], str],
+    summarise: Callable[[dict], dict] = lambda d: {},
+) -> bool:
+    """With `--from-results FILE`: NAME.{json,md} rewritten into `--out` from that file alone (its figures recomputed
+    from the runs it keeps by `summarise(data) -> the keys it replaces`), and True; without it, False."""
+    if args.from_results is None:
+        return False
+    data = json.loads(Path(args.from_results).read_text())
+    write(name, data | summarise(data), results_dir(args.out, scratch=False, name=name), render)
+    return True

@@ -493,8 +493,10 @@ def run_all(
     """Every missing run of PARTS, `jobs` at a time, re-planning after each finishes (a method's held-out runs
     start as soon as its selection is complete); the report is rewritten after every `jobs` runs. Once SIGUSR1
     came (_DRAINING) or time.monotonic() passed stop_starting_at, no run starts; the ones training finish."""
+    from benchmarks.harness.provenance import Provenance
     from benchmarks.stress.k_sweep_report import write
 
+    prov = Provenance()  # this invocation's: a sweep resumed over several has the last one's
     warm = runner.warm_start
     check_same_warm_start(read_cells(runner.runs, out, warm), warm, runner.warm, out)
     started: set[str] = set()
@@ -532,8 +534,8 @@ def run_all(
                     flush=True,
                 )
                 if done % jobs == 0:
-                    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
-    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm)
+                    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm, meta=prov.meta())
+    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm, meta=prov.meta())
     missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm))]
     print(
         f"k_sweep: {len(missing)} runs missing"
@@ -609,7 +611,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     from benchmarks.stress.k_sweep_report import write
 
-    write(read_cells(args.runs, args.out, warm), args.out, warm=warm)
+    kept = (
+        json.loads(args.out.read_text()).get("meta") if args.out.is_file() else None
+    )  # the runs' provenance
+    write(read_cells(args.runs, args.out, warm), args.out, warm=warm, meta=kept)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ otherwise; the lags where VCPO is behind come first. The sentences are built fro
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
+from benchmarks.harness.report import write as write_results
 from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, MeanSE, difference, mean_se, pm
 from benchmarks.stress import k_sweep as ks
 from benchmarks.stress.level_b_fair import LABEL
@@ -421,10 +421,15 @@ def markdown(report: dict) -> str:
 
 
 def write(
-    cells: dict[tuple, ks.Cell], out: Path, quiet: bool = False, warm: ks.WarmStart | None = None
+    cells: dict[tuple, ks.Cell],
+    out: Path,
+    quiet: bool = False,
+    warm: ks.WarmStart | None = None,
+    meta: dict | None = None,
 ) -> dict:
     """k_sweep.{json,md,png} beside `out` from every finished cell (warm: the sweep's warm start, for its numbers
-    before any run has finished)."""
+    before any run has finished; meta: the provenance block of benchmarks/harness, `run`'s own or, for `report`,
+    the one the file already had)."""
     accs = {c.warm for c in cells.values()}
     shas = {c.warm_sha256 for c in cells.values()} - {None}
     if len(accs) > 1 or len(shas) > 1:
@@ -454,13 +459,10 @@ def write(
         "missing": {part: [p.name for p in runs] for part, runs in todo.items()},
         "missing_heldout": missing_heldout(todo["heldout"]),
     }  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = markdown(report)
-    out.with_suffix(".md").write_text(text)
+    if meta is not None:
+        report["meta"] = meta
+    write_results(out.stem, report, out.parent, markdown, quiet)
     _plot(report, out.with_suffix(".png"))
-    if not quiet:
-        print(text)
     return report
 
 

@@ -8,9 +8,9 @@ chosen lr: that pick is made on the held-out seeds themselves, which favours the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from benchmarks.harness.report import write as write_results
 from benchmarks.harness.stats import Gap, MeanSE, mean_se, pm
 from benchmarks.harness.stats import difference as harness_difference
 from benchmarks.stress.level_b_fair import (
@@ -254,12 +254,8 @@ def write(cells: dict[tuple, Cell], out: Path) -> dict:
         part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "fill", "ablate")
     }
     report["missing"] = missing
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = markdown(report, missing)
-    out.with_suffix(".md").write_text(text)
+    write_results(out.stem, report, out.parent, lambda r: markdown(r, r["missing"]))
     _plot(report, out.with_suffix(".png"))
-    print(text)
     return report
 
 

@@ -20,7 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.harness.stats import Gap, MeanSE, difference
+from benchmarks.harness.report import write
+from benchmarks.harness.stats import Gap, MeanSE, difference, mean_se
 from benchmarks.stress import final_eval
 
 WARM_START = 0.25  # held-out accuracy of runs/tiny_tir/sft, the runs' starting point
@@ -103,10 +104,6 @@ def _cells(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
     return cells
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def _final(runs: list[dict]) -> list[float]:
     return [final_accuracy(r) for r in runs]
 
@@ -135,9 +132,9 @@ def comparison(runs: list[dict]) -> dict:
             )
             if not rs:
                 continue
-            mean, std = _mean_std(_final(rs))
+            m = mean_se(_final(rs))
             row[k] = {
-                "seeds": len(rs), "mean": mean, "std": std, "collapsed": sum(f < WARM_START for f in _final(rs)),
+                "seeds": len(rs), "mean": m.mean, "std": m.std or 0.0, "collapsed": sum(f < WARM_START for f in _final(rs)),
                 "same_as_plain": (method, k) not in cells, "lagged_finals": _lagged(rs),
             }  # fmt: skip
         table[method] = row
@@ -253,11 +250,7 @@ def main(runs_dir: str, out: str) -> None:
     earlier = [r for r in read_series(out_path.with_name("runs_b.jsonl.gz")) if r["name"] not in names]
     runs = sorted(fresh + earlier, key=lambda r: r["name"])
     write_series(runs, out_path.with_name("runs_b.jsonl.gz"))
-    cmp = comparison(runs)
-    out_path.with_suffix(".json").write_text(json.dumps(cmp, indent=1))
-    text = markdown(cmp, len(runs))
-    out_path.write_text(text)
-    print(text)
+    write(out_path.stem, comparison(runs), out_path.parent, lambda cmp: markdown(cmp, len(runs)))
     png = out_path.with_suffix(".png")
     _plot(_cells(runs), png)
     print(f"curves: {png}; per-step series: {out_path.with_name('runs_b.jsonl.gz')}")

@@ -87,3 +87,37 @@ def test_the_level_b_report_is_what_its_packed_runs_give(tmp_path: Path) -> None
     level_b_report.main(str(_no_runs(tmp_path)), str(tmp_path / "level_b_stabilisers.md"))
     for name in ("level_b_stabilisers.json", "level_b_stabilisers.md"):
         assert (tmp_path / name).read_text() == (src / name).read_text(), name
+
+
+def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -> None:
+    """summary.{json,md} of the staleness grid (level a) from runs.jsonl.gz (every run, packed) and the step-time
+    file beside it, by `python -m benchmarks.stress.grid --report-only`."""
+    import shutil
+
+    from benchmarks.stress import grid
+
+    src = RESULTS / "stress"
+    for name in ("runs.jsonl.gz", "steptime.json"):
+        shutil.copy(src / name, tmp_path / name)
+    assert grid.main(["--report-only", "--out", str(tmp_path)]) == 0
+    for name in ("summary.json", "summary.md"):
+        assert (tmp_path / name).read_text() == (src / name).read_text(), name
+
+
+BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step_opob", "moe_replay", "orchestration",
+              "env_bench", "constrained_is", "mismatch"]  # fmt: skip
+MODULE = {"learner_step_opob": "learner_step"}  # a results file named otherwise than its benchmark
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
+    """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
+    (the summaries of topology, trajectory_log_bench, vcpo_overhead and learner_step_opob are recomputed from their
+    runs; moe_replay's, orchestration's, env_bench's and mismatch's are kept, constrained_is's page is computed from its
+    per-seed rows; each page is rendered from the JSON)."""
+    module = __import__(MODULE.get(name, name))
+    module.main(["--from-results", str(RESULTS / f"{name}.json"), "--out", str(tmp_path)])
+    assert json.loads((tmp_path / f"{name}.json").read_text()) == json.loads(
+        (RESULTS / f"{name}.json").read_text()
+    )
+    assert (tmp_path / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
