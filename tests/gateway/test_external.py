@@ -87,7 +87,7 @@ group_size: 2
             ],
         )
         run_dir = train(recipe)
-        try:  # it stops by itself when the run's gateway goes away
+        try:  # it stops by itself when the run ends (its waiting claim is answered 410, or the port closes)
             rc = agent.wait(timeout=60)
         except subprocess.TimeoutExpired:
             # its KeyboardInterrupt traceback (stderr, below) says where it hung; this process's threads (the
