@@ -2,8 +2,8 @@
 
     listener = Listener(runner.server)          # aiohttp's protocol factory (web.AppRunner after setup())
     port = listener.start(host, port)           # bound and accepting
-    await listener.close()                      # not accepting; every connection it accepted is attached
-    listener.abort()                            # and, after aiohttp's graceful shutdown, none is left open
+    await listener.close()                      # not accepting; every connection it accepted is attached,
+    await runner.cleanup()                      # so aiohttp's graceful shutdown answers or closes every one
 
 Why not aiohttp's TCPSite (`loop.create_server`): CPython's asyncio.Server has a race between accepting and
 `close()` (gh-109564, open for 3.11-3.13). A connection accepted in the loop step before `Server.close()` is
@@ -14,7 +14,8 @@ answer that never comes: the external agent of tests/gateway/test_external.py hu
 `POST /sessions/{id}/close`, sent the instant the run's shutdown failed its last chat call, just as the gateway
 closed (tests/gateway/test_external_shutdown.py reproduces the step). Here the accept is ours: each accepted
 socket is attached with `loop.connect_accepted_socket` (no Server, so no `_attach`), and `close()` first stops
-accepting, then waits for the sockets already accepted to be attached, so aiohttp's shutdown sees every one.
+accepting, then waits for the sockets already accepted to be attached, so aiohttp's shutdown sees every one (an
+attach cancelled by the run's loop closing closes its socket: connect_accepted_socket's own failure path).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import weakref
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,6 @@ class Listener:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._attaching: set[asyncio.Task] = set()  # accepted sockets on their way to a transport
-        self._transports: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
         self._closed = False
 
     def start(self, host: str, port: int, backlog: int = 128) -> int:
@@ -83,11 +82,10 @@ class Listener:
     async def _attach(self, conn: socket.socket) -> None:
         assert self._loop is not None
         try:
-            transport, _ = await self._loop.connect_accepted_socket(self._factory, conn)
+            await self._loop.connect_accepted_socket(self._factory, conn)
         except BaseException:
             conn.close()
             raise
-        self._transports.add(transport)
 
     async def close(self) -> None:
         """Stop accepting (a connection not yet accepted is refused) and wait until every connection accepted
@@ -99,9 +97,3 @@ class Listener:
             self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
         await asyncio.gather(*self._attaching, return_exceptions=True)
-
-    def abort(self) -> None:
-        """Close every connection this listener accepted that is still open (call after the server's shutdown)."""
-        for t in list(self._transports):
-            if not t.is_closing():
-                t.abort()

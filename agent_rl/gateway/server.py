@@ -122,7 +122,7 @@ class Gateway:
 
     async def close(self) -> None:
         """The run is over: claims waiting for a task are answered 410 (external agents stop), the port closes,
-        requests in progress get their answers, and no connection this gateway accepted is left open."""
+        requests in progress get their answers, and no connection this gateway accepted is left open (listener.py)."""
         self.board.close()
         if self._transport is not None:
             await self._transport.close()
@@ -131,9 +131,7 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._listener is not None:
-            self._listener.abort()
-            self._listener = None
+        self._listener = None
 
     async def ensure_started(self) -> str:
         """The HTTP server's URL, started now if it is not yet (once, however many callers ask at once)."""
