@@ -40,7 +40,8 @@ class Listener:
         self._closed = False
 
     def start(self, host: str, port: int, backlog: int = 128) -> int:
-        """Bind `host:port` (0: any free port) and accept on the running loop; the port bound."""
+        """Bind `host:port` (0: any free port) and accept on the running loop; the port bound. A host name binds
+        the first address it resolves to (clients connecting by that name try each of its addresses in turn)."""
         family, kind, proto, _, addr = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
