@@ -88,6 +88,10 @@ class CloseBody(_Body):
         return self
 
 
+class RunOver(RuntimeError):
+    """The gateway is closing with its run: no task will be handed out any more (410 to a claim)."""
+
+
 class ExternalAgentError(RuntimeError):
     """The external agent reported an error, or did not claim and close its task in time."""
 
@@ -107,6 +111,13 @@ class Board:
     pending: deque[Claim] = field(default_factory=deque)
     by_sid: dict[str, Claim] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0  # claims parked until a task comes
+    closed: bool = False  # the run is over: every claim, waiting or new, is answered 410
+
+    def close(self) -> None:
+        """The run ended: wake every waiting claim (each answers 410, and the agent stops) and refuse new ones."""
+        self.closed = True
+        self.wake.set()
 
     async def run(self, env: Any, sid: str, timeout_s: float, should_stop: Callable[[], bool]) -> Any:
         """Post the env's task, wait for its session to be closed; the episode's outcome (envs.agent.AgentOutcome)."""
@@ -142,9 +153,12 @@ class Board:
         return AgentOutcome(await env.score(body.answer), body.answer)
 
     async def claim(self, wait_s: float) -> Claim | None:
+        """The next pending task, waiting up to `wait_s` for one; None if none came. Raises RunOver once closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
+            if self.closed:
+                raise RunOver("the training run has ended: there are no more tasks to claim")
             while self.pending:
                 item = self.pending.popleft()
                 if item.sid in self.by_sid:  # not abandoned meanwhile
@@ -154,10 +168,13 @@ class Board:
             if left <= 0:
                 return None
             self.wake.clear()
+            self.waiting += 1
             try:
                 await asyncio.wait_for(self.wake.wait(), left)
             except TimeoutError:
                 return None
+            finally:
+                self.waiting -= 1
 
 
 # -- routes -------------------------------------------------------------------------------
@@ -174,7 +191,10 @@ def add_session_routes(app: web.Application, key: web.AppKey) -> None:
     async def claim(request: web.Request) -> web.Response:
         gw = request.app[key]
         body = await parse(request, ClaimBody)
-        item = await gw.board.claim(min(body.wait_s, 60.0))
+        try:
+            item = await gw.board.claim(min(body.wait_s, 60.0))
+        except RunOver as e:  # the agent's cue to stop (examples/external_agent exits 0 on it)
+            return error(410, str(e), param=None, code="run_ended")
         if item is None:
             return web.Response(status=204)
         task = {"id": item.task.id, "problem": item.task.problem, "numbers": list(item.task.numbers)}

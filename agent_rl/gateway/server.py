@@ -41,6 +41,7 @@ from agent_rl.engines.api import BadRequest, EngineAuthFailed, EngineClient, Sam
 from agent_rl.engines.protocol import stop_tuple
 from agent_rl.gateway.access import Access, middleware
 from agent_rl.gateway.inprocess import InProcessTransport, session_client
+from agent_rl.gateway.listener import Listener
 from agent_rl.gateway.prompt import Answered, PromptBuilder
 from agent_rl.gateway.record import Call, EngineFailed, SessionLimits, SessionOver
 from agent_rl.gateway.routes import GATEWAY, add_routes
@@ -97,6 +98,7 @@ class Gateway:
         self.engine_retries = 0
         self.warned_masked = False  # logged once: constrained calls fell back to masked log-probs
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._transport: Any = None  # inprocess.InProcessTransport, made by the first client()
         self._starting: asyncio.Lock | None = None
 
@@ -113,17 +115,23 @@ class Gateway:
         add_session_routes(app, GATEWAY)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.url = f"http://{self.host}:{self._runner.addresses[0][1]}"
+        assert self._runner.server is not None
+        self._listener = Listener(self._runner.server)  # not TCPSite: see listener.py (CPython gh-109564)
+        self.url = f"http://{self.host}:{self._listener.start(self.host, self.port)}"
         return self.url
 
     async def close(self) -> None:
+        """The run is over: claims waiting for a task are answered 410 (external agents stop), the port closes,
+        requests in progress get their answers, and no connection this gateway accepted is left open (listener.py)."""
+        self.board.close()
         if self._transport is not None:
             await self._transport.close()
+        if self._listener is not None:
+            await self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._listener = None
 
     async def ensure_started(self) -> str:
         """The HTTP server's URL, started now if it is not yet (once, however many callers ask at once)."""

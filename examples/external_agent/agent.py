@@ -6,8 +6,8 @@ It claims a task from the training run's gateway (`POST /tasks/claim`), answers 
 OpenAI function-calling loop against the session's `base_url` (a `python` tool it runs itself, in a
 subprocess with a time limit), and closes the session with its final answer, which the run scores and
 trains on. It only needs `openai` and the standard library: the same loop works from any language.
-Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the gateway goes away
-(the run ended). It claims with the external agents' key ($AGENT_RL_EXTERNAL_AGENT_KEY, the value `agent-rl
+Started before the run, it waits for the gateway to come up (`--wait-s`); it stops when the run ends: the
+gateway answers its waiting claim 410 as it closes (or, failing that, stops answering). It claims with the external agents' key ($AGENT_RL_EXTERNAL_AGENT_KEY, the value `agent-rl
 train` was started with; never the run's own key) as `Authorization: Bearer`; each claim answers the session's
 `api_key`, a token for that session alone, which its OpenAI client and its close send.
 """
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             claim = post(args.gateway + "/tasks/claim", {"wait_s": 5}, timeout_s=5 + 30)
         except urllib.error.HTTPError as e:  # a server answered, with no task
-            if seen:
-                return 0  # the run is shutting down
+            if e.code == 410 or seen:  # 410: the run has ended (its gateway says so as it closes)
+                return 0
             print(f"{args.gateway}/tasks/claim: {e}: is this a training run's gateway?", file=sys.stderr)
             return 1
         except (urllib.error.URLError, OSError) as e:  # refused, reset, or silent past the timeout

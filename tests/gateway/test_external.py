@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_external_agent_process_is_trained_with_the_versions_it_sampled(tool_model, tmp_path, monkeypatch):
+# what an agent holds: the external agents' key, and each claim's session token (`sess-` + 43 characters)
+EXTERNAL = "external-key-" + "x" * 32
+AGENT_KEYS = re.compile(rb"sess-[A-Za-z0-9_-]{40,}|" + re.escape(EXTERNAL.encode()))
+
+
+def test_an_external_agent_process_is_trained_with_the_versions_it_sampled(
+    tool_model, tmp_path, monkeypatch, capfd
+):
     from agent_rl.config import load_recipe
     from agent_rl.trainer import train
     from agent_rl.viewer.log import read_index, read_step
@@ -56,7 +64,7 @@ group_size: 2
     log = tmp_path / "agent.jsonl"
     # an external env's agents claim with a key of their own, never the run's: the user sets it for the run and
     # gives it to the agents; each claim answers that task's session token
-    monkeypatch.setenv("AGENT_RL_EXTERNAL_AGENT_KEY", "external-key-" + "x" * 32)
+    monkeypatch.setenv("AGENT_RL_EXTERNAL_AGENT_KEY", EXTERNAL)
     agent = subprocess.Popen(
         [
             sys.executable,
@@ -87,7 +95,7 @@ group_size: 2
             ],
         )
         run_dir = train(recipe)
-        try:  # it stops by itself when the run's gateway goes away
+        try:  # it stops by itself when the run ends (its waiting claim is answered 410, or the port closes)
             rc = agent.wait(timeout=60)
         except subprocess.TimeoutExpired:
             # its KeyboardInterrupt traceback (stderr, below) says where it hung; this process's threads (the
@@ -116,6 +124,13 @@ group_size: 2
             assert versions and summary.step - 1 <= min(versions) and max(versions) <= summary.step
             trained += 1
     assert trained == 3 * 2
+    # no agent's key reaches the run's files (trajectories, metrics, logs) or what the run printed. Mutant: the
+    # claim route printing the claim it answers (its token) fails here
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            assert not AGENT_KEYS.search(f.read_bytes()), f"an agent's key in {f}"
+    out, err = capfd.readouterr()
+    assert not AGENT_KEYS.search((out + err).encode()), "an agent's key in the run's output"
 
 
 def test_agent_rl_gateway_serves_sessions_opened_over_http_with_sampling_and_budgets(tool_model, tmp_path):
