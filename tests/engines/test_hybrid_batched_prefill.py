@@ -60,9 +60,9 @@ def test_prompts_prefilled_together_each_equal_their_sequence_alone(hybrid_dir) 
     for i, (rid, p) in enumerate(prompts.items()):
         add(rid, p, 10 + i)
     sched.step()
-    assert {r.rid for r in sched.running} == set(prompts) and all(len(r.tokens) == 1 for r in sched.running), (
-        "the four prompts were not prefilled in one forward"
-    )
+    assert {r.rid for r in sched.running} == set(prompts) and all(
+        len(r.tokens) == 1 for r in sched.running
+    ), "the four prompts were not prefilled in one forward"
     while sched.has_work():
         sched.step()
     assert done["turn2"].cached_tokens == len(FIRST) + len(done["turn1"].generation.token_ids) - 1
