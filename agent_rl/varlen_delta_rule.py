@@ -97,9 +97,8 @@ def causal_conv1d_varlen(
         ]
         or [torch.zeros(0, dtype=torch.long)]
     ).to(x.device)
-    gap_at = torch.tensor(
-        [a + i * k1 for i, a in enumerate(bounds[:-1])], dtype=torch.long
-    )  # each gap's start
+    # each document's gap of K-1 starts where its tokens would start without the gaps before it
+    gap_at = torch.tensor([a + i * k1 for i, a in enumerate(bounds[:-1])], dtype=torch.long)
     gap_rows = (gap_at[:, None] + torch.arange(k1)[None, :]).flatten().to(x.device)  # [D·(K-1)]
     buf = x.new_zeros(n + d * k1, c).index_copy(0, where, x)
     if initial is not None and k1 > 0:
