@@ -20,6 +20,18 @@ Ratios packed/padded come from the same invocation. Also reported, computed from
 total, and attention-score elements per head: B·T² padded, S² for the dense block-causal mask
 that local attention uses on CPU, Σ Lᵢ² for THD attention with Transformer Engine on GPUs.
 Writes benchmarks/results/packing.json and .md.
+
+    .venv/bin/python benchmarks/packing.py --hybrid [--hybrid-lengths ...] [--repeats 3]
+
+The hybrid cells (issue 61): the torch learner's forward and backward of the log-probs (`HFLogprobs`) of
+one micro-batch on a small random hybrid model, Qwen3.5-shaped (dense MLPs) and Qwen3-Next-shaped (MoE
+MLPs), three Gated DeltaNet layers to one gated full-attention layer as the real ones. Padded rows
+(`pack=False`: transformers' own layers and torch kernels, what the learner ran for hybrid models before)
+against packed (`pack=True`: one row, agent_rl/learners/packed_linear_attention.py resetting the conv and
+recurrent state at every trajectory). The two modes take turns, repeat after repeat, so a change of the
+shared machine's load hits both; the median is reported, with the load average before and after.
+Also recorded: the largest |packed − padded| log-prob (the same numbers up to rounding). Writes
+benchmarks/results/packing_hybrid.json and .md.
 """
 
 from __future__ import annotations
@@ -135,8 +147,127 @@ def layout_stats(lengths: list[int], par) -> dict:
     }
 
 
+def _hybrid_model(arch: str, hidden: int, vocab: int, max_positions: int):
+    """A random hybrid model: 4 layers, Gated DeltaNet x3 then gated attention (the 3:1 of Qwen3-Next/3.5)."""
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    common = dict(
+        vocab_size=vocab, hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        max_position_embeddings=max_positions, num_hidden_layers=4, intermediate_size=2 * hidden,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=hidden // 4, linear_value_head_dim=hidden // 4, linear_conv_kernel_dim=4,
+        tie_word_embeddings=False, use_cache=False,
+    )  # fmt: skip
+    if arch == "qwen3_next":
+        cfg = Qwen3NextConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=hidden // 2,
+                              shared_expert_intermediate_size=hidden, norm_topk_prob=True)  # fmt: skip
+    else:
+        cfg = Qwen3_5TextConfig(**common)
+    torch.manual_seed(SEED)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).train()
+
+
+def hybrid_cells(lengths: list[int], repeats: int, hidden: int, vocab: int) -> list[dict]:
+    """Per hybrid architecture: padded and packed forward+backward seconds (median over repeats, taking turns)."""
+    import statistics
+
+    from agent_rl.learners.hf_logprobs import HFLogprobs
+
+    b, t = len(lengths), max(lengths)
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(1, vocab, (b, t), generator=g)
+    am = (torch.arange(t)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = ids * am
+    rows = []
+    for arch in ("qwen3_5", "qwen3_next"):
+        model = _hybrid_model(arch, hidden, vocab, t + 16)
+        fns = {"padded": HFLogprobs(model, pack=False), "packed": HFLogprobs(model, pack=True)}
+        assert fns["packed"].pack, "the learner did not pack the hybrid model"
+        times: dict[str, list[float]] = {m: [] for m in fns}
+        cpu: dict[str, list[float]] = {m: [] for m in fns}
+        lps = {}
+        load_before = os.getloadavg()[0]
+        for r in range(repeats + 1):  # the first round warms up
+            for mode, f in fns.items():
+                model.zero_grad(set_to_none=True)
+                t0, c0 = time.perf_counter(), time.process_time()
+                lp = f.logprobs(model, ids, am)
+                (lp * am).sum().backward()
+                if r:
+                    times[mode].append(time.perf_counter() - t0)
+                    cpu[mode].append(time.process_time() - c0)
+                lps[mode] = lp.detach()
+            print(
+                f"    {arch} round {r}: " + ", ".join(f"{m} {v[-1]:.2f} s" for m, v in times.items() if v),
+                flush=True,
+            )
+        real = am.bool()
+        real[:, 0] = False
+        row = {
+            "arch": arch, "params": sum(p.numel() for p in model.parameters()),
+            "max_abs_logprob_packed_vs_padded": float((lps["packed"] - lps["padded"])[real].abs().max()),
+            "load_before": load_before, "load_after": os.getloadavg()[0],
+        }  # fmt: skip
+        for mode, v in times.items():
+            row[f"{mode}_s"] = statistics.median(v)
+            row[f"{mode}_all_s"] = v
+            row[f"{mode}_cpu_s"] = statistics.median(cpu[mode])
+        row["ratio_packed_over_padded"] = row["packed_s"] / row["padded_s"]
+        row["cpu_ratio_packed_over_padded"] = row["packed_cpu_s"] / row["padded_cpu_s"]
+        rows.append(row)
+    return rows
+
+
+def hybrid_main(args) -> None:
+    lengths = (
+        [int(x) for x in args.hybrid_lengths.split(",")]
+        if args.hybrid_lengths
+        else default_lengths(median=64.0, lo=16, hi=256)
+    )
+    real, b, t = sum(lengths), len(lengths), max(lengths)
+    print(f"hybrid cells: lengths {lengths} (sum {real}, padded {b} x {t})", flush=True)
+    rows = hybrid_cells(lengths, args.repeats, args.hybrid_hidden, args.vocab)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "lengths": lengths, "seed": SEED,
+        "repeats": args.repeats, "hidden": args.hybrid_hidden, "vocab": args.vocab,
+        "real_over_padded_tokens": real / (b * t), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "platform": platform.platform(),
+        "command": " ".join(["benchmarks/packing.py", *sys.argv[1:]]),
+    }  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "packing_hybrid.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    lines = [
+        "# Torch learner, hybrid models: packed vs right-padded micro-batch",
+        "",
+        f"`{meta['command']}` ({meta['date']}): {meta['cpus']} threads, torch {meta['torch']}, transformers "
+        f"{meta['transformers']}, {meta['platform']}. Random fp32 models, hidden {meta['hidden']}, 4 layers (Gated "
+        f"DeltaNet x3, gated attention x1), vocab {meta['vocab']}. One forward + backward of the learner's "
+        f"log-probs on {b} trajectories, lengths {lengths} (real / padded tokens {meta['real_over_padded_tokens']:.2f}); "
+        f"median of {meta['repeats']} after a warm-up, padded and packed taking turns; wall seconds and the "
+        "process's CPU seconds (less moved by other processes than the wall clock). Shared machine: the load "
+        "average is recorded per cell; these are not idle-machine figures.",
+        "",
+        "| model | params | padded s | packed s | packed / padded | CPU s padded | CPU s packed | CPU packed / padded "
+        "| max abs log-prob packed vs padded | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['arch']} | {r['params'] / 1e6:.1f}M | {r['padded_s']:.2f} | {r['packed_s']:.2f} | "
+            f"**{r['ratio_packed_over_padded']:.2f}** | {r['padded_cpu_s']:.2f} | {r['packed_cpu_s']:.2f} | "
+            f"**{r['cpu_ratio_packed_over_padded']:.2f}** | {r['max_abs_logprob_packed_vs_padded']:.2e} | "
+            f"{r['load_before']:.1f}-{r['load_after']:.1f} |"
+        )
+    (OUT / "packing_hybrid.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hybrid", action="store_true", help="the torch learner's hybrid-model cells only")
+    ap.add_argument("--hybrid-lengths", default=None, help="comma-separated lengths for --hybrid")
+    ap.add_argument("--hybrid-hidden", type=int, default=128)
     ap.add_argument(
         "--lengths", default=None, help="comma-separated trajectory lengths (default: lognormal octiles)"
     )
@@ -147,6 +278,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.hybrid:
+        return hybrid_main(args)
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else default_lengths()
     if min(lengths) < 2:
         raise SystemExit(f"--lengths: every trajectory needs at least 2 tokens, got {lengths}")

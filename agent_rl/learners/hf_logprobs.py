@@ -5,8 +5,9 @@ run as one row of N = Σ lengths tokens, with position ids restarting at 0 for e
 document boundaries passed as `cu_seq_lens_q/k` (FlashAttention's names): `packed_attention` runs causal
 SDPA one document at a time, flash-attention 2 (where installed and chosen) its variable-length kernel,
 and otherwise transformers builds a block-diagonal mask from the position ids; no token attends across
-trajectories, and no padding is computed. Unpacked, the rows run as they are (right padding needs no
-mask: padding never precedes a real token in a causal LM).
+trajectories, and no padding is computed. Hybrid models' Gated DeltaNet layers read the same bounds and
+start their conv and recurrent state afresh at each (packed_linear_attention.py). Unpacked, the rows run as
+they are (right padding needs no mask: padding never precedes a real token in a causal LM).
 
 The output head never makes [tokens, vocab] fp32 logits: the decoder's last hidden state at the
 positions that predict a token goes through `vcpo.logprobs.linear_logprobs` in chunks. Models whose
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 
 from agent_rl.learners.packed_attention import NAME as PACKED
 from agent_rl.learners.packed_attention import use_packed_attention
+from agent_rl.learners.packed_linear_attention import use_packed_linear_attention
 from vcpo.logprobs import CHUNK_TOKENS, linear_logprobs, logits_logprobs, logits_sum_p2, proxy_sq_norm
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,10 @@ class HFLogprobs:
         head_fp32: bool = False,
     ):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
-        if pack and _linear_attention_cannot_pack(base):
+        if pack and _has_linear_attention(base) and not use_packed_linear_attention(base):
             log.info(
-                "%s: Gated DeltaNet layers keep packed trajectories apart only with flash-linear-attention "
-                "(pip install flash-linear-attention); micro-batches run as padded rows",
+                "%s: a Gated DeltaNet layer of a kind packed_linear_attention.py does not know; micro-batches run "
+                "as padded rows",
                 type(base).__name__,
             )
             pack = False
@@ -138,7 +140,8 @@ class HFLogprobs:
             out = self._run(
                 input_ids=input_ids.flatten()[at.real.to(dev, non_blocking=True)][None],
                 position_ids=at.positions.to(dev, non_blocking=True)[None],
-                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest, **plain,
+                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest, use_cache=False,
+                **plain,
             )  # fmt: skip
         else:
             out = self._run(input_ids=input_ids)
@@ -203,10 +206,6 @@ def _head_is_linear(base: nn.Module, decoder: nn.Module, head: nn.Module | None)
     return bool(torch.equal(want, got))
 
 
-def _linear_attention_cannot_pack(base: nn.Module) -> bool:
-    """A hybrid model (Qwen3-Next / Qwen3.5: linear-attention layers) without flash-linear-attention installed:
-    transformers' torch fallback of the gated delta rule refuses packed sequences."""
-    import importlib.util
-
-    layers = getattr(base.config, "layer_types", None) or ()
-    return "linear_attention" in layers and importlib.util.find_spec("fla") is None
+def _has_linear_attention(base: nn.Module) -> bool:
+    """A hybrid model (Qwen3-Next / Qwen3.5): Gated DeltaNet layers, packed by packed_linear_attention.py."""
+    return "linear_attention" in (getattr(base.config, "layer_types", None) or ())

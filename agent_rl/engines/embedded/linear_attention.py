@@ -15,14 +15,16 @@ conv inputs and the fp32 state S, as transformers' cache holds them. Unlike keys
 the end of what was fed, so a cached slot can serve a new prompt only when the prompt extends the slot's
 tokens exactly (the continuation of a turn or of an aborted request: `usable_prefix` in sparse.py).
 
-The sequence kernels are transformers' own torch implementations (`torch_chunk_gated_delta_rule` for
-prefill, `torch_recurrent_gated_delta_rule` for one-token decode steps), so the engine computes what the
-Hugging Face forward computes; rows of a padded prefill batch get β = 0 and g = 0 past their last real
-token, which leaves their state untouched (the same zero padding the chunked kernel applies itself).
+A prefill packs the rows' real tokens into one sequence, each row a document that starts from its own slot's
+conv inputs and state (zeros for a fresh prompt), and runs agent_rl.varlen_delta_rule's conv and chunked rule
+over it: the kernels the torch learner runs on its packed micro-batches (so a prompt's prefill computes what the
+learner computes for it), no work on padding, and no state crossing from one row into the next. A one-token
+decode step runs transformers' `torch_recurrent_gated_delta_rule`.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -153,44 +155,64 @@ class GatedDeltaNet(nn.Module):
         return qkv, z.reshape(b, s, -1, dv), beta.reshape(b, s, -1), a.reshape(b, s, -1)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, step: Step, cache) -> torch.Tensor:
-        from transformers.models.qwen3_next.modeling_qwen3_next import (
-            torch_chunk_gated_delta_rule,
-            torch_recurrent_gated_delta_rule,
-        )
-
         assert step.positions is not None and step.last is not None
         lin, b, s = self.lin, step.batch, step.seq
         states = cache.linear
         rows = slice(step.start, step.start + b)
         fresh = (step.positions[:, 0] == 0)[:, None, None]  # rows starting a sequence: zero state
         qkv, z, beta, a = self._project(x, b, s)
-        # causal depthwise conv over [the last K-1 inputs | this chunk]
-        prev = states.conv[self.index][rows].masked_fill(fresh, 0)  # [B, C, K-1]
-        seq = torch.cat([prev, qkv.transpose(1, 2)], dim=-1)  # [B, C, K-1+S]
-        mixed = F.silu(F.conv1d(seq.to(self.conv1d.weight.dtype), self.conv1d.weight, groups=lin.conv_dim))
-        mixed = mixed.to(qkv.dtype).transpose(1, 2)  # [B, S, C]
-        k1 = lin.conv_kernel - 1
-        take = (step.last + 1)[:, None] + torch.arange(k1)[None, :]  # the K-1 inputs ending at the last real
-        states.conv[self.index][rows] = seq.gather(2, take[:, None, :].expand(b, lin.conv_dim, k1))
-        q, k, v = mixed.split([lin.key_dim, lin.key_dim, lin.value_dim], dim=-1)
-        q = q.reshape(b, s, lin.num_k_heads, lin.head_k_dim)
-        k = k.reshape(b, s, lin.num_k_heads, lin.head_k_dim)
-        v = v.reshape(b, s, lin.num_v_heads, lin.head_v_dim)
-        real = (torch.arange(s)[None, :] <= step.last[:, None])[:, :, None]  # [B, S, 1]
-        beta = beta.sigmoid() * real
-        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)) * real
-        initial = states.state[self.index][rows].masked_fill(fresh[..., None], 0.0)
-        kernel = torch_recurrent_gated_delta_rule if s == 1 else torch_chunk_gated_delta_rule
-        out, final = kernel(
-            q,
-            k,
-            v,
-            g=g,
-            beta=beta,
-            initial_state=initial,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-        )
-        states.state[self.index][rows] = final
+        conv_prev = states.conv[self.index][rows].masked_fill(fresh, 0)  # [B, C, K-1]
+        state_prev = states.state[self.index][rows].masked_fill(fresh[..., None], 0.0)
+        if s == 1:
+            out = self._decode(qkv, beta, a, conv_prev, state_prev, rows, states)
+        else:
+            out = self._prefill(qkv, beta, a, conv_prev, state_prev, rows, states, step)
         out = self.norm(out.reshape(-1, lin.head_v_dim), z.reshape(-1, lin.head_v_dim))
         return self.out(out.reshape(b * s, lin.value_dim), residual)
+
+    def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return b.sigmoid(), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+
+    def _decode(self, qkv, beta, a, conv_prev, state_prev, rows, states) -> torch.Tensor:
+        """One token per row: the conv over [the last K-1 inputs | this one], the recurrent step."""
+        from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
+        lin, b = self.lin, qkv.shape[0]
+        seq = torch.cat([conv_prev, qkv.transpose(1, 2)], dim=-1)  # [B, C, K]
+        mixed = F.silu(F.conv1d(seq.to(self.conv1d.weight.dtype), self.conv1d.weight, groups=lin.conv_dim))
+        states.conv[self.index][rows] = seq[:, :, 1:]
+        q, k, v = mixed.to(qkv.dtype).transpose(1, 2).split([lin.key_dim, lin.key_dim, lin.value_dim], dim=-1)
+        beta, g = self._gates(beta, a)
+        out, final = torch_recurrent_gated_delta_rule(
+            q.reshape(b, 1, lin.num_k_heads, lin.head_k_dim), k.reshape(b, 1, lin.num_k_heads, lin.head_k_dim),
+            v.reshape(b, 1, lin.num_v_heads, lin.head_v_dim), g=g, beta=beta, initial_state=state_prev,
+            output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        states.state[self.index][rows] = final
+        return out
+
+    def _prefill(self, qkv, beta, a, conv_prev, state_prev, rows, states, step: Step) -> torch.Tensor:
+        """The rows' real tokens packed into one sequence, each row a document starting from its own slot's conv
+        inputs and state (zeros for a fresh one): agent_rl.varlen_delta_rule, the kernels the torch learner runs
+        on its packed micro-batches, so a prompt's prefill computes what the learner computes for it."""
+        from agent_rl.varlen_delta_rule import causal_conv1d_varlen, chunk_gated_delta_rule_varlen
+
+        assert step.last is not None
+        lin, (b, s) = self.lin, qkv.shape[:2]
+        lengths = (step.last + 1).tolist()
+        bounds = tuple(itertools.accumulate(lengths, initial=0))
+        real = torch.cat(
+            [torch.arange(n) + i * s for i, n in enumerate(lengths)]
+        )  # rows' real tokens in [B*S]
+        packed = qkv.reshape(b * s, -1)[real]
+        mixed, last_inputs = causal_conv1d_varlen(packed, self.conv1d.weight[:, 0], bounds, conv_prev)
+        states.conv[self.index][rows] = last_inputs
+        q, k, v = F.silu(mixed).split([lin.key_dim, lin.key_dim, lin.value_dim], dim=-1)
+        beta, g = self._gates(beta.reshape(b * s, -1)[real], a.reshape(b * s, -1)[real])
+        out, final = chunk_gated_delta_rule_varlen(
+            q.reshape(-1, lin.num_k_heads, lin.head_k_dim), k.reshape(-1, lin.num_k_heads, lin.head_k_dim),
+            v.reshape(-1, lin.num_v_heads, lin.head_v_dim), g, beta, bounds, initial_state=state_prev,
+        )  # fmt: skip
+        states.state[self.index][rows] = final
+        # padding positions: zeros (their outputs are never read)
+        return out.new_zeros(b * s, lin.num_v_heads, lin.head_v_dim).index_copy_(0, real, out)
