@@ -113,6 +113,7 @@ class Config:
 
 TRL_THREADS, TRL_MICRO_BATCHES = (1, 2), (1, 2, 4, 8)  # the micro-batches divide the 64 samples of a step
 TRL_LOSSES = ("shipped", "shipped-constant-lr", "closest")  # one cell each (benchmarks/trl_run.py LOSSES)
+LEARNER_MICRO_BATCH = 64  # agent-rl's candidate learner micro-batch: the whole step (8 prompts x 8 samples)
 
 
 def candidates() -> dict[str, list[Config]]:
@@ -123,6 +124,13 @@ def candidates() -> dict[str, list[Config]]:
             Config("agent-rl", "vcpo", k, 1, "inprocess"),
             Config("agent-rl", "vcpo", k, 2, "inprocess"),
             Config("agent-rl", "vcpo", k, None, "processes"),
+            # the learner's micro-batch a whole step (64 trajectories: one pass, and no forward-only pass for
+            # the proxy baseline, which a micro-batch smaller than a group of 8 costs); what is learned changes
+            # by float rounding only (issue 62: the learner's CPU per step -42..45%, benchmarks/vs_trl_profile.py)
+            *(
+                Config("agent-rl", "vcpo", k, t, topo, learner_micro_batch=LEARNER_MICRO_BATCH)
+                for t, topo in ((1, "inprocess"), (2, "inprocess"), (None, "processes"))
+            ),
         ]
         for k in (0, K_ASYNC)
     }
@@ -138,9 +146,8 @@ class Run:
     process_wall_s: float = 0.0
     cpu_s: float | None = 0.0  # None: not recorded
     steps: int | None = None  # None: not recorded (runs saved before resuming existed)
-    cpu_by_role: dict[str, float] | None = (
-        None  # CPU s per role (benchmarks/_core_profile.py); None: not recorded
-    )
+    cpu_by_role: dict[str, float] | None = None  # CPU s per role (_core_profile.py); None: not recorded
+    cpu_per_step: dict[str, float] | None = None  # the same per step over steps 2..N, and "wall" s per step
 
     def save(self) -> None:
         """What only this process saw (start, wall and CPU time) beside the run, so scoring can be redone."""

@@ -198,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    if args.quick:
-        args.steps = min(args.steps, 4)
+    args.steps = args.steps or (4 if args.quick else 10)
     work = args.work or ROOT / "runs" / ("bench_vs_trl_quick" if args.quick else "bench_vs_trl")
     out_dir = results_dir(args.out, scratch=args.quick, name="vs_trl")
     trl_py = args.trl_venv / "bin" / "python"
