@@ -25,7 +25,7 @@ Same for both systems: weights and tokenizer, prompts and their order (agent-rl'
 candidate, seed 0, the candidates of all systems interleaved) runs every candidate configuration and keeps the
 fastest median s/step: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
-or 2 torch threads, the processes topology}. Both systems also skip what costs and does not train: agent-rl
+or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), 64 (the step)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
 and the chosen configurations are in the results; there is no way to write vs_trl.json without the pass.
 
