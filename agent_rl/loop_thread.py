@@ -9,6 +9,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from agent_rl.thread_names import name_this_thread
+
 T = TypeVar("T")
 
 
@@ -19,6 +21,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="rollouts", daemon=True)
         self._thread.start()
+        self.loop.call_soon_threadsafe(name_this_thread, "rollouts")  # the OS name too (a /proc profile)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -152,7 +152,7 @@ async def run_model(name: str, model_dir: Path, args) -> list[dict]:
         engine = EmbeddedEngine(
             model_dir, EngineOptions(max_batch=max_batch, max_seq_len=seq, dtype=args.dtype)
         )
-        sides = [hf_side(hf, pad), client_side("engine", engine)]
+        sides = ([] if args.no_transformers else [hf_side(hf, pad)]) + [client_side("engine", engine)]
         stop = [engine.close]
         if name == "tiny":
             srv = launch_embedded(
@@ -229,7 +229,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
         f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']}), torch {result['torch']}, "
-        f"{result['dtype']}, greedy, output lengths cycle {tuple(result['output_lengths'])}, best of {result['repeats']} "
+        f"{result['dtype']}, ATEN_CPU_CAPABILITY {result.get('aten_cpu_capability', 'default')}, greedy, output lengths cycle {tuple(result['output_lengths'])}, best of {result['repeats']} "
         "interleaved runs per cell. tok/s = useful output tokens per wall second; tok/CPU-s = per second of CPU "
         "the system's processes used (steadier on a loaded machine). Ratios are between systems of the same run.",
     ]
@@ -257,7 +257,7 @@ def write_markdown(result: dict, path: Path) -> None:
             line += (cell("engine_http") + " | ") if http else ""
             line += (
                 f"{cell('vllm')} | {r.get('engine_over_vllm', '-')}x | {r.get('engine_over_vllm_cpu', '-')}x | "
-                f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r['engine_over_transformers']}x |"
+                f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r.get('engine_over_transformers', '-')}x |"
             )
             lines.append(line)
     path.write_text(portable("\n".join(lines) + "\n"))
@@ -284,6 +284,11 @@ def main(argv: list[str] | None = None) -> None:
         "--repeats", type=int, default=3, help="interleaved timed runs per cell; the best is reported"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--no-transformers",
+        action="store_true",
+        help="time the engine and vllm-cpu only (transformers generate is the slowest side: a shorter run)",
+    )
     p.add_argument(
         "--out", type=Path, help="results path without suffix (default benchmarks/results/engine_bench)"
     )
@@ -341,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(),
         "loadavg_at_start": [round(x, 1) for x in load0],
         "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
+        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or "default (the CPU's best)",
         "vllm": f"vllm-cpu from {args.vllm_venv}"
         if args.vllm_venv.exists()
         else f"not run: {args.vllm_venv} not found",

@@ -16,7 +16,8 @@ What is the same as agent-rl's agent_arith run (recipes/agent_arith.yaml on envs
 What differs is TRL's own: transformers `generate` (padded batches, turn by turn, no continuous batching),
 its tool-call parser (`response_template`, Qwen's), its loss (`--loss`), and no overlap of anything.
 
-Writes OUT/steps.jsonl (per optimizer step: wall seconds, save seconds excluded), OUT/checkpoints/step_N/hf
+Writes OUT/steps.jsonl (per optimizer step: wall seconds, save seconds excluded, and the step's phases: wall
+and process-CPU seconds of generation, tool calls, reward, the rest of scoring, forward, backward, optimizer), OUT/checkpoints/step_N/hf
 (the model every --every steps and at the end, scored afterwards by agent-rl's evaluator) and OUT/run.json.
 """
 
@@ -94,6 +95,58 @@ def build_tool_and_reward(spec, tokenizer):
     return python, reward
 
 
+# TRL's methods timed per step (exclusive of the timed methods they call), and the phase each is counted to
+PHASES = {
+    "_generate_single_turn": "generate",  # transformers generate on a padded batch (every turn)
+    "_tool_call_loop": "tools",  # running the tool calls, parsing, the tool-result suffixes
+    "_calculate_rewards": "reward",
+    "_generate_and_score_completions": "score_other",  # tokenizing, decoding, advantages
+    "compute_loss": "forward",  # the policy's forward and the loss
+    "training_step": "backward",  # what training_step does besides the above: backward
+}
+
+
+class PhaseClock:
+    """Wall and process-CPU seconds per phase, each method's own time only (its timed callees apart): TRL
+    runs one thing at a time in one process, so the process's CPU time in a phase is that phase's."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._stack: list[list[float]] = []  # [wall start, cpu start, wall of timed callees, cpu of callees]
+
+    def enter(self) -> None:
+        self._stack.append([time.perf_counter(), time.process_time(), 0.0, 0.0])
+
+    def leave(self, phase: str) -> None:
+        t0, c0, w_in, c_in = self._stack.pop()
+        w, c = time.perf_counter() - t0, time.process_time() - c0
+        self.wall[phase] = self.wall.get(phase, 0.0) + w - w_in
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + c - c_in
+        if self._stack:
+            self._stack[-1][2] += w
+            self._stack[-1][3] += c
+
+    def wrap(self, obj, name: str, phase: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            self.enter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.leave(phase)
+
+        setattr(obj, name, timed)
+
+    def take(self) -> dict[str, float]:
+        """This step's phases as steps.jsonl fields (phase_NAME wall s, phase_cpu_NAME CPU s); reset."""
+        out = {f"phase_{k}": round(v, 4) for k, v in self.wall.items()}
+        out |= {f"phase_cpu_{k}": round(v, 4) for k, v in self.cpu.items()}
+        self.wall, self.cpu = {}, {}
+        return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True)
@@ -164,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     steps_log = open(args.out / "steps.jsonl", "w")  # noqa: SIM115 - closed at the end of main
+    clock = PhaseClock()
 
     class Timer(TrainerCallback):
         """Per-step wall time; checkpoint saves are timed apart and not counted in the step."""
@@ -184,10 +238,19 @@ def main(argv: list[str] | None = None) -> int:
                 os.replace(ck / ".tmp_hf", ck / "hf")
                 save_s = time.monotonic() - now
             rec = {"step": step, "step_seconds": step_s, "save_seconds": save_s, "time": time.time()}
+            phases = clock.take()
+            timed = sum(v for k, v in phases.items() if not k.startswith("phase_cpu_"))
+            rec |= phases | {"phase_rest": round(step_s - timed, 4)}  # the Trainer's loop, logging
             steps_log.write(json.dumps(rec) + "\n")
             steps_log.flush()
             print(f"trl step {step}/{args.steps}: {step_s:.2f} s", flush=True)
             self.t = time.monotonic()
+
+        def on_pre_optimizer_step(self, *a, **k):
+            clock.enter()
+
+        def on_optimizer_step(self, *a, **k):
+            clock.leave("optimizer")
 
         def on_train_end(self, *a, **k):
             steps_log.flush()
@@ -201,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         tools=[python],
         callbacks=[Timer()],
     )
+    for name, phase in PHASES.items():
+        clock.wrap(trainer, name, phase)
     t_train = time.time()
     trainer.train()
     steps_log.close()

@@ -25,7 +25,7 @@ Same for both systems: weights and tokenizer, prompts and their order (agent-rl'
 candidate, seed 0, the candidates of all systems interleaved) runs every candidate configuration and keeps the
 fastest median s/step: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
-or 2 torch threads, the processes topology}. Both systems also skip what costs and does not train: agent-rl
+or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), 64 (the step)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
 and the chosen configurations are in the results; there is no way to write vs_trl.json without the pass.
 
@@ -62,6 +62,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # the env's agent (examples/) imports from the root
 from _agent_arith import warm_start  # noqa: E402
+from _core_profile import CpuSampler, watch  # noqa: E402
 from train_cmd import train_command  # noqa: E402
 from vs_trl_report import markdown, plot, summarise  # noqa: E402
 
@@ -92,6 +93,8 @@ class Config:
     threads: int | None = None  # torch threads (agent-rl in-process: OMP_NUM_THREADS; None: its default)
     topology: str | None = None  # agent-rl: inprocess | processes
     micro_batches: int = 1  # TRL: gradient accumulation steps per 64 samples
+    learner_cores: str | None = None  # agent-rl processes: placement.cores.learner ("0,1": both cores)
+    learner_micro_batch: int | None = None  # agent-rl: learner.micro_batch_size (None: the recipe's, 4)
 
     @property
     def name(self) -> str:
@@ -101,11 +104,16 @@ class Config:
     def label(self) -> str:
         bits = [f"{self.threads} thread(s)" if self.threads else "default threads"]
         bits += [self.topology] if self.topology else [f"{self.micro_batches} micro-batch(es)"]
+        if self.learner_cores:
+            bits.append(f"learner on cores {self.learner_cores}")
+        if self.learner_micro_batch:
+            bits.append(f"learner micro-batch {self.learner_micro_batch}")
         return ", ".join(bits)
 
 
 TRL_THREADS, TRL_MICRO_BATCHES = (1, 2), (1, 2, 4, 8)  # the micro-batches divide the 64 samples of a step
 TRL_LOSSES = ("shipped", "shipped-constant-lr", "closest")  # one cell each (benchmarks/trl_run.py LOSSES)
+LEARNER_MICRO_BATCH = 64  # agent-rl's candidate learner micro-batch: the whole step (8 prompts x 8 samples)
 
 
 def candidates() -> dict[str, list[Config]]:
@@ -116,6 +124,13 @@ def candidates() -> dict[str, list[Config]]:
             Config("agent-rl", "vcpo", k, 1, "inprocess"),
             Config("agent-rl", "vcpo", k, 2, "inprocess"),
             Config("agent-rl", "vcpo", k, None, "processes"),
+            # the learner's micro-batch a whole step (64 trajectories: one pass, and no forward-only pass for
+            # the proxy baseline, which a micro-batch smaller than a group of 8 costs); what is learned changes
+            # by float rounding only (issue 62: the learner's CPU per step -42..45%, benchmarks/vs_trl_profile.py)
+            *(
+                Config("agent-rl", "vcpo", k, t, topo, learner_micro_batch=LEARNER_MICRO_BATCH)
+                for t, topo in ((1, "inprocess"), (2, "inprocess"), (None, "processes"))
+            ),
         ]
         for k in (0, K_ASYNC)
     }
@@ -131,11 +146,14 @@ class Run:
     process_wall_s: float = 0.0
     cpu_s: float | None = 0.0  # None: not recorded
     steps: int | None = None  # None: not recorded (runs saved before resuming existed)
+    cpu_by_role: dict[str, float] | None = None  # CPU s per role (_core_profile.py); None: not recorded
+    cpu_per_step: dict[str, float] | None = None  # the same per step over steps 2..N, and "wall" s per step
 
     def save(self) -> None:
         """What only this process saw (start, wall and CPU time) beside the run, so scoring can be redone."""
         info = {"config": asdict(self.config), "seed": self.seed, "start_time": self.start_time}
         info |= {"process_wall_s": self.process_wall_s, "cpu_s": self.cpu_s, "steps": self.steps}
+        info |= {"cpu_by_role": self.cpu_by_role, "cpu_per_step": self.cpu_per_step}
         self.dir.with_suffix(".run.json").write_text(json.dumps(info) + "\n")
 
     @classmethod
@@ -150,6 +168,8 @@ class Run:
             info["process_wall_s"],
             info["cpu_s"],
             info.get("steps"),
+            info.get("cpu_by_role"),
+            info.get("cpu_per_step"),
         )
 
 
@@ -158,20 +178,27 @@ class RunFailed(SystemExit):
     the candidate as failed (with its log) and goes on."""
 
 
-def run_process(cmd: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
-    """Run `cmd` pinned to CORES; (start time, wall seconds, CPU seconds of it and all its children)."""
+def run_process(
+    cmd: list[str], env: dict, log_path: Path, *, inprocess: bool = False, steps_file: Path | None = None
+) -> tuple[float, float, float, CpuSampler]:
+    """Run `cmd` pinned to CORES; (start time, wall seconds, CPU seconds of it and all its children, those CPU
+    seconds by role as sampled from /proc while it ran: benchmarks/_core_profile.py)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start, t0 = time.time(), time.monotonic()
     with open(log_path, "w") as f:
-        rc = subprocess.run(
+        proc = subprocess.Popen(
             ["taskset", "-c", CORES, *cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env
-        ).returncode
+        )
+        # taskset execs the command: the same pid
+        sampler = watch(proc.pid, inprocess=inprocess, steps_file=steps_file)
+        rc = proc.wait()
+        sampler.stop()
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         raise RunFailed(f"{' '.join(cmd[:4])}... failed (exit {rc}); its log: {log_path}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return start, wall, cpu
+    return start, wall, cpu, sampler
 
 
 def finished(run_dir: Path, config: Config, seed: int, steps: int) -> Run | None:
@@ -211,11 +238,18 @@ def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, eve
         ]
         if config.topology == "processes":
             sets.append("engines.weight_sync=nccl")
+        if config.learner_cores:
+            sets.append(f"placement.cores.learner=[{config.learner_cores}]")
+        if config.learner_micro_batch:
+            sets.append(f"learner.micro_batch_size={config.learner_micro_batch}")
         if config.threads:
             env["OMP_NUM_THREADS"] = str(config.threads)
         cmd = train_command(RECIPE, sets)
-    start, wall, cpu = run_process(cmd, env, run_dir.parent / f"{run_dir.name}.log")
-    run = Run(config, seed, run_dir, start, wall, cpu, steps)
+    inprocess = config.system == "agent-rl" and config.topology == "inprocess"
+    steps_file = run_dir / ("steps.jsonl" if config.system == "trl" else "metrics.jsonl")
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    start, wall, cpu, sampler = run_process(cmd, env, log_path, inprocess=inprocess, steps_file=steps_file)
+    run = Run(config, seed, run_dir, start, wall, cpu, steps, sampler.by_role(), sampler.per_step())
     run.save()
     return run
 
@@ -224,7 +258,12 @@ def step_records(run: Run) -> list[dict]:
     """Per optimizer step: seconds, and agent-rl's split of them (wait, learner, weight sync, rest)."""
     if run.config.system == "trl":
         lines = (run.dir / "steps.jsonl").read_text().splitlines()
-        return [{"step_seconds": json.loads(x)["step_seconds"]} for x in lines]
+        # trl_run.py's phases (wall and process-CPU seconds of generation, tools, reward, forward+backward,
+        # optimizer), where recorded
+        return [
+            {k: v for k, v in json.loads(x).items() if k == "step_seconds" or k.startswith("phase_")}
+            for x in lines
+        ]
     from agent_rl.metrics import read_metrics
 
     out = []
@@ -237,7 +276,12 @@ def step_records(run: Run) -> list[dict]:
             "learner": r["perf/learner_busy_fraction"] * s,
             "weight_sync": r["perf/weight_sync_seconds"],
         }
-        out.append({"step_seconds": s, **parts, "rest": s - sum(parts.values())})
+        learner = {  # the learner's own split (agent_rl/learners/_torch_rank.py), where recorded
+            f"learner_{k}": r[f"perf/learner_{k}_seconds"]
+            for k in ("forward", "optimizer")
+            if f"perf/learner_{k}_seconds" in r
+        }
+        out.append({"step_seconds": s, **parts, "rest": s - sum(parts.values()), **learner})
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -96,6 +97,12 @@ class TorchRank:
             total_steps=spec.total_steps,
         )
         self._autocast = DTYPES[spec.compute_dtype] if spec.compute_dtype != "float32" else None
+        # where the step's time goes (perf/learner_{forward,optimizer}_seconds; the rest is backward and the
+        # loss): wall time on this rank, exact on CPU; on CUDA the launches only (kernels run async)
+        self._phase = {"forward": 0.0, "optimizer": 0.0}
+        self._t_opt = 0.0
+        self.optimizer.register_step_pre_hook(self._optimizer_starts)
+        self.optimizer.register_step_post_hook(self._optimizer_ends)
         self._step = Step(
             model,
             self.optimizer,
@@ -107,7 +114,22 @@ class TorchRank:
             ghost_head=(self._lp.head, self._lp.decoder) if self._lp.plain_head else None,
         )
 
+    def _optimizer_starts(self, *_: Any) -> None:
+        self._t_opt = time.perf_counter()
+
+    def _optimizer_ends(self, *_: Any) -> None:
+        self._phase["optimizer"] += time.perf_counter() - self._t_opt
+
     def _logprobs(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._logprobs_timed(model, input_ids, attention_mask)
+        finally:
+            self._phase["forward"] += time.perf_counter() - t0
+
+    def _logprobs_timed(
         self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
         with (
@@ -119,6 +141,13 @@ class TorchRank:
             return self._lp.logprobs(model, input_ids, attention_mask)
 
     def _proxy(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        t0 = time.perf_counter()
+        try:
+            return self._proxy_timed(model, input_ids, attention_mask)
+        finally:
+            self._phase["forward"] += time.perf_counter() - t0
+
+    def _proxy_timed(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         with (
             torch.autocast(
                 self.device.type, dtype=self._autocast or torch.float32, enabled=self._autocast is not None
@@ -134,6 +163,7 @@ class TorchRank:
         """One optimizer update on this rank's share; every rank must call it (collectives inside).
         `routes`: the rollout's routed experts of an MoE model (replayed, and measured: routing_replay.py)."""
         lr = self.scheduler.get_last_lr()[0]
+        self._phase = dict.fromkeys(self._phase, 0.0)
         batch = batch.to(self.device)
         with (
             self._routing.step(batch.input_ids, batch.attention_mask, routes)
@@ -145,6 +175,7 @@ class TorchRank:
             metrics |= self._routing.pop_stats()
         self.scheduler.step()
         metrics["lr_scheduled"] = lr
+        metrics |= {f"perf/learner_{k}_seconds": v for k, v in self._phase.items()}
         return metrics
 
     def set_lr_scale(self, scale: float) -> None:

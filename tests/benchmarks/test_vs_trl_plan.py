@@ -21,9 +21,12 @@ def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topolo
     assert trl == {(t, m) for t in (1, 2) for m in (1, 2, 4, 8)}
     assert all(64 % m == 0 for _, m in trl)  # each divides the 64 samples of a step
     for k in (0, vs_trl.K_ASYNC):
-        assert {(c.topology, c.threads) for c in cands[f"agent-rl k={k}"]} == {
-            ("inprocess", 1), ("inprocess", 2), ("processes", None)
+        # each topology/threads with the recipe's learner micro-batch and with the whole step as one
+        assert {(c.topology, c.threads, c.learner_micro_batch) for c in cands[f"agent-rl k={k}"]} == {
+            (topo, t, mb) for topo, t in (("inprocess", 1), ("inprocess", 2), ("processes", None))
+            for mb in (None, vs_trl.LEARNER_MICRO_BATCH)
         }  # fmt: skip
+        assert 64 % vs_trl.LEARNER_MICRO_BATCH == 0  # whole micro-batches of the step's 64 trajectories
 
 
 def test_tuning_candidates_are_interleaved_across_cells() -> None:
@@ -61,7 +64,7 @@ def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFi
         vs_trl.main(["--tune-steps", "0", "--plan"])
     assert vs_trl.main(["--plan"]) == 0
     out = capsys.readouterr().out
-    assert "tuning pass: 14 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert "tuning pass: 20 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
 
 
 def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:

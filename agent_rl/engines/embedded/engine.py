@@ -23,6 +23,7 @@ from agent_rl.engines.api import BadRequest, EngineError, EngineOptions, Generat
 from agent_rl.engines.embedded.lora import MergedAdapter
 from agent_rl.engines.embedded.sampling import TopList
 from agent_rl.engines.embedded.scheduler import Output, Request, Scheduler
+from agent_rl.thread_names import name_this_thread
 from agent_rl.weights.adapters import Adapter
 from agent_rl.weights.tensors import WeightsRejected, read_safetensors_dir
 
@@ -202,6 +203,7 @@ class EmbeddedEngine:
     # ---- engine thread ----
 
     def _run(self) -> None:
+        name_this_thread(self._thread.name)  # the OS sees it too: a /proc profile tells engine from learner
         sched = self.scheduler
         while True:
             with self._cv:
