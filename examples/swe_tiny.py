@@ -7,8 +7,9 @@ checkpoints: training resumes), so an interrupted run picks up where it stopped.
 --docker-host / DOCKER_HOST when it answers, else a private dockerd (root) whose images are kept in RUN_DIR/dockerd.
 
 The SFT traces are the built-in agent's format (envs/harbor/env.py): the task's instruction as the chat prompt,
-one reply with a ```bash block running solution/solve.sh's fix, the observation the env shows for it (context,
-not trained), then a final message without a command, which ends the episode.
+one reply with a ```bash block running solution/solve.sh's fix (one sed command) and the repository's test
+(pytest in the container), the test's output as the env shows it (context, not trained), then a final message
+without a command, which ends the episode.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agent_rl.config import load_recipe
 from agent_rl.tools.tiny import build_tiny
 from envs.harbor.env import SYSTEM
 from envs.harbor.generate import generate
+from envs.harbor.image import build_images, ensure_base
 from envs.harbor.private_dockerd import docker_engine
 from envs.harbor.task import heldout, load_tasks
 from envs.spec import ObservationConfig
@@ -37,10 +39,16 @@ MODEL = dict(vocab_size=1024, hidden=256, layers=2, heads=4, kv_heads=2)
 QUICK = ["train.steps=2", "eval.limit=4", "train.batch_prompts=2", "checkpoint.every=1", "eval.every=0"]
 
 
+CHECK = "python3 -m pytest -q -p no:cacheprovider /app"
+"""The repository's own test, run after the fix in the same command block (a tool call that does real work)."""
+PASSED = "." + "[100%]".rjust(73) + "\n1 passed in 0.05s"
+"""What CHECK prints when the fix is right (the observation shown in the SFT trace; context, not trained)."""
+
+
 def fix_command(task_dir: Path) -> str:
-    """solution/solve.sh without its shebang: the commands that apply the oracle's fix."""
+    """solution/solve.sh without its shebang (one sed command that applies the oracle's fix), then CHECK."""
     lines = (task_dir / "solution" / "solve.sh").read_text().splitlines()
-    return "\n".join(lines[1:] if lines and lines[0].startswith("#!") else lines)
+    return "\n".join([*(lines[1:] if lines and lines[0].startswith("#!") else lines), CHECK])
 
 
 def messages(instruction: str) -> list[dict[str, str]]:
@@ -56,7 +64,7 @@ def trace_row(tok, task_dir: Path, instruction: str) -> dict:
         "prompt": prompt,
         "response": [
             {"text": f"```bash\n{fix_command(task_dir)}\n```\n", "train": True},
-            {"text": obs.template.format(output=obs.empty), "train": False},  # the fix prints nothing
+            {"text": obs.template.format(output=PASSED), "train": False},
             {"text": FINAL, "train": True},
         ],
     }
@@ -100,6 +108,23 @@ def write_env(path: Path, tasks_dir: Path, docker_host: str | None) -> Path:
     return path
 
 
+def prebuild(tasks_dir: Path, docker_host: str | None) -> None:
+    """Build every task's image once, before anything is timed (a kept engine data-root skips the built ones)."""
+    import os
+    import time
+
+    from sandboxes.task_containers import ContainerPool
+
+    t0 = time.time()
+    pool = ContainerPool(docker_host, run=f"swe-tiny-build-{os.getpid()}", pool="build", warm=0)
+    try:
+        ensure_base(pool)
+        tags = build_images(load_tasks(tasks_dir), pool)
+    finally:
+        pool.close()
+    print(f"task images: {len(set(tags))} ready in {time.time() - t0:.0f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fresh", action="store_true", help="delete the run dir first")
@@ -131,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         generate(tasks_dir, n, seed=0)
     sft = {**SFT, "epochs": 1} if args.quick else SFT
     with docker_engine(args.docker_host, data_root=(root / "dockerd").resolve()) as host:
+        prebuild(tasks_dir, host)
         env = write_env(root / "swe_tiny_env.yaml", tasks_dir, host)
         recipe = load_recipe(RECIPES / "swe_tiny.yaml", [f"envs.train={env}", *sets])
         return run(

@@ -96,6 +96,18 @@ def task_image(task: HarborTask, pool: ContainerPool, *, base: str = BASE_IMAGE)
     return tag, workdir
 
 
+def build_images(
+    tasks: list[HarborTask], pool: ContainerPool, *, workers: int = 4, base: str = BASE_IMAGE
+) -> list[str]:
+    """Every task's image, built ahead in `workers` threads (a build mostly waits on the engine), so that a run's
+    episodes only start containers. Returns the tags in the tasks' order; a task that cannot build raises its
+    HarborTaskError (validation's message)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, workers)) as ex:
+        return [tag for tag, _ in ex.map(lambda t: task_image(t, pool, base=base), tasks)]
+
+
 def _run_steps(task: HarborTask, recipe: Recipe, c: Any, timeout_s: float) -> None:
     assert task.dockerfile is not None
     context, wd, env = task.dockerfile.parent, "/", {}
