@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "swe_tiny.yaml"
 GOAL = 2.0  # issue 59 item 5: async reaches the target >= 2x sooner than sync
 K_FIXED = 2  # the async k of the headline, fixed before the runs (the recipe's)
-QUICK = dict(tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2)
+QUICK = dict(tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2, extra_traces=0)
 
 
 def log(msg: str) -> None:
@@ -96,7 +96,8 @@ def prepare(work: Path, tasks: int, quick: bool, docker_host: str | None) -> tup
         base = work / "base"
         if not (base / "config.json").is_file():
             build_tiny(base, swe_tiny.corpus(tasks_dir), seed=0, **swe_tiny.MODEL)
-        swe_tiny.write_sft_data(tasks_dir, base, work / "sft.jsonl")
+        extra = QUICK["extra_traces"] if quick else swe_tiny.EXTRA_TRACES
+        swe_tiny.write_sft_data(tasks_dir, base, work / "sft.jsonl", extra=extra)
         sft = {**swe_tiny.SFT, "epochs": 1} if quick else swe_tiny.SFT
         run_sft(base, work / "sft.jsonl", sft_dir, **sft)
     return sft_dir, env
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check (make bench-slow-tools-quick): 24 tasks, 1 SFT epoch, 1 seed, k in {0,2}, 2 steps "
+        help="machinery check: 24 tasks, 1 SFT epoch on their train traces, 1 seed, k in {0,2}, 2 steps "
         "of 2 prompts, 4 eval tasks; writes slow_tools_quick.* (accuracies are not meaningful)",
     )
     p.add_argument("--tasks", type=int, default=300)

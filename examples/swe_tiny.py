@@ -25,7 +25,7 @@ from agent_rl import errors
 from agent_rl.config import load_recipe
 from agent_rl.tools.tiny import build_tiny
 from envs.harbor.env import SYSTEM
-from envs.harbor.generate import generate
+from envs.harbor.generate import generate, task_spec
 from envs.harbor.image import build_images, ensure_base
 from envs.harbor.private_dockerd import docker_engine
 from envs.harbor.task import heldout, load_tasks
@@ -34,7 +34,11 @@ from examples.pipeline import RECIPES, run
 
 HELDOUT = 0.34
 FINAL = "The bug is fixed."
-SFT = dict(epochs=3, lr=2e-3, batch_size=16, max_len=512, warmup_steps=10, device="cpu")
+SFT = dict(epochs=1, lr=2e-3, batch_size=16, max_len=512, warmup_steps=10, device="cpu")
+EXTRA_TRACES = 2000
+"""Oracle traces beyond the suite's train tasks (the generator's other seeds): a tiny model from scratch needs
+thousands of examples to write the fix of a task it has not seen."""
+PAIRS_PER_SEED = 450  # 3 families x 5 functions x 30 modules: a seed's tasks past this repeat its pairs
 MODEL = dict(vocab_size=1024, hidden=256, layers=2, heads=4, kv_heads=2)
 QUICK = ["train.steps=2", "eval.limit=4", "train.batch_prompts=2", "checkpoint.every=1", "eval.every=0"]
 
@@ -51,19 +55,44 @@ def fix_command(task_dir: Path) -> str:
     return "\n".join([*(lines[1:] if lines and lines[0].startswith("#!") else lines), CHECK])
 
 
+def heldout_pairs(tasks_dir: Path) -> set[tuple[str, str]]:
+    """(function, module) of every held-out task: no SFT trace may have one (its instruction would be seen)."""
+    return {
+        (t.config.metadata["function"], m.stem)
+        for t in load_tasks(tasks_dir)
+        if heldout(t.name, HELDOUT)
+        for m in (t.path / "environment" / "app").glob("*.py")
+        if not m.name.startswith("test_")
+    }
+
+
+def extra_traces(n: int, exclude: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(instruction, command) of `n` more oracle traces from the generator's other seeds (1, 2, ...: tasks never
+    built or scored), none of whose (function, module) pairs is in `exclude`."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while len(out) < n:
+        seed, index = 1 + i // PAIRS_PER_SEED, i % PAIRS_PER_SEED
+        spec = task_spec(index, seed)
+        if (spec.fn.name, spec.module) not in exclude:
+            out.append((spec.instruction, f"{spec.fix}\n{CHECK}"))
+        i += 1
+    return out
+
+
 def messages(instruction: str) -> list[dict[str, str]]:
     """The episode's prompt, as HarborEnv.reset renders it."""
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
 
 
-def trace_row(tok, task_dir: Path, instruction: str) -> dict:
+def trace_row(tok, instruction: str, command: str) -> dict:
     """One `agent-rl sft` row: the bash turn and the final message trained, the env's observation context only."""
     obs = ObservationConfig()
     prompt = tok.apply_chat_template(messages(instruction), tokenize=False, add_generation_prompt=True)
     return {
         "prompt": prompt,
         "response": [
-            {"text": f"```bash\n{fix_command(task_dir)}\n```\n", "train": True},
+            {"text": f"```bash\n{command}\n```\n", "train": True},
             {"text": obs.template.format(output=PASSED), "train": False},
             {"text": FINAL, "train": True},
         ],
@@ -79,14 +108,17 @@ def corpus(tasks_dir: Path) -> list[str]:
     return texts
 
 
-def write_sft_data(tasks_dir: Path, base: Path, path: Path) -> None:
-    """Traces of the train tasks only (the held-out split is never seen in SFT)."""
+def write_sft_data(tasks_dir: Path, base: Path, path: Path, extra: int = EXTRA_TRACES) -> None:
+    """Traces of the train tasks and `extra` generated ones (the held-out split's instructions are never seen)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base)
     rows = [
-        trace_row(tok, t.path, t.instruction) for t in load_tasks(tasks_dir) if not heldout(t.name, HELDOUT)
+        trace_row(tok, t.instruction, fix_command(t.path))
+        for t in load_tasks(tasks_dir)
+        if not heldout(t.name, HELDOUT)
     ]
+    rows += [trace_row(tok, i, c) for i, c in extra_traces(extra, heldout_pairs(tasks_dir))]
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 
@@ -129,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fresh", action="store_true", help="delete the run dir first")
     p.add_argument("--tasks", type=int, default=300, help="tasks to generate (held-out: a stable 34%%)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 24 tasks, 1 SFT epoch, 2 RL steps")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 24 tasks, 1 SFT epoch on their traces, 2 RL steps"
+    )
     p.add_argument(
         "--docker-host", default=None, help="default: DOCKER_HOST's engine, else a private dockerd"
     )
@@ -163,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             recipe,
             title="swe_tiny",
             build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
-            write_sft_data=lambda base, path: write_sft_data(tasks_dir, base, path),
+            write_sft_data=lambda base, path: write_sft_data(
+                tasks_dir, base, path, extra=0 if args.quick else EXTRA_TRACES
+            ),
             sft=sft,
             fresh=False,
             base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
-            sft_label="SFT warm start on the oracle solutions' traces (train tasks)",
+            sft_label="SFT warm start on the oracle solutions' traces (train tasks + generated, no held-out one)",
         )
 
 

@@ -108,16 +108,42 @@ def fix_line(good: str, module: str) -> str:
     return f"sed -i 's|return .*|{good}|' /app/{module}.py"
 
 
-def write_task(out: Path, index: int, seed: int = 0) -> Path:
-    """Write task number `index` of the suite for `seed` under `out`; returns its directory."""
+@dataclass(frozen=True)
+class TaskSpec:
+    """Task number `index` of a suite, before it is written: what its instruction and its fix are."""
+
+    name: str
+    family: str
+    fn: _Fn
+    module: str
+
+    @property
+    def instruction(self) -> str:
+        fn, module = self.fn, self.module
+        return (
+            f"The function `{fn.name}` in /app/{module}.py is wrong: {fn.doc[0].lower() + fn.doc[1:]}\n"
+            f"Fix the bug in /app/{module}.py so that `{fn.name}` does what its docstring says.\n"
+        )
+
+    @property
+    def fix(self) -> str:
+        return fix_line(self.fn.good, self.module)
+
+
+def task_spec(index: int, seed: int = 0) -> TaskSpec:
     rng = random.Random(f"{seed}:{index}")
     k = rng.randint(2, 40)
-    templates = _templates(k)
     family = FAMILIES[index % len(FAMILIES)]
     pairs = _pairs(seed, family)
     function, module = pairs[(index // len(FAMILIES)) % len(pairs)]
-    fn = next(t for t in templates if t.name == function)
-    name = f"swe-tiny-{seed}-{index:04d}"
+    fn = next(t for t in _templates(k) if t.name == function)
+    return TaskSpec(f"swe-tiny-{seed}-{index:04d}", family, fn, module)
+
+
+def write_task(out: Path, index: int, seed: int = 0) -> Path:
+    """Write task number `index` of the suite for `seed` under `out`; returns its directory."""
+    spec = task_spec(index, seed)
+    name, family, fn, module = spec.name, spec.family, spec.fn, spec.module
     d = out / name
     (d / "environment" / "app").mkdir(parents=True, exist_ok=True)
     (d / "tests").mkdir(exist_ok=True)
@@ -129,10 +155,7 @@ def write_task(out: Path, index: int, seed: int = 0) -> Path:
         "[verifier]\ntimeout_sec = 60.0\n\n[agent]\ntimeout_sec = 300.0\n\n"
         '[environment]\nbuild_timeout_sec = 120.0\ncpus = 1\nmemory_mb = 512\nnetwork_mode = "no-network"\n'
     )
-    (d / "instruction.md").write_text(
-        f"The function `{fn.name}` in /app/{module}.py is wrong: {fn.doc[0].lower() + fn.doc[1:]}\n"
-        f"Fix the bug in /app/{module}.py so that `{fn.name}` does what its docstring says.\n"
-    )
+    (d / "instruction.md").write_text(spec.instruction)
     (d / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY app/ /app/\n")
     (d / "environment" / "app" / f"{module}.py").write_text(_files(fn, module, fn.bad))
     cases = "\n".join(
@@ -153,7 +176,7 @@ def write_task(out: Path, index: int, seed: int = 0) -> Path:
         "if python3 -m pytest -q -p no:cacheprovider /tests; then echo 1 > /logs/verifier/reward.txt; "
         "else echo 0 > /logs/verifier/reward.txt; fi\n"
     )
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{fix_line(fn.good, module)}\n")
+    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{spec.fix}\n")
     return d
 
 

@@ -60,7 +60,7 @@ def test_each_trace_command_fixes_its_bug(suite, tmp_path: Path):
     loaded = load_tasks(tasks)
     assert {t.config.metadata["function"] for t in loaded} == {f.name for f in _templates(2)}
     for i, t in enumerate(loaded):
-        row = swe_tiny.trace_row(tok, t.path, t.instruction)
+        row = swe_tiny.trace_row(tok, t.instruction, swe_tiny.fix_command(t.path))
         command = bash_block(row["response"][0]["text"])
         assert command is not None and row["response"][0]["train"]
         fix, check = command.split(
@@ -89,7 +89,7 @@ def test_a_trace_is_the_episode_the_env_would_run(suite):
     env = HarborEnv(spec, tok)
     task = env.tasks("train")[0]
     t = next(x for x in load_tasks(tasks) if x.name == task.id)
-    row = swe_tiny.trace_row(tok, t.path, t.instruction)
+    row = swe_tiny.trace_row(tok, t.instruction, swe_tiny.fix_command(t.path))
     # SFT tokenizes the prompt and each piece apart, as the rollout appends turn and observation tokens.
     assert tok(row["prompt"], add_special_tokens=True)["input_ids"] == env.reset(task)
     bash, obs, final = row["response"]
@@ -98,13 +98,21 @@ def test_a_trace_is_the_episode_the_env_would_run(suite):
     assert bash_block(final["text"]) is None and final["train"]  # the final turn ends the episode
 
 
-def test_sft_data_holds_the_train_tasks_only(suite, tmp_path: Path):
+def test_sft_data_never_shows_a_heldout_instruction(suite, tmp_path: Path):
     tasks, tok = suite
     tok.save_pretrained(tmp_path / "base")
-    swe_tiny.write_sft_data(tasks, tmp_path / "base", tmp_path / "sft.jsonl")
-    prompts = [json.loads(line)["prompt"] for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    swe_tiny.write_sft_data(tasks, tmp_path / "base", tmp_path / "sft.jsonl", extra=600)
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
     train = [t for t in load_tasks(tasks) if not heldout(t.name, swe_tiny.HELDOUT)]
     held = [t for t in load_tasks(tasks) if heldout(t.name, swe_tiny.HELDOUT)]
     assert held, "the suite should hold some out (stable hash)"
-    assert len(prompts) == len(train)
-    assert not any(t.instruction in p for t in held for p in prompts)
+    assert len(rows) == len(train) + 600
+    # the extra traces come from the generator's other seeds (past its 450 pairs: seed 2 too), and every one of
+    # them (their function in their module) differs from every held-out task
+    assert not any(t.instruction in r["prompt"] for t in held for r in rows)
+    pairs = swe_tiny.heldout_pairs(tasks)
+    assert len(pairs) == len(held)
+    for r in rows[len(train) :]:
+        fn = r["prompt"].split("`")[1]
+        module = r["prompt"].split("/app/")[1].split(".py")[0]
+        assert (fn, module) not in pairs
