@@ -125,8 +125,8 @@ def write_sft_data(tasks_dir: Path, base: Path, path: Path, extra: int = EXTRA_T
 
 def write_env(path: Path, tasks_dir: Path, docker_host: str | None) -> Path:
     """The generated suite as a `type: harbor` env (envs/swe_tiny.yaml's settings, this run's tasks and engine).
-    warm_containers 0: every task has its own image, and warm containers of images seen once would sit idle."""
-    harbor = {"tasks": str(tasks_dir.resolve()), "heldout_fraction": HELDOUT, "warm_containers": 0}
+    Its tasks' Dockerfiles only copy files, so every episode starts from a warm base container (8 kept ready)."""
+    harbor = {"tasks": str(tasks_dir.resolve()), "heldout_fraction": HELDOUT, "warm_containers": 8}
     if docker_host:
         harbor["docker_host"] = docker_host
     env = {
