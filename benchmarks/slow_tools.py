@@ -21,9 +21,8 @@ it measures. Training time at step s = the sum of `perf/step_seconds` up to s.
 
 Also recorded per run: the share of each episode spent in tools (from the run's trajectory log: each turn's
 env.step seconds — the command in the container, and on the last turn the verifier — over the turn's generation
-plus env seconds) and the episodes in flight (containers alive, from the Docker engine's start/die events of
-the run's pool: an episode holds its container from its first command to the end of its verifier; the
-time-weighted mean over the run's wall time and the maximum).
+plus env seconds) and the episodes in flight, time-averaged (the seconds of all the run's episodes, start to
+verdict, over its wall time: Little's law on the rollout's own counters).
 
 TRL's GRPOTrainer over the same containers is not a cell: see docs/benchmarks/slow_tools.md for why.
 
@@ -106,7 +105,7 @@ def prepare(work: Path, tasks: int, quick: bool, docker_host: str | None) -> tup
 # -- one run -------------------------------------------------------------------------------------------------------
 
 
-def train_run(sets: list[str], run_dir: Path, docker_host: str | None) -> dict:
+def train_run(sets: list[str], run_dir: Path) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -114,40 +113,23 @@ def train_run(sets: list[str], run_dir: Path, docker_host: str | None) -> dict:
     start, t0 = time.time(), time.monotonic()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    wall, end = time.monotonic() - t0, time.time()
+    wall = time.monotonic() - t0
     if rc != 0:
         raise SystemExit(f"{run_dir.name} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}")
-    return {"process_wall_s": wall, "process_start": start, "in_flight": in_flight(docker_host, start, end)}
+    return {"process_wall_s": wall, "process_start": start}
 
 
-def in_flight(docker_host: str | None, start: float, end: float) -> dict:
-    """Containers of harbor episodes alive during [start, end], from the engine's start/die events: the
-    time-weighted mean and the maximum (an episode holds its container from its first command to its verdict)."""
-    from sandboxes.docker_engine import LABEL_POOL, docker_client
-
-    client = docker_client(docker_host)
-    events = client.events(
-        since=int(start),
-        until=int(end) + 1,
-        decode=True,
-        filters={"type": "container", "event": ["start", "die"], "label": [f"{LABEL_POOL}=harbor"]},
-    )
-    changes = sorted(
-        (e["timeNano"] / 1e9, 1 if e["status"] == "start" else -1) for e in events if e.get("status")
-    )
-    return concurrency(changes, start, end)
-
-
-def concurrency(changes: list[tuple[float, int]], start: float, end: float) -> dict:
-    """Time-weighted mean and max of a count that moves by +1/-1 at the given times, over [start, end]."""
-    alive, peak, area, t = 0, 0, 0.0, start
-    for when, d in changes:
-        when = min(max(when, start), end)
-        area += alive * (when - t)
-        alive, t = max(0, alive + d), when
-        peak = max(peak, alive)
-    area += alive * (end - t)
-    return {"mean": area / max(end - start, 1e-9), "max": peak, "containers": sum(d > 0 for _, d in changes)}
+def in_flight(recs: list[dict]) -> dict:
+    """Episodes in flight, time-averaged over the run (Little's law): the seconds of every episode finished in a
+    step (its `rollout/episodes` increment x its mean `rollout/episode_seconds`, from its start to its verdict),
+    summed over the steps, over the run's wall time (the steps' seconds)."""
+    busy, wall, prev = 0.0, 0.0, 0
+    for r in recs:
+        done = r["rollout/episodes"] - prev
+        prev = r["rollout/episodes"]
+        busy += done * r["rollout/episode_seconds"]
+        wall += r["perf/step_seconds"]
+    return {"mean": busy / wall if wall > 0 else None, "episodes": prev}
 
 
 def tool_share(run_dir: Path) -> dict:
@@ -272,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
             sets = [*base_sets, f"buffer.max_staleness={cell.k}", f"train.steps={steps}",
                     f"train.seed={job.seed}", f"checkpoint.every={args.every}"]  # fmt: skip
-            rec = train_run(sets, run_dir, host)
+            rec = train_run(sets, run_dir)
             acc = evaluate_checkpoints(run_dir, eval_sets)
             curve, recs = curve_of(run_dir, acc, start_acc)
             sync_steps = [a for s, a in sorted(acc.items()) if s <= args.steps]
@@ -287,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds_per_step_median": statistics.median(r["perf/step_seconds"] for r in recs),
                 "wait_seconds": sum(r.get("perf/wait_seconds", 0.0) for r in recs),
                 "tools": tool_share(run_dir),
+                "in_flight": in_flight(recs),
                 **rec,
             }
 
@@ -314,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             "ks": ks,
             "seeds": len(done),
             "batch_prompts": batch_prompts or load_recipe(RECIPE, []).train.batch_prompts,
+            "max_in_flight": load_recipe(RECIPE, []).rollout.max_concurrent_episodes,
             "warm_start_accuracy": start_acc,
             "trl": "not run (docs/benchmarks/slow_tools.md says why)",
         },
@@ -343,8 +327,7 @@ def summarise(runs: list[dict], cells: list[Cell]) -> dict:
             "seconds_per_step_median": statistics.median(r["seconds_per_step_median"] for r in rs),
             "tool_share_median": median_or_none(r["tools"]["tool_share_median"] for r in rs),
             "episode_seconds_median": median_or_none(r["tools"]["episode_seconds_median"] for r in rs),
-            "in_flight_mean": statistics.mean(r["in_flight"]["mean"] for r in rs),
-            "in_flight_max": max(r["in_flight"]["max"] for r in rs),
+            "in_flight_mean": median_or_none(r["in_flight"]["mean"] for r in rs),
         }
     sync = per_cell["sync k=0"]["time_to_target_s"]
     ratios = {}
@@ -380,7 +363,7 @@ def markdown(data: dict) -> str:
             f(c["time_to_target_median_s"], "{:.0f}"),
             "-" if r is None else f"{f(r['speedup_median'])} ({', '.join(f(x) for x in r['per_seed'])})",
             f(c["seconds_per_step_median"]), f(c["tool_share_median"]), f(c["episode_seconds_median"], "{:.1f}"),
-            f"{c['in_flight_mean']:.1f} / {c['in_flight_max']}",
+            f(c["in_flight_mean"], "{:.1f}"),
         ])  # fmt: skip
     goal = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}[s["goal_reached"]]
     return "\n".join(
@@ -415,8 +398,8 @@ def markdown(data: dict) -> str:
             "",
             "Time: training time (sum of per-step seconds) to the paired sync seed's final accuracy; 0 in a per-seed",
             "ratio = never reached. Tool share: env.step seconds (the command block in the container, on the last turn",
-            "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: containers alive",
-            "(an episode from its first command to its verdict), time-weighted over the run's wall time.",
+            "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: the episodes' seconds",
+            f"(start to verdict) over the run's wall time, time-averaged (Little's law); at most {d.get('max_in_flight', '-')}.",
             "",
         ]
     )

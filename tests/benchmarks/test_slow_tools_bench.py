@@ -1,4 +1,4 @@
-"""benchmarks/slow_tools.py: the episodes-in-flight count from container events, the paired time-to-target
+"""benchmarks/slow_tools.py: episodes in flight from the rollout's counters, the paired time-to-target
 summary and its page (the --quick run end to end with Docker: tests/sandboxes/test_slow_tools_quick.py)."""
 
 from __future__ import annotations
@@ -9,23 +9,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from benchmarks.slow_tools import Cell, concurrency, markdown, summarise  # noqa: E402
+from benchmarks.slow_tools import Cell, in_flight, markdown, summarise  # noqa: E402
 
 
-def test_concurrency_is_the_time_weighted_count_of_live_containers():
-    # two containers: one over [1, 5], one over [3, 9]; window [0, 10]: area 4 + 6 = 10, mean 1.0, peak 2
-    changes = [(1.0, 1), (3.0, 1), (5.0, -1), (9.0, -1)]
-    c = concurrency(changes, 0.0, 10.0)
-    assert c == {"mean": 1.0, "max": 2, "containers": 2}
-    # events outside the window are clipped to it: a container alive before the start counts from the start
-    assert concurrency([(-5.0, 1), (5.0, -1)], 0.0, 10.0)["mean"] == 0.5
+def test_episodes_in_flight_are_the_episodes_seconds_over_the_wall_time():
+    # step 1: 4 episodes of 5 s each in 10 s; step 2: 6 more of 10 s in 10 s -> (20 + 60) / 20 = 4 in flight
+    recs = [
+        {"rollout/episodes": 4, "rollout/episode_seconds": 5.0, "perf/step_seconds": 10.0},
+        {"rollout/episodes": 10, "rollout/episode_seconds": 10.0, "perf/step_seconds": 10.0},
+    ]
+    assert in_flight(recs) == {"mean": 4.0, "episodes": 10}
 
 
 def _run(cell: str, k: int, seed: int, curve: list, final: float) -> dict:
     return {
         "cell": cell, "k": k, "seed": seed, "curve": curve, "final_accuracy": final, "end_accuracy": curve[-1][1],
         "seconds_per_step_median": 1.0, "tools": {"tool_share_median": 0.8, "episode_seconds_median": 3.0},
-        "in_flight": {"mean": 10.0, "max": 32, "containers": 64},
+        "in_flight": {"mean": 10.0, "episodes": 64},
     }  # fmt: skip
 
 
@@ -55,7 +55,8 @@ def test_the_page_says_the_goal_and_the_load():
         "meta": {"command": "slow_tools.py", "date": "d", "commit": "c", "cpu": {"model": "m", "cores": 2},
                  "load_before": [3.0, 0, 0], "load_after": [4.0, 0, 0], "elapsed_s": 60},
         "design": {"tasks": 300, "batch_prompts": 8, "sync_steps": 16, "async_steps_factor": 1.5,
-                   "checkpoint_every": 2, "eval_tasks": 100, "warm_start_accuracy": 0.1, "seeds": 1, "trl": "not run"},
+                   "checkpoint_every": 2, "eval_tasks": 100, "warm_start_accuracy": 0.1, "seeds": 1, "trl": "not run",
+                   "max_in_flight": 32},
         "summary": summarise(runs, [Cell("sync k=0", 0), Cell("async k=2", 2)]),
     }  # fmt: skip
     text = markdown(data)
