@@ -61,3 +61,11 @@ def test_the_page_says_the_goal_and_the_load():
     }  # fmt: skip
     text = markdown(data)
     assert "REACHED" in text and "load average 3.00 at the start" in text and "| 2.50 (2.50) |" in text
+
+
+def test_the_committed_page_is_what_its_results_file_renders():
+    import json
+
+    results = ROOT / "benchmarks" / "results"
+    data = json.loads((results / "slow_tools_quick.json").read_text())
+    assert markdown(data) == (results / "slow_tools_quick.md").read_text()
