@@ -103,9 +103,12 @@ def _files(fn: _Fn, module: str, body: str) -> str:
     return f'"""{module}: small helpers."""\n\n\ndef {fn.name}({fn.args}):\n    """{fn.doc}"""\n    {body}\n'
 
 
-def fix_line(good: str, module: str) -> str:
-    """The oracle's fix: one sed command putting the right return line in place (the module has one)."""
-    return f"sed -i 's|return .*|{good}|' /app/{module}.py"
+def fix_line(good: str) -> str:
+    """The oracle's fix: one sed command putting the right return line in place. It edits /app/*.py: the module
+    has the one `return` line, its test has none, so the fix names the function's body and not the file (a tiny
+    model trained from scratch learns a function's right body from a few hundred examples, but rarely copies an
+    unseen module name from the instruction: with the file named, 1 epoch of SFT fixed 0 of 45 held-out tasks)."""
+    return f"sed -i 's|return .*|{good}|' /app/*.py"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class TaskSpec:
 
     @property
     def fix(self) -> str:
-        return fix_line(self.fn.good, self.module)
+        return fix_line(self.fn.good)
 
 
 def task_spec(index: int, seed: int = 0) -> TaskSpec:

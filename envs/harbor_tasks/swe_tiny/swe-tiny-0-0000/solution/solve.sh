@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return h * 60|' /app/core.py
+sed -i 's|return .*|return h * 60|' /app/*.py

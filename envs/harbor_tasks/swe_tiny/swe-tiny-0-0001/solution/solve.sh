@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return xs[:-1]|' /app/values.py
+sed -i 's|return .*|return xs[:-1]|' /app/*.py

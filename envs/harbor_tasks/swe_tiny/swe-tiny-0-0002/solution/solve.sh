@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return x > 0|' /app/values.py
+sed -i 's|return .*|return x > 0|' /app/*.py

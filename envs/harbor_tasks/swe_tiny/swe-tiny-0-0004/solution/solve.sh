@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return list(range(1, n + 1))|' /app/base.py
+sed -i 's|return .*|return list(range(1, n + 1))|' /app/*.py

@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return price * (100 - 21) / 100|' /app/library.py
+sed -i 's|return .*|return price * (100 - 21) / 100|' /app/*.py

@@ -1,2 +1,2 @@
 #!/bin/bash
-sed -i 's|return .*|return xs[:-1]|' /app/basics.py
+sed -i 's|return .*|return xs[:-1]|' /app/*.py
