@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=16, help="steps of the sync runs")
     p.add_argument("--async-steps-factor", type=float, default=1.5)
-    p.add_argument("--every", type=int, default=2, help="checkpoint (and evaluation) interval in steps")
+    p.add_argument("--every", type=int, default=4, help="checkpoint (and evaluation) interval in steps")
     p.add_argument("--ks", default="0,2,4")
     p.add_argument("--eval-limit", type=int, default=100, help="held-out tasks per checkpoint")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_slow_tools")

@@ -35,7 +35,7 @@ from examples.pipeline import RECIPES, run
 HELDOUT = 0.34
 FINAL = "The bug is fixed."
 SFT = dict(epochs=1, lr=2e-3, batch_size=16, max_len=512, warmup_steps=10, device="cpu")
-EXTRA_TRACES = 2000
+EXTRA_TRACES = 1000
 """Oracle traces beyond the suite's train tasks (the generator's other seeds): a tiny model from scratch needs
 thousands of examples to write the fix of a task it has not seen."""
 PAIRS_PER_SEED = 450  # 3 families x 5 functions x 30 modules: a seed's tasks past this repeat its pairs
