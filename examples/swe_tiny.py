@@ -36,8 +36,9 @@ HELDOUT = 0.34
 FINAL = "The bug is fixed."
 SFT = dict(epochs=1, lr=2e-3, batch_size=16, max_len=512, warmup_steps=10, device="cpu")
 EXTRA_TRACES = 1000
-"""Oracle traces beyond the suite's train tasks (the generator's other seeds): a tiny model from scratch needs
-thousands of examples to write the fix of a task it has not seen."""
+"""Oracle traces beyond the suite's train tasks (the generator's other seeds). Measured offline on 60 held-out
+tasks after one SFT epoch (2026-12-06): 400 more -> 6/60 greedy, 2/60 at T=1; 1000 -> 48/60 and 26/60; 2000 ->
+49/60 and 43/60. 1000 leaves RL the gap between sampling at T=1 and the greedy answer the model already knows."""
 PAIRS_PER_SEED = 450  # 3 families x 5 functions x 30 modules: a seed's tasks past this repeat its pairs
 MODEL = dict(vocab_size=1024, hidden=256, layers=2, heads=4, kv_heads=2)
 QUICK = ["train.steps=2", "eval.limit=4", "train.batch_prompts=2", "checkpoint.every=1", "eval.every=0"]
