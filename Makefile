@@ -6,7 +6,7 @@ STAMP  := .venv/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c
 
 VF     := .venv-verifiers/bin/python
 
-.PHONY: install verifiers system-deps smollm run run-real run-swe test test-harnesses test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl trl-venv lint lock clean
+.PHONY: install verifiers system-deps smollm run run-real run-swe test test-harnesses test-latest test-slow test-heavy test-cpus test-docker test-vllm test-megatron bench bench-trl bench-slow-tools trl-venv lint lock clean
 
 ## Exactly the versions in requirements.lock (tested by CI), then agent-rl itself without resolving again.
 install: $(STAMP)
@@ -131,6 +131,12 @@ trl-venv: .venv-trl/.installed
 
 bench-trl: install system-deps trl-venv
 	$(PY) benchmarks/vs_trl.py
+
+## Issue 59, item 5: async k=2 and k=4 against sync where every tool call runs pytest in a container (the swe_tiny
+## suite; docs/benchmarks/slow-tools.md). Needs a Docker engine, or root for a private dockerd. SLOW_TOOLS_ARGS=--quick:
+## a machinery check in minutes (results under runs/bench/slow_tools).
+bench-slow-tools: install system-deps
+	$(PY) benchmarks/slow_tools.py $(SLOW_TOOLS_ARGS)
 
 ## The documentation site (mkdocs.yml, docs/; make test builds it): --strict, so a broken link, a missing page or a
 ## stale generated page (regenerate: .venv/bin/python -m scripts.docs.generate) fails. docs-serve: 127.0.0.1:8000.

@@ -96,6 +96,21 @@ def task_image(task: HarborTask, pool: ContainerPool, *, base: str = BASE_IMAGE)
     return tag, workdir
 
 
+def build_images(
+    tasks: list[HarborTask], pool: ContainerPool, *, workers: int = 4, base: str = BASE_IMAGE
+) -> list[str]:
+    """Every task's image that an episode starts from, built ahead in `workers` threads (a build mostly waits on
+    the engine), so that a run's episodes only start containers; a copy-only task needs none (the base serves it).
+    Returns the tags in the tasks' order; a task that cannot build raises its HarborTaskError (validation's message)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(t: HarborTask) -> str:
+        return base if copy_only(recipe(t, base)) else task_image(t, pool, base=base)[0]
+
+    with ThreadPoolExecutor(max(1, workers)) as ex:
+        return list(ex.map(one, tasks))
+
+
 def _run_steps(task: HarborTask, recipe: Recipe, c: Any, timeout_s: float) -> None:
     assert task.dockerfile is not None
     context, wd, env = task.dockerfile.parent, "/", {}
@@ -129,12 +144,30 @@ def _run_steps(task: HarborTask, recipe: Recipe, c: Any, timeout_s: float) -> No
                 raise HarborTaskError(f"{where}: RUN failed (exit {res.exit_code}): {last}")
 
 
+def copy_only(steps: Recipe | None) -> bool:
+    """True for a Dockerfile whose steps only set WORKDIR/ENV and COPY files (the generated suites' kind): its
+    image is the base plus those files, so an episode's container is a (warm) base container with the files put in,
+    and no image is built or committed for it."""
+    return steps is not None and all(s.kind in ("WORKDIR", "ENV", "COPY") for s in steps.steps)
+
+
 def start_container(
     task: HarborTask, pool: ContainerPool, *, allow_network: bool = False, base: str = BASE_IMAGE
 ):
-    """A fresh container for one episode of `task`; InfraFailure('container_start') when it cannot start."""
+    """A fresh container for one episode of `task`; InfraFailure('container_start') when it cannot start.
+
+    A copy-only Dockerfile (`copy_only`) starts from the base (the same spec for every such task, so the pool's warm
+    containers serve them all) and gets its WORKDIR and files as the build would have made them; any other is
+    built once (`task_image`) and started from its image."""
     try:
-        image, workdir = task_image(task, pool, base=base)
+        steps = recipe(task, base)
+        env = dict(task.config.environment.env)
+        if copy_only(steps):
+            assert steps is not None
+            image, workdir = base, task.workdir or steps.workdir
+            env = {**steps.env, **env}
+        else:
+            image, workdir = task_image(task, pool, base=base)
         spec = ContainerSpec(
             image=image,
             python=image_python(sys.executable),
@@ -142,8 +175,15 @@ def start_container(
             memory_mb=task.resources.memory_mb,
             network=task.resources.network and allow_network,
             workdir=workdir,
-            env=tuple(sorted(task.config.environment.env.items())),
+            env=tuple(sorted(env.items())),
         )
-        return pool.start(spec)
+        c = pool.start(spec)
+        if image == base and copy_only(steps):
+            try:
+                _run_steps(task, steps, c, task.config.environment.build_timeout_sec)  # type: ignore[arg-type]
+            except BaseException:
+                pool.release(c)
+                raise
+        return c
     except (SandboxError, HarborTaskError) as e:
         raise InfraFailure("container_start", f"task {task.name}: {e}") from e

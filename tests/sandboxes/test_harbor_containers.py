@@ -103,6 +103,25 @@ def test_a_task_container_has_the_tasks_limits_and_no_network(pool: ContainerPoo
         pool.release(c)
 
 
+def test_a_copy_only_task_starts_from_the_base_with_its_files_and_no_image_is_built(
+    pool: ContainerPool, tmp_path: Path
+):
+    d = write_task(tmp_path, 7)  # the generated suite's Dockerfile: FROM, WORKDIR /app, COPY app/ /app/
+    task = load_task(d)
+    before = {i.id for i in pool.client.images.list()}
+    c = start_container(task, pool)
+    try:
+        assert c.spec.image == ensure_base(pool)
+        files = sorted(p.name for p in (d / "environment" / "app").iterdir())
+        res = c.exec("pwd; ls; cat " + " ".join(files), timeout_s=60)
+        lines = res.stdout.splitlines()
+        assert lines[0] == "/app" and lines[1 : 1 + len(files)] == files
+        assert "".join((d / "environment" / "app" / f).read_text() for f in files) in res.stdout
+    finally:
+        pool.release(c)
+    assert {i.id for i in pool.client.images.list()} == before
+
+
 def test_no_container_is_left_after_the_pool_closes(docker_host: str):
     p = ContainerPool(docker_host, run=f"test-close-{os.getpid()}", pool="harbor", warm=2)
     base = ensure_base(p)

@@ -1,9 +1,2 @@
 #!/bin/bash
-cat > /app/util.py <<'PYEOF'
-"""util: small helpers."""
-
-
-def is_adult(age):
-    """True when age is at least 13."""
-    return age >= 13
-PYEOF
+sed -i 's|return .*|return h * 60|' /app/*.py

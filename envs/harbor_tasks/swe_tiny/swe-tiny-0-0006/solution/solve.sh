@@ -1,9 +1,2 @@
 #!/bin/bash
-cat > /app/core.py <<'PYEOF'
-"""core: small helpers."""
-
-
-def to_fahrenheit(c):
-    """Degrees Celsius to Fahrenheit."""
-    return c * 9 / 5 + 32
-PYEOF
+sed -i 's|return .*|return price * (100 - 21) / 100|' /app/*.py

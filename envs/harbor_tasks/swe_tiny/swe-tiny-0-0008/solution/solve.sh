@@ -1,9 +1,2 @@
 #!/bin/bash
-cat > /app/tools.py <<'PYEOF'
-"""tools: small helpers."""
-
-
-def difference(a, b):
-    """How much larger a is than b."""
-    return a - b
-PYEOF
+sed -i 's|return .*|return x > 0|' /app/*.py

@@ -1,0 +1,431 @@
+"""Asynchrony where tools are slow: time to a held-out target on the swe_tiny Harbor suite, async k=2 and k=4
+against sync k=0, in one invocation.
+
+    .venv/bin/python benchmarks/slow_tools.py [--quick] [--seeds 3] [--steps 16] [--ks 0,2,4] [--time-limit-min M]
+
+Task: the generated swe_tiny suite (envs/harbor/generate.py, --tasks of them, a stable 34% held out), where
+every tool call does its real work: each episode runs in its own container, its command block applies a sed
+fix and runs the repository's test (pytest in the container), and the reward is the task's hidden tests
+(test.sh: pytest in the container). Recipe: recipes/swe_tiny.yaml with examples/swe_tiny.py's env; the warm
+start is examples/swe_tiny.py's (tiny Qwen2 from scratch, SFT on the oracle solutions' traces), built once in
+--work and shared by every cell. Needs a Docker engine (DOCKER_HOST's when it answers, else a private dockerd
+whose images are kept in --work/dockerd); every task image is built before any run is timed.
+
+Cells (each `agent-rl train` in its own process, as a user runs it): sync k=0 (`buffer.max_staleness=0`) and
+async k in --ks (> 0), VCPO, the same placement. Sync runs --steps steps, the async cells --async-steps-factor
+times as many, so that a run whose accuracy per step equals sync's still shows when it passes sync's final
+accuracy. The target is paired by seed: seed s of every cell is timed to the final held-out accuracy of sync's
+seed s (as benchmarks/async_vs_sync.py). Held-out accuracy is measured after the runs on each run's checkpoints
+(every --every steps, --eval-limit held-out tasks, one sample at T=1), so evaluation never competes with the runs
+it measures. Training time at step s = the sum of `perf/step_seconds` up to s.
+
+Also recorded per run: the share of each episode spent in tools (from the run's trajectory log: each turn's
+env.step seconds — the command in the container, and on the last turn the verifier — over the turn's generation
+plus env seconds) and the episodes in flight, time-averaged (the seconds of all the run's episodes, start to
+verdict, over its wall time: Little's law on the rollout's own counters).
+
+TRL's GRPOTrainer over the same containers is not a cell: see docs/benchmarks/slow_tools.md for why.
+
+Results: benchmarks/results/slow_tools.{json,md} and slow_tools.png; --quick writes slow_tools_quick.* under
+runs/bench/slow_tools unless --out names a folder. Runs go through benchmarks/harness (seeds x cells rotated per
+seed, every finished run a line of --work/runs.jsonl: a stopped invocation goes on where it stopped; past
+--time-limit-min no run starts). `--from-results FILE` writes the markdown and plot anew from a results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_cmd import train_command  # noqa: E402
+
+from benchmarks.harness.provenance import Provenance  # noqa: E402
+from benchmarks.harness.report import results_dir, table  # noqa: E402
+from benchmarks.harness.report import write as report_write  # noqa: E402
+from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
+from benchmarks.harness.stats import mean_se, median_or_none, median_speedup, time_to  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "swe_tiny.yaml"
+GOAL = 2.0  # issue 59 item 5: async reaches the target >= 2x sooner than sync
+K_FIXED = 2  # the async k of the headline, fixed before the runs (the recipe's)
+QUICK = dict(tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2, extra_traces=0)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    k: int
+
+
+def cells_for(ks: list[int]) -> list[Cell]:
+    return [Cell("sync k=0" if k == 0 else f"async k={k}", k) for k in ks]
+
+
+# -- the suite, the warm start and the engine ----------------------------------------------------------------------
+
+
+def prepare(work: Path, tasks: int, quick: bool, docker_host: str | None) -> tuple[Path, Path]:
+    """(warm start dir, env YAML): the suite generated, its images built, the model built and SFT'd (each reused)."""
+    from agent_rl.tools.sft import run_sft
+    from agent_rl.tools.tiny import build_tiny
+    from envs.harbor.generate import generate
+    from examples import swe_tiny
+
+    tasks_dir = work / "tasks"
+    if len(list(tasks_dir.glob("*/task.toml"))) != tasks:
+        shutil.rmtree(tasks_dir, ignore_errors=True)
+        generate(tasks_dir, tasks, seed=0)
+    swe_tiny.prebuild(tasks_dir, docker_host)
+    env = swe_tiny.write_env(work / "swe_tiny_env.yaml", tasks_dir, docker_host)
+    sft_dir = work / "sft"
+    if not (sft_dir / "config.json").is_file():
+        base = work / "base"
+        if not (base / "config.json").is_file():
+            build_tiny(base, swe_tiny.corpus(tasks_dir), seed=0, **swe_tiny.MODEL)
+        extra = QUICK["extra_traces"] if quick else swe_tiny.EXTRA_TRACES
+        swe_tiny.write_sft_data(tasks_dir, base, work / "sft.jsonl", extra=extra)
+        sft = {**swe_tiny.SFT, "epochs": 1} if quick else swe_tiny.SFT
+        run_sft(base, work / "sft.jsonl", sft_dir, **sft)
+    return sft_dir, env
+
+
+# -- one run -------------------------------------------------------------------------------------------------------
+
+
+def train_run(sets: list[str], run_dir: Path) -> dict:
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = train_command(RECIPE, [*sets, f"logging.run_dir={run_dir}"])
+    start, t0 = time.time(), time.monotonic()
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - t0
+    if rc != 0:
+        raise SystemExit(f"{run_dir.name} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}")
+    return {"process_wall_s": wall, "process_start": start}
+
+
+def in_flight(recs: list[dict]) -> dict:
+    """Episodes in flight, time-averaged over the run (Little's law): the seconds of every episode finished in a
+    step (its `rollout/episodes` increment x its mean `rollout/episode_seconds`, from its start to its verdict),
+    summed over the steps, over the run's wall time (the steps' seconds)."""
+    busy, wall, prev = 0.0, 0.0, 0
+    for r in recs:
+        done = r["rollout/episodes"] - prev
+        prev = r["rollout/episodes"]
+        busy += done * r["rollout/episode_seconds"]
+        wall += r["perf/step_seconds"]
+    return {"mean": busy / wall if wall > 0 else None, "episodes": prev}
+
+
+def tool_share(run_dir: Path) -> dict:
+    """Per recorded episode: env seconds / (generation + env seconds) over its turns (the trajectory log)."""
+    from agent_rl.viewer.log import read_index, read_step
+
+    shares, tool_s, episode_s = [], [], []
+    index = read_index(run_dir)
+    for s in index:
+        for t in read_step(run_dir, s.step, index).trajectories:
+            tool = sum(x.tool_seconds for x in t.turns)
+            total = tool + sum(x.gen_seconds for x in t.turns)
+            if total > 0:
+                shares.append(tool / total)
+                tool_s.append(tool)
+                episode_s.append(total)
+    med = statistics.median
+    return {
+        "episodes": len(shares),
+        "tool_share_median": med(shares) if shares else None,
+        "tool_share_mean": statistics.mean(shares) if shares else None,
+        "tool_seconds_median": med(tool_s) if tool_s else None,
+        "episode_seconds_median": med(episode_s) if episode_s else None,
+    }
+
+
+def curve_of(run_dir: Path, accuracy: dict[int, float], start_acc: float) -> tuple[list, list]:
+    """(curve on training time, per-step records): [(seconds, accuracy)] from the warm start on."""
+    from agent_rl.metrics import read_metrics
+
+    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+    cum, t = [], 0.0
+    for r in recs:
+        t += r["perf/step_seconds"]
+        cum.append(t)
+    return [(0.0, start_acc)] + [(cum[s - 1], a) for s, a in sorted(accuracy.items()) if s <= len(cum)], recs
+
+
+def evaluate_checkpoints(run_dir: Path, sets: list[str]) -> dict[int, float]:
+    from agent_rl.config import load_recipe
+    from agent_rl.evaluate import evaluate
+
+    recipe = load_recipe(RECIPE, sets)
+    out = {}
+    for ck in sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
+        out[int(ck.name.split("_")[1])] = evaluate(recipe, checkpoint=ck).accuracy
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="machinery check: 24 tasks, 1 SFT epoch on their train traces, 1 seed, k in {0,2}, 2 steps "
+        "of 2 prompts, 4 eval tasks; writes slow_tools_quick.* (accuracies are not meaningful)",
+    )
+    p.add_argument("--tasks", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=16, help="steps of the sync runs")
+    p.add_argument("--async-steps-factor", type=float, default=1.5)
+    p.add_argument("--every", type=int, default=4, help="checkpoint (and evaluation) interval in steps")
+    p.add_argument("--ks", default="0,2,4")
+    p.add_argument("--eval-limit", type=int, default=100, help="held-out tasks per checkpoint")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_slow_tools")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
+    p.add_argument(
+        "--docker-host", default=None, help="default: DOCKER_HOST's engine, else a private dockerd"
+    )
+    p.add_argument("--time-limit-min", type=float, help="start no run after this many minutes")
+    p.add_argument(
+        "--from-results", type=Path, help="write the markdown and plot anew from this results file"
+    )
+    args = p.parse_args(argv)
+    if args.from_results:
+        data = json.loads(args.from_results.read_text())
+        write(data, args.out or args.from_results.parent, args.from_results.stem)
+        return 0
+    out_dir = results_dir(args.out, scratch=args.quick, name="slow_tools")
+    batch_prompts = None
+    if args.quick:
+        q = QUICK
+        args.tasks, args.seeds, args.steps, args.every, args.ks = (
+            q["tasks"],
+            q["seeds"],
+            q["steps"],
+            q["every"],
+            q["ks"],
+        )
+        args.eval_limit, batch_prompts = q["eval_limit"], q["batch_prompts"]
+        if args.work == p.get_default("work"):
+            args.work = ROOT / "runs" / "bench_slow_tools_quick"
+    ks = [int(k) for k in args.ks.split(",")]
+    if ks[0] != 0:
+        raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    prov = Provenance()
+    from envs.harbor.private_dockerd import docker_engine
+
+    with docker_engine(args.docker_host, data_root=args.work / "dockerd") as host:
+        log(f"suite ({args.tasks} tasks), task images and warm start (cached in {args.work})")
+        model, env = prepare(args.work, args.tasks, args.quick, host)
+        base_sets = [f"model.path={model}", f"envs.train={env}", "logging.trajectories=all"]
+        if batch_prompts:
+            base_sets.append(f"train.batch_prompts={batch_prompts}")
+        eval_sets = [f"model.path={model}", f"envs.train={env}", f"eval.limit={args.eval_limit}"]
+        from agent_rl.config import load_recipe
+        from agent_rl.evaluate import evaluate
+
+        start_acc = evaluate(load_recipe(RECIPE, eval_sets)).accuracy
+        log(f"warm start held-out accuracy {start_acc:.3f}")
+        cells = cells_for(ks)
+        by_name = {c.name: c for c in cells}
+
+        def run_one(job: Job) -> dict:
+            cell = by_name[job.cell]
+            steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
+            run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
+            sets = [*base_sets, f"buffer.max_staleness={cell.k}", f"train.steps={steps}",
+                    f"train.seed={job.seed}", f"checkpoint.every={args.every}"]  # fmt: skip
+            rec = train_run(sets, run_dir)
+            acc = evaluate_checkpoints(run_dir, eval_sets)
+            curve, recs = curve_of(run_dir, acc, start_acc)
+            sync_steps = [a for s, a in sorted(acc.items()) if s <= args.steps]
+            return {
+                "run_dir": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
+                "k": cell.k,
+                "steps": steps,
+                "curve": curve,
+                "final_accuracy": sync_steps[-1] if sync_steps else start_acc,
+                "end_accuracy": curve[-1][1],
+                "train_seconds": curve[-1][0] if len(curve) > 1 else 0.0,
+                "seconds_per_step_median": statistics.median(r["perf/step_seconds"] for r in recs),
+                "wait_seconds": sum(r.get("perf/wait_seconds", 0.0) for r in recs),
+                "tools": tool_share(run_dir),
+                "in_flight": in_flight(recs),
+                **rec,
+            }
+
+        jobs = plan([c.name for c in cells], range(args.seeds))
+        limit = None if args.time_limit_min is None else args.time_limit_min * 60
+        outcome = Runner(args.work, limit).run(jobs, run_one, log)
+    done = [
+        s
+        for s in range(args.seeds)
+        if all(Job(c.name, s).key not in {j.key for j in outcome.missing} for c in cells)
+    ]
+    if not done:
+        log(f"no seed has all its cells yet ({len(outcome.missing)} runs left): run the same command again")
+        return 0
+    runs = [r for r in outcome.records if r["seed"] in done]
+    data = {
+        "meta": prov.meta(),
+        "design": {
+            "recipe": str(RECIPE.relative_to(ROOT)),
+            "tasks": args.tasks,
+            "sync_steps": args.steps,
+            "async_steps_factor": args.async_steps_factor,
+            "checkpoint_every": args.every,
+            "eval_tasks": args.eval_limit,
+            "ks": ks,
+            "seeds": len(done),
+            "batch_prompts": batch_prompts or load_recipe(RECIPE, []).train.batch_prompts,
+            "max_in_flight": load_recipe(RECIPE, []).rollout.max_concurrent_episodes,
+            "warm_start_accuracy": start_acc,
+            "trl": "not run (docs/benchmarks/slow_tools.md says why)",
+        },
+        "cells": runs,
+    }
+    data["summary"] = summarise(runs, cells)
+    write(data, out_dir, "slow_tools_quick" if args.quick else "slow_tools")
+    return 0
+
+
+def summarise(runs: list[dict], cells: list[Cell]) -> dict:
+    """Times to each seed's target (sync's final accuracy, same seed) and the ratios against sync."""
+    target = {r["seed"]: r["final_accuracy"] for r in runs if r["k"] == 0}
+    per_cell = {}
+    for c in cells:
+        rs = [r for r in runs if r["cell"] == c.name]
+        times = {r["seed"]: time_to(r["curve"], target[r["seed"]]) for r in rs}
+        finals = mean_se(r["final_accuracy"] for r in rs)
+        per_cell[c.name] = {
+            "k": c.k,
+            "runs": len(rs),
+            "time_to_target_s": times,
+            "time_to_target_median_s": median_or_none(times.values()),
+            "final_accuracy_mean": finals.mean,
+            "final_accuracy_se": finals.se,
+            "end_accuracy_mean": statistics.mean(r["end_accuracy"] for r in rs),
+            "seconds_per_step_median": statistics.median(r["seconds_per_step_median"] for r in rs),
+            "tool_share_median": median_or_none(r["tools"]["tool_share_median"] for r in rs),
+            "episode_seconds_median": median_or_none(r["tools"]["episode_seconds_median"] for r in rs),
+            "in_flight_mean": median_or_none(r["in_flight"]["mean"] for r in rs),
+        }
+    sync = per_cell["sync k=0"]["time_to_target_s"]
+    ratios = {}
+    for name, c in per_cell.items():
+        if c["k"] > 0:
+            med, per_seed = median_speedup(sync, c["time_to_target_s"])
+            ratios[name] = {"speedup_median": med, "per_seed": per_seed}
+    fixed = ratios.get(f"async k={K_FIXED}", {}).get("speedup_median")
+    return {
+        "target_per_seed": target,
+        "per_cell": per_cell,
+        "speedup_vs_sync": ratios,
+        "goal": f"async k={K_FIXED} reaches sync's final accuracy >= {GOAL}x sooner than sync",
+        "goal_reached": None if fixed is None else fixed >= GOAL,
+    }
+
+
+def write(data: dict, folder: Path, stem: str) -> None:
+    report_write(stem, data, folder, markdown)
+    plot(data, folder / f"{stem}.png")
+
+
+def markdown(data: dict) -> str:
+    def f(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    m, d, s = data["meta"], data["design"], data["summary"]
+    rows = []
+    for name, c in s["per_cell"].items():
+        r = s["speedup_vs_sync"].get(name)
+        rows.append([
+            name, c["runs"], f"{f(c['final_accuracy_mean'], '{:.3f}')} ± {f(c['final_accuracy_se'], '{:.3f}')}",
+            f(c["time_to_target_median_s"], "{:.0f}"),
+            "-" if r is None else f"{f(r['speedup_median'])} ({', '.join(f(x) for x in r['per_seed'])})",
+            f(c["seconds_per_step_median"]), f(c["tool_share_median"]), f(c["episode_seconds_median"], "{:.1f}"),
+            f(c["in_flight_mean"], "{:.1f}"),
+        ])  # fmt: skip
+    goal = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}[s["goal_reached"]]
+    return "\n".join(
+        [
+            "# Asynchrony where tools are slow (swe_tiny in containers)",
+            "",
+            f"`{m['command']}`; {m['date']}, commit {m['commit']}, {m['cpu']['model']} ({m['cpu']['cores']} cores), "
+            f"load average {m['load_before'][0]:.2f} at the start and {m['load_after'][0]:.2f} at the end; "
+            f"{m['elapsed_s'] / 60:.1f} min.",
+            "",
+            f"{d['tasks']} tasks, {d['batch_prompts']} prompts x 4 samples per step, sync {d['sync_steps']} steps "
+            f"(async x{d['async_steps_factor']}), checkpoints every {d['checkpoint_every']} steps scored on "
+            f"{d['eval_tasks']} held-out tasks; warm start {d['warm_start_accuracy']:.3f}; {d['seeds']} seed(s). "
+            f"Target: each seed's sync final accuracy ({', '.join(f'{v:.3f}' for v in s['target_per_seed'].values())}).",
+            "",
+            f"**Goal ({s['goal']}): {goal}.** TRL: {d['trl']}.",
+            "",
+            *table(
+                [
+                    "cell",
+                    "runs",
+                    "final acc (mean ± SE)",
+                    "time to target (s, median)",
+                    "x sooner than sync (median; per seed)",
+                    "s/step",
+                    "tool share of an episode (median)",
+                    "episode s (median)",
+                    "episodes in flight (mean / max)",
+                ],
+                rows,
+            ),  # fmt: skip
+            "",
+            "Time: training time (sum of per-step seconds) to the paired sync seed's final accuracy; 0 in a per-seed",
+            "ratio = never reached. Tool share: env.step seconds (the command block in the container, on the last turn",
+            "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: the episodes' seconds",
+            f"(start to verdict) over the run's wall time, time-averaged (Little's law); at most {d.get('max_in_flight', '-')}.",
+            "",
+        ]
+    )
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors: dict[str, str] = {}
+    for r in data["cells"]:
+        c = colors.setdefault(r["cell"], f"C{len(colors)}")
+        t, a = zip(*r["curve"], strict=True)
+        ax.plot(t, a, color=c, marker=".", alpha=0.8, label=r["cell"] if r["seed"] == min(
+            x["seed"] for x in data["cells"]) else None)  # fmt: skip
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel("held-out solve rate")
+    ax.legend()
+    ax.set_title("swe_tiny: held-out solve rate vs wall time, every seed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

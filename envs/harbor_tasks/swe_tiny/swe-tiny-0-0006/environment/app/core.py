@@ -1,6 +1,0 @@
-"""core: small helpers."""
-
-
-def to_fahrenheit(c):
-    """Degrees Celsius to Fahrenheit."""
-    return c * 9 / 5 + 33

@@ -1,6 +1,0 @@
-"""helpers: small helpers."""
-
-
-def range_sum(a, b):
-    """Sum of the integers from a to b, both included."""
-    return sum(range(a, b))

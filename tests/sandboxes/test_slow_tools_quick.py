@@ -1,0 +1,35 @@
+"""benchmarks/slow_tools.py --quick end to end with a Docker engine (the private dockerd of conftest.py): suite,
+images, warm start, a sync and an async run in containers, their checkpoints evaluated, the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.heavy  # a warm start, image builds, two training runs in containers, their evaluations: minutes
+def test_the_quick_run_writes_its_results_file(docker_host: str, tmp_path: Path):
+    out = subprocess.run(
+        [sys.executable, "benchmarks/slow_tools.py", "--quick", "--docker-host", docker_host,
+         "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "slow_tools_quick.json").read_text())
+    cells = {r["cell"] for r in data["cells"]}
+    assert cells == {"sync k=0", "async k=2"}
+    for r in data["cells"]:
+        assert r["tools"]["episodes"] > 0 and 0 < r["tools"]["tool_share_median"] <= 1
+        assert r["in_flight"]["episodes"] > 0 and r["in_flight"]["mean"] > 0
+    assert (tmp_path / "out" / "slow_tools_quick.md").is_file() and (
+        tmp_path / "out" / "slow_tools_quick.png"
+    ).is_file()
