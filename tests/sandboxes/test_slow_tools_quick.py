@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.heavy  # a warm start, image builds, two training runs in containers, their evaluations: minutes
+# a warm start, image builds, two training runs in containers, their evaluations: 6-12 min, too long for CI's 45 min
+# beside make test-heavy; run it as `pytest -m bench tests/sandboxes/test_slow_tools_quick.py` (or the benchmark
+# itself: make bench-slow-tools SLOW_TOOLS_ARGS=--quick)
+@pytest.mark.bench
 def test_the_quick_run_writes_its_results_file(docker_host: str, tmp_path: Path):
     out = subprocess.run(
         [sys.executable, "benchmarks/slow_tools.py", "--quick", "--docker-host", docker_host,
