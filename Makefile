@@ -109,6 +109,7 @@ bench: install system-deps
 	$(PY) benchmarks/vcpo_overhead.py
 	$(PY) benchmarks/sandbox_bench.py
 	$(PY) benchmarks/engine_bench.py
+	$(PY) benchmarks/engine_packed_linears.py
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/long_context.py
 	$(PY) benchmarks/packing.py
@@ -123,14 +124,17 @@ bench: install system-deps
 	$(PY) benchmarks/constrained_is.py
 	$(PY) benchmarks/moe_replay.py
 	$(MAKE) bench-trl
+	$(MAKE) bench-slow-tools
 
-## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min).
+## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min), then
+## where each core's time goes in both (benchmarks/vs_trl_profile.py).
 trl-venv: .venv-trl/.installed
 .venv-trl/.installed: scripts/setup_trl.sh
 	bash scripts/setup_trl.sh
 
 bench-trl: install system-deps trl-venv
 	$(PY) benchmarks/vs_trl.py
+	$(PY) benchmarks/vs_trl_profile.py
 
 ## Issue 59, item 5: async k=2 and k=4 against sync where every tool call runs pytest in a container (the swe_tiny
 ## suite; docs/benchmarks/slow-tools.md). Needs a Docker engine, or root for a private dockerd. SLOW_TOOLS_ARGS=--quick:
