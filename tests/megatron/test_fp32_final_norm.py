@@ -69,10 +69,10 @@ def batch(model_dir):
     return collate(make_groups(model_dir, seed=0)).policy
 
 
-def _spec(model_dir, layout: str, head_fp32: bool, dtype: str = "bfloat16"):
+def _spec(model_dir, layout: str, head_fp32: bool, dtype: str = "bfloat16", algorithm: dict | None = None):
     from agent_rl.learners.megatron import megatron_spec
 
-    r = recipe(model_dir, backend="megatron", dtype=dtype, pack_sequences=False, **LAYOUTS[layout])
+    r = recipe(model_dir, algorithm, backend="megatron", dtype=dtype, pack_sequences=False, **LAYOUTS[layout])
     r = r.model_copy(update={"model": r.model.model_copy(update={"lm_head_fp32": head_fp32})})
     return megatron_spec(r.learner_spec)
 
@@ -126,6 +126,7 @@ def final_norm_worker(rank: int, world: int, port: int, specs: dict, batch, out:
             "eps": learner.shape.norm_eps,
             "metrics": metrics,
             "grads": captured["grads"],
+            "ghost": None if learner._step.ghost is None else type(learner._step.ghost).__name__,
         }
     if rank == 0:
         torch.save(result, out)
@@ -141,6 +142,7 @@ def records(request, model_dir, batch, tmp_path_factory):
         "on": _spec(model_dir, layout, True),
         "off": _spec(model_dir, layout, False),
         "fp32": _spec(model_dir, layout, False, dtype="float32"),
+        "ghost": _spec(model_dir, layout, True, algorithm={"opob_norms": "ghost"}),
     }
     world = specs["on"].world
     out = tmp_path_factory.mktemp(f"fp32_norm_{layout}") / "records.pt"
@@ -222,3 +224,17 @@ def test_rms_norm_out_dtype_keeps_fp32_and_its_backward_returns_the_input_dtype(
     g16 = torch.autograd.grad((y16 * dy).sum(), (x, w))
     for a, b in zip(g32, g16, strict=True):
         assert torch.equal(a, b)
+
+
+def test_ghost_norms_hook_the_fp32_final_norm(records):
+    """opob_norms: ghost with lm_head_fp32 (ghost.py hooks every norm, the final one too, whose output and output
+    gradient are now fp32): the same step as the backward per trajectory within test_ghost_megatron.py's
+    BF16_RTOL (= GRAD_RTOL here), metrics and gradient."""
+    rec, ref = records["ghost"], records["on"]
+    assert ref["ghost"] is None and rec["ghost"] == "MegatronGhostNorms"
+    for key in ("grad_norm", "traj_grad_norm_mean", "traj_grad_norm_max", "baseline_mean", "ess"):
+        assert rec["metrics"][key] == pytest.approx(ref["metrics"][key], rel=GRAD_RTOL), key
+    flat = lambda grads: torch.cat([grads[k].flatten() for k in sorted(grads)])  # noqa: E731
+    want = flat(ref["grads"])
+    err = float((flat(rec["grads"]) - want).norm() / want.norm())
+    assert err <= GRAD_RTOL, f"relative gradient error {err:.3g}"
