@@ -72,7 +72,12 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
     Under sequence parallelism each TP rank normalises its own slice of the sequence, so its
     weight gradient is a partial sum over that slice; marking the weight `sequence_parallel`
     (as TENorm does) makes `grad_reduce.allreduce_sequence_parallel_grads` sum it over TP.
+
+    `out_dtype` (None: the input's dtype) is what the output is rounded to; the learner sets it to fp32 on the
+    decoder's final norm under model.lm_head_fp32 (rank.py), so the head gets that norm's output unrounded.
     """
+
+    out_dtype: torch.dtype | None = None
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused) -> None:
         if config.normalization != "RMSNorm":
@@ -85,4 +90,4 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from agent_rl.learners.megatron.rms_norm import rms_norm
 
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.out_dtype)

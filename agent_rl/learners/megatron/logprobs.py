@@ -76,9 +76,9 @@ def _token_logprobs(
     model, hidden: Tensor, labels: Tensor, par: ParallelConfig, temperature: float, head_fp32: bool = False
 ) -> Tensor:
     """[B, S] log p(labels) from the final hidden states [S (/ tp under SP), B, H], never gathering the vocabulary.
-    `head_fp32` (model.lm_head_fp32): the final norm's output and this rank's vocabulary shard of the output
-    weight upcast to fp32, so the head's GEMMs (forward and backward) run in fp32; gradients flow back through
-    the casts into the model's dtype."""
+    `head_fp32` (model.lm_head_fp32): the final norm's output (fp32 already where the rank built its final norm
+    with `rank.final_norm_in_fp32`) and this rank's vocabulary shard of the output weight upcast to fp32, so the
+    head's GEMMs (forward and backward) run in fp32; gradients flow back through the casts into the model's dtype."""
     from megatron.core import parallel_state as ps
 
     from agent_rl.learners.megatron.linear_logprobs import linear_logprobs

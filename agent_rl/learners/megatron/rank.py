@@ -6,7 +6,8 @@ Megatron's own order "tp-cp-dp" places the TP ranks of a replica next to each ot
 
 Precision (learner.dtype): float32 trains the model's own parameters; bfloat16 builds the model
 in bf16 (forward and backward in bf16, every recompute setting) and gives vcpo.Step and AdamW
-fp32 main copies (`mixed_precision.MainParams`), megatron's bf16 scheme.
+fp32 main copies (`mixed_precision.MainParams`), megatron's bf16 scheme. With model.lm_head_fp32 the decoder's
+final norm returns fp32 (`final_norm_in_fp32`), so the head (logprobs.py) gets it unrounded.
 """
 
 from __future__ import annotations
@@ -113,6 +114,28 @@ def computes_on_cpu(device: str | None) -> bool:
     return not torch.cuda.is_available()
 
 
+def final_norm_in_fp32(model: torch.nn.Module) -> None:
+    """model.lm_head_fp32 on a bf16 model: the decoder's final norm returns its output in fp32, unrounded.
+
+    The norm computes in fp32 either way (rms_norm.py); this keeps it from rounding its output to bf16. Nothing
+    between it and the head casts it back (megatron-core 0.16): TransformerBlock passes it through
+    `make_viewless_tensor` (which keeps the dtype), HiddenStatesGPTModel returns it as is (no Float16Module or DDP
+    wrapper here: mixed_precision.py), and linear_logprobs' sequence-parallel all-gather keeps its dtype. Its
+    gradient comes back in fp32 and the norm returns dx in bf16. Transformer Engine's TENorm (GPUs with TE) has
+    no such option: it is replaced by `SequenceParallelRMSNorm`, the same RMSNorm with the same parameter name
+    (`decoder.final_layernorm.weight`) and SP tag; call this before weights are loaded or copied."""
+    from agent_rl.learners.megatron.cpu_compat import SequenceParallelRMSNorm
+
+    decoder = model.decoder
+    norm = decoder.final_layernorm
+    if not isinstance(norm, SequenceParallelRMSNorm):
+        config = model.config
+        device = next(norm.parameters()).device
+        norm = SequenceParallelRMSNorm(config, config.hidden_size, eps=config.layernorm_epsilon).to(device)
+        decoder.final_layernorm = norm
+    norm.out_dtype = torch.float32
+
+
 class MegatronRank:
     def __init__(self, spec: MegatronSpec, device: str | None = None) -> None:
         self.spec, rs = spec, spec.rank
@@ -132,6 +155,8 @@ class MegatronRank:
         self.model = build_gpt_model(
             self.shape, spec.par, dtype=compute, cpu=self.cpu, recompute=spec.recompute
         )
+        if rs.lm_head_fp32 and compute.itemsize < 4:  # before MainParams copies the parameters
+            final_norm_in_fp32(self.model)
         # What AdamW and vcpo.Step train: the model's own fp32 parameters, or fp32 main copies of bf16 ones.
         self.main = MainParams(self.model) if compute != torch.float32 else None
         self.trained: torch.nn.Module = self.main if self.main is not None else self.model
