@@ -105,7 +105,9 @@ test-vllm: install
 test-megatron: install
 	$(PY) -m pytest -q -m megatron
 
-bench: install system-deps
+bench: install system-deps smollm
+	@# SmolLM2-135M-Instruct where the engine benchmarks look for it (runs/smollm2), once
+	test -f runs/smollm2/config.json || .venv/bin/agent-rl prepare smollm2 --out runs/smollm2
 	$(PY) benchmarks/vcpo_overhead.py
 	$(PY) benchmarks/sandbox_bench.py
 	$(PY) benchmarks/engine_bench.py

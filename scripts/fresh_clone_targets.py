@@ -55,6 +55,7 @@ NOT_RUN = {
     "bench": "every benchmark, hours; each writes its own results file",
     "run-swe": "the swe_tiny learning run in containers (tens of minutes); its --quick pipeline runs in make test-heavy",
     "bench-trl": "the TRL comparison, about an hour, in its own venv",
+    "bench-slow-tools": "the slow-tools benchmark in containers, hours (estimated); part of make bench",
     "trl-venv": "bench-trl's venv",
     "lock": "re-resolves requirements.lock against the registry (changes the file)",
     "lint": "ruff; make test runs ruff check",
