@@ -30,7 +30,7 @@ def _run(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_a_misspelt_part_is_refused_before_anything_is_installed(tmp_path: Path) -> None:
     r = _run(tmp_path, {"PARTS": "pytest holdd"})
     assert r.returncode == 2
-    assert "PARTS: unknown part 'holdd' (pytest, profile, reads, hold, learners)" in r.stdout
+    assert "PARTS: unknown part 'holdd' (pytest, profile, reads, hold, learners, mainjob)" in r.stdout
     assert not (tmp_path / "out" / "logs.tar.gz").exists(), "nothing ran, nothing was packed"
 
 

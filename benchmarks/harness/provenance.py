@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -34,8 +35,11 @@ PACKAGES = ("agent-rl", "torch", "transformers", "trl", "vllm", "megatron-core")
 
 
 def portable(text: str) -> str:
-    """`text` with this checkout's absolute path written `.` and its parent folder's `..`."""
-    return text.replace(str(ROOT), ".").replace(str(ROOT.parent), "..")
+    """`text` with this checkout's absolute path written `.` and its parent folder's `..`: whole path prefixes
+    only, so a checkout in /work leaves `tir/workers=1` as it is (no path character before or after the match)."""
+    for path, short in ((ROOT, "."), (ROOT.parent, "..")):
+        text = re.sub(rf"(?<![\w.-]){re.escape(str(path))}(?![\w.-])", short, text)
+    return text
 
 
 def commit() -> str:

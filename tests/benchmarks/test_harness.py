@@ -165,3 +165,13 @@ def test_smoke_runs_write_under_runs_unless_out_is_given(tmp_path):
     assert report.results_dir(None, scratch=True, name="x") == ROOT / "runs" / "bench" / "x"
     assert report.results_dir(tmp_path, scratch=True, name="x") == tmp_path
     assert report.table(["a", "b"], [[1, None]]) == ["| a | b |", "|---|---|", "| 1 | - |"]
+
+
+def test_portable_rewrites_whole_path_prefixes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout at /work/main: its paths shortened, and a results key 'tir/workers=1' left whole (its '/work' is not
+    a path: a path character follows it)."""
+    monkeypatch.setattr(provenance, "ROOT", Path("/work/main"))
+    text = "/work/main/benchmarks/x.py /work/other cd /work/main; current/tir/workers=1 /work/main-old"
+    assert (
+        provenance.portable(text) == "./benchmarks/x.py ../other cd .; current/tir/workers=1 ../main-old"
+    )
