@@ -355,11 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.work}/runs.jsonl has runs of {stale} steps, not {args.steps}: give a new --work"
         )
     outcome = Runner(args.work, limit).run(jobs, run_one, log)
-    done = [
-        s
-        for s in range(args.seeds)
-        if all(Job(c.name, s).key not in {j.key for j in outcome.missing} for c in cells)
-    ]
+    done = outcome.complete_seeds([c.name for c in cells], range(args.seeds))
     if not done:
         log(f"no seed has all its cells yet ({len(outcome.missing)} runs left): run the same command again")
         return 0

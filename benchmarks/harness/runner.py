@@ -71,6 +71,11 @@ class Outcome:
     records: list[dict]  # every finished run of the plan (earlier invocations' too), in plan order
     missing: list[Job]  # the plan's runs not run (time limit)
 
+    def complete_seeds(self, cells: Sequence[str], seeds: Sequence[int]) -> list[int]:
+        """The seeds whose every cell has run (a report compares cells seed by seed)."""
+        missing = {j.key for j in self.missing}
+        return [s for s in seeds if all(Job(c, s).key not in missing for c in cells)]
+
 
 class Runner:
     """`Runner(work, time_limit_s).run(jobs, fn)`: fn(job) -> dict (the run's record, JSON-able) for each job not

@@ -172,6 +172,10 @@ def test_portable_rewrites_whole_path_prefixes_only(monkeypatch: pytest.MonkeyPa
     a path: a path character follows it)."""
     monkeypatch.setattr(provenance, "ROOT", Path("/work/main"))
     text = "/work/main/benchmarks/x.py /work/other cd /work/main; current/tir/workers=1 /work/main-old"
-    assert (
-        provenance.portable(text) == "./benchmarks/x.py ../other cd .; current/tir/workers=1 ../main-old"
-    )
+    assert provenance.portable(text) == "./benchmarks/x.py ../other cd .; current/tir/workers=1 ../main-old"
+
+
+def test_complete_seeds_are_those_with_every_cell_run() -> None:
+    out = runner.Outcome(records=[], missing=[runner.Job("B", 1), runner.Job("A", 2)])
+    assert out.complete_seeds(["A", "B"], [0, 1, 2]) == [0]
+    assert out.complete_seeds(["A"], range(3)) == [0, 1]
