@@ -231,6 +231,33 @@ def vs_trl_headline() -> str:
     )
 
 
+def vs_trl_goals() -> str:
+    """Issue 62's goals on the toy job, each reached or not, from the results file: k=K against TRL's fastest cell to
+    the target (training >= 1.5x, whole-process >= 1.2x), and k=0's step against the fastest TRL cell's step."""
+    s = load("vs_trl.json")
+    h, cells = s["summary"]["headline"], s["summary"]["per_cell"]
+    k = s["k_async_fixed_before_runs"]
+    d = h[f"agent-rl k={k}"]
+    trl = {n: c["s_per_step"]["median"] for n, c in cells.items() if n.startswith("trl")}
+    fastest = min(trl, key=trl.get)
+    step = cells["agent-rl k=0"]["s_per_step"]["median"] / trl[fastest]
+    tune = s["tuning"]["median_s_per_step"]
+    chosen = s["tuning"]["chosen"]
+    tuned = tune[f"agent-rl k=0: {chosen['agent-rl k=0']['label']}"] / tune[f"trl: {chosen['trl']['label']}"]
+
+    def said(ok: bool) -> str:
+        return "**reached**" if ok else "**not reached**"
+
+    return "\n".join([
+        f"- k={k} reaches the target >= 1.5× sooner than TRL's fastest cell to it in training time: "
+        f"{said(d['speedup_train'] >= 1.5)}, {_ratio(d['speedup_train'])}; >= 1.2× in whole-process time: "
+        f"{said(d['speedup_process'] >= 1.2)}, {_ratio(d['speedup_process'])}.",
+        f"- k=0's step <= TRL's fastest step: {said(step <= 1)} over the runs, {_ratio(step)} the step of "
+        f"{fastest} (median s/step over {s['seeds']} seeds × {s['steps']} steps); in the tuning pass "
+        f"({s['tuning']['steps']} steps) {_ratio(tuned)}.",
+    ])  # fmt: skip
+
+
 def async_headline() -> str:
     """Async k=K (fixed before the runs) against sync: the median of the per-seed ratios, which it lists."""
     s = load("async_vs_sync.json")["summary"]
@@ -405,6 +432,17 @@ def headline(docs: str = "docs/") -> str:
 FULL_VS_TRL = (3, 30)  # seeds x steps of `make bench-trl`
 
 
+def _busier(cells: dict, k: int) -> str:
+    """How agent-rl k's cores busy compares with the TRL cells', for the CPU-time sentence."""
+    ours = cells[f"agent-rl k={k}"]["cores_busy"]["median"]
+    trl = [c["cores_busy"]["median"] for name, c in cells.items() if name.startswith("trl")]
+    if ours > max(trl):
+        return "uses more of the two cores than every TRL cell, which the CPU-time ratio charges it for"
+    if ours < min(trl):
+        return "uses less of the two cores than every TRL cell (a core partly idle), which the CPU-time ratio credits"
+    return "uses as much of the two cores as the TRL cells, within their range"
+
+
 def vs_trl_caveats() -> str:
     """What the measured vs_trl invocation did and how strong its headline is, from vs_trl.json."""
     s = load("vs_trl.json")
@@ -472,7 +510,7 @@ def vs_trl_caveats() -> str:
         + ".",
         "- Cores busy (CPU seconds over wall time, median): "
         + ", ".join(f"{name} {c['cores_busy']['median']:.2f}" for name, c in cells.items())
-        + f"; agent-rl k={k} uses more of the two cores, which the CPU-time ratio charges it for.",
+        + f"; agent-rl k={k} {_busier(cells, k)}.",
     ]  # fmt: skip
     if (s["seeds"], s["steps"]) != FULL_VS_TRL:
         out.append(
@@ -772,6 +810,7 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "async_headline": lambda docs: async_headline(),
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
+    "vs_trl_goals": lambda docs: vs_trl_goals(),
     "moe_replay_verdict": lambda docs: moe_replay_verdict(),
     "reliability_faults": lambda docs: reliability_faults(),
     "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),

@@ -50,12 +50,6 @@ def test_vs_trl_results_carry_the_tuning_pass_of_the_same_invocation(data: dict)
     # measured
     want = {f"{name}: {c.label}" for name, cs in vs_trl.candidates().items() for c in cs}
     measured = set(t["median_s_per_step"])
-    if measured < want and not any("learner micro-batch" in k for k in measured):
-        # issue 62 added the learner's micro-batch to agent-rl's candidates; a file measured before lacks
-        # them and says nothing about them: the next full run (benchmarks/vs_trl.py, idle machine) carries them
-        pytest.xfail(
-            f"{RESULTS.name} predates the learner micro-batch candidates: re-run benchmarks/vs_trl.py"
-        )
     assert measured == want
 
 
