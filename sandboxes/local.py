@@ -88,6 +88,19 @@ def _minimal_roots(paths: set[str]) -> tuple[str, ...]:
     return tuple(roots)
 
 
+def system_binds() -> list[str]:
+    """bwrap arguments that give a sandbox the host's /usr and its top-level lib/bin links or folders, read-only:
+    what runs a host binary, and nothing of /tmp, /home or other mounts that come and go."""
+    out = ["--ro-bind", "/usr", "/usr"]
+    for top in ("lib", "lib64", "lib32", "bin", "sbin"):
+        path = f"/{top}"
+        if os.path.islink(path):
+            out += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            out += ["--ro-bind", path, path]
+    return out
+
+
 def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
     """The bwrap command line that starts one fork-server sandbox."""
     cmd = [opts.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
@@ -104,13 +117,7 @@ def bwrap_command(opts: LocalOptions, as_root: bool) -> list[str]:
     cmd += ["--proc", "/proc", "--dev", "/dev"]
     cmd += ["--perms", "1777", "--size", str(opts.tmp_bytes), "--tmpfs", "/tmp"]
     cmd += ["--perms", "1777", "--size", str(4 * MiB), "--tmpfs", "/dev/shm"]
-    cmd += ["--ro-bind", "/usr", "/usr"]
-    for top in ("lib", "lib64", "lib32", "bin", "sbin"):
-        path = f"/{top}"
-        if os.path.islink(path):
-            cmd += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            cmd += ["--ro-bind", path, path]
+    cmd += system_binds()
     made: set[str] = set()
     keep: set[str] = set()  # top-level /tmp entries that are host paths: the fork-server must not empty them
     for path in (*python_paths(opts.python), *opts.ro_binds):
@@ -166,16 +173,21 @@ async def stop_process(proc: asyncio.subprocess.Process, inner_first: bool = Fal
     await proc.wait()
 
 
+def probe_command(opts: LocalOptions) -> list[str]:
+    """The namespaces a sandbox needs, tried on `true` with the sandbox's own system binds. Not a bind of the
+    whole of /: bwrap binds such a tree recursively, and a mount that goes away meanwhile (a container's overlay
+    under /tmp as a Docker engine removes it) failed the probe as if namespaces were missing."""
+    user = ["--unshare-user"] if os.geteuid() != 0 else []
+    return [opts.bwrap, *user, "--unshare-pid", "--unshare-net", *system_binds(), "--dev", "/dev", "true"]
+
+
 def check_available(opts: LocalOptions) -> None:
     """Fail early, with what to install, if bwrap or namespaces are unusable here."""
     if shutil.which(opts.bwrap) is None:
         raise SandboxError(f"local sandbox: `{opts.bwrap}` not found; {_INSTALL_HINT}")
     if opts.seccomp:
         filter_bpf()  # raises, saying what to install, when libseccomp cannot be loaded
-    probe = [opts.bwrap, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "true"]
-    if os.geteuid() != 0:
-        probe[1:1] = ["--unshare-user"]
-    result = subprocess.run(probe, capture_output=True, text=True)
+    result = subprocess.run(probe_command(opts), capture_output=True, text=True)
     if result.returncode != 0:
         raise SandboxError(
             f"local sandbox: bwrap cannot create namespaces here ({result.stderr.strip()}); "

@@ -135,3 +135,18 @@ async def test_seccomp_false_runs_without_the_filter() -> None:
     async with sandboxes.create("local", seccomp=False) as sb:
         result = await sb.run("print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
     assert result.stdout == "0\n", result
+
+
+def test_the_namespace_probe_binds_only_the_system_folders_the_sandbox_binds() -> None:
+    """The probe of check_available once bound the whole of / recursively: a container's overlay that a Docker
+    engine removed meanwhile failed it with "bwrap cannot create namespaces here" (seen in a main-job run beside a
+    dockerd). The race cannot be replayed on an event, so this checks what removes it: the probe binds what the
+    sandbox binds (/usr and the top-level lib/bin entries), never / or a path of /tmp, and it passes here."""
+    from sandboxes.local import LocalOptions, check_available, probe_command, system_binds
+
+    opts = LocalOptions()
+    cmd = probe_command(opts)
+    sources = [cmd[i + 1] for i, a in enumerate(cmd) if a in ("--bind", "--ro-bind", "--dev-bind")]
+    assert "/" not in sources and not any(s.startswith("/tmp") for s in sources), cmd
+    assert " ".join(system_binds()) in " ".join(cmd)
+    check_available(opts)  # namespaces usable on this machine (the suite's sandboxes run here)
