@@ -30,7 +30,10 @@ def build(
 
     kind = rank_kind(spec)
     return RankLearner(
-        kind, make_pool(kind, spec, rank_cores, pool), mismatch_threshold=spec.learner.mismatch_threshold
+        kind,
+        make_pool(kind, spec, rank_cores, pool),
+        mismatch_threshold=spec.learner.mismatch_threshold,
+        skip_no_signal=spec.algorithm.skip_no_signal and spec.algorithm.teacher is None,
     )
 
 

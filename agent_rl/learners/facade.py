@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_rl.batch import collate, split_groups, version_stats
 from agent_rl.learners._inprocess import InProcessPool
-from agent_rl.learners._step_metrics import skip_if_all_masked, step_metrics
+from agent_rl.learners._step_metrics import skip_if_all_masked, skip_if_no_signal, step_metrics
 from agent_rl.learners.api import TrainedRow, trained_rows
 from agent_rl.learners.mismatch import mismatch_metrics
 from agent_rl.learners.routing_replay import route_batch, routing_metrics
@@ -33,8 +33,11 @@ if TYPE_CHECKING:
 class RankLearner:
     """Implements `agent_rl.learners.api.Learner` for `kind`'s ranks placed by `pool`."""
 
-    def __init__(self, kind: RankKind, pool: Pool, *, mismatch_threshold: float = 0.1):
+    def __init__(
+        self, kind: RankKind, pool: Pool, *, mismatch_threshold: float = 0.1, skip_no_signal: bool = False
+    ):
         self.kind, self.pool = kind, pool
+        self.skip_no_signal = skip_no_signal  # algorithm.skip_no_signal, off with a teacher (its term trains alone)
         self.version = 0
         self.mismatch_threshold = mismatch_threshold
         self._row_uids: list[tuple[str, ...]] = []  # per share: the uid of each row of the last step
@@ -50,7 +53,8 @@ class RankLearner:
         """One optimizer update on whole groups; version + 1.
 
         A batch with no loss token at all (every trajectory masked, e.g. all void turns) is
-        not an update: weights, optimizer, schedule and version stay, and `learner/skipped` is 1.
+        not an update: weights, optimizer, schedule and version stay, and `learner/skipped` is 1. So is a batch
+        without a reward signal (every group's rewards equal) when `skip_no_signal`: `learner/no_signal` is 1 too.
         """
         t0 = time.perf_counter()
         kind = self.kind
@@ -61,6 +65,8 @@ class RankLearner:
             b.validate()  # here, where the error is clear, not in a worker mid-collective
         metrics = version_stats(groups, self.version)
         if (skipped := skip_if_all_masked(shares, self.version)) is not None:
+            return metrics | skipped
+        if self.skip_no_signal and (skipped := skip_if_no_signal(groups, self.version)) is not None:
             return metrics | skipped
         args = kind.step_args(shares, kind.world)
         if (

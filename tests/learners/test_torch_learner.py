@@ -166,6 +166,41 @@ def test_all_masked_batch_is_skipped_without_touching_weights(tiny_model_dir: Pa
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def _flat(groups: list, reward: float) -> list:
+    """The same groups with every reward `reward`: each group's rewards equal, so every advantage is 0."""
+    for g in groups:
+        for t in g.trajectories:
+            t.reward = reward
+    return groups
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_batch_without_a_reward_signal_takes_no_optimizer_step(tiny_model_dir: Path, skip: bool) -> None:
+    """After a step on a batch with a signal, a batch whose groups' rewards are all equal has a zero gradient; with
+    algorithm.skip_no_signal (the default) the weights and version stay; without it AdamW's momentum still moves
+    the weights (the drift the setting exists to stop)."""
+    learner = build(recipe_for(tiny_model_dir, algorithm={"skip_no_signal": skip}).learner_spec)
+    learner.step(make_groups(tiny_model_dir, n_groups=2, n=2))  # rewards 0/1 in each group: a signal
+    before = learner.hf_state_dict()
+    m = learner.step(_flat(make_groups(tiny_model_dir, n_groups=2, n=2, seed=1), reward=1.0))
+    after = learner.hf_state_dict()
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    if skip:
+        assert m["learner/skipped"] == 1.0 and m["learner/no_signal"] == 1.0 and learner.version == 1
+        assert unchanged
+    else:
+        assert m["learner/skipped"] == 0.0 and m["learner/grad_norm"] == 0.0 and learner.version == 2
+        assert not unchanged, "AdamW with a zero gradient and non-zero momentum moves the weights"
+
+
+def test_one_group_with_a_signal_is_enough_to_step(tiny_model_dir: Path) -> None:
+    learner = build(recipe_for(tiny_model_dir).learner_spec)
+    groups = _flat(make_groups(tiny_model_dir, n_groups=2, n=2), reward=0.0)
+    groups[1].trajectories[0].reward = 1.0
+    m = learner.step(groups)
+    assert m["learner/skipped"] == 0.0 and m["learner/no_signal"] == 0.0 and learner.version == 1
+
+
 def test_proxy_group_held_under_checkpointing_gives_the_update_of_the_forward_only_baseline(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
