@@ -37,7 +37,7 @@ class RankLearner:
         self, kind: RankKind, pool: Pool, *, mismatch_threshold: float = 0.1, skip_no_signal: bool = False
     ):
         self.kind, self.pool = kind, pool
-        self.skip_no_signal = skip_no_signal  # algorithm.skip_no_signal, off with a teacher (its term trains alone)
+        self.skip_no_signal = skip_no_signal  # algorithm.skip_no_signal; off with a teacher
         self.version = 0
         self.mismatch_threshold = mismatch_threshold
         self._row_uids: list[tuple[str, ...]] = []  # per share: the uid of each row of the last step
