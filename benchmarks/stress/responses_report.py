@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.stress.responses_report runs benchmarks/results/stress/responses.md
 
-rollback: runs/stress_r_rollback_k<K>_s<S> against level_b.sh's runs/stress_b_plain_nomaskvoid_k<K>_s<S>
+rollback: runs/stress_r_rollback_k<K>_s<S> against the `none` part's runs/stress_b_plain_nomaskvoid_k<K>_s<S>
 (the same method, lag and seed with no response). adapt_staleness: runs/stress_r_{adapt,fixed}_k<K>_s<S>
 (ordinary async runs) against runs/stress_r_fixed_k0_s<S>. Final = held-out accuracy of the final checkpoint
 (`benchmarks.stress.final_eval`; under fixed_lag the periodic evals measure the engines' policy, k steps old),

@@ -75,20 +75,6 @@ def test_distill_report_is_what_its_cells_give() -> None:
     assert json.loads(json.dumps(distill.report(cells, planned, head))) == d  # tuples as the JSON writes them
 
 
-def test_the_level_b_report_is_what_its_packed_runs_give(tmp_path: Path) -> None:
-    """level_b_stabilisers.{json,md} from runs_b.jsonl.gz (every run's series, packed), the gap to the best
-    baseline worded by the 2-SE rule."""
-    import shutil
-
-    from benchmarks.stress import level_b_report
-
-    src = RESULTS / "stress"
-    shutil.copy(src / "runs_b.jsonl.gz", tmp_path / "runs_b.jsonl.gz")
-    level_b_report.main(str(_no_runs(tmp_path)), str(tmp_path / "level_b_stabilisers.md"))
-    for name in ("level_b_stabilisers.json", "level_b_stabilisers.md"):
-        assert (tmp_path / name).read_text() == (src / name).read_text(), name
-
-
 def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -> None:
     """summary.{json,md} of the staleness grid (level a) from runs.jsonl.gz (every run, packed) and the step-time
     file beside it, by `python -m benchmarks.stress.grid --report-only`."""
