@@ -1,6 +1,6 @@
 """Node and replica faults of the reliability campaign, on a Ray cluster of several nodes on one machine.
 
-    .venv/bin/python benchmarks/reliability.py --only faults --faults node_engine,node_learner,replica_add,replica_remove
+    .venv/bin/python scripts/reliability.py --only faults --faults node_engine,node_learner,replica_add,replica_remove
 
 Every run: `agent-rl train --address` on a fresh `benchmarks/cluster.LocalCluster` (head; engines nodes a1, a2
 with one CPU each; trainer node b), recipes/tiny_tir_smoke.yaml at k=0 with 2 embedded engine replicas on
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.cluster import LocalCluster
-from benchmarks.reliability import (
+from scripts.reliability import (
     REFERENCE_DIRS,
     ROOT,
     STEPS,
