@@ -75,6 +75,20 @@ def test_distill_report_is_what_its_cells_give() -> None:
     assert json.loads(json.dumps(distill.report(cells, planned, head))) == d  # tuples as the JSON writes them
 
 
+def test_the_responses_report_is_what_its_kept_cells_give(tmp_path: Path) -> None:
+    """responses.{json,md} of the collapse monitor's responses from the cells responses.json keeps (no run dir), by
+    `python -m benchmarks.stress.responses_report NONE OUT.md`."""
+    import shutil
+
+    from benchmarks.stress import responses_report
+
+    src = RESULTS / "stress"
+    shutil.copy(src / "responses.json", tmp_path / "responses.json")
+    responses_report.main(str(_no_runs(tmp_path)), str(tmp_path / "responses.md"))
+    assert json.loads((tmp_path / "responses.json").read_text()) == json.loads((src / "responses.json").read_text())
+    assert (tmp_path / "responses.md").read_text() == (src / "responses.md").read_text()
+
+
 def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -> None:
     """summary.{json,md} of the staleness grid (level a) from runs.jsonl.gz (every run, packed) and the step-time
     file beside it, by `python -m benchmarks.stress.grid --report-only`."""
