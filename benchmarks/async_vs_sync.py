@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_cmd import train_command  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.report import results_dir, save_figure, subplots  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
@@ -597,12 +597,7 @@ def markdown(out: dict) -> str:
 
 
 def plot(out: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(13, 5), sharey=True)
     colors: dict[str, str] = {}
     for ax, key, xlabel in zip(
         axes,
@@ -628,9 +623,7 @@ def plot(out: dict, path: Path) -> None:
     axes[0].set_ylabel("held-out accuracy")
     axes[0].legend()
     fig.suptitle("tiny_chain: accuracy vs wall time, every seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,22 @@ def rewrite(
     data = json.loads(Path(args.from_results).read_text())
     write(name, data | summarise(data), results_dir(args.out, scratch=False, name=name), render)
     return True
+
+
+def subplots(*args, **kwargs):
+    """matplotlib's `plt.subplots(...)` drawn headless (the Agg backend): (figure, axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """A figure of `subplots` laid out, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

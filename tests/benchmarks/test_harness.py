@@ -117,6 +117,10 @@ def test_mean_and_se_against_a_hand_computation():
     )
     p = stats.paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.5, 1: 1.0, 2: 2.0, 3: 9.0})  # seed 3 has no pair
     assert p.diff == pytest.approx(7 / 6, rel=1e-12)  # differences 0.5, 1, 2
+    # the same gap from the rows a results file keeps (MeanSE.row): n, mean, std and se, nothing recomputed
+    a, b = stats.mean_se([0.5, 0.7, 0.9]).row(), stats.mean_se([0.4, 0.4, 0.7]).row()
+    assert a == {"n": 3, "mean": m.mean, "std": m.std, "se": m.se}
+    assert stats.gap_of(a, b) == d
 
 
 @pytest.mark.parametrize(
