@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir, save_figure, subplots  # noqa: E402
+from benchmarks.harness.report import log, results_dir, save_figure, subplots  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
@@ -71,10 +71,6 @@ MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 # accuracy >= 2.0x sooner on training time and >= 1.6x on whole-process time, final accuracy within 2 points.
 K_FIXED = 2
 GOAL_TRAIN, GOAL_PROCESS, GOAL_ACC_POINTS = 2.0, 1.6, 0.02
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, write
+from benchmarks.harness.report import log, results_dir, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 from benchmarks.harness.train import step_records, train
 
@@ -64,10 +63,6 @@ TARGET_SHARE = 0.9  # of the teacher's held-out accuracy
 # Goals (issue #35): distillation reaches the target in <= 1/3 of RL's steps; k=4 within 2 points of k=0;
 # the teacher's scoring adds <= 10 % to the step time in the processes topology.
 GOAL_STEPS_RATIO, GOAL_K4_POINTS, GOAL_OVERHEAD = 1 / 3, 0.02, 0.10
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, results_dir, rewrite, write
+from benchmarks.harness.report import log, results_args, results_dir, rewrite, write
 from benchmarks.harness.runner import Job, Runner, plan
 from benchmarks.harness.stats import median_speedup
 from benchmarks.harness.train import step_records, train
@@ -43,10 +42,6 @@ RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 WARM = ROOT / "runs" / "tiny_tir" / "sft"
 WORK = ROOT / "runs" / "trajectory_log_bench"
 CELLS = {"off": "0", "default": "16", "all": "all"}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -92,3 +93,8 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def log(msg: str) -> None:
+    """A progress line with the time of day, flushed (a benchmark's output goes to a log file)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
