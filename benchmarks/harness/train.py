@@ -14,10 +14,12 @@ from benchmarks.harness.provenance import ROOT
 
 def train_command(recipe: Path, sets: list[str]) -> list[str]:
     """`python -m agent_rl.cli train RECIPE --set k=v ...` with this interpreter."""
-    return [sys.executable, "-m", "agent_rl.cli", "train", str(recipe), *(a for s in sets for a in ("--set", s))]
+    return [sys.executable, "-m", "agent_rl.cli", "train", str(recipe), *(a for s in sets for a in ("--set", s))]  # fmt: skip
 
 
-def train(recipe: Path, sets: list[str], run_dir: Path, env: dict | None = None, name: str | None = None) -> float:
+def train(
+    recipe: Path, sets: list[str], run_dir: Path, env: dict | None = None, name: str | None = None
+) -> float:
     """One run into `run_dir` (emptied first; `logging.run_dir` set to it), its output in RUN_DIR.log beside it;
     returns its wall seconds. A failed run stops the benchmark with one line naming the run (`name`) and its log."""
     shutil.rmtree(run_dir, ignore_errors=True)

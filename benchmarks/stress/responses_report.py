@@ -76,7 +76,7 @@ def collect(runs_dir: Path) -> dict[tuple[str, int], dict]:
 def _fmt(c: dict | None) -> str:
     if c is None or c["final_mean"] is None:
         return "-"
-    return f"{c['final_mean']:.2f} ± {c['final_std']:.2f}" + (f" [{c['collapsed']}]" if c["collapsed"] else "")
+    return f"{c['final_mean']:.2f} ± {c['final_std']:.2f}" + (f" [{c['collapsed']}]" if c["collapsed"] else "")  # fmt: skip
 
 
 def markdown(cells: dict[tuple[str, int], dict]) -> str:
@@ -96,7 +96,7 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
     for k in sorted({k for m, k in cells if m == "rollback"}):
         none, rb = cells.get(("none (fixed lag)", k)), cells[("rollback", k)]
         seeds = f"{rb['seeds']} seeds" + (f" vs {none['seeds']}" if none else "")
-        lines.append(f"| {k} ({seeds}) | {_fmt(none)} | {_fmt(rb)} | {rb['rollbacks']:.0f} | {rb['warned']} |")
+        lines.append(f"| {k} ({seeds}) | {_fmt(none)} | {_fmt(rb)} | {rb['rollbacks']:.0f} | {rb['warned']} |")  # fmt: skip
     lines += [
         "",
         "## adapt_staleness in ordinary async runs (buffer.max_staleness = k)",
@@ -108,7 +108,7 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
     sync = cells.get(("fixed", 0))
     for k in sorted({k for m, k in cells if m == "adapt"}):
         fixed = cells.get(("fixed", k))
-        for mode, c in (("k=0 (sync)", sync), (f"fixed k={k}", fixed), ("adapt_staleness", cells[("adapt", k)])):
+        for mode, c in (("k=0 (sync)", sync), (f"fixed k={k}", fixed), ("adapt_staleness", cells[("adapt", k)])):  # fmt: skip
             if c is None:
                 continue
             vs_sync = f"{c['wall_mean'] / sync['wall_mean']:.2f}x" if sync else "-"

@@ -85,7 +85,9 @@ def test_the_responses_report_is_what_its_kept_cells_give(tmp_path: Path) -> Non
     src = RESULTS / "stress"
     shutil.copy(src / "responses.json", tmp_path / "responses.json")
     responses_report.main(str(_no_runs(tmp_path)), str(tmp_path / "responses.md"))
-    assert json.loads((tmp_path / "responses.json").read_text()) == json.loads((src / "responses.json").read_text())
+    assert json.loads((tmp_path / "responses.json").read_text()) == json.loads(
+        (src / "responses.json").read_text()
+    )
     assert (tmp_path / "responses.md").read_text() == (src / "responses.md").read_text()
 
 
