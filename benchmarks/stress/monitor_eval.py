@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness.report import write
 from benchmarks.stress.signals import first_warning_index, unhealthy_steps
 from vcpo.monitor import MonitorThresholds
 
@@ -392,11 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     levels = {"a": level_a_runs(args.out / "runs.jsonl.gz")}
     if (args.out / "runs_b.jsonl.gz").exists():
         levels["b"] = level_b_runs(args.out / "runs_b.jsonl.gz")
-    result = evaluate(levels)
-    (args.out / "monitor.json").write_text(json.dumps(result, indent=1, default=float))
-    text = markdown(result)
-    (args.out / "monitor.md").write_text(text + "\n")
-    print(text)
+    result = json.loads(json.dumps(evaluate(levels), default=float))  # numpy numbers as the JSON writes them
+    write("monitor", result, args.out, lambda r: markdown(r) + "\n")
     return 0
 
 
