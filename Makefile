@@ -120,7 +120,7 @@ bench: install system-deps smollm
 	$(PY) benchmarks/host_reads.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/orchestration.py
-	$(PY) benchmarks/reliability.py
+	$(PY) scripts/reliability.py
 	$(PY) benchmarks/topology.py
 	$(PY) benchmarks/trajectory_log_bench.py
 	$(PY) benchmarks/constrained_is.py

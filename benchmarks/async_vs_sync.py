@@ -46,20 +46,18 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_cmd import train_command  # noqa: E402
-
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir  # noqa: E402
+from benchmarks.harness.report import log, results_dir, save_figure, subplots  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
+from benchmarks.harness.train import step_records, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "async_bench" / "tiny_chain.yaml"
@@ -73,10 +71,6 @@ MODEL = dict(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2)
 # accuracy >= 2.0x sooner on training time and >= 1.6x on whole-process time, final accuracy within 2 points.
 K_FIXED = 2
 GOAL_TRAIN, GOAL_PROCESS, GOAL_ACC_POINTS = 2.0, 1.6, 0.02
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -146,28 +140,13 @@ def cpu_times() -> list[tuple[int, int]]:
 
 
 def train_run(cell: Cell, seed: int, model: Path, run_dir: Path, steps: int, every: int) -> dict:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    sets = [
-        f"model.path={model}",
-        f"logging.run_dir={run_dir}",
-        f"train.steps={steps}",
-        f"train.seed={seed}",
-        f"checkpoint.every={every}",
-        *cell.overrides(),
-    ]
-    cmd = train_command(RECIPE, sets)
-    env = dict(os.environ)
-    if cell.threads:
-        env["OMP_NUM_THREADS"] = str(cell.threads)
-    before, t0, start = cpu_times(), time.monotonic(), time.time()
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    wall, after = time.monotonic() - t0, cpu_times()
-    if rc != 0:
-        raise SystemExit(
-            f"{cell.name} seed {seed} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}"
-        )
+    sets = [f"model.path={model}", f"train.steps={steps}", f"train.seed={seed}", f"checkpoint.every={every}",
+            *cell.overrides()]  # fmt: skip
+    env = dict(os.environ) | ({"OMP_NUM_THREADS": str(cell.threads)} if cell.threads else {})
+    shutil.rmtree(run_dir, ignore_errors=True)  # emptied before the process clock starts
+    before, start = cpu_times(), time.time()
+    wall = train(RECIPE, sets, run_dir, env=env, name=f"{cell.name} seed {seed}")
+    after = cpu_times()
     core_busy = [(a[0] - b[0]) / max(1, a[1] - b[1]) for a, b in zip(after, before, strict=True)]
     return {"process_wall_s": wall, "process_start": start, "core_busy": core_busy}
 
@@ -194,9 +173,7 @@ def saved_at(run_dir: Path, step: int) -> float:
 def summarise_run(
     run_dir: Path, accuracy: dict[int, float], start_acc: float, steps: int, process_start: float
 ) -> dict:
-    from agent_rl.metrics import read_metrics
-
-    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+    recs = step_records(run_dir)
     cum, t = [], 0.0
     for r in recs:
         t += r["perf/step_seconds"]
@@ -597,12 +574,7 @@ def markdown(out: dict) -> str:
 
 
 def plot(out: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(13, 5), sharey=True)
     colors: dict[str, str] = {}
     for ax, key, xlabel in zip(
         axes,
@@ -628,9 +600,7 @@ def plot(out: dict, path: Path) -> None:
     axes[0].set_ylabel("held-out accuracy")
     axes[0].legend()
     fig.suptitle("tiny_chain: accuracy vs wall time, every seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -47,16 +47,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
-from train_cmd import train_command
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, write
+from benchmarks.harness.report import log, results_dir, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
+from benchmarks.harness.train import step_records, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
@@ -64,10 +63,6 @@ TARGET_SHARE = 0.9  # of the teacher's held-out accuracy
 # Goals (issue #35): distillation reaches the target in <= 1/3 of RL's steps; k=4 within 2 points of k=0;
 # the teacher's scoring adds <= 10 % to the step time in the processes topology.
 GOAL_STEPS_RATIO, GOAL_K4_POINTS, GOAL_OVERHEAD = 1 / 3, 0.02, 0.10
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -206,17 +201,9 @@ def quick_models(work: Path) -> tuple[Path, Path]:
 
 # -- running and scoring one cell ----------------------------------------------------------------------
 def train_run(cell: Cell, teacher: Path, student: Path, run_dir: Path, extra: list[str]) -> dict:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    sets = [*cell.overrides(teacher, student), f"logging.run_dir={run_dir}", *extra]
-    t0, load = time.monotonic(), os.getloadavg()[0]
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
-        rc = subprocess.run(
-            train_command(RECIPE, sets), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT
-        ).returncode
-    if rc != 0:
-        raise SystemExit(f"{cell.name} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}")
-    return {"process_wall_s": time.monotonic() - t0, "load_at_start": load}
+    load = os.getloadavg()[0]
+    wall = train(RECIPE, [*cell.overrides(teacher, student), *extra], run_dir, name=cell.name)
+    return {"process_wall_s": wall, "load_at_start": load}
 
 
 def eval_steps(steps: int) -> list[int]:
@@ -259,9 +246,7 @@ async def _evaluate(models: list[Path], limit: int, seed: int) -> list[float]:
 
 
 def summarise(cell: Cell, run_dir: Path, info: dict, start_acc: float, target: float, limit: int) -> dict:
-    from agent_rl.metrics import read_metrics
-
-    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+    recs = step_records(run_dir)
     cum = [sum(r["perf/step_seconds"] for r in recs[: i + 1]) for i in range(len(recs))]
     out = (
         asdict(cell)

@@ -16,20 +16,17 @@ FILE` rewrites the JSON and markdown from a results file alone.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from bench_paths import ROOT
-from train_cmd import train_command
 
 from benchmarks.harness.provenance import Provenance, describe
 from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
 from benchmarks.harness.runner import Runner, plan
 from benchmarks.harness.stats import median_speedup, spread
+from benchmarks.harness.train import step_records, train
 
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 METRICS = ("seconds_per_step", "learner_busy", "engine_busy", "weight_sync_seconds", "process_wall_s")
@@ -41,10 +38,8 @@ TOPOLOGIES = {
 
 def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
     run_dir = work / f"{topology}_s{seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)
     sets = [
         f"model.path={model}",
-        f"logging.run_dir={run_dir}",
         f"train.steps={steps}",
         f"train.seed={seed}",
         "eval.every=0",
@@ -52,18 +47,8 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         "logging.tensorboard=false",
         *TOPOLOGIES[topology],
     ]
-    cmd = train_command(RECIPE, sets)
-    t0 = time.monotonic()
-    with open(work / f"{topology}_s{seed}.log", "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    wall = time.monotonic() - t0
-    if rc != 0:
-        raise SystemExit(f"{topology} seed {seed} failed (exit {rc}); log {work / f'{topology}_s{seed}.log'}")
-    from agent_rl.metrics import read_metrics
-
-    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r][
-        1:
-    ]  # step 0 includes the first fill
+    wall = train(RECIPE, sets, run_dir, name=f"{topology} seed {seed}")
+    recs = step_records(run_dir)[1:]  # step 0 includes the first fill
     return {
         "topology": topology,
         "seed": seed,

@@ -1,18 +1,7 @@
-"""The `agent-rl train` command line the benchmarks run each cell with (one process per run, as a user runs it)."""
+"""The `agent-rl train` command line of benchmarks/harness/train.py, for the benchmarks that import it as a neighbour."""
 
-from __future__ import annotations
+from bench_paths import ROOT  # noqa: F401  (puts the checkout on sys.path)
 
-import sys
-from pathlib import Path
+from benchmarks.harness.train import train_command
 
-
-def train_command(recipe: Path, sets: list[str]) -> list[str]:
-    """`python -m agent_rl.cli train RECIPE --set k=v ...` with this interpreter."""
-    return [
-        sys.executable,
-        "-m",
-        "agent_rl.cli",
-        "train",
-        str(recipe),
-        *(a for s in sets for a in ("--set", s)),
-    ]
+__all__ = ["train_command"]

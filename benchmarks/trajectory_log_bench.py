@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
-import time
 
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, results_dir, rewrite, write
+from benchmarks.harness.report import log, results_args, results_dir, rewrite, write
 from benchmarks.harness.runner import Job, Runner, plan
 from benchmarks.harness.stats import median_speedup
+from benchmarks.harness.train import step_records, train
 
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 WARM = ROOT / "runs" / "tiny_tir" / "sft"
@@ -46,23 +44,12 @@ WORK = ROOT / "runs" / "trajectory_log_bench"
 CELLS = {"off": "0", "default": "16", "all": "all"}
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:
     run_dir = WORK / f"{name}_{repeat}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "agent_rl.cli", "train", str(RECIPE),
-        "--set", f"model.path={WARM}", "--set", f"logging.run_dir={run_dir}",
-        "--set", f"logging.trajectories={CELLS[name]}", "--set", f"train.steps={steps}",
-        "--set", "eval.every=0", "--set", "checkpoint.every=0", "--set", "logging.tensorboard=false",
-    ]  # fmt: skip
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.monotonic() - t0
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    sets = [f"model.path={WARM}", f"logging.trajectories={CELLS[name]}", f"train.steps={steps}", "eval.every=0",
+            "checkpoint.every=0", "logging.tensorboard=false"]  # fmt: skip
+    wall = train(RECIPE, sets, run_dir)
+    records = step_records(run_dir)
     step_s = [r["perf/step_seconds"] for r in records]
     log_s = [r.get("perf/trajectory_log_seconds", 0.0) for r in records]
     out: dict[str, object] = {

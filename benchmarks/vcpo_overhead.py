@@ -21,7 +21,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import log, results_args, results_dir, rewrite, table, write
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of, opob_baseline
 from vcpo.advantages import group_stats
@@ -33,10 +33,6 @@ CONFIGS = {
     "vcpo_proxy": StepConfig(loss="vcpo", advantage="opob", opob_mode="proxy", micro_batch_size=8),
     "vcpo_exact": StepConfig(loss="vcpo", advantage="opob", opob_mode="exact", micro_batch_size=8),
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def build_model() -> torch.nn.Module:

@@ -53,7 +53,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "orchestration.md": lambda tmp: __import__("orchestration")._markdown(_load("orchestration.json")),
     "sandbox_bench.md": lambda tmp: __import__("sandbox_bench").markdown(_load("sandbox_bench.json")),
     "engine_bench.md": _via_path("engine_bench", "write_markdown", "engine_bench.json"),
-    "reliability.md": lambda tmp: __import__("reliability").markdown(_load("reliability.json")),
+    "reliability.md": lambda tmp: __import__("scripts.reliability", fromlist=["markdown"]).markdown(
+        _load("reliability.json")
+    ),
     "distill.md": lambda tmp: __import__("distill").markdown(_load("distill.json")),
     "moe_replay.md": lambda tmp: __import__("moe_replay").markdown(_load("moe_replay.json")),
     "stress/level_b_fair.md": _level_b_fair,

@@ -3,5 +3,6 @@
 - `runner`: cells x seeds interleaved and rotated, resume by cell, a time limit that drains, a tuning pass;
 - `stats`: mean ± SE, the 2-SE rule and its words, medians of per-seed ratios, time to target;
 - `provenance`: commit, CPU model and flags, cores, load before and after, versions;
-- `report`: where results go (committed or scratch) and the JSON + markdown writer.
+- `report`: where results go (committed or scratch), the JSON + markdown writer, the figure helpers;
+- `train`: an `agent-rl train` run in its own process, and its step records.
 """

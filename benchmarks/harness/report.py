@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -73,3 +74,27 @@ def rewrite(
     data = json.loads(Path(args.from_results).read_text())
     write(name, data | summarise(data), results_dir(args.out, scratch=False, name=name), render)
     return True
+
+
+def subplots(*args, **kwargs):
+    """matplotlib's `plt.subplots(...)` drawn headless (the Agg backend): (figure, axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """A figure of `subplots` laid out, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def log(msg: str) -> None:
+    """A progress line with the time of day, flushed (a benchmark's output goes to a log file)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -42,6 +42,10 @@ class MeanSE:
         head = f"{self.mean:+.2f}" if signed else f"{self.mean:.2f}"
         return head + (f" ± {self.se:.2f}" if self.se is not None else "")
 
+    def row(self) -> dict:
+        """{n, mean, std, se}: a cell of a results file."""
+        return {"n": self.n, "mean": self.mean, "std": self.std, "se": self.se}
+
 
 def pm(mean: float | None, se: float | None, signed: bool = False) -> str:
     """'0.63 ± 0.02' ('+0.03 ± 0.02' signed; no '±' without an SE; 'missing' without a mean)."""
@@ -103,6 +107,11 @@ def difference(a: MeanSE, b: MeanSE) -> Gap:
         return Gap(None, None)
     se = math.sqrt(a.se**2 + b.se**2) if a.se is not None and b.se is not None else None
     return Gap(a.mean - b.mean, se)
+
+
+def gap_of(a: Mapping, b: Mapping) -> Gap:
+    """`difference` of two cells given as results-file rows (their n, mean and se, as `MeanSE.row` writes them)."""
+    return difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
 
 
 def paired(a: Mapping[int, float], b: Mapping[int, float]) -> Gap:

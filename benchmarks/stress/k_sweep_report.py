@@ -17,8 +17,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from benchmarks.harness.report import save_figure, subplots
 from benchmarks.harness.report import write as write_results
-from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, MeanSE, difference, mean_se, pm
+from benchmarks.harness.stats import SEPARATED_AT_SE, gap_of, mean_se, pm
 from benchmarks.stress import k_sweep as ks
 from benchmarks.stress.level_b_fair import LABEL
 from benchmarks.stress.level_b_fair_report import lr_text
@@ -29,23 +30,14 @@ SEPARATION = (
 COMMAND = "nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run"
 
 
-def stats(values: list[float]) -> dict:
-    m = mean_se(values)
-    return {"n": m.n, "mean": m.mean, "std": m.std, "se": m.se}
-
-
 def cell_stats(runs: list[ks.Cell]) -> dict:
     """final (mean/std/se), collapses, AUC and mean ESS/B of one (method, lr, k) over its runs."""
     ess = [c.ess_mean for c in runs if c.ess_mean is not None]
-    return stats([c.final_accuracy for c in runs]) | {
+    return mean_se([c.final_accuracy for c in runs]).row() | {
         "collapsed": sum(c.collapsed for c in runs),
-        "auc": stats([c.auc for c in runs]),
+        "auc": mean_se([c.auc for c in runs]).row(),
         "ess_mean": statistics.mean(ess) if ess else None,
     }
-
-
-def _gap(a: dict, b: dict) -> Gap:
-    return difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
 
 
 def heldout(cells: dict[tuple, ks.Cell], chosen: dict[str, float | None]) -> dict[str, dict[str, dict]]:
@@ -81,14 +73,14 @@ def summary(held: dict[str, dict[str, dict]], chosen: dict[str, float | None]) -
             s |= {"best": best, "best_lr": chosen[best], "best_mean": b["mean"], "best_se": b["se"]}
             if len(ranked) > 1:
                 second = ranked[1]
-                g = _gap(b, held[second][k])
+                g = gap_of(b, held[second][k])
                 lead, lead_se = g.diff, g.se
                 s |= {"second": second, "second_lr": chosen[second], "second_mean": held[second][k]["mean"],
                       "second_se": held[second][k]["se"], "lead": lead, "lead_se": lead_se,
                       "lead_separated": g.separated}  # fmt: skip
             if "vcpo" in ranked:
                 v = held["vcpo"][k]
-                g = _gap(v, b)
+                g = gap_of(v, b)
                 # VCPO's side by the 2-SE rule: ahead only when it is the best AND its lead over the second is
                 # separated; behind only when its gap to the best is separated; level otherwise
                 side = (("ahead" if s.get("lead_separated") else "level") if best == "vcpo"
@@ -114,7 +106,7 @@ def vcpo_against(held: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]
             out[m] = {}
             for k in map(str, ks.LAGS):
                 if v[k]["n"] == n and held[m][k]["n"] == n:
-                    f, a = _gap(v[k], held[m][k]), _gap(v[k]["auc"], held[m][k]["auc"])
+                    f, a = gap_of(v[k], held[m][k]), gap_of(v[k]["auc"], held[m][k]["auc"])
                     out[m][k] = {"difference": f.diff, "se": f.se, "separated": f.separated,
                                  "auc": {"difference": a.diff, "se": a.se, "separated": a.separated}}  # fmt: skip
     return out
@@ -468,12 +460,7 @@ def write(
 
 def _plot(report: dict, png: Path) -> None:
     """Final accuracy vs k with SE bands (collapses marked x, with their count), AUC vs k, ESS vs k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = subplots(1, 3, figsize=(15, 4.2))
     pos = {k: i for i, k in enumerate(ks.LAGS)}  # k evenly spaced: 0, 4, ..., 64
     held = report["heldout"]
     for i, m in enumerate(ks.METHODS):
@@ -514,6 +501,4 @@ def _plot(report: dict, png: Path) -> None:
             ax.axhline(warm, color="grey", linestyle=":", linewidth=1)
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.harness.report import save_figure, subplots
 from benchmarks.harness.report import write as write_results
-from benchmarks.harness.stats import Gap, MeanSE, mean_se, pm
-from benchmarks.harness.stats import difference as harness_difference
+from benchmarks.harness.stats import Gap, gap_of, mean_se, pm
 from benchmarks.stress.level_b_fair import (
     ABLATIONS,
     BASELINES,
@@ -34,19 +34,12 @@ from benchmarks.stress.level_b_fair import (
 
 def stats(accs: list[float]) -> dict:
     """n, mean, std, se and collapses of one cell (mean/std/se None where the seeds cannot give them)."""
-    m = mean_se(accs)
-    return {
-        "n": m.n,
-        "mean": m.mean,
-        "std": m.std,
-        "se": m.se,
-        "collapsed": sum(a < WARM_START for a in accs),
-    }
+    return mean_se(accs).row() | {"collapsed": sum(a < WARM_START for a in accs)}
 
 
 def difference(a: dict, b: dict) -> tuple[float | None, float | None]:
     """a - b and its standard error (independent cells)."""
-    g = harness_difference(MeanSE(a["mean"], a["se"], a["n"]), MeanSE(b["mean"], b["se"], b["n"]))
+    g = gap_of(a, b)
     return g.diff, g.se
 
 
@@ -261,12 +254,7 @@ def write(cells: dict[tuple, Cell], out: Path) -> dict:
 
 def _plot(report: dict, png: Path) -> None:
     """Final accuracy against lr, one panel per k (held-out seeds, mean ± SE), plus the selection panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(LAGS) + 1, figsize=(4.4 * (len(LAGS) + 1), 3.6), sharey=True)
+    fig, axes = subplots(1, len(LAGS) + 1, figsize=(4.4 * (len(LAGS) + 1), 3.6), sharey=True)
     methods = BASELINES + ABLATIONS
     for ax, k in zip(axes[1:], LAGS, strict=True):
         for i, m in enumerate(methods):
@@ -290,6 +278,4 @@ def _plot(report: dict, png: Path) -> None:
     axes[0].set_ylabel("final held-out accuracy (mean ± SE)")
     if axes[-1].get_legend_handles_labels()[0]:
         axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png)

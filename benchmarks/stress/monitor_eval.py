@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.stress.monitor_eval     # -> benchmarks/results/stress/monitor.{json,md}
 
 Runs: level (a) `runs.jsonl.gz` (the fast grid, 250 steps) and, when it exists, level (b)
-`runs_b.jsonl.gz` (the full stack, written by `level_b_report`). Seeds 0-2 are calibration runs,
+`runs_b.jsonl.gz` (the full stack, packed by the retired `level_b_report`; docs/studies/staleness.md). Seeds 0-2 are calibration runs,
 seeds 3-4 evaluation runs; thresholds are chosen on calibration runs only, per level.
 
 What counts as a collapse, and when accuracy "fell" (the onset):
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.stress.level_b_report import final_accuracy, policy_curve
+from benchmarks.harness.report import write
 from benchmarks.stress.signals import first_warning_index, unhealthy_steps
 from vcpo.monitor import MonitorThresholds
 
@@ -142,6 +142,24 @@ def level_a_runs(path: Path) -> list[RunSeries]:
             )
         )  # fmt: skip
     return out
+
+
+def policy_curve(run: dict) -> tuple[list[int], list[float]]:
+    """A level (b) run's held-out curve against the learner step whose policy was evaluated: under fixed_lag=k the
+    periodic eval runs on the engines, which hold the policy of step t-k after step t (-1: the warm start); the final
+    checkpoint's eval, when there is one, is the policy of the last step."""
+    steps = [max(-1, t - run["lag"]) for t in run["eval_steps"]]
+    accs = list(run["eval_accuracy"])
+    if run.get("final_accuracy") is not None:
+        steps.append(run["steps"][-1] if run["steps"] else run["eval_steps"][-1])
+        accs.append(run["final_accuracy"])
+    return steps, accs
+
+
+def final_accuracy(run: dict) -> float:
+    """The learner's policy at the last step; without a final checkpoint eval, the last periodic eval."""
+    final = run.get("final_accuracy")
+    return run["eval_accuracy"][-1] if final is None else final
 
 
 def level_b_runs(path: Path) -> list[RunSeries]:
@@ -375,11 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     levels = {"a": level_a_runs(args.out / "runs.jsonl.gz")}
     if (args.out / "runs_b.jsonl.gz").exists():
         levels["b"] = level_b_runs(args.out / "runs_b.jsonl.gz")
-    result = evaluate(levels)
-    (args.out / "monitor.json").write_text(json.dumps(result, indent=1, default=float))
-    text = markdown(result)
-    (args.out / "monitor.md").write_text(text + "\n")
-    print(text)
+    result = json.loads(json.dumps(evaluate(levels), default=float))  # numpy numbers as the JSON writes them
+    write("monitor", result, args.out, lambda r: markdown(r) + "\n")
     return 0
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from agent_rl.viewer.log import read_index, read_step
 from agent_rl.viewer.report import step_json, tokenizer_decoder
-from benchmarks.bench_paths import portable
+from benchmarks.harness.provenance import portable
+from benchmarks.harness.report import write
 from benchmarks.stress.k_sweep import NAME  # a sweep run's name: method, lr, k, seed
 
 PROBLEM = re.compile(r"Start at (\d+) and apply x \* (\d+) \+ (\d+), (\d+) times\.")  # envs.tiny_multistep
@@ -211,10 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": portable(f"python -m benchmarks.stress.multistep_failures {argv_text}".strip()),
               "window": WINDOW, "glob": args.glob, "groups": groups}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result) + "\n")
-    print(markdown(result))
+    write(args.out.name, result, args.out.parent, lambda r: markdown(r) + "\n")
 
 
 if __name__ == "__main__":

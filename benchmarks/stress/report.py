@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from benchmarks.harness.report import save_figure, subplots
 from benchmarks.stress.run import METHODS
 from benchmarks.stress.study import StudyConfig
 
@@ -225,11 +226,6 @@ def markdown(study: StudyConfig, cells: list[Cell], n_runs: int, bench: dict | N
 
 
 def plot(study: StudyConfig, runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lr = study.reference_lr
     mine = [r for r in runs if r["config"]["lr"] == lr]
     lags = sorted({r["config"]["lag"] for r in mine})
@@ -237,7 +233,7 @@ def plot(study: StudyConfig, runs: list[dict], path: Path) -> None:
     methods = order({label(r["config"], mode) for r in mine})
     ncol = 3
     nrow = (len(lags) + 1 + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
+    fig, axes = subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
     colors = {m: f"C{i}" for i, m in enumerate(order(set(methods) | set(METHODS)))}
     for ax, lag in zip(axes.flat, lags, strict=False):
         for m in methods:
@@ -271,9 +267,7 @@ def plot(study: StudyConfig, runs: list[dict], path: Path) -> None:
         extra.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"Staleness study, lr {lr:g}: held-out reward of the current policy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_report(study: StudyConfig, runs: list[dict], out: Path) -> list[Path]:

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Evidence for the collapse monitor's responses (monitor.on_warning), full stack on tiny_arith from the
 # tiny_tir warm start (run `make run` first), plain REINFORCE with void masking off (the method that
-# collapses in level_b.sh):
+# collapses under a fixed lag, docs/studies/staleness.md):
 #   rollback: every batch exactly k stale (rollout.fixed_lag=k), on_warning=rollback (checkpoint every 5
-#             steps); the no-response runs are level_b.sh's plain_nomaskvoid runs (same seeds, same k).
+#             steps); the no-response runs are the `none` part (plain, the same seeds and k, eval every 5
+#             steps; named stress_b_plain_nomaskvoid_* as the retired level_b.sh named them, so its runs count).
 #   adapt:    ordinary async runs (buffer.max_staleness=k, no fixed lag) with on_warning=adapt_staleness,
 #             against the same with no response (fixed k) and against k=0 (synchronous).
 # Usage: benchmarks/stress/responses.sh [SEEDS...]   (default 0 1 2 3 4)
-#   LAGS="8 16" PARTS="rollback adapt" SYNC=1 JOBS=2 STEPS=40   (the defaults; SYNC=0 skips the k=0 runs,
+#   LAGS="8 16" PARTS="none rollback adapt" SYNC=1 JOBS=2 STEPS=40   (the defaults; SYNC=0 skips the k=0 runs,
 #   e.g. when a second pass adds a lag and the report already holds them)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${*:-0 1 2 3 4}
 LAGS=${LAGS:-8 16}
-PARTS=${PARTS:-rollback adapt}
+PARTS=${PARTS:-none rollback adapt}
 JOBS=${JOBS:-2}
 STEPS=${STEPS:-40}
 SYNC=${SYNC:-1}
@@ -36,6 +37,8 @@ for s in $SEEDS; do
   for k in $LAGS; do
     for part in $PARTS; do
       case "$part" in
+        none)
+          echo "stress_b_plain_nomaskvoid_k${k}_s${s} --set rollout.fixed_lag=$k --set checkpoint.every=0 --set eval.every=5 $PLAIN" ;;
         rollback)
           echo "stress_r_rollback_k${k}_s${s} --set rollout.fixed_lag=$k --set monitor.on_warning=rollback --set checkpoint.every=5 --set checkpoint.keep=4 $PLAIN" ;;
         adapt)

@@ -598,10 +598,7 @@ def moe_replay_verdict() -> str:
 
 def reliability_faults() -> str:
     """The fault campaign's table (each fault run beside its uninterrupted run) and totals, as in its results file."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # reliability.py imports its neighbours as a script does
-    from benchmarks.reliability import fault_table
+    from scripts.reliability import fault_table
 
     return "\n".join(fault_table(load("reliability.json"))).rstrip() + "\n"
 

@@ -117,6 +117,10 @@ def test_mean_and_se_against_a_hand_computation():
     )
     p = stats.paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.5, 1: 1.0, 2: 2.0, 3: 9.0})  # seed 3 has no pair
     assert p.diff == pytest.approx(7 / 6, rel=1e-12)  # differences 0.5, 1, 2
+    # the same gap from the rows a results file keeps (MeanSE.row): n, mean, std and se, nothing recomputed
+    a, b = stats.mean_se([0.5, 0.7, 0.9]).row(), stats.mean_se([0.4, 0.4, 0.7]).row()
+    assert a == {"n": 3, "mean": m.mean, "std": m.std, "se": m.se}
+    assert stats.gap_of(a, b) == d
 
 
 @pytest.mark.parametrize(
@@ -181,3 +185,17 @@ def test_complete_seeds_are_those_with_every_cell_run() -> None:
     out = runner.Outcome(records=[], missing=[runner.Job("B", 1), runner.Job("A", 2)])
     assert out.complete_seeds(["A", "B"], [0, 1, 2]) == [0]
     assert out.complete_seeds(["A"], range(3)) == [0, 1]
+
+
+def test_a_failed_train_run_stops_the_benchmark_with_one_line_naming_its_log(tmp_path: Path) -> None:
+    """harness.train empties the run dir first, puts the run's output in RUN_DIR.log beside it, and a run that
+    fails stops the benchmark with one line naming the run and that log (here: a recipe that does not exist)."""
+    from benchmarks.harness import train
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "left_from_before").write_text("x")
+    with pytest.raises(SystemExit, match=r"^cell a seed 0 failed \(exit [1-9]\d*\); log .*/runs/r\.log$"):
+        train.train(tmp_path / "no_such_recipe.yaml", ["train.steps=1"], run_dir, name="cell a seed 0")
+    assert not (run_dir / "left_from_before").exists()
+    assert "no_such_recipe.yaml" in (tmp_path / "runs" / "r.log").read_text()

@@ -75,18 +75,20 @@ def test_distill_report_is_what_its_cells_give() -> None:
     assert json.loads(json.dumps(distill.report(cells, planned, head))) == d  # tuples as the JSON writes them
 
 
-def test_the_level_b_report_is_what_its_packed_runs_give(tmp_path: Path) -> None:
-    """level_b_stabilisers.{json,md} from runs_b.jsonl.gz (every run's series, packed), the gap to the best
-    baseline worded by the 2-SE rule."""
+def test_the_responses_report_is_what_its_kept_cells_give(tmp_path: Path) -> None:
+    """responses.{json,md} of the collapse monitor's responses from the cells responses.json keeps (no run dir), by
+    `python -m benchmarks.stress.responses_report NONE OUT.md`."""
     import shutil
 
-    from benchmarks.stress import level_b_report
+    from benchmarks.stress import responses_report
 
     src = RESULTS / "stress"
-    shutil.copy(src / "runs_b.jsonl.gz", tmp_path / "runs_b.jsonl.gz")
-    level_b_report.main(str(_no_runs(tmp_path)), str(tmp_path / "level_b_stabilisers.md"))
-    for name in ("level_b_stabilisers.json", "level_b_stabilisers.md"):
-        assert (tmp_path / name).read_text() == (src / name).read_text(), name
+    shutil.copy(src / "responses.json", tmp_path / "responses.json")
+    responses_report.main(str(_no_runs(tmp_path)), str(tmp_path / "responses.md"))
+    assert json.loads((tmp_path / "responses.json").read_text()) == json.loads(
+        (src / "responses.json").read_text()
+    )
+    assert (tmp_path / "responses.md").read_text() == (src / "responses.md").read_text()
 
 
 def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -> None:

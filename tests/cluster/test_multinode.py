@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 ray = pytest.importorskip("ray")
-from benchmarks.cluster import LocalCluster  # noqa: E402
+from scripts.cluster import LocalCluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES_ON_A = (

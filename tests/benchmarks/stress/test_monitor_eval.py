@@ -1,11 +1,18 @@
-"""The offline scoring of the collapse warning, and the level (b) comparison's arithmetic, on hand-built runs."""
+"""The offline scoring of the collapse warning on hand-built runs."""
 
 from __future__ import annotations
 
 import math
 
-from benchmarks.stress.level_b_report import comparison
-from benchmarks.stress.monitor_eval import Batch, RunSeries, _onset, lag_baseline, split_seeds
+from benchmarks.stress.monitor_eval import (
+    Batch,
+    RunSeries,
+    _onset,
+    final_accuracy,
+    lag_baseline,
+    policy_curve,
+    split_seeds,
+)
 from vcpo.monitor import MonitorThresholds
 
 TH = MonitorThresholds(
@@ -58,20 +65,11 @@ def test_seed_split_falls_back_to_the_last_seed_for_evaluation() -> None:
     assert split_seeds(runs) == ([0, 1, 2], [3, 4])
 
 
-def _b(method: str, lag: int, seed: int, final: float) -> dict:
-    return {"method": method, "lag": lag, "seed": seed, "eval_accuracy": [0.5, final], "eval_steps": [9, 19]}
-
-
-def test_level_b_comparison_k_star_borrowed_k0_rows_and_vcpo_against_the_best_baseline() -> None:
-    runs = [_b("plain_nomaskvoid", 0, s, 0.7) for s in range(2)]
-    runs += [_b("vcpo_nomaskvoid", 0, s, 0.7) for s in range(2)]
-    runs += [_b("plain_nomaskvoid", 8, s, f) for s, f in enumerate((0.0, 0.1))]
-    runs += [_b("tis_nomaskvoid", 8, s, f) for s, f in enumerate((0.6, 0.62))]
-    runs += [_b("vcpo_nomaskvoid", 8, s, f) for s, f in enumerate((0.68, 0.7))]
-    cmp = comparison(runs)
-    assert cmp["sync"] == 0.7
-    assert cmp["table"]["tis_nomaskvoid"][0]["same_as_plain"]  # k = 0 of tis is plain's run
-    assert cmp["table"]["plain_nomaskvoid"][8]["collapsed"] == 2
-    assert cmp["k_star"] == {"plain_nomaskvoid": 0, "tis_nomaskvoid": 0, "vcpo_nomaskvoid": 8}  # 0.61 < 0.63
-    v = cmp["vcpo_vs_best_baseline"][8]
-    assert v["best_baseline"] == "tis_nomaskvoid" and abs(v["difference"] - 0.08) < 1e-9 and v["separated"]
+def test_a_fixed_lag_run_is_scored_by_its_learner_policy_not_the_lagged_engine_eval() -> None:
+    """Under fixed_lag=k the periodic eval measures the engines' policy, k steps old: the final checkpoint's eval
+    decides the final accuracy, and the curve is placed at the step it measured (a packed level (b) run)."""
+    r0 = {"lag": 2, "steps": list(range(6)), "eval_steps": [5], "eval_accuracy": [0.7], "final_accuracy": 0.0}
+    r1 = r0 | {"eval_accuracy": [0.6], "final_accuracy": None}  # no final eval: the last periodic one
+    assert final_accuracy(r0) == 0.0 and final_accuracy(r1) == 0.6
+    assert policy_curve(r0) == ([3, 5], [0.7, 0.0])  # eval after step 5 ran version 6-2=4: step 3's policy
+    assert policy_curve(r1) == ([3], [0.6])

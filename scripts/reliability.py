@@ -1,6 +1,6 @@
 """Load-and-fault campaign: the whole loop under load, and faults injected mid-run at random moments.
 
-    .venv/bin/python benchmarks/reliability.py [--repeats 2] [--only load,serve,faults] [--model HF_DIR]
+    .venv/bin/python scripts/reliability.py [--repeats 2] [--only load,serve,faults] [--model HF_DIR]
 
 Load
 - `train`: the full loop (recipes/tiny_tir_smoke.yaml on the tiny model; two `agent-rl serve` engine server
@@ -24,7 +24,7 @@ side: steps, prompts used, trajectories admitted into training, the final weight
 uninterrupted run in --work is reused by a later invocation, so the campaign can be run (and resumed) one fault
 at a time with --merge.
 Node and replica faults (engine node lost, learner node lost + --resume, a replica added or removed mid-run) run
-on a Ray cluster of several nodes on this machine: benchmarks/reliability_cluster.py.
+on a Ray cluster of several nodes on this machine: scripts/reliability_cluster.py.
 Results: benchmarks/results/reliability.{json,md}, written by benchmarks/harness (its provenance block under `meta`,
 its writer; `--report-only [--out DIR]` rewrites both from the JSON alone). Needs root for the tmpfs and the private dockerd (those
 scenarios are skipped, saying why, otherwise).
@@ -52,10 +52,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench_paths import ROOT
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script (`python scripts/reliability.py`): the checkout's packages
 
-from benchmarks.harness.provenance import Provenance, describe  # bench_paths put the checkout on sys.path
-from benchmarks.harness.report import write
+from benchmarks.harness.provenance import Provenance, describe  # noqa: E402
+from benchmarks.harness.report import write  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FORKSERVER = b"/opt/agent-rl/forkserver.py"
@@ -918,7 +919,7 @@ def main(argv: list[str] | None = None) -> None:
             "replica_remove",
         }:  # on a multi-node Ray cluster
             sys.path.insert(0, str(ROOT))
-            from benchmarks.reliability_cluster import cluster_faults
+            from scripts.reliability_cluster import cluster_faults
 
             cluster_faults(add, work, model, rng, args.repeats, wanted)
     checkpoint()

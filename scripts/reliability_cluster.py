@@ -1,8 +1,8 @@
 """Node and replica faults of the reliability campaign, on a Ray cluster of several nodes on one machine.
 
-    .venv/bin/python benchmarks/reliability.py --only faults --faults node_engine,node_learner,replica_add,replica_remove
+    .venv/bin/python scripts/reliability.py --only faults --faults node_engine,node_learner,replica_add,replica_remove
 
-Every run: `agent-rl train --address` on a fresh `benchmarks/cluster.LocalCluster` (head; engines nodes a1, a2
+Every run: `agent-rl train --address` on a fresh `scripts/cluster.LocalCluster` (head; engines nodes a1, a2
 with one CPU each; trainer node b), recipes/tiny_tir_smoke.yaml at k=0 with 2 embedded engine replicas on
 the engines nodes, the torch learner on the trainer node, weights by broadcast (gloo), checkpoints every 2
 steps. At a random step (and a random moment in it):
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.cluster import LocalCluster
-from benchmarks.reliability import (
+from scripts.cluster import LocalCluster
+from scripts.reliability import (
     REFERENCE_DIRS,
     ROOT,
     STEPS,

@@ -1,0 +1,41 @@
+"""`agent-rl train` runs as the benchmarks make them: one process per run, as a user runs it, its output in a log
+beside the run directory; and the trained steps' metrics records it leaves."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.harness.provenance import ROOT
+
+
+def train_command(recipe: Path, sets: list[str]) -> list[str]:
+    """`python -m agent_rl.cli train RECIPE --set k=v ...` with this interpreter."""
+    return [sys.executable, "-m", "agent_rl.cli", "train", str(recipe), *(a for s in sets for a in ("--set", s))]  # fmt: skip
+
+
+def train(
+    recipe: Path, sets: list[str], run_dir: Path, env: dict | None = None, name: str | None = None
+) -> float:
+    """One run into `run_dir` (emptied first; `logging.run_dir` set to it), its output in RUN_DIR.log beside it;
+    returns its wall seconds. A failed run stops the benchmark with one line naming the run (`name`) and its log."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    cmd = train_command(recipe, [*sets, f"logging.run_dir={run_dir}"])
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        raise SystemExit(f"{name or run_dir.name} failed (exit {rc}); log {log}")
+    return time.monotonic() - t0
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """The run's metrics records of its trained steps (those with `perf/step_seconds`), in step order."""
+    from agent_rl.metrics import read_metrics
+
+    return [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
