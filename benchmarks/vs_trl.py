@@ -137,7 +137,9 @@ class Job:
     lr: float  # both systems; the toy's is the recipe's
     every: int  # checkpoint (and so scoring) interval in steps
     sft_scale: float  # share of the agent_arith pipeline's SFT data (benchmarks/_agent_arith.py)
-    goal_speedup: float  # issue 62's goal for agent-rl async against the fastest TRL cell (the toy's: as before)
+    goal_speedup: (
+        float  # issue 62's goal for agent-rl async against the fastest TRL cell (the toy's: as before)
+    )
     budget_s: float  # training seconds for "accuracy at a fixed wall-time budget"
     # --plan's guesses: s/step of a tuned cell, s of start-up per process, s to score one checkpoint on 100 tasks
     s_per_step: float
@@ -622,7 +624,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="steps of every run (the recipe's 30)")
     p.add_argument(
-        "--every", type=int, default=None, help="checkpoint (and so scoring) interval in steps (toy 5, smollm2 10)"
+        "--every",
+        type=int,
+        default=None,
+        help="checkpoint (and so scoring) interval in steps (toy 5, smollm2 10)",
     )
     p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
     p.add_argument(

@@ -176,7 +176,9 @@ def summarise(records: list[dict], k_async: int, budget_s: float, goal_speedup: 
     speed = out.get("time_to_trl_final_speedup")
     out["goals"] = {
         "agent_rl_k0_at_or_under_trl_s_per_step": None if k0 is None else k0 <= GOAL_S_PER_STEP,
-        f"agent_rl_k{k_async}_reaches_trl_final_{goal_speedup:g}x_sooner": None if speed is None else speed >= goal_speedup,
+        f"agent_rl_k{k_async}_reaches_trl_final_{goal_speedup:g}x_sooner": None
+        if speed is None
+        else speed >= goal_speedup,
     }
     head = (out["headline"] or {}).get(async_name, {}).get("speedup_train")
     out["goals"][f"agent_rl_k{k_async}_{goal_speedup:g}x_sooner_than_the_fastest_trl_cell"] = (

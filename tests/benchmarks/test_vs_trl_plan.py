@@ -88,7 +88,7 @@ def test_the_toy_job_is_the_recipe_as_it_is() -> None:
     recipe = load_recipe(vs_trl.RECIPE, [], check_model=False)
     tiny = vs_trl.JOBS["tiny"]
     assert (tiny.prompts, tiny.lr) == (recipe.train.batch_prompts, recipe.learner.lr)
-    assert vs_trl.GROUP == envs.load(vs_trl.ROOT / "envs" / "tiny_arith_agent.yaml").group_size
+    assert envs.load(vs_trl.ROOT / "envs" / "tiny_arith_agent.yaml").group_size == vs_trl.GROUP
 
 
 def test_smollm2_tunes_the_same_grid_on_its_own_step_and_quick_on_a_part_of_it() -> None:
@@ -100,7 +100,9 @@ def test_smollm2_tunes_the_same_grid_on_its_own_step_and_quick_on_a_part_of_it()
         assert {c.learner_micro_batch for c in full[f"agent-rl k={k}"]} == {None, job.samples}
     quick = vs_trl.candidates(job, quick=True)
     assert quick == {n: cs[: job.quick_candidates] for n, cs in full.items()}
-    assert vs_trl.candidates(vs_trl.JOBS["tiny"], quick=True) == tiny  # the toy's --quick tunes the whole grid
+    assert (
+        vs_trl.candidates(vs_trl.JOBS["tiny"], quick=True) == tiny
+    )  # the toy's --quick tunes the whole grid
 
 
 def _sets(cmd: list[str]) -> list[str]:

@@ -46,7 +46,9 @@ def test_the_smollm2_quick_run_writes_a_fair_results_file(tmp_path: Path) -> Non
     check_tuning(data, vs_trl.candidates(quick_job, quick=True))
     check_summary(data, job.goal_speedup)
     for r in data["cells"]:  # every run trained its steps and had checkpoints scored
-        assert r["steps"] == data["steps"] and len(r["curve"]) == 1 + data["steps"] // data["checkpoint_every"]
+        assert (
+            r["steps"] == data["steps"] and len(r["curve"]) == 1 + data["steps"] // data["checkpoint_every"]
+        )
     # both systems started from SmolLM2 (30 layers) with the Hermes tool template in its tokenizer
     from transformers import AutoTokenizer
 
