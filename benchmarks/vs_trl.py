@@ -145,7 +145,7 @@ class Job:
     s_per_step: float
     startup_s: float
     eval_s: float
-    checkpoint_gb: float  # disk per checkpoint (agent-rl's, with the optimizer state; TRL's is smaller)
+    checkpoint_gb: float  # disk per agent-rl checkpoint (weights and optimizer state; TRL's: the weights)
     # --quick: prompts per step, SFT share, the first N candidates of each cell (None: all), and
     # (steps, checkpoint every, tuning steps, budget s, eval tasks)
     quick_prompts: int
@@ -178,7 +178,7 @@ JOBS = {
     # guesses: from the --quick run (docs/benchmarks/vs-trl-smollm2.md), scaled by samples per step.
     "smollm2": Job(
         "smollm2", "SmolLM2-135M-Instruct", prompts=4, lr=1e-5, every=10, sft_scale=0.04, goal_speedup=1.3,
-        budget_s=600.0, s_per_step=45.0, startup_s=25.0, eval_s=90.0, checkpoint_gb=1.6,
+        budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=1.6,
         quick_prompts=1, quick_sft_scale=0.01, quick_candidates=2, quick_sizes=(4, 2, 2, 30.0, 8),
     ),
 }  # fmt: skip
@@ -520,7 +520,8 @@ def plan(args: argparse.Namespace) -> str:
     tune_s = n_tune * (job.startup_s + args.tune_steps * step_s)
     cells_s = n_cells * (job.startup_s + args.steps * step_s)
     score_s = n_evals * job.eval_s * (args.eval_limit or 100) / 100 / max(1, min(args.score_jobs, 2))
-    disk_gb = n_cells * (-(-args.steps // args.every)) * job.checkpoint_gb
+    # agent-rl's two cells keep weights and AdamW's two moments, TRL's three the weights (a third of that)
+    disk_gb = args.seeds * (-(-args.steps // args.every)) * job.checkpoint_gb * (2 + len(TRL_LOSSES) / 3)
     return (
         f"{job.label}, {job.prompts} prompt(s) x {GROUP} samples a step, lr {job.lr:g}: tuning pass: {n_tune} "
         f"candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: {2 + len(TRL_LOSSES)} x "
