@@ -145,7 +145,9 @@ class Job:
     s_per_step: float
     startup_s: float
     eval_s: float
-    checkpoint_gb: float  # disk per agent-rl checkpoint (weights and optimizer state; TRL's: the weights)
+    checkpoint_gb: tuple[
+        float, float
+    ]  # disk per checkpoint: agent-rl's (weights, AdamW state), TRL's (weights)
     # --quick: prompts per step, SFT share, the first N candidates of each cell (None: all), and
     # (steps, checkpoint every, tuning steps, budget s, eval tasks)
     quick_prompts: int
@@ -166,19 +168,19 @@ JOBS = {
     # start-up a process, on a quiet machine); scoring one checkpoint on 100 tasks: a guess
     "tiny": Job(
         "tiny", "toy model", prompts=8, lr=2e-4, every=5, sft_scale=1.0, goal_speedup=GOAL_SPEEDUP,
-        budget_s=60.0, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=0.1,
+        budget_s=60.0, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=(0.04, 0.01),
         quick_prompts=8, quick_sft_scale=0.1, quick_candidates=None, quick_sizes=(8, 4, 3, 15.0, 20),
     ),
     # SmolLM2-135M (134.5M parameters, fp32): a full step (generation of 32 episodes, learner on ~3k tokens,
     # AdamW over every weight) is tens of seconds on 2 cores, so 4 prompts (32 samples) a step and checkpoints
-    # every 10 steps (each agent-rl checkpoint keeps the weights and AdamW's two moments: ~1.6 GB). lr 1e-5: full
+    # every 10 steps (an agent-rl checkpoint, weights twice and AdamW's state, is 2.2 GB; TRL's 0.54). lr 1e-5: full
     # fine-tuning of a pretrained model (the toy's 2e-4 is for a from-scratch few-million-parameter one; the
     # LoRA recipe recipes/smollm_tir.yaml uses 2e-4 on adapters only); not tuned. SFT: 4% of the toy's traces
     # (120 + 120 drills), with examples/smollm_tir.py's short SFT. Issue 62's goal: >= 1.3x sooner. The plan's
     # guesses: from the --quick run (docs/benchmarks/vs-trl-smollm2.md), scaled by samples per step.
     "smollm2": Job(
         "smollm2", "SmolLM2-135M-Instruct", prompts=4, lr=1e-5, every=10, sft_scale=0.04, goal_speedup=1.3,
-        budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=1.6,
+        budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=(2.2, 0.54),
         quick_prompts=1, quick_sft_scale=0.01, quick_candidates=2, quick_sizes=(4, 2, 2, 30.0, 8),
     ),
 }  # fmt: skip
@@ -520,8 +522,8 @@ def plan(args: argparse.Namespace) -> str:
     tune_s = n_tune * (job.startup_s + args.tune_steps * step_s)
     cells_s = n_cells * (job.startup_s + args.steps * step_s)
     score_s = n_evals * job.eval_s * (args.eval_limit or 100) / 100 / max(1, min(args.score_jobs, 2))
-    # agent-rl's two cells keep weights and AdamW's two moments, TRL's three the weights (a third of that)
-    disk_gb = args.seeds * (-(-args.steps // args.every)) * job.checkpoint_gb * (2 + len(TRL_LOSSES) / 3)
+    ours, theirs = job.checkpoint_gb
+    disk_gb = args.seeds * (-(-args.steps // args.every)) * (2 * ours + len(TRL_LOSSES) * theirs)
     return (
         f"{job.label}, {job.prompts} prompt(s) x {GROUP} samples a step, lr {job.lr:g}: tuning pass: {n_tune} "
         f"candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: {2 + len(TRL_LOSSES)} x "
