@@ -469,7 +469,7 @@ def tune(
 ) -> dict:
     """Run every candidate for `steps` steps (seed 0, interleaved across cells: benchmarks/harness/runner.py);
     per cell, the fastest by median s/step after step 1, with each candidate's cores busy. A candidate's
-    checkpoints are deleted once it is measured: they are never scored (a SmolLM2 one is ~1.6 GB)."""
+    checkpoints are deleted once it is measured: they are never scored (an agent-rl SmolLM2 one is 2.2 GB)."""
     busy: dict[str, float | None] = {}
     failed: dict[str, str] = {}
     total = sum(map(len, cands.values()))
