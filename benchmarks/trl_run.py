@@ -4,11 +4,12 @@
 
 Run by benchmarks/vs_trl.py (one process per run, as a user runs TRL); needs `bash scripts/setup_trl.sh`.
 What is the same as agent-rl's agent_arith run (recipes/agent_arith.yaml on envs/tiny_arith_agent.yaml):
-- the model and tokenizer (the warm start dir; its chat template is the Hermes tool template), fp32;
+- the model and tokenizer (the warm start dir: the toy model or SmolLM2-135M-Instruct; its chat template is the
+  Hermes tool template, ChatML with <tool_call> blocks), fp32;
 - the prompts and their order: the env's training split in the order agent-rl's PromptSource(seed) draws
   them, fed unshuffled (`shuffle_dataset=False`);
-- 8 prompts x 8 samples per step (`num_generations=8`, one generation batch of 64 per optimizer step),
-  temperature 1, no top-k/top-p, lr 2e-4, no weight decay, grad clip 1.0, one update per batch;
+- --prompts prompts (8) x 8 samples per step (`num_generations=8`, one generation batch per optimizer step),
+  temperature 1, no top-k/top-p, --lr (2e-4), no weight decay, grad clip 1.0, one update per batch;
 - the budgets: at most 2 chat calls (one tool round, `max_tool_calling_iterations=1`), 48 new tokens per
   call (`generation_kwargs.max_new_tokens`), 128 completion tokens in all (`max_completion_length`);
 - the tool runs in the env's sandbox (the same bubblewrap pool, limits and observation formatting that the
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation steps per 64 samples")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (x the env's group_size samples)")
     args = p.parse_args(argv)
     t_start = time.time()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     # TRL's parser for Qwen's ChatML + Hermes tool calls, which the warm start's template renders (TRL only
     # recognises known templates by their text, so it is set by hand, as TRL's docs say to)
     tok.response_template = qwen3_template
-    batch_prompts, group = 8, spec.group_size
+    batch_prompts, group = args.prompts, spec.group_size
     tasks = prompts_in_agent_rl_order(spec, tok, args.seed, args.steps * batch_prompts)
     data = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": t.problem}], "task_id": t.id} for t in tasks]
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     python, reward = build_tool_and_reward(spec, tok)
     samples = batch_prompts * group
     if samples % args.micro_batches:
-        raise SystemExit(f"--micro-batches {args.micro_batches} must divide {samples}")
+        raise SystemExit(f"--micro-batches {args.micro_batches} must divide the {samples} samples of a step")
     config = GRPOConfig(
         output_dir=str(args.out / "trl"),
         use_cpu=True,

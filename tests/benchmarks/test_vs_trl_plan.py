@@ -1,5 +1,6 @@
-"""benchmarks/vs_trl.py's orchestration without running anything: the tuning pass's candidates and their
-interleaved order, resuming a finished run, scoring only complete seeds, and refusing an untuned invocation."""
+"""benchmarks/vs_trl.py's orchestration without running anything: the tuning pass's candidates (toy and
+SmolLM2) and their interleaved order, each model's sizes on both systems' command lines, --plan, resuming a
+finished run, scoring only complete seeds, and refusing an untuned invocation."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ from benchmarks.harness.runner import interleave  # noqa: E402
 
 def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topologies() -> None:
     cands = vs_trl.candidates()
+    step = vs_trl.JOBS["tiny"].samples
     trl = {(c.threads, c.micro_batches) for c in cands["trl"]}
     assert trl == {(t, m) for t in (1, 2) for m in (1, 2, 4, 8)}
-    assert all(64 % m == 0 for _, m in trl)  # each divides the 64 samples of a step
+    assert all(step % m == 0 for _, m in trl)  # each divides the 64 samples of a step
     for k in (0, vs_trl.K_ASYNC):
         # each topology/threads with the recipe's learner micro-batch and with the whole step as one
         assert {(c.topology, c.threads, c.learner_micro_batch) for c in cands[f"agent-rl k={k}"]} == {
             (topo, t, mb) for topo, t in (("inprocess", 1), ("inprocess", 2), ("processes", None))
-            for mb in (None, vs_trl.LEARNER_MICRO_BATCH)
+            for mb in (None, step)
         }  # fmt: skip
-        assert 64 % vs_trl.LEARNER_MICRO_BATCH == 0  # whole micro-batches of the step's 64 trajectories
 
 
 def test_tuning_candidates_are_interleaved_across_cells() -> None:
@@ -77,3 +78,60 @@ def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
     seen |= dict.fromkeys((k for k in seen if k.startswith("trl: ")), None)
     with pytest.raises(SystemExit, match="every candidate of trl failed"):
         vs_trl.choose(cands, seen)
+
+
+def test_the_toy_job_is_the_recipe_as_it_is() -> None:
+    """--model tiny passes the recipe's own sizes, so the toy cells are what they were before --model."""
+    import envs
+    from agent_rl.config import load_recipe
+
+    recipe = load_recipe(vs_trl.RECIPE, [], check_model=False)
+    tiny = vs_trl.JOBS["tiny"]
+    assert (tiny.prompts, tiny.lr) == (recipe.train.batch_prompts, recipe.learner.lr)
+    assert envs.load(vs_trl.ROOT / "envs" / "tiny_arith_agent.yaml").group_size == vs_trl.GROUP
+
+
+def test_smollm2_tunes_the_same_grid_on_its_own_step_and_quick_on_a_part_of_it() -> None:
+    job = vs_trl.JOBS["smollm2"]
+    full, tiny = vs_trl.candidates(job), vs_trl.candidates()
+    assert [(n, len(cs)) for n, cs in full.items()] == [(n, len(cs)) for n, cs in tiny.items()]
+    assert all(job.samples % c.micro_batches == 0 for c in full["trl"])
+    for k in (0, vs_trl.K_ASYNC):
+        assert {c.learner_micro_batch for c in full[f"agent-rl k={k}"]} == {None, job.samples}
+    quick = vs_trl.candidates(job, quick=True)
+    assert quick == {n: cs[: job.quick_candidates] for n, cs in full.items()}
+    assert (
+        vs_trl.candidates(vs_trl.JOBS["tiny"], quick=True) == tiny
+    )  # the toy's --quick tunes the whole grid
+
+
+def _sets(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+
+
+def test_both_systems_run_the_models_prompts_and_lr(tmp_path: Path) -> None:
+    from agent_rl.config import load_recipe
+
+    job = vs_trl.JOBS["smollm2"]
+    args = (1, tmp_path / "model", tmp_path / "run", 30, 10, tmp_path / "python", job)
+    trl, env = vs_trl.command(vs_trl.Config("trl", "closest", 0, 2, micro_batches=4), *args)
+    assert trl[trl.index("--prompts") + 1] == str(job.prompts) and float(trl[trl.index("--lr") + 1]) == job.lr
+    assert env == {}  # TRL sets its threads itself (--threads)
+    c = vs_trl.Config("agent-rl", "vcpo", 2, 1, "inprocess", learner_micro_batch=job.samples)
+    ours, env = vs_trl.command(c, *args)
+    recipe = load_recipe(vs_trl.RECIPE, _sets(ours), check_model=False)
+    assert (recipe.train.batch_prompts, recipe.learner.lr) == (job.prompts, job.lr)
+    assert (recipe.learner.micro_batch_size, recipe.buffer.max_staleness) == (job.samples, 2)
+    assert env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_the_smollm2_plan_states_its_sizes(capsys: pytest.CaptureFixture) -> None:
+    assert vs_trl.main(["--model", "smollm2", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct, 4 prompt(s) x 8 samples a step, lr 1e-05" in out
+    assert "tuning pass: 20 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert "scoring: 46 evaluations" in out  # checkpoints every 10 steps: 15 runs x 3, and the warm start
+    assert vs_trl.main(["--model", "smollm2", "--quick", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "1 prompt(s) x 8 samples" in out and "tuning pass: 6 candidates x 2 steps" in out
+    assert "cells: 5 x 1 seed(s) x 4 steps" in out and "scoring: 11 evaluations" in out
