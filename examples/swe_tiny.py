@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
 from agent_rl import errors
-from agent_rl.config import load_recipe
+from agent_rl.config import Recipe, load_recipe
+from agent_rl.errors import Terminated
 from agent_rl.tools.tiny import build_tiny
 from envs.harbor.env import SYSTEM
 from envs.harbor.generate import generate, task_spec
@@ -194,12 +196,30 @@ def main(argv: list[str] | None = None) -> int:
         prebuild(tasks_dir, host)
         env = write_env(root / "swe_tiny_env.yaml", tasks_dir, host)
         recipe = load_recipe(RECIPES / "swe_tiny.yaml", [f"envs.train={env}", *sets])
-        return run(
+        try:
+            return pipeline(recipe, tasks_dir, quick=args.quick, sft=sft)
+        except Terminated:  # SIGTERM: the trainer's own line names `agent-rl train --resume`, this command is the one
+            raise Terminated(f"stopped by SIGTERM; {resume_note(rl)}") from None
+        except KeyboardInterrupt:  # Ctrl-C: errors.run prints "interrupted" after this
+            print(f"swe_tiny: stopped; {resume_note(rl)}", file=sys.stderr, flush=True)
+            raise
+
+
+def resume_note(rl: Path) -> str:
+    """What the same command does next: RL resumes from its last checkpoint, or the unfinished stage starts over."""
+    steps = sorted(int(p.name[5:]) for p in (rl / "checkpoints").glob("step_*") if p.is_dir())
+    if steps:
+        return f"RL step {steps[-1]} is checkpointed: the same command again resumes RL from it"
+    return "no RL checkpoint yet: the same command again starts from the first unfinished stage"
+
+
+def pipeline(recipe: Recipe, tasks_dir: Path, *, quick: bool, sft: dict) -> int:
+    return run(
             recipe,
             title="swe_tiny",
             build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
             write_sft_data=lambda base, path: write_sft_data(
-                tasks_dir, base, path, extra=0 if args.quick else EXTRA_TRACES
+                tasks_dir, base, path, extra=0 if quick else EXTRA_TRACES
             ),
             sft=sft,
             fresh=False,
