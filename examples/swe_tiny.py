@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -172,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
     args = p.parse_args(argv)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background by a shell without job control (`make run-swe &` in a script, a tool's shell),
+        # which starts it with SIGINT ignored: `kill -INT` did nothing to an hour-long run. Ctrl-C's meaning back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(
         1
     )  # as examples/tiny_tir.py: the tiny model's matrices gain nothing from a 2nd core
@@ -198,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(RECIPES / "swe_tiny.yaml", [f"envs.train={env}", *sets])
         try:
             return pipeline(recipe, tasks_dir, quick=args.quick, sft=sft)
-        except Terminated:  # SIGTERM: the trainer's own line names `agent-rl train --resume`, this command is the one
+        except (
+            Terminated
+        ):  # SIGTERM: the trainer's own line names `agent-rl train --resume`, this command is the one
             raise Terminated(f"stopped by SIGTERM; {resume_note(rl)}") from None
         except KeyboardInterrupt:  # Ctrl-C: errors.run prints "interrupted" after this
             print(f"swe_tiny: stopped; {resume_note(rl)}", file=sys.stderr, flush=True)
@@ -215,17 +222,17 @@ def resume_note(rl: Path) -> str:
 
 def pipeline(recipe: Recipe, tasks_dir: Path, *, quick: bool, sft: dict) -> int:
     return run(
-            recipe,
-            title="swe_tiny",
-            build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
-            write_sft_data=lambda base, path: write_sft_data(
-                tasks_dir, base, path, extra=0 if quick else EXTRA_TRACES
-            ),
-            sft=sft,
-            fresh=False,
-            base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
-            sft_label="SFT warm start on the oracle solutions' traces (train tasks + generated, no held-out one)",
-        )
+        recipe,
+        title="swe_tiny",
+        build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
+        write_sft_data=lambda base, path: write_sft_data(
+            tasks_dir, base, path, extra=0 if quick else EXTRA_TRACES
+        ),
+        sft=sft,
+        fresh=False,
+        base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
+        sft_label="SFT warm start on the oracle solutions' traces (train tasks + generated, no held-out one)",
+    )
 
 
 if __name__ == "__main__":

@@ -305,7 +305,9 @@ class ContainerPool:
         deadline = time.monotonic() + start_timeout_s
         for t in refills:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
-        left = our_containers(self.client, **{"agent-rl.pool": self.labels.pool, "agent-rl.run": self.labels.run})
+        left = our_containers(
+            self.client, **{"agent-rl.pool": self.labels.pool, "agent-rl.run": self.labels.run}
+        )
         _each(left, lambda c: c.remove(force=True))
 
 

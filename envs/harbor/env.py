@@ -14,6 +14,7 @@ the episode and then leaves it out of its group, never scoring it 0.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from collections.abc import Callable
@@ -100,7 +101,9 @@ def _loop_pool(spec: EnvSpec) -> _LoopPool:
             h.docker_host, run=f"harbor-{id(per_loop)}", pool="harbor", warm=h.warm_containers
         )
         ensure_base(pool)
-        per_loop[key] = _LoopPool(pool, ThreadPoolExecutor(DOCKER_THREADS, thread_name_prefix="harbor-docker"))
+        parallel = h.parallel_commands or 2 * (os.cpu_count() or 1)
+        threads = ThreadPoolExecutor(DOCKER_THREADS, thread_name_prefix="harbor-docker")
+        per_loop[key] = _LoopPool(pool, threads, asyncio.Semaphore(parallel))
     return per_loop[key]
 
 
@@ -110,11 +113,18 @@ class _LoopPool:
 
     pool: Any
     threads: ThreadPoolExecutor
+    commands: asyncio.Semaphore
+    """Bounds the CPU work in containers (commands, verifiers) at once: harbor.parallel_commands."""
     closed: bool = False
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` in one of the pool's threads (a blocking Docker call), awaited."""
         return await asyncio.get_running_loop().run_in_executor(self.threads, partial(fn, *args, **kwargs))
+
+    async def work(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """As `call`, for a command or a verifier: waits for one of the `commands` slots first."""
+        async with self.commands:
+            return await self.call(fn, *args, **kwargs)
 
     async def release(self, c: Any) -> None:
         """An episode's container goes; after `close` (the pool removed it already) there is nothing to do."""
@@ -195,7 +205,7 @@ class HarborEnv(TurnBudget):
         limit = max(1.0, min(self.spec.harbor.command_timeout_s, left))  # type: ignore[union-attr]
         start = time.perf_counter()
         try:
-            res = await self._call(self._container.exec, command, timeout_s=limit)
+            res = await self._work(self._container.exec, command, timeout_s=limit)
         except SandboxError as e:
             raise InfraFailure("sandbox_killed", f"task {task.name}: {e}") from e
         seconds = time.perf_counter() - start
@@ -219,7 +229,7 @@ class HarborEnv(TurnBudget):
         try:
             if self._container is None:  # no command ran: the tests judge the untouched repository
                 self._container = await self._start(task)
-            reward = await self._call(run_verifier, task, self._container)
+            reward = await self._work(run_verifier, task, self._container)
         finally:
             await self.close()
         return StepResult([], reward, True, StepInfo(finish=finish, **ran))
@@ -232,6 +242,10 @@ class HarborEnv(TurnBudget):
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         assert self._lp is not None
         return await self._lp.call(fn, *args, **kwargs)
+
+    async def _work(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._lp is not None
+        return await self._lp.work(fn, *args, **kwargs)
 
     async def close(self) -> None:
         """Give the episode's container back (removed, never reused)."""

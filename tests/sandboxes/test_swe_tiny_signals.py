@@ -75,7 +75,9 @@ def _stop(proc: subprocess.Popen[bytes], sig: int, log: Path) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        pytest.fail(f"the run did not stop within {HUNG_S} s of {signal.Signals(sig).name}:\n{log.read_text()[-3000:]}")
+        pytest.fail(
+            f"the run did not stop within {HUNG_S} s of {signal.Signals(sig).name}:\n{log.read_text()[-3000:]}"
+        )
 
 
 def _gone(client, proc: subprocess.Popen[bytes]) -> list:
@@ -89,7 +91,9 @@ def _gone(client, proc: subprocess.Popen[bytes]) -> list:
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.heavy  # builds a model, SFT, evaluates and trains with containers, twice: minutes
-def test_sigterm_then_ctrl_c_stop_the_pipeline_with_no_container_left_and_it_resumes(docker_host: str, tmp_path: Path):
+def test_sigterm_then_ctrl_c_stop_the_pipeline_with_no_container_left_and_it_resumes(
+    docker_host: str, tmp_path: Path
+):
     client = docker_client(docker_host)
     run_dir, log = tmp_path / "run", tmp_path / "out.txt"
 
@@ -123,4 +127,6 @@ def test_sigterm_then_ctrl_c_stop_the_pipeline_with_no_container_left_and_it_res
     assert code == 130, out[-3000:]
     assert "swe_tiny: stopped; RL step" in out and "Traceback" not in out, out[-3000:]
     assert _gone(client, proc) == []
-    assert logged[: len(stopped) + 1] == list(range(len(stopped) + 1)), "the resumed run did not continue its steps"
+    assert logged[: len(stopped) + 1] == list(range(len(stopped) + 1)), (
+        "the resumed run did not continue its steps"
+    )
