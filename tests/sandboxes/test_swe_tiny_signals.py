@@ -1,10 +1,12 @@
 """Ctrl-C and SIGTERM to a real `python -m examples.swe_tiny` in its RL stage, with episodes in containers: the run
-stops, no container it started is left, and the run dir is resumable.
+stops, no container it started is left, and the same command resumes it.
 
-SIGTERM first (a scheduler's stop): the step in progress finishes with a checkpoint, the run exits 143 with a
-line saying how to continue. The same command again resumes RL from that checkpoint; Ctrl-C (SIGINT) then stops it
-at once (exit 130). Each signal is sent at a known event (a training step logged with the run's containers up),
-never after a sleep; the waits are bounded only so that a hung run fails the test instead of hanging it.
+The run is started as a shell without job control starts a background job (`make run-swe &` in a script, an agent's
+shell): with SIGINT ignored. Ctrl-C (`kill -INT`) must stop it at once all the same (exit 130): the old pipeline
+inherited the ignore and trained on. The same command then resumes RL from its last checkpoint, and SIGTERM (a
+scheduler's stop) ends it after the step in progress, which is checkpointed (exit 143, a line saying how to go on).
+Each signal is sent at a known event (a training step logged while the run's containers are up), never after a
+sleep; the waits are bounded only so that a run that does not stop fails the test instead of hanging it.
 """
 
 from __future__ import annotations
@@ -42,9 +44,7 @@ def _start(host: str, run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             start_new_session=True,  # the signals reach the run alone, never pytest
-            # SIGINT at its default (Python's KeyboardInterrupt) also when pytest runs in the background of a shell
-            # without job control, which starts it ignored
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a background job's inheritance
         )
 
 
@@ -55,8 +55,8 @@ def _steps_logged(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.endswith("}")]
 
 
-def _containers(client, proc: subprocess.Popen[bytes]) -> list:
-    return our_containers(client, **{"agent-rl.owner": owner_id(proc.pid)})
+def _containers(client, owner: str) -> list:
+    return our_containers(client, **{"agent-rl.owner": owner})
 
 
 def _wait_for_step(proc: subprocess.Popen[bytes], run_dir: Path, after: int, log: Path) -> None:
@@ -80,10 +80,10 @@ def _stop(proc: subprocess.Popen[bytes], sig: int, log: Path) -> int:
         )
 
 
-def _gone(client, proc: subprocess.Popen[bytes]) -> list:
+def _gone(client, owner: str) -> list:
     """The run's containers still there once it exited (a container removing itself: waited for, bounded)."""
     deadline = time.monotonic() + 60
-    while (left := _containers(client, proc)) and time.monotonic() < deadline:
+    while (left := _containers(client, owner)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -91,7 +91,7 @@ def _gone(client, proc: subprocess.Popen[bytes]) -> list:
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.heavy  # builds a model, SFT, evaluates and trains with containers, twice: minutes
-def test_sigterm_then_ctrl_c_stop_the_pipeline_with_no_container_left_and_it_resumes(
+def test_ctrl_c_then_sigterm_stop_the_pipeline_with_no_container_left_and_it_resumes(
     docker_host: str, tmp_path: Path
 ):
     client = docker_client(docker_host)
@@ -99,34 +99,37 @@ def test_sigterm_then_ctrl_c_stop_the_pipeline_with_no_container_left_and_it_res
 
     proc = _start(docker_host, run_dir, log)
     try:
-        _wait_for_step(proc, run_dir, 0, log)
-        assert _containers(client, proc), "the run's episodes should be in containers when the signal comes"
-        code = _stop(proc, signal.SIGTERM, log)
-    finally:
-        proc.kill()
-    out = log.read_text()
-    stopped = _steps_logged(run_dir)
-    assert code == 143, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    assert _gone(client, proc) == []
-    assert stopped == list(range(len(stopped))) and 1 <= len(stopped) < STEPS
-    assert (run_dir / "rl" / "checkpoints" / f"step_{len(stopped):06d}").is_dir(), sorted(
-        p.name for p in (run_dir / "rl" / "checkpoints").iterdir()
-    )
-    assert f"agent-rl: stopped by SIGTERM; RL step {len(stopped)} is checkpointed" in out, out[-2000:]
-
-    proc = _start(docker_host, run_dir, log)  # the same command: resumes RL from the checkpoint
-    try:
-        _wait_for_step(proc, run_dir, len(stopped), log)
-        assert _containers(client, proc)
+        _wait_for_step(proc, run_dir, 1, log)  # two steps logged: the first one's checkpoint is surely saved
+        owner = owner_id(proc.pid)
+        assert _containers(client, owner), "the run's episodes should be in containers when the signal comes"
         code = _stop(proc, signal.SIGINT, log)
     finally:
         proc.kill()
     out = log.read_text()
-    logged = _steps_logged(run_dir)
     assert code == 130, out[-3000:]
-    assert "swe_tiny: stopped; RL step" in out and "Traceback" not in out, out[-3000:]
-    assert _gone(client, proc) == []
-    assert logged[: len(stopped) + 1] == list(range(len(stopped) + 1)), (
-        "the resumed run did not continue its steps"
+    assert _gone(client, owner) == []
+    assert "swe_tiny: stopped; RL step" in out and "is checkpointed: the same command again resumes" in out, (
+        out[-3000:]
     )
+    assert "Traceback" not in out, out[-3000:]
+    checkpointed = int(os.readlink(run_dir / "rl" / "checkpoints" / "latest").rpartition("_")[2])
+
+    proc = _start(docker_host, run_dir, log)  # the same command: resumes RL from the checkpoint
+    try:
+        # a step past the checkpoint's next: the stopped run may have logged one step after its last checkpoint
+        _wait_for_step(proc, run_dir, checkpointed + 1, log)
+        owner = owner_id(proc.pid)
+        assert _containers(client, owner)
+        code = _stop(proc, signal.SIGTERM, log)
+    finally:
+        proc.kill()
+    out = log.read_text()
+    logged = _steps_logged(run_dir)
+    assert code == 143, out[-3000:]
+    assert _gone(client, owner) == []
+    assert "Traceback" not in out, out[-3000:]
+    assert logged == list(range(len(logged))) and checkpointed < len(logged) < STEPS, logged
+    assert (run_dir / "rl" / "checkpoints" / f"step_{len(logged):06d}").is_dir(), (
+        "the stopped step's checkpoint"
+    )
+    assert f"agent-rl: stopped by SIGTERM; RL step {len(logged)} is checkpointed" in out, out[-2000:]
