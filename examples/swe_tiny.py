@@ -3,7 +3,9 @@ held-out solve rate -> async VCPO in containers -> held-out solve rate, curves.
 
 Run: `python -m examples.swe_tiny [--fresh] [--tasks 300] [--quick] [--set KEY=VALUE ...]` (`make run-swe`); the
 recipe is recipes/swe_tiny.yaml. Every stage is skipped when its output exists (tasks, model, warm start, RL
-checkpoints: training resumes), so an interrupted run picks up where it stopped. Needs a Docker engine: the one at
+checkpoints: training resumes), so an interrupted run picks up where it stopped: Ctrl-C stops it at once (also when
+it was started in the background with SIGINT ignored), SIGTERM after the RL step in progress (checkpointed), and
+either way no container is left and the last line says what the same command does next. Needs a Docker engine: the one at
 --docker-host / DOCKER_HOST when it answers, else a private dockerd (root) whose images are kept in RUN_DIR/dockerd.
 
 The SFT traces are the built-in agent's format (envs/harbor/env.py): the task's instruction as the chat prompt,
