@@ -317,8 +317,8 @@ def _in_root(dest: str) -> str:
 
 
 def _each(items: list[Any], fn: Any, threads: int = 16) -> None:
-    """`fn(item)` for every item, `threads` at a time (a removal waits on the engine; 40 one after another took
-    seconds under load), failures ignored: what is already gone is gone."""
+    """`fn(item)` for every item, `threads` at a time (a removal mostly waits on the engine, and a run's pool holds
+    up to its episodes plus its warm ones), failures ignored: what is already gone is gone."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(item: Any) -> None:
