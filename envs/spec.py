@@ -318,6 +318,10 @@ class HarborConfig(Strict):
     """Give network to the containers of tasks that allow it (by default no container has any)."""
     command_timeout_s: float = Field(120.0, gt=0)
     """One command's limit (within the task's agent timeout_sec, which bounds their sum)."""
+    parallel_commands: int | None = Field(None, ge=1)
+    """Agent commands and verifiers running at once in one event loop's containers (the others wait their turn;
+    starting and removing containers is not limited). Default: twice this machine's cores (the containers run on
+    its engine): 32 pytest runs at once on 2 cores took past the verifier's 60 s limit at load 40."""
 
     def resolved_tasks(self, source_path: str | None) -> Path:
         path = Path(self.tasks).expanduser()

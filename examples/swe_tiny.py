@@ -3,7 +3,9 @@ held-out solve rate -> async VCPO in containers -> held-out solve rate, curves.
 
 Run: `python -m examples.swe_tiny [--fresh] [--tasks 300] [--quick] [--set KEY=VALUE ...]` (`make run-swe`); the
 recipe is recipes/swe_tiny.yaml. Every stage is skipped when its output exists (tasks, model, warm start, RL
-checkpoints: training resumes), so an interrupted run picks up where it stopped. Needs a Docker engine: the one at
+checkpoints: training resumes), so an interrupted run picks up where it stopped: Ctrl-C stops it at once (also when
+it was started in the background with SIGINT ignored), SIGTERM after the RL step in progress (checkpointed), and
+either way no container is left and the last line says what the same command does next. Needs a Docker engine: the one at
 --docker-host / DOCKER_HOST when it answers, else a private dockerd (root) whose images are kept in RUN_DIR/dockerd.
 
 The SFT traces are the built-in agent's format (envs/harbor/env.py): the task's instruction as the chat prompt,
@@ -17,12 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import torch
 
 from agent_rl import errors
-from agent_rl.config import load_recipe
+from agent_rl.config import Recipe, load_recipe
+from agent_rl.errors import Terminated
 from agent_rl.tools.tiny import build_tiny
 from envs.harbor.env import SYSTEM
 from envs.harbor.generate import generate, task_spec
@@ -170,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
     args = p.parse_args(argv)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background by a shell without job control (`make run-swe &` in a script, a tool's shell),
+        # which starts it with SIGINT ignored: `kill -INT` did nothing to an hour-long run. Ctrl-C's meaning back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(
         1
     )  # as examples/tiny_tir.py: the tiny model's matrices gain nothing from a 2nd core
@@ -194,18 +203,38 @@ def main(argv: list[str] | None = None) -> int:
         prebuild(tasks_dir, host)
         env = write_env(root / "swe_tiny_env.yaml", tasks_dir, host)
         recipe = load_recipe(RECIPES / "swe_tiny.yaml", [f"envs.train={env}", *sets])
-        return run(
-            recipe,
-            title="swe_tiny",
-            build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
-            write_sft_data=lambda base, path: write_sft_data(
-                tasks_dir, base, path, extra=0 if args.quick else EXTRA_TRACES
-            ),
-            sft=sft,
-            fresh=False,
-            base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
-            sft_label="SFT warm start on the oracle solutions' traces (train tasks + generated, no held-out one)",
-        )
+        try:
+            return pipeline(recipe, tasks_dir, quick=args.quick, sft=sft)
+        except (
+            Terminated
+        ):  # SIGTERM: the trainer's own line names `agent-rl train --resume`, this command is the one
+            raise Terminated(f"stopped by SIGTERM; {resume_note(rl)}") from None
+        except KeyboardInterrupt:  # Ctrl-C: errors.run prints "interrupted" after this
+            print(f"swe_tiny: stopped; {resume_note(rl)}", file=sys.stderr, flush=True)
+            raise
+
+
+def resume_note(rl: Path) -> str:
+    """What the same command does next: RL resumes from its last checkpoint, or the unfinished stage starts over."""
+    steps = sorted(int(p.name[5:]) for p in (rl / "checkpoints").glob("step_*") if p.is_dir())
+    if steps:
+        return f"RL step {steps[-1]} is checkpointed: the same command again resumes RL from it"
+    return "no RL checkpoint yet: the same command again starts from the first unfinished stage"
+
+
+def pipeline(recipe: Recipe, tasks_dir: Path, *, quick: bool, sft: dict) -> int:
+    return run(
+        recipe,
+        title="swe_tiny",
+        build_base=lambda base: build_tiny(base, corpus(tasks_dir), seed=0, **MODEL),
+        write_sft_data=lambda base, path: write_sft_data(
+            tasks_dir, base, path, extra=0 if quick else EXTRA_TRACES
+        ),
+        sft=sft,
+        fresh=False,
+        base_label="build tokenizer + Qwen2 model from scratch on the suite's text",
+        sft_label="SFT warm start on the oracle solutions' traces (train tasks + generated, no held-out one)",
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import queue
-import shlex
 import tarfile
 import threading
 import time
@@ -101,39 +100,61 @@ class TaskContainer:
         """Copy the directory `src` to `dest` (created) inside the container."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(src), arcname=".")
+            tar.add(str(src), arcname=_in_root(dest))
         self._put(dest, buf.getvalue())
 
     def put_files(self, dest: str, files: dict[str, bytes], mode: int = 0o644) -> None:
+        """Write `files` (name -> bytes) into the directory `dest` (created) inside the container."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for name, data in files.items():
-                info = tarfile.TarInfo(name)
+                info = tarfile.TarInfo(f"{_in_root(dest)}/{name}")
                 info.size, info.mode = len(data), mode
                 tar.addfile(info, io.BytesIO(data))
         self._put(dest, buf.getvalue())
 
     def _put(self, dest: str, data: bytes) -> None:
-        self.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=30, user="0")
+        """Unpack `data` (its paths relative to /) at the container's root: the engine creates the missing parent
+        directories, so no `mkdir` runs first (an exec: a process in the container, per copy, per episode)."""
         try:
-            self._c.put_archive(dest, data)
+            self._c.put_archive("/", data)
         except Exception as e:
             raise SandboxError(f"container {self._c.short_id}: cannot copy files to {dest}: {e}") from e
 
     def read_file(self, path: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
+        tar = self._get(path)
+        if tar is None:
+            return None
+        with tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                return None
+            f = tar.extractfile(member)
+            return f.read() if f else None
+
+    def read_files(self, path: str) -> dict[str, bytes]:
+        """The regular files directly in the directory `path`, by name ({} when it does not exist): one request
+        for them all."""
+        tar = self._get(path)
+        if tar is None:
+            return {}
+        out: dict[str, bytes] = {}
+        with tar:
+            for member in tar:  # the directory's own name, then its entries: DIR/NAME
+                parts = member.name.split("/")
+                if member.isfile() and len(parts) == 2 and (f := tar.extractfile(member)) is not None:
+                    out[parts[1]] = f.read()
+        return out
+
+    def _get(self, path: str) -> tarfile.TarFile | None:
         try:
             stream, _ = self._c.get_archive(path)
         except Exception as e:
             if "No such" in str(e) or "404" in str(e) or "Could not find" in str(e):
                 return None
             raise SandboxError(f"container {self._c.short_id}: cannot read {path}: {e}") from e
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            if member is None or not member.isfile():
-                return None
-            f = tar.extractfile(member)
-            return f.read() if f else None
+        return tarfile.open(fileobj=io.BytesIO(b"".join(stream)))
 
     def commit(self, repository: str, tag: str, changes: list[str]) -> str:
         self._c.commit(repository=repository, tag=tag, changes=changes)
@@ -184,11 +205,20 @@ class ContainerPool:
                     self._refill(spec, q)
         if self.warm == 0:
             return self._track(self._create(spec))
-        item = q.get()
+        item = self._take(q)
         self._refill(spec, q)
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def _take(self, q: queue.SimpleQueue) -> TaskContainer | BaseException:
+        """The next started container (or failed start) of `q`; SandboxError once the pool closes."""
+        while True:
+            try:
+                return q.get(timeout=0.5)
+            except queue.Empty:
+                if self._closed:  # its refill may never come: close() does not wait for starts under way
+                    raise SandboxError("the container pool is closed") from None
 
     def ready(self, spec: ContainerSpec) -> int:
         """How many containers of `spec` are started and waiting (a failed start counts too)."""
@@ -260,24 +290,44 @@ class ContainerPool:
             self._live.discard(c)
         c.close()
 
-    def close(self) -> None:
-        """Remove every container this pool started, the warm ones included."""
+    def close(self, start_timeout_s: float = 30.0) -> None:
+        """Remove every container this pool started, the warm ones included.
+
+        The live ones go first (a command or verifier blocked in one returns at once); then the starts under way
+        are waited for, all together up to `start_timeout_s` (each removes its container itself once it is up,
+        `_track`), and whatever carries this pool's labels is removed."""
         with self._lock:
             self._closed = True
-            refills = list(self._refills)
-        for t in refills:  # a container being started now is removed by _track once it is up
-            t.join(timeout=60)
-        with self._lock:
             live = list(self._live)
             self._live.clear()
-        for c in live:
-            with contextlib.suppress(SandboxError):
-                c.close()
-        for container in our_containers(
+            refills = list(self._refills)
+        _each(live, TaskContainer.close)
+        deadline = time.monotonic() + start_timeout_s
+        for t in refills:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = our_containers(
             self.client, **{"agent-rl.pool": self.labels.pool, "agent-rl.run": self.labels.run}
-        ):
-            with contextlib.suppress(Exception):
-                container.remove(force=True)
+        )
+        _each(left, lambda c: c.remove(force=True))
+
+
+def _in_root(dest: str) -> str:
+    """`dest` as a path in a tar unpacked at / ("." for / itself)."""
+    return dest.strip("/") or "."
+
+
+def _each(items: list[Any], fn: Any, threads: int = 16) -> None:
+    """`fn(item)` for every item, `threads` at a time (a removal mostly waits on the engine, and a run's pool holds
+    up to its episodes plus its warm ones), failures ignored: what is already gone is gone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: Any) -> None:
+        with contextlib.suppress(Exception):
+            fn(item)
+
+    if items:
+        with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="container-remove") as ex:
+            list(ex.map(one, items))
 
 
 # Held by an attached exec: reads stdin until it closes (this process died or closed the container).

@@ -14,10 +14,14 @@ the episode and then leaves it out of its group, never scoring it 0.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from envs.codec import codec
 from envs.datasets import DatasetReport
@@ -31,6 +35,7 @@ from envs.turns import TurnBudget
 from envs.types import EnvError, Finish, InfraFailure, StepInfo, StepResult, Task
 from sandboxes.api import SandboxError
 
+T = TypeVar("T")
 _BASH_RE = re.compile(r"(?:^|\n)[ \t]*```(?:bash|sh|shell)[ \t]*\n(.*?)\n?[ \t]*```", re.S)
 
 SYSTEM = (
@@ -75,8 +80,16 @@ def _suite(spec: EnvSpec, tokenizer: Any) -> _Suite:
     return _SUITES[key]
 
 
-def _pool(spec: EnvSpec) -> Any:
-    """This event loop's container pool for the spec's Docker engine (the base image built once)."""
+DOCKER_THREADS = 64
+"""Threads for the episodes' blocking Docker calls on one event loop (a container's start, a command, the verifier).
+Each in-flight episode waits on at most one such call, and a thread waiting on Docker's socket costs no CPU, so
+this is sized above any rollout.max_concurrent_episodes we run. The loop's default executor (asyncio.to_thread) has
+min(32, cores + 4) threads, 6 on two cores: 32 episodes queued their commands and verifiers behind 6 pytest runs,
+and whatever else the loop ran in it (an engine's close) waited behind them too."""
+
+
+def _loop_pool(spec: EnvSpec) -> _LoopPool:
+    """This event loop's container pool for the spec's Docker engine (the base image built once) and its threads."""
     from sandboxes.task_containers import ContainerPool
 
     assert spec.harbor is not None
@@ -88,17 +101,41 @@ def _pool(spec: EnvSpec) -> Any:
             h.docker_host, run=f"harbor-{id(per_loop)}", pool="harbor", warm=h.warm_containers
         )
         ensure_base(pool)
-        per_loop[key] = _LoopPool(pool)
-    return per_loop[key].pool
+        parallel = h.parallel_commands or 2 * (os.cpu_count() or 1)
+        threads = ThreadPoolExecutor(DOCKER_THREADS, thread_name_prefix="harbor-docker")
+        per_loop[key] = _LoopPool(pool, threads, asyncio.Semaphore(parallel))
+    return per_loop[key]
 
 
 @dataclass
 class _LoopPool:
-    """The pool as a loop resource: close_shared_sandboxes awaits `close()`; the pool's own is blocking."""
+    """The pool as a loop resource (close_shared_sandboxes awaits `close()`) with the threads its calls block in."""
 
     pool: Any
+    threads: ThreadPoolExecutor
+    commands: asyncio.Semaphore
+    """Bounds the CPU work in containers (commands, verifiers) at once: harbor.parallel_commands."""
+    closed: bool = False
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in one of the pool's threads (a blocking Docker call), awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.threads, partial(fn, *args, **kwargs))
+
+    async def work(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """As `call`, for a command or a verifier: waits for one of the `commands` slots first."""
+        async with self.commands:
+            return await self.call(fn, *args, **kwargs)
+
+    async def release(self, c: Any) -> None:
+        """An episode's container goes; after `close` (the pool removed it already) there is nothing to do."""
+        if not self.closed:
+            await self.call(self.pool.release, c)
 
     async def close(self) -> None:
+        """Drop the calls not started yet, then remove every container: a call blocked in one (a command, a
+        verifier) returns at once instead of running to its time limit, so shutdown waits for nothing."""
+        self.closed = True
+        self.threads.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.pool.close)
 
 
@@ -113,6 +150,7 @@ class HarborEnv(TurnBudget):
         self._suite = _suite(spec, tokenizer)
         self._task: HarborTask | None = None
         self._container: Any = None
+        self._lp: _LoopPool | None = None  # the pool the container came from (its threads release it)
         self._texts: list[str] = []
         self._turns = self._used = 0
         self._tool_s = 0.0
@@ -162,14 +200,12 @@ class HarborEnv(TurnBudget):
         task = self._task
         assert task is not None
         if self._container is None:
-            self._container = await asyncio.to_thread(
-                start_container, task, _pool(self.spec), allow_network=self.spec.harbor.allow_network
-            )  # type: ignore[union-attr]
+            self._container = await self._start(task)
         left = (task.agent_timeout_s or self.spec.harbor.command_timeout_s) - self._tool_s  # type: ignore[union-attr]
         limit = max(1.0, min(self.spec.harbor.command_timeout_s, left))  # type: ignore[union-attr]
         start = time.perf_counter()
         try:
-            res = await asyncio.to_thread(self._container.exec, command, timeout_s=limit)
+            res = await self._work(self._container.exec, command, timeout_s=limit)
         except SandboxError as e:
             raise InfraFailure("sandbox_killed", f"task {task.name}: {e}") from e
         seconds = time.perf_counter() - start
@@ -192,16 +228,28 @@ class HarborEnv(TurnBudget):
         assert task is not None
         try:
             if self._container is None:  # no command ran: the tests judge the untouched repository
-                self._container = await asyncio.to_thread(
-                    start_container, task, _pool(self.spec), allow_network=self.spec.harbor.allow_network
-                )  # type: ignore[union-attr]
-            reward = await asyncio.to_thread(run_verifier, task, self._container)
+                self._container = await self._start(task)
+            reward = await self._work(run_verifier, task, self._container)
         finally:
             await self.close()
         return StepResult([], reward, True, StepInfo(finish=finish, **ran))
+
+    async def _start(self, task: HarborTask) -> Any:
+        self._lp = _loop_pool(self.spec)
+        allow = self.spec.harbor.allow_network  # type: ignore[union-attr]
+        return await self._call(start_container, task, self._lp.pool, allow_network=allow)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._lp is not None
+        return await self._lp.call(fn, *args, **kwargs)
+
+    async def _work(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._lp is not None
+        return await self._lp.work(fn, *args, **kwargs)
 
     async def close(self) -> None:
         """Give the episode's container back (removed, never reused)."""
         if self._container is not None:
             c, self._container = self._container, None
-            await asyncio.to_thread(_pool(self.spec).release, c)
+            assert self._lp is not None
+            await self._lp.release(c)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
+from functools import cache
 from typing import Any
 
 from envs.harbor.dockerfile import Recipe, parse
@@ -29,6 +30,13 @@ BASE_TOOLS = (
     "uniq", "patch", "pwd", "id",
 )  # fmt: skip
 _PIP_NAMES = frozenset({"pytest", "pluggy", "iniconfig", "packaging"})
+
+
+@cache
+def _python() -> str:
+    """The interpreter's path inside the base (asked of this interpreter once: it starts a Python to answer, which
+    every episode's start paid before)."""
+    return image_python(sys.executable)
 
 
 def ensure_base(
@@ -84,7 +92,7 @@ def task_image(task: HarborTask, pool: ContainerPool, *, base: str = BASE_IMAGE)
     tag = image_tag(task, base)
     if _has_image(pool.client, tag):
         return tag, workdir
-    python = image_python(sys.executable)
+    python = _python()
     builder = pool._create(ContainerSpec(image=base, python=python, workdir="/"))
     try:
         _run_steps(task, steps, builder, task.config.environment.build_timeout_sec)
@@ -170,7 +178,7 @@ def start_container(
             image, workdir = task_image(task, pool, base=base)
         spec = ContainerSpec(
             image=image,
-            python=image_python(sys.executable),
+            python=_python(),
             cpus=task.resources.cpus,
             memory_mb=task.resources.memory_mb,
             network=task.resources.network and allow_network,

@@ -73,9 +73,8 @@ def run_verifier(task: HarborTask, container: TaskContainer) -> float:
                 "verifier_timeout",
                 f"task {task.name}: tests/test.sh ran past timeout_sec={task.verifier_timeout_s:g}",
             )
-        return parse_reward(
-            task.name, container.read_file(f"{LOGS}/reward.json"), container.read_file(f"{LOGS}/reward.txt")
-        )
+        logs = container.read_files(LOGS)
+        return parse_reward(task.name, logs.get("reward.json"), logs.get("reward.txt"))
     except SandboxError as e:
         raise InfraFailure(
             "sandbox_killed", f"task {task.name}: the container failed during the verifier: {e}"

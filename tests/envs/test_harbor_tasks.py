@@ -203,3 +203,55 @@ def test_dockerfile_continuations_and_comments(tmp_path: Path):
     assert r.steps[0].line == 3 and "echo a" in r.steps[0].args[0] and "echo b" in r.steps[0].args[0]
     assert r.workdir == "/sub" and r.warnings == []
     shutil.rmtree(tmp_path)
+
+
+def test_commands_and_verifiers_wait_for_one_of_parallel_commands_slots_while_other_docker_calls_do_not():
+    """32 episodes' pytest runs at once on 2 cores ran past the verifier's 60 s: `work` (a command, a verifier) takes
+    a slot of harbor.parallel_commands; `call` (a container's start or removal) does not wait for one."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envs.harbor.env import _LoopPool
+
+    entered, go = threading.Semaphore(0), threading.Event()
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def command() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        entered.release()
+        go.wait()
+        with lock:
+            running[0] -= 1
+
+    async def main() -> None:
+        lp = _LoopPool(pool=None, threads=ThreadPoolExecutor(8), commands=asyncio.Semaphore(2))
+        work = [asyncio.ensure_future(lp.work(command)) for _ in range(5)]
+        try:
+            for _ in range(2):
+                await asyncio.to_thread(entered.acquire)
+            assert lp.commands.locked()  # the other three wait for a slot, not in a thread
+            await lp.call(lambda: None)  # a start or a removal goes through while every slot is held
+        finally:
+            go.set()
+            await asyncio.gather(*work)
+            lp.threads.shutdown()
+
+    asyncio.run(main())
+    assert most[0] == 2
+
+
+def test_a_stopped_swe_tiny_run_says_what_the_same_command_does_next(tmp_path: Path):
+    from examples.swe_tiny import resume_note
+
+    assert resume_note(tmp_path / "rl").startswith("no RL checkpoint yet")
+    for step in (5, 10):
+        (tmp_path / "rl" / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    (tmp_path / "rl" / "checkpoints" / "latest").symlink_to("step_000010")
+    assert (
+        resume_note(tmp_path / "rl")
+        == "RL step 10 is checkpointed: the same command again resumes RL from it"
+    )
