@@ -23,9 +23,19 @@ _sweeps = itertools.count()
 _PREFIX = "agent-rl-sandbox-"
 
 
+def _stale_candidates() -> list[Path]:
+    """Our cgroups at the depths sandboxes make them. A pattern whose walk meets a cgroup removed meanwhile (a
+    container's, as a Docker engine stops it) is skipped this time: the next owner's sweep finds what it missed."""
+    found: list[Path] = []
+    for pattern in (f"*/{_PREFIX}*", f"*/*/*/{_PREFIX}*", f"{_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            found += list(_ROOT.glob(pattern))
+    return found
+
+
 def _sweep_stale() -> None:
     """Remove empty cgroups left by sandbox owners that died (their pid is in the name)."""
-    for d in [*_ROOT.glob(f"*/{_PREFIX}*"), *_ROOT.glob(f"*/*/*/{_PREFIX}*"), *_ROOT.glob(f"{_PREFIX}*")]:
+    for d in _stale_candidates():
         owner = d.name.removeprefix(_PREFIX).split("-")[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             with contextlib.suppress(OSError):

@@ -84,9 +84,12 @@ class BufferMachine(RuleBasedStateMachine):
         for g in batch:
             assert g.group_id not in self.delivered, "group delivered twice"
             self.delivered.add(g.group_id)
-            assert len(g.trajectories) == N, "group not whole"
+            # whole: every member sampled is there, the infrastructure's failures left out of the group's
+            # baseline (Group.left_out), never delivered as members
+            assert g.size == N, "group not whole"
+            assert g.trajectories and all(t.infra_failed for t in g.left_out)
             for t in g.trajectories:
-                assert t.done and t.finish_reason != FinishReason.ERROR
+                assert t.done and not t.infra_failed
                 assert t.staleness(self.buf.version) <= self.k, "delivered over the staleness bound"
                 assert t.uid not in self.delivered_uids
                 self.delivered_uids.add(t.uid)
