@@ -456,10 +456,11 @@ class AlgorithmConfig(Strict):
     """default: w̃²‖∇‖² (minimises the variance of the truncated estimator); reference: w̃²w²‖∇‖² as mit-han-lab/vcpo."""
     loss_kwargs: dict[str, float] = Field(default_factory=dict)
     """Extra hyper-parameters of the chosen loss (clip ranges, M2PO threshold, ...)."""
-    skip_no_signal: bool = True
+    skip_no_signal: bool = False
     """A batch in which every group's rewards are equal has a policy gradient of exactly 0 (every advantage is 0):
     true takes no optimizer step on it (AdamW's momentum would move the weights with nothing in the batch behind
-    the move; the version stays, learner/no_signal is 1); false steps as on any batch. Ignored with a teacher."""
+    the move; the version stays, learner/no_signal is 1); false steps as on any batch. Ignored with a teacher.
+    The main job's recipe turns it on; off by default while the machinery checks count every step as a version."""
     routing_replay: Literal["off", "rollout"] = "off"
     """Mixture-of-Experts models: rollout replays, in the learner's forward passes, the experts the engine
     routed every token to (gate weights still the learner's, so the router keeps its gradient); off lets the

@@ -177,7 +177,7 @@ def _flat(groups: list, reward: float) -> list:
 @pytest.mark.parametrize("skip", [True, False])
 def test_a_batch_without_a_reward_signal_takes_no_optimizer_step(tiny_model_dir: Path, skip: bool) -> None:
     """After a step on a batch with a signal, a batch whose groups' rewards are all equal has a zero gradient; with
-    algorithm.skip_no_signal (the default) the weights and version stay; without it AdamW's momentum still moves
+    algorithm.skip_no_signal (the main job's setting) the weights and version stay; without it AdamW's momentum still moves
     the weights (the drift the setting exists to stop)."""
     learner = build(recipe_for(tiny_model_dir, algorithm={"skip_no_signal": skip}).learner_spec)
     learner.step(make_groups(tiny_model_dir, n_groups=2, n=2))  # rewards 0/1 in each group: a signal
@@ -194,7 +194,7 @@ def test_a_batch_without_a_reward_signal_takes_no_optimizer_step(tiny_model_dir:
 
 
 def test_one_group_with_a_signal_is_enough_to_step(tiny_model_dir: Path) -> None:
-    learner = build(recipe_for(tiny_model_dir).learner_spec)
+    learner = build(recipe_for(tiny_model_dir, algorithm={"skip_no_signal": True}).learner_spec)
     groups = _flat(make_groups(tiny_model_dir, n_groups=2, n=2), reward=0.0)
     groups[1].trajectories[0].reward = 1.0
     m = learner.step(groups)
