@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness_model import Capture, build, chat_of, overfit, render_ids, train_tokenizer
+from harness_model import Capture, build, chat_of, overfit, redrawn, render_ids, train_tokenizer
 
 from envs.harness import PRESETS, HarnessFailed, HarnessResult, Session, run_harness
 
@@ -29,6 +29,10 @@ class Exchange:
     prompt: str
     resume_prompt: str | None
     answers: tuple[str, ...]  # the model's answer to each call of the scenario, in order
+    # Regexes whose group is text the harness draws anew on every run (Codex's Chunk ID of a tool's output, its
+    # wall time): each row holding one is also learnt with REDRAWS other draws, so that the model cannot tell
+    # its calls apart by them (the rows of two calls come from two rounds' runs, with two different draws).
+    volatile: tuple[str, ...] = ()
 
     @property
     def first_run_calls(self) -> int:
@@ -186,6 +190,7 @@ async def learn(ex: Exchange, model_dir: Path, base: Path) -> Path:
             raise RuntimeError(
                 f"{ex.harness} made {len(out.calls)} calls, expected a call {k + 1}: {out.results}"
             )
-        rows.append((list(out.calls[k].prompt_ids), ex.answers[k]))
+        ids = list(out.calls[k].prompt_ids)
+        rows += [(v, ex.answers[k]) for v in [ids, *redrawn(tok, ids, ex.volatile, seed=k)]]
         overfit(model_dir, rows)
     return model_dir

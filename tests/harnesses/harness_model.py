@@ -15,6 +15,8 @@ until every answer token beats the runner-up by MARGIN (tests/tool_model.py says
 from __future__ import annotations
 
 import json
+import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+REDRAWS = 4  # other draws of a row's volatile text learnt beside the one seen (drive.Exchange.volatile)
 
 
 def tool_call(name: str, arguments: dict) -> str:
@@ -224,3 +227,26 @@ def render_ids(tok: Any, messages: list[dict], tools: list[dict] | None) -> list
     from agent_rl.openai import chat
 
     return chat.render(tok, messages, tools)
+
+
+def redrawn(tok: Any, ids: list[int], volatile: tuple[str, ...], *, seed: int) -> list[list[int]]:
+    """REDRAWS copies of the prompt `ids` with the group of every `volatile` regex drawn anew, character by
+    character from its own class (hex or decimal digits; other characters kept); none when nothing matches."""
+    text = tok.decode(ids)
+    if not any(re.search(v, text) for v in volatile):
+        return []
+    rng = random.Random(seed)
+
+    def draw(m: re.Match) -> str:
+        value = m.group(1)
+        digits = "0123456789abcdef" if any(c in "abcdef" for c in value) else "0123456789"
+        new = "".join(rng.choice(digits) if c in digits else c for c in value)
+        return m.group(0).replace(value, new, 1)
+
+    copies = []
+    for _ in range(REDRAWS):
+        t = text
+        for v in volatile:
+            t = re.sub(v, draw, t)
+        copies.append(tok(t, add_special_tokens=False)["input_ids"])
+    return copies

@@ -27,6 +27,7 @@ CODEX = Exchange(
         "Done: answer.txt holds 12.",
         "Yes.",
     ),
+    volatile=(r"Chunk ID: ([0-9a-f]+)", r"Wall time: ([0-9.]+) seconds"),
 )
 
 
