@@ -4,5 +4,6 @@
 - `stats`: mean ± SE, the 2-SE rule and its words, medians of per-seed ratios, time to target;
 - `provenance`: commit, CPU model and flags, cores, load before and after, versions;
 - `report`: where results go (committed or scratch), the JSON + markdown writer, the figure helpers;
+- `pool`: runs in their own processes, N at a time, re-planned as each finishes, drained and stopped by signal;
 - `train`: an `agent-rl train` run in its own process, and its step records.
 """

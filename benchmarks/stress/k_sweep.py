@@ -3,7 +3,8 @@
     nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run        # everything still missing, resumable
     nice -n 15 .venv/bin/python -m benchmarks.stress.k_sweep run --stop-starting-after 150  # then drain and exit
     .venv/bin/python -m benchmarks.stress.k_sweep plan [PART]           # the runs still to go, in order
-    .venv/bin/python -m benchmarks.stress.k_sweep report                # -> benchmarks/results/stress/k_sweep.{json,md,png}
+    .venv/bin/python -m benchmarks.stress.k_sweep report                # -> benchmarks/results/stress/k_sweep2.{json,md,png}
+    .venv/bin/python -m benchmarks.stress.k_sweep report --from-results F --out F  # F rewritten from its kept runs
 
 The next level of the lr-matched study (`level_b_fair`, issue 28) on a task the toy does not saturate (issue 38):
 envs/tiny_multistep.yaml (2-3 tool calls per problem; warm start `benchmarks.stress.multistep_warm`), the full
@@ -45,18 +46,14 @@ import json
 import math
 import os
 import re
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.stress import final_eval
+from benchmarks.harness import pool
+from benchmarks.stress import final_eval, scored_run
 from benchmarks.stress.level_b_fair import OVERRIDES, SAME_AS_AT_K0
 
 RECIPE = "recipes/tiny_multistep.yaml"
@@ -75,7 +72,8 @@ EVAL_EVERY = 10
 PREFIX = "ksweep"
 NAME = re.compile(rf"{PREFIX}_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
 PARTS = ("calibrate", "select", "heldout")
-STOP_WAIT_S = 60  # a stopped sweep waits this long for a run's Ctrl-C unwinding, then SIGKILLs it
+STOP_WAIT_S = pool.STOP_WAIT_S
+WARM_RECORD, Planned = scored_run.WARM_RECORD, scored_run.Planned
 
 
 @dataclass(frozen=True)
@@ -196,9 +194,6 @@ def check_same_warm_start(cells: dict[tuple, Cell], warm: WarmStart, where: str,
         )
 
 
-WARM_RECORD = "warm_start.json"  # in a finished run dir: the warm start it started from
-
-
 def read_run(run: Path, warm_start: WarmStart | None) -> Cell | None:
     """The cell of a finished run dir (final_eval.json written), else None. The run's warm start is the one it
     recorded (WARM_RECORD), else (a run dir from before runs recorded it) `warm_start`."""
@@ -307,24 +302,6 @@ def select_lrs(cells: dict[tuple, Cell]) -> dict[str, float | None]:
     return {m: select(cells, m).chosen for m in METHODS}
 
 
-@dataclass(frozen=True)
-class Planned:
-    """One run to do: its name, part, method (the one whose run it is: at k = 0 a twin's), lag, seed and the
-    recipe overrides (lr and method)."""
-
-    name: str
-    part: str
-    method: str
-    k: int
-    seed: int
-    sets: tuple[str, ...]
-
-    @property
-    def curve(self) -> bool:
-        """Whether the run evaluates periodically: the selection reads only finals, so it saves those evals."""
-        return self.part != "select"
-
-
 def plan(
     part: str, cells: dict[tuple, Cell], methods: tuple[str, ...] = METHODS, lags: tuple[int, ...] = LAGS
 ) -> list[Planned]:
@@ -370,115 +347,14 @@ def _names(text: str, known: tuple, what: str, cast=str) -> tuple:
 # ----------------------------------------------------------------------------------------------------- runner
 
 
-# the runs training now, and whether the sweep is stopping: both under the lock, so that no run starts, or is
-# started but not yet listed, when the sweep stops them (stop_with_the_sweep)
-_TRAINING: set[subprocess.Popen] = set()
-_STOPPING = threading.Event()
-_TRAINING_LOCK = threading.Lock()
-# set by SIGUSR1 or once --stop-starting-after's minutes have passed: start no new run, finish the ones training
-# (a machine lent for a known time loses no half-trained run, which would train again from its start)
-_DRAINING = threading.Event()
-
-
-def _train(cmd: list[str], log) -> int:
-    with _TRAINING_LOCK:
-        if _STOPPING.is_set():
-            return -signal.SIGTERM
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
-        )
-        _TRAINING.add(proc)
-    try:
-        return proc.wait()
-    finally:
-        with _TRAINING_LOCK:
-            _TRAINING.discard(proc)
-
-
-def stop_with_the_sweep() -> None:
-    """On SIGUSR1, start no new run (`run_all`). On SIGTERM (`kill`), stop the runs training now and exit once they
-    are gone: left running, a run would go on writing the run dir that the next `run` clears to train it again.
-    They get Ctrl-C's SIGINT (which reaches them from a terminal already: they share its process group), not
-    SIGTERM: `agent-rl train` would finish its step and checkpoint it, and the sweep trains an unfinished run again
-    from its start."""
-
-    def stop(signum: int, _frame) -> None:
-        with _TRAINING_LOCK:
-            _STOPPING.set()
-            training = list(_TRAINING)
-        for proc in training:
-            proc.send_signal(signal.SIGINT)
-        for proc in training:
-            try:
-                proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                print(
-                    f"k_sweep: pid {proc.pid} did not stop on SIGINT in {STOP_WAIT_S} s: SIGKILL", flush=True
-                )
-                proc.kill()
-        raise SystemExit(
-            f"k_sweep: stopped by signal {signum}; its unfinished runs start again with the next `run`"
-        )
-
-    def drain(_signum: int, _frame) -> None:
-        _DRAINING.set()  # stderr: the main thread may be printing to stdout when this runs
-        print(
-            "k_sweep: SIGUSR1: starting no new run; exiting once the runs training finish",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGUSR1, drain)
-    # A sweep started in the background (`nohup ... &` from a script) inherits SIGINT ignored, and so would its
-    # runs (an ignored signal stays ignored across exec): caught here, it is default again in each run.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 @dataclass(frozen=True)
-class Runner:
-    """How `run` trains and scores one planned run (nice level, paths, budgets)."""
+class Runner(scored_run.Runner):
+    """How `run` trains and scores one planned run: the sweep's recipe, warm start, steps and eval interval."""
 
-    runs: Path
-    warm_start: WarmStart  # the one at `warm`: each finished run records it (WARM_RECORD)
     recipe: str = RECIPE
     warm: str = WARM
     steps: int = STEPS
     eval_every: int = EVAL_EVERY
-    nice: int = 15  # the machine is shared: runs yield to interactive work
-
-    def train_cmd(self, p: Planned) -> list[str]:
-        sets = [f"model.path={self.warm}", f"rollout.fixed_lag={p.k}", f"train.seed={p.seed}",
-                f"train.steps={self.steps}", f"name={p.name}", f"logging.run_dir={self.runs / p.name}",
-                "logging.tensorboard=false", "checkpoint.every=0", f"eval.every={self.eval_every if p.curve else 0}", *p.sets]  # fmt: skip
-        cmd = ["nice", "-n", str(self.nice), sys.executable, "-m", "agent_rl.cli", "train", self.recipe]
-        return cmd + [x for s in sets for x in ("--set", s)]
-
-    def trained(self, run: Path) -> bool:
-        metrics = run / "metrics.jsonl"
-        if not metrics.is_file() or not (run / "checkpoints" / "latest").exists():
-            return False
-        steps = {json.loads(line).get("step") for line in metrics.read_text().splitlines() if line.strip()}
-        return self.steps - 1 in steps
-
-    def __call__(self, p: Planned) -> str:
-        """Train (unless a finished training is there), score the final checkpoint, drop the checkpoints."""
-        run = self.runs / p.name
-        if final_eval.read(run) is not None:
-            return f"{p.name}: done already"
-        if not self.trained(run):
-            shutil.rmtree(run, ignore_errors=True)
-            self.runs.mkdir(parents=True, exist_ok=True)
-            with open(self.runs / f"{p.name}.log", "w") as log:
-                returncode = _train(self.train_cmd(p), log)
-            if returncode:
-                return f"FAILED {p.name} (exit {returncode}; {self.runs / p.name}.log)"
-        if not (run / WARM_RECORD).is_file():  # `run` checked that the kept runs share this warm start
-            (run / WARM_RECORD).write_text(json.dumps(self.warm_start.to_json()))
-        msg = final_eval.evaluate(run)
-        if final_eval.read(run) is not None:
-            shutil.rmtree(run / "checkpoints", ignore_errors=True)
-        return msg
 
 
 def run_all(
@@ -491,56 +367,30 @@ def run_all(
     stop_starting_at: float | None = None,
 ) -> None:
     """Every missing run of PARTS, `jobs` at a time, re-planning after each finishes (a method's held-out runs
-    start as soon as its selection is complete); the report is rewritten after every `jobs` runs. Once SIGUSR1
-    came (_DRAINING) or time.monotonic() passed stop_starting_at, no run starts; the ones training finish."""
+    start as soon as its selection is complete; benchmarks/harness/pool.py); the report is rewritten after every
+    `jobs` runs. Once SIGUSR1 came or time.monotonic() passed stop_starting_at, no run starts; the ones training
+    finish."""
     from benchmarks.harness.provenance import Provenance
     from benchmarks.stress.k_sweep_report import write
 
     prov = Provenance()  # this invocation's: a sweep resumed over several has the last one's
     warm = runner.warm_start
     check_same_warm_start(read_cells(runner.runs, out, warm), warm, runner.warm, out)
-    started: set[str] = set()
-    done, t0 = 0, time.time()
-    with ThreadPoolExecutor(jobs) as pool:
-        running: dict[Future, Planned] = {}
-        while True:
-            cells = read_cells(runner.runs, out, warm)
-            todo = [p for part in parts for p in plan(part, cells, methods, lags) if p.name not in started]
-            if (
-                stop_starting_at is not None
-                and time.monotonic() >= stop_starting_at
-                and not _DRAINING.is_set()
-            ):
-                _DRAINING.set()
-                print(
-                    f"k_sweep: --stop-starting-after: starting no new run; {len(running)} training",
-                    flush=True,
-                )
-            while todo and len(running) < jobs and not _DRAINING.is_set():
-                p = todo.pop(0)
-                started.add(p.name)
-                running[pool.submit(runner, p)] = p
-                print(f"start {p.name} ({p.part}; its progress: {runner.runs / p.name}.log)", flush=True)
-            if not running:
-                break
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for f in finished:
-                p = running.pop(f)
-                done += 1
-                left = len(todo) + len(running)
-                eta = (time.time() - t0) / done * left  # completions so far already run `jobs` at a time
-                print(
-                    f"[{done} done, {left} to go, part {p.part}, ETA {eta / 3600:.1f} h] {f.result()}",
-                    flush=True,
-                )
-                if done % jobs == 0:
-                    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm, meta=prov.meta())
-    write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm, meta=prov.meta())
+
+    def report() -> None:
+        write(read_cells(runner.runs, out, warm), out, quiet=True, warm=warm, meta=prov.meta())
+
+    def todo() -> list[Planned]:
+        cells = read_cells(runner.runs, out, warm)
+        return [p for part in parts for p in plan(part, cells, methods, lags)]
+
+    drained = pool.drain(todo, runner, jobs, "k_sweep", runner.progress, stop_starting_at, report)
+    report()
     missing = [p.name for p in plan_all(read_cells(runner.runs, out, warm))]
     print(
         f"k_sweep: {len(missing)} runs missing"
         + (f" (first: {', '.join(missing[:3])})" if missing else "")
-        + ("; no run started after SIGUSR1 or --stop-starting-after" if _DRAINING.is_set() else "")
+        + ("; no run started after SIGUSR1 or --stop-starting-after" if drained else "")
     )
 
 
@@ -550,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("part", nargs="?", help=f"plan/run: one of {', '.join(PARTS)} (default: all, in order)")
     ap.add_argument("--runs", default="runs", type=Path)
     ap.add_argument("--out", default=OUT, type=Path, help="the results (its .md and .png beside)")
+    ap.add_argument("--from-results", type=Path, default=None,
+                    help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
     ap.add_argument(
         "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
     )
@@ -604,17 +456,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"k_sweep: no warm start at {args.warm}: building it first", flush=True)
             build(Path(args.warm).parent)
             warm = load_warm_start(args.warm)
-        stop_with_the_sweep()
+        pool.on_signals("k_sweep")
         stop_starting_at = None if drain_after is None else time.monotonic() + drain_after * 60
         runner = Runner(args.runs, warm, warm=args.warm)
         run_all(runner, args.out, args.jobs, parts, methods, lags, stop_starting_at)
         return
     from benchmarks.stress.k_sweep_report import write
 
-    kept = (
-        json.loads(args.out.read_text()).get("meta") if args.out.is_file() else None
-    )  # the runs' provenance
-    write(read_cells(args.runs, args.out, warm), args.out, warm=warm, meta=kept)
+    src, runs = (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
+    kept = json.loads(src.read_text()).get("meta") if src.is_file() else None  # the runs' provenance
+    write(read_cells(runs, src, warm), args.out, warm=warm, meta=kept)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from benchmarks.harness.report import save_figure, subplots
+from benchmarks.harness.report import save_figure, subplots, table
 from benchmarks.harness.report import write as write_results
 from benchmarks.harness.stats import SEPARATED_AT_SE, gap_of, mean_se, pm
 from benchmarks.stress import k_sweep as ks
@@ -333,55 +333,50 @@ def markdown(report: dict) -> str:
         "",
         "## Final held-out accuracy (mean ± SE [collapsed])",
         "",
-        "| method (lr) | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |",
-        "|---|" + "---|" * len(ks.LAGS),
     ]
     held = report["heldout"]
-    for m in ks.METHODS:
-        if m in held:
-            lines.append(f"| {LABEL[m]} ({lr_text(chosen[m])}) | "
-                         + " | ".join(_fmt(held[m][str(k)], n_held) for k in ks.LAGS) + " |")  # fmt: skip
+    by_k = [f"k={k}" for k in ks.LAGS]
+    lines += table(["method (lr)", *by_k], [[f"{LABEL[m]} ({lr_text(chosen[m])})",
+                   *(_fmt(held[m][str(k)], n_held) for k in ks.LAGS)] for m in ks.METHODS if m in held])  # fmt: skip
+
+    def use(c: dict) -> str:
+        if not c["n"]:
+            return "-"
+        if c["ess_mean"] is None:
+            return f"{c['collapsed']}/{c['n']}"
+        return f"{c['collapsed']}/{c['n']}; {pm(c['auc']['mean'], c['auc']['se'])}; {c['ess_mean']:.2f}"
+
     lines += ["", "## Collapse rate, AUC (mean ± SE), mean ESS/B", "",
-              "| method | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |", "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
-    for m in ks.METHODS:
-        if m in held:
-            row = []
-            for k in ks.LAGS:
-                c = held[m][str(k)]
-                row.append("-" if not c["n"] else f"{c['collapsed']}/{c['n']}; {pm(c['auc']['mean'], c['auc']['se'])}; "
-                           f"{c['ess_mean']:.2f}" if c["ess_mean"] is not None else f"{c['collapsed']}/{c['n']}")  # fmt: skip
-            lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+              *table(["method", *by_k], [[LABEL[m], *(use(held[m][str(k)]) for k in ks.LAGS)]
+                                         for m in ks.METHODS if m in held])]  # fmt: skip
     lines += ["", f"## VCPO against each method (final: VCPO minus the method, ± SE of the difference; ahead or "
               f"behind at {SEPARATION:g} SE or more; where both have all {n_held} held-out seeds)"]  # fmt: skip
     tables = {"final": ("", lambda c: c), "auc": (
         "The same for the area under the curve (how soon a method gets to its level, not only where it ends):",
         lambda c: c["auc"])}  # fmt: skip
     for name, (intro, pick) in tables.items():
+        rows = [[LABEL[m], *(_against(pick(vs[str(k)])) if str(k) in vs else "-" for k in ks.LAGS)]
+                for m, vs in report.get("vcpo_vs", {}).items()]  # fmt: skip
         head = "VCPO minus" + (" (AUC)" if name == "auc" else "")
-        lines += ["", *([intro, ""] if intro else []), f"| {head} | " + " | ".join(f"k={k}" for k in ks.LAGS) + " |",
-                  "|---|" + "---|" * len(ks.LAGS)]  # fmt: skip
-        for m, by_k in report.get("vcpo_vs", {}).items():
-            row = [_against(pick(by_k[str(k)])) if str(k) in by_k else "-" for k in ks.LAGS]
-            lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+        lines += ["", *([intro, ""] if intro else []), *table([head, *by_k], rows)]
     lrs = sorted({float(lr) for v in report["selection"].values() for lr in v.get("grid", ks.LRS)})
-    lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE [collapsed]; **chosen**)", "",
-              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]  # fmt: skip
+    rows = []
     for m, v in report["selection"].items():
         row = [_fmt(v["by_lr"].get(f"{lr:g}", {"n": 0}), n_sel) for lr in lrs]
-        row = [f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, lrs, strict=True)]
-        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
+        rows.append(
+            [LABEL[m], *(f"**{t}**" if chosen[m] == lr else t for t, lr in zip(row, lrs, strict=True))]
+        )
+    lines += ["", f"## lr selection (k={ks.SELECT_LAG}, seeds {','.join(map(str, ks.SELECT_SEEDS))}; mean ± SE "
+              "[collapsed]; **chosen**)", "", *table(["method", *(f"lr {lr_text(lr)}" for lr in lrs)], rows)]  # fmt: skip
     if edges := edge_lines(report["selection"]):
         lines += ["", *edges]
-    cal = report["calibration"]
-    if cal:
+    if cal := report["calibration"]:
         versions = sorted({v for r in cal for v, _ in r["curve"]})
-        lines += ["", "## Calibration: synchronous RL (k=0) from the warm start, held-out accuracy by step (mean over seeds)",
-                  "", "| method | lr | seeds | " + " | ".join(f"step {v}" for v in versions) + " |",
-                  "|---|---|---|" + "---|" * len(versions)]  # fmt: skip
-        for r in cal:
-            by = dict((int(v), a) for v, a in r["curve"])
-            lines.append(f"| {LABEL[r['method']]} | {lr_text(r['lr'])} | {','.join(map(str, r['seeds']))} | "
-                         + " | ".join(f"{by[v]:.2f}" if v in by else "" for v in versions) + " |")  # fmt: skip
+        by = [dict((int(v), a) for v, a in r["curve"]) for r in cal]
+        lines += ["", "## Calibration: synchronous RL (k=0) from the warm start, held-out accuracy by step (mean "
+                  "over seeds)", "", *table(["method", "lr", "seeds", *(f"step {v}" for v in versions)], [
+                      [LABEL[r["method"]], lr_text(r["lr"]), ",".join(map(str, r["seeds"])),
+                       *(f"{b[v]:.2f}" if v in b else "" for v in versions)] for r, b in zip(cal, by, strict=True)])]  # fmt: skip
     lines += ["", "## Missing runs", ""]
     miss = report["missing"]
     total = sum(len(v) for v in miss.values())

@@ -39,15 +39,15 @@ def test_vs_trl_summary_is_what_its_runs_give() -> None:
 
 @pytest.mark.parametrize("name", ["k_sweep2", "k_sweep"])
 def test_the_k_sweep_report_is_what_its_kept_runs_give(tmp_path: Path, name: str) -> None:
+    """`python -m benchmarks.stress.k_sweep report --from-results FILE --out OUT`: the JSON, page and figure again."""
     from benchmarks.stress import k_sweep
-    from benchmarks.stress.k_sweep_report import write
 
     src = RESULTS / "stress" / f"{name}.json"
-    warm = k_sweep.load_warm_start(ROOT / k_sweep.WARM) if name == "k_sweep2" else None
     out = tmp_path / f"{name}.json"
-    write(k_sweep.read_cells(_no_runs(tmp_path), src, warm), out, quiet=True, warm=warm)
+    k_sweep.main(["report", "--from-results", str(src), "--out", str(out), "--warm", str(ROOT / k_sweep.WARM)])
     assert json.loads(out.read_text()) == json.loads(src.read_text())
     assert out.with_suffix(".md").read_text() == src.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").is_file()
 
 
 def test_the_level_b_fair_report_is_what_its_kept_runs_give(tmp_path: Path) -> None:
