@@ -1,8 +1,10 @@
 """Level (b), lr-matched: every stabiliser at its best learning rate against VCPO, and VCPO's parts ablated.
 
-    benchmarks/stress/level_b_fair.sh select|heldout|fill|ablate|report   (the runner; this module plans and reports)
+    benchmarks/stress/level_b_fair.sh select|heldout|fill|ablate|report   # = the `run PART` below, or `report`
+    nice -n 15 .venv/bin/python -m benchmarks.stress.level_b_fair run PART [--jobs N] [--stop-starting-after MIN]
     .venv/bin/python -m benchmarks.stress.level_b_fair plan PART        # the runs PART still needs, one per line
     .venv/bin/python -m benchmarks.stress.level_b_fair report           # -> benchmarks/results/stress/level_b_fair.*
+    .venv/bin/python -m benchmarks.stress.level_b_fair report --from-results F --out F  # from F's kept runs alone
 
 The design (issue 28): tiny_tir warm start, fixed lag k, void-turn masking off, 40 steps, scored by the final
 checkpoint's held-out accuracy (`final_eval`). Baselines (plain, tis, mis, m2po) run at each lr of LRS on the
@@ -15,8 +17,12 @@ and opob makes VCPO's: those cells are plain's and VCPO's runs (`same_as`).
 `fill` (issue 39) is the part of `ablate` the verdict table reads: at every k, VCPO at the best baseline's own lr
 and each part alone at the recipe's lr, so that "VCPO at the baseline's lr" exists for every k.
 
-Resumable: a run counts once its final_eval.json exists; the report also keeps the cells an earlier report wrote
-(level_b_fair.json), so a study can be finished in another session after its run dirs are gone.
+`run` trains each planned run in its own process (`agent-rl train recipes/tiny_tir.yaml` from the warm start WARM,
+STEPS steps, no periodic eval: the final checkpoint is what is scored; benchmarks/harness/pool.py, `--jobs` at a time,
+drained by SIGUSR1 or --stop-starting-after, stopped by SIGTERM), scores its final checkpoint (`final_eval`) and
+drops its checkpoints (benchmarks/stress/scored_run.py, as the k-sweep's runs); the report is rewritten as they
+finish. Resumable: a run counts once its final_eval.json exists; the report also keeps the cells an earlier report
+wrote (level_b_fair.json), so a study can be finished in another session after its run dirs are gone.
 """
 
 from __future__ import annotations
@@ -24,11 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from benchmarks.harness import pool
+from benchmarks.stress.scored_run import Planned, Runner
 
 LRS = (5e-5, 1.5e-4, 5e-4)
 RECIPE_LR = 5e-4
@@ -52,6 +63,9 @@ OVERRIDES = {  # method -> recipe overrides (recipes/tiny_tir.yaml is VCPO: seq-
 LABEL = {"plain": "plain REINFORCE", "tis": "TIS (seq)", "mis": "masking (MIS)", "m2po": "M2PO",
          "ess_lr": "ESS lr alone", "opob": "OPOB alone", "vcpo": "VCPO"}  # fmt: skip
 NAME = re.compile(r"stress_f_(\w+?)_lr([0-9.e-]+)_k(\d+)_s(\d+)$")
+PARTS = ("select", "heldout", "fill", "ablate")
+RECIPE, WARM, STEPS = "recipes/tiny_tir.yaml", "runs/tiny_tir/sft", 40
+OUT = Path("benchmarks/results/stress/level_b_fair.json")
 
 
 @dataclass(frozen=True)
@@ -130,9 +144,9 @@ def best_baseline(cells: dict[tuple, Cell], k: int) -> tuple[str, float] | None:
     return max(means, key=lambda m: means[m]) if means else None
 
 
-def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]:
-    """The runs PART still needs, in priority order: (name, k, seed, overrides). Runs already finished and
-    k = 0 cells that are another method's run are left out."""
+def plan(part: str, cells: dict[tuple, Cell]) -> list[Planned]:
+    """The runs PART still needs, in priority order. Runs already finished and k = 0 cells that are another
+    method's run are left out."""
     want: list[tuple[str, float, int, int]] = []
     if part == "select":
         want = [(m, lr, SELECT_LAG, s) for s in SELECT_SEEDS for lr in LRS for m in BASELINES]
@@ -157,7 +171,7 @@ def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]
         methods = ("vcpo", *(m for m in ABLATIONS if m != "vcpo"))
         want = [(m, lr, k, s) for lr in order for k in (4, 8, 0) for m in methods for s in HELDOUT_SEEDS]
     else:
-        raise ValueError(f"plan: part {part!r} is not one of select, heldout, fill, ablate")
+        raise ValueError(f"plan: part {part!r} is not one of {', '.join(PARTS)}")
     out, seen = [], set()
     for method, lr, k, seed in want:
         if k == 0:
@@ -166,32 +180,64 @@ def plan(part: str, cells: dict[tuple, Cell]) -> list[tuple[str, int, int, str]]
         if key in cells or key in seen:
             continue
         seen.add(key)
-        sets = " ".join(
-            f"--set {o}" for o in [f"learner.lr={lr:g}", "buffer.mask_void=false"] + OVERRIDES[method].split()
-        )
-        out.append((run_name(method, lr, k, seed), k, seed, sets))
+        sets = (f"learner.lr={lr:g}", "buffer.mask_void=false", *OVERRIDES[method].split())
+        out.append(Planned(run_name(method, lr, k, seed), part, method, k, seed, sets))
     return out
+
+
+def run(part: str, runs: Path, out: Path, jobs: int, warm: str, stop_starting_at: float | None) -> None:
+    """Every run PART still needs, `jobs` at a time (benchmarks/harness/pool.py), the report rewritten as they
+    finish; SIGUSR1 or stop_starting_at (time.monotonic()): no run starts, the ones training finish."""
+    from benchmarks.stress.level_b_fair_report import write
+
+    if not (Path(warm) / "model.safetensors").is_file():
+        raise SystemExit(
+            f"level_b_fair: no warm start at {warm}: run 'make run' first (or name one with --warm DIR)"
+        )
+    pool.on_signals("level_b_fair")
+    runner = Runner(runs, None, RECIPE, warm, STEPS, eval_every=0)
+    drained = pool.drain(lambda: plan(part, read_cells(runs, out)), runner, jobs, "level_b_fair", runner.progress,
+                         stop_starting_at, lambda: write(read_cells(runs, out), out, quiet=True))  # fmt: skip
+    write(read_cells(runs, out), out, quiet=True)
+    left = len(plan(part, read_cells(runs, out)))
+    print(f"level_b_fair {part}: {left} runs missing"
+          + ("; no run started after SIGUSR1 or --stop-starting-after" if drained else ""))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["plan", "report"])
-    ap.add_argument("part", nargs="?", help="plan: select | heldout | fill | ablate")
+    ap.add_argument("command", choices=["plan", "run", "report"])
+    ap.add_argument("part", nargs="?", help=f"plan, run: {' | '.join(PARTS)}")
     ap.add_argument("--runs", default="runs", type=Path)
-    ap.add_argument("--out", default="benchmarks/results/stress/level_b_fair.json", type=Path)
+    ap.add_argument("--out", default=OUT, type=Path)
+    ap.add_argument("--from-results", type=Path, default=None,
+                    help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="run: runs at a time (one core each; 1 on a shared machine)"
+    )
+    ap.add_argument("--warm", default=WARM, help="run: the warm start (default: make run's SFT)")
+    ap.add_argument("--stop-starting-after", type=float, metavar="MIN",
+                    help="run: start no run once MIN minutes have passed, finish those training, exit (SIGUSR1: at once)")  # fmt: skip
     args = ap.parse_args(argv)
-    cells = read_cells(args.runs, args.out)
+    if args.command in ("plan", "run") and args.part not in PARTS:
+        raise SystemExit(f"level_b_fair: part {args.part!r} is not one of {', '.join(PARTS)}")
+    after = args.stop_starting_after
+    if after is not None and not (math.isfinite(after) and after >= 0):
+        raise SystemExit(f"level_b_fair: --stop-starting-after {after:g}: give the minutes, 0 or more")
+    if args.command == "run":
+        stop_at = None if after is None else time.monotonic() + after * 60
+        run(args.part, args.runs, args.out, args.jobs, args.warm, stop_at)
+        return
+    src, runs = (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
+    cells = read_cells(runs, src)
     if args.command == "plan":
-        try:
-            runs = plan(args.part or "", cells)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
+        runs = plan(args.part, cells)
         pending = [m for m, lr in select_lrs(cells).items() if lr is None]
         if args.part == "heldout" and pending:
             print(f"heldout: no lr chosen yet for {', '.join(pending)} (finish `level_b_fair.sh select` first); "
                   "planning the others", file=sys.stderr)  # fmt: skip
-        for name, k, seed, sets in runs:
-            print(name, k, seed, sets)
+        for p in runs:
+            print(p.name, p.k, p.seed, " ".join(f"--set {s}" for s in p.sets))
         print(f"{args.part}: {len(runs)} runs to go", file=sys.stderr)
         return
     from benchmarks.stress.level_b_fair_report import write

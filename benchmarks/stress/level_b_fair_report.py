@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.harness.report import save_figure, subplots
+from benchmarks.harness.report import save_figure, subplots, table
 from benchmarks.harness.report import write as write_results
 from benchmarks.harness.stats import Gap, gap_of, mean_se, pm
 from benchmarks.stress.level_b_fair import (
@@ -20,6 +20,7 @@ from benchmarks.stress.level_b_fair import (
     LABEL,
     LAGS,
     LRS,
+    PARTS,
     RECIPE_LR,
     SAME_AS_AT_K0,
     SELECT_LAG,
@@ -166,33 +167,35 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
         "",
         "## Verdict",
         "",
-        "| k | best baseline (its lr) | VCPO (5e-4) | VCPO − best baseline | ESS lr alone (5e-4) | OPOB alone (5e-4) "
-        "| VCPO at the baseline's lr |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for k, s in report["summary"].items():
+
+    def best(s: dict) -> str:
         name = (
             f"{LABEL[s['best_baseline']]} ({lr_text(s['best_baseline_lr'])}): " if s["best_baseline"] else ""
         )
-        lines.append(
-            f"| {k} | {name}{pm(s['best_baseline_mean'], s['best_baseline_se'])} | {pm(s['vcpo_mean'], s['vcpo_se'])} "
-            f"| {pm(s['vcpo_minus_best_baseline'], s['vcpo_minus_best_baseline_se'], True)} "
-            f"| {pm(s['ess_lr_mean'], s['ess_lr_se'])}{_seeds(s['ess_lr_n'] or None)} "
-            f"| {pm(s['opob_mean'], s['opob_se'])}{_seeds(s['opob_n'] or None)} "
-            f"| {pm(s['vcpo_at_baseline_lr_mean'], s['vcpo_at_baseline_lr_se'])}{_seeds(s.get('vcpo_at_baseline_lr_n') or None)} |"
-        )
+        return name + pm(s["best_baseline_mean"], s["best_baseline_se"])
+
+    def alone(s: dict, key: str) -> str:
+        return pm(s[f"{key}_mean"], s[f"{key}_se"]) + _seeds(s.get(f"{key}_n") or None)
+
+    lines += table(["k", "best baseline (its lr)", "VCPO (5e-4)", "VCPO − best baseline", "ESS lr alone (5e-4)",
+                    "OPOB alone (5e-4)", "VCPO at the baseline's lr"],
+                   [[k, best(s), pm(s["vcpo_mean"], s["vcpo_se"]),
+                     pm(s["vcpo_minus_best_baseline"], s["vcpo_minus_best_baseline_se"], True), alone(s, "ess_lr"),
+                     alone(s, "opob"), alone(s, "vcpo_at_baseline_lr")] for k, s in report["summary"].items()])  # fmt: skip
     lines += ["", *[verdict(s, k) for k, s in report["summary"].items()], ""]
-    lines += [f"## lr selection (k={SELECT_LAG}, seeds {','.join(map(str, SELECT_SEEDS))}; mean ± std; **chosen**)", "",
-              "| method | " + " | ".join(f"lr {lr_text(lr)}" for lr in LRS) + " |", "|---|" + "---|" * len(LRS)]  # fmt: skip
+    rows = []
     for m, v in report["selection"].items():
-        row = []
-        for lr in LRS:
-            c = v["by_lr"][f"{lr:g}"]
-            txt = _fmt(c).replace(f"/{len(HELDOUT_SEEDS)})", f"/{len(SELECT_SEEDS)})")
-            row.append(f"**{txt}**" if chosen[m] == lr else txt)
-        lines.append(f"| {LABEL[m]} | " + " | ".join(row) + " |")
-    lines += ["", "## Held-out seeds: every (method, lr) run (mean ± std over seeds)", "",
-              "| method | lr | " + " | ".join(f"k={k}" for k in LAGS) + " |", "|---|---|" + "---|" * len(LAGS)]  # fmt: skip
+        txt = [
+            _fmt(v["by_lr"][f"{lr:g}"]).replace(f"/{len(HELDOUT_SEEDS)})", f"/{len(SELECT_SEEDS)})")
+            for lr in LRS
+        ]
+        rows.append(
+            [LABEL[m], *(f"**{t}**" if chosen[m] == lr else t for t, lr in zip(txt, LRS, strict=True))]
+        )
+    lines += [f"## lr selection (k={SELECT_LAG}, seeds {','.join(map(str, SELECT_SEEDS))}; mean ± std; **chosen**)", "",
+              *table(["method", *(f"lr {lr_text(lr)}" for lr in LRS)], rows)]  # fmt: skip
+    rows = []
     for m in BASELINES + ABLATIONS:
         for lr in LRS:
             row = []
@@ -208,15 +211,20 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
                     if m == "vcpo" and lr == RECIPE_LR
                     else ""
                 )
-                lines.append(f"| {LABEL[m]} | {lr_text(lr)}{mark} | " + " | ".join(row) + " |")
-    lines += ["", "## Every run (final accuracy by seed; * = collapsed)", "",
-              "| method | lr | k | " + " | ".join(f"s{s}" for s in SELECT_SEEDS + HELDOUT_SEEDS) + " |",
-              "|---|---|---|" + "---|" * (len(SELECT_SEEDS) + len(HELDOUT_SEEDS))]  # fmt: skip
+                rows.append([LABEL[m], f"{lr_text(lr)}{mark}", *row])
+    lines += ["", "## Held-out seeds: every (method, lr) run (mean ± std over seeds)", "",
+              *table(["method", "lr", *(f"k={k}" for k in LAGS)], rows)]  # fmt: skip
     by = {(c["method"], c["lr"], c["k"], c["seed"]): c for c in report["cells"]}
-    for m, lr, k in sorted({(c["method"], c["lr"], c["k"]) for c in report["cells"]}):
-        row = [by.get((m, lr, k, s)) for s in SELECT_SEEDS + HELDOUT_SEEDS]
-        lines.append(f"| {m} | {lr_text(lr)} | {k} | " + " | ".join(
-            "" if c is None else f"{c['final_accuracy']:.2f}{'*' if c['collapsed'] else ''}" for c in row) + " |")  # fmt: skip
+    seeds = SELECT_SEEDS + HELDOUT_SEEDS
+    rows = [[m, lr_text(lr), k, *("" if (c := by.get((m, lr, k, s))) is None
+                                  else f"{c['final_accuracy']:.2f}{'*' if c['collapsed'] else ''}" for s in seeds)]
+            for m, lr, k in sorted({(c["method"], c["lr"], c["k"]) for c in report["cells"]})]  # fmt: skip
+    lines += [
+        "",
+        "## Every run (final accuracy by seed; * = collapsed)",
+        "",
+        *table(["method", "lr", "k", *(f"s{s}" for s in seeds)], rows),
+    ]
     lines += ["", "## Missing runs", ""]
     for part, names in missing.items():
         pending = (
@@ -230,7 +238,7 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(cells: dict[tuple, Cell], out: Path) -> dict:
+def write(cells: dict[tuple, Cell], out: Path, quiet: bool = False) -> dict:
     """level_b_fair.{json,md,png} from every finished cell."""
     sel = selection(cells)
     held = heldout(cells)
@@ -243,11 +251,8 @@ def write(cells: dict[tuple, Cell], out: Path) -> dict:
         "heldout": held,
         "summary": summary(held, {m: v["chosen_lr"] for m, v in sel.items()}),
     }  # fmt: skip
-    missing = {
-        part: [name for name, *_ in plan(part, cells)] for part in ("select", "heldout", "fill", "ablate")
-    }
-    report["missing"] = missing
-    write_results(out.stem, report, out.parent, lambda r: markdown(r, r["missing"]))
+    report["missing"] = {part: [p.name for p in plan(part, cells)] for part in PARTS}
+    write_results(out.stem, report, out.parent, lambda r: markdown(r, r["missing"]), quiet)
     _plot(report, out.with_suffix(".png"))
     return report
 

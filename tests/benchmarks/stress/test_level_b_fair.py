@@ -61,7 +61,7 @@ def test_a_method_with_a_selection_seed_missing_has_no_lr_yet() -> None:
     ]
     chosen = select_lrs(_cells(rows))
     assert chosen["tis"] is None and chosen["plain"] == LRS[0]
-    names = [n for n, *_ in plan("heldout", _cells(rows))]
+    names = [p.name for p in plan("heldout", _cells(rows))]
     assert not any("_tis_" in n for n in names) and any("_mis_" in n for n in names)
 
 
@@ -104,7 +104,7 @@ def test_k0_cells_of_methods_that_make_plains_or_vcpos_update_are_those_runs() -
     rows = [("plain", LRS[0], 0, s, 0.5) for s in HELDOUT_SEEDS] + [
         ("vcpo", LRS[0], 0, s, 0.6) for s in HELDOUT_SEEDS
     ]
-    names = [n for n, *_ in plan("ablate", _cells(rows))]
+    names = [p.name for p in plan("ablate", _cells(rows))]
     assert not any(
         f"_lr{LRS[0]:g}_k0_" in n for n in names
     )  # ess_lr -> plain's runs, opob -> vcpo's: all done
@@ -122,7 +122,7 @@ def test_plan_skips_finished_runs_and_cells_an_earlier_report_kept(tmp_path: Pat
     later = tmp_path / "later"
     _finish(later, "mis", LRS[0], 4, 0, 0.6)
     cells = read_cells(later, out)
-    names = [n for n, *_ in plan("select", cells)]
+    names = [p.name for p in plan("select", cells)]
     assert run_name("plain", LRS[0], 4, 0) not in names and run_name("mis", LRS[0], 4, 0) not in names
     assert names[0] == run_name("tis", LRS[0], 4, 0) and len(names) == 3 * 4 * 3 - 2
 
@@ -164,10 +164,73 @@ def test_fill_plans_vcpo_at_each_ks_best_baseline_lr_and_each_part_at_the_recipe
         rows += [("plain", LRS[1], 4, s, 0.5), ("tis", LRS[1], 4, s, 0.7), ("m2po", LRS[0], 4, s, 0.6)]
         rows += [("plain", LRS[1], 8, s, 0.5), ("tis", LRS[1], 8, s, 0.6), ("m2po", LRS[0], 8, s, 0.7)]
         rows += [("vcpo", LRS[1], 4, s, 0.7), ("opob", RECIPE_LR, 4, s, 0.7)]  # already run
-    names = {n for n, *_ in plan("fill", _cells(rows))}
+    names = {p.name for p in plan("fill", _cells(rows))}
     want = {run_name("vcpo", LRS[0], 8, s) for s in HELDOUT_SEEDS}
     want |= {run_name("ess_lr", RECIPE_LR, k, s) for k in (4, 8) for s in HELDOUT_SEEDS}
     want |= {run_name("opob", RECIPE_LR, 8, s) for s in HELDOUT_SEEDS}
     # k=0: ESS lr alone is plain's run, OPOB alone VCPO's; no baseline measured at k=0 yet, so no VCPO pick
     want |= {run_name(m, RECIPE_LR, 0, s) for m in ("plain", "vcpo") for s in HELDOUT_SEEDS}
     assert names == want
+
+
+# stands in for `agent-rl train` (minutes per run): a trained run's last step record and checkpoint, then exits
+_TRAIN = (
+    "import json, os, sys\n"
+    "os.makedirs(os.path.join(sys.argv[1], 'checkpoints', 'latest'), exist_ok=True)\n"
+    "open(os.path.join(sys.argv[1], 'metrics.jsonl'), 'w').write(json.dumps({'step': 39}))\n"
+)
+
+
+@pytest.mark.slow  # 36 runs' processes and 18 reports with their figure: ~25 s on the 2-core machine
+def test_run_trains_scores_and_reports_every_planned_run_and_its_command_is_the_studys_recipe(
+    tmp_path: Path,
+) -> None:
+    """`level_b_fair run select` (the runner that replaced the shell loop): every planned run trained in its own
+    process, scored, its checkpoints dropped, the report rewritten with every cell and each lr chosen; the real
+    command is recipes/tiny_tir.yaml from the warm start, exactly k stale, 40 steps, no periodic eval, void masking off,
+    the method's overrides."""
+    import subprocess
+    import sys
+
+    from agent_rl.config import load_recipe
+    from benchmarks.stress import level_b_fair as lb
+    from benchmarks.stress.scored_run import Runner
+
+    root = Path(__file__).resolve().parents[3]
+    warm, runs, out = tmp_path / "warm", tmp_path / "runs", tmp_path / "out" / "level_b_fair.json"
+    warm.mkdir()
+    (warm / "model.safetensors").write_bytes(b"weights")
+    script = (
+        "import json, sys\nfrom benchmarks.stress import level_b_fair as lb, scored_run\n"
+        f"scored_run.Runner.train_cmd = lambda self, p: [sys.executable, '-c', {_TRAIN!r}, str(self.runs / p.name)]\n"
+        "def score(run):  # the final eval (a real one needs a trained model): what it leaves behind\n"
+        "    acc = 0.7 if '_lr0.00015_' in run.name else 0.4\n"
+        "    (run / 'final_eval.json').write_text(json.dumps({'accuracy': acc, 'tasks': 100, 'seed': 0}))\n"
+        "    return f'{run.name}: scored'\n"
+        "scored_run.final_eval.evaluate = score\n"
+        f"lb.main(['run', 'select', '--jobs', '2', '--runs', {str(runs)!r}, '--out', {str(out)!r}, '--warm', {str(warm)!r}])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert "level_b_fair select: 0 runs missing" in done.stdout, done.stdout
+    report = json.loads(out.read_text())
+    assert len(report["cells"]) == len(BASELINES) * len(LRS) * len(SELECT_SEEDS)
+    assert {m: v["chosen_lr"] for m, v in report["selection"].items()} == dict.fromkeys(BASELINES, 1.5e-4)
+    assert not any((d / "checkpoints").exists() for d in runs.iterdir() if d.is_dir())
+    assert "`benchmarks/stress/level_b_fair.sh select`: 0 runs to go" in out.with_suffix(".md").read_text()
+    runner = Runner(tmp_path, None, str(root / lb.RECIPE), str(warm), lb.STEPS, eval_every=0)
+    for p in [lb.plan("select", {})[0], *lb.plan("ablate", {})[:1]]:
+        cmd = runner.train_cmd(p)
+        recipe = load_recipe(cmd[cmd.index("train") + 1], cmd[cmd.index("train") + 3 :: 2])
+        assert (recipe.rollout.fixed_lag, recipe.train.seed, recipe.train.steps) == (p.k, p.seed, 40)
+        assert (
+            recipe.eval.every == 0
+            and recipe.buffer.mask_void is False
+            and str(recipe.model.path) == str(warm)
+        )
+        assert recipe.algorithm.loss == ("reinforce" if p.method == "plain" else "vcpo")
+        assert recipe.learner.lr == float(lb.NAME.match(p.name).group(2)) and recipe.run_dir == tmp_path / p.name
+    with pytest.raises(SystemExit, match="no warm start at"):
+        lb.main(["run", "select", "--runs", str(runs), "--out", str(out), "--warm", str(tmp_path / "none")])
