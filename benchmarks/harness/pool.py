@@ -5,6 +5,7 @@ of the studies whose next runs depend on the last ones (an lr selection decides 
 - `start(cmd, log)`: one run's process (`agent-rl train`), listed so that a stop reaches it.
 - `on_signals(name)`: SIGTERM stops the runs training now (Ctrl-C's SIGINT, SIGKILL after STOP_WAIT_S) and exits;
   SIGUSR1 drains: no run starts from then on, the ones training finish and are scored.
+- `pool_args(parser)`, `stop_time(args, name)`: `--jobs`, `--stop-starting-after` and its check.
 - `drain(plan, run, jobs, ...)`: every run `plan()` names, `jobs` at a time, `plan` asked again after each finishes;
   past `stop_starting_at` (time.monotonic()) or after SIGUSR1 none starts. A run stopped half-way trains again
   from its start, so a machine lent for a known time is drained, not killed.
@@ -16,6 +17,8 @@ workers do not own, and a drain must keep the runs training, which a pool's shut
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import signal
 import subprocess
@@ -145,3 +148,21 @@ def drain(
                 )
                 if done % jobs == 0:
                     every_jobs()
+
+
+def pool_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a study run on the pool: `--jobs N` and `--stop-starting-after MIN`."""
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="run: runs at a time (one core each; 1 on a shared machine)"
+    )
+    parser.add_argument("--stop-starting-after", type=float, metavar="MIN",
+                        help="run: start no run once MIN minutes have passed, finish those training, exit (SIGUSR1: at once)")  # fmt: skip
+
+
+def stop_time(args: argparse.Namespace, name: str) -> float | None:
+    """`--stop-starting-after` as the time.monotonic() past which `drain` starts no run (None: no limit); a bad value
+    stops with one line naming it."""
+    after = args.stop_starting_after
+    if after is not None and not (math.isfinite(after) and after >= 0):
+        raise SystemExit(f"{name}: --stop-starting-after {after:g}: give the minutes, 0 or more")
+    return None if after is None else time.monotonic() + after * 60

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,9 +21,15 @@ from pathlib import Path
 
 
 def read(run: Path) -> float | None:
-    """The accuracy `evaluate` wrote for this run dir (None if it has not run)."""
+    """The accuracy `evaluate` wrote for this run dir (None if it has not run); one that is not a finite number is
+    named with what to do."""
     path = run / "final_eval.json"
-    return json.loads(path.read_text())["accuracy"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    acc = json.loads(path.read_text())["accuracy"]
+    if not isinstance(acc, (int, float)) or not math.isfinite(acc):
+        raise ValueError(f"{path}: field accuracy is {acc}; delete the file to re-evaluate the run")
+    return acc
 
 
 def evaluate(run: Path) -> str:

@@ -48,7 +48,6 @@ import os
 import re
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -201,10 +200,6 @@ def read_run(run: Path, warm_start: WarmStart | None) -> Cell | None:
     final = final_eval.read(run)
     if m is None or final is None:
         return None
-    if not math.isfinite(final):
-        raise ValueError(
-            f"{run / 'final_eval.json'}: field accuracy is {final}; delete the file to re-evaluate the run"
-        )
     method, lr, k, seed = m.group(1), float(m.group(2)), int(m.group(3)), int(m.group(4))
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     trained = [r for r in recs if "vcpo/ess_ratio" in r]
@@ -402,15 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=OUT, type=Path, help="the results (its .md and .png beside)")
     ap.add_argument("--from-results", type=Path, default=None,
                     help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
-    ap.add_argument(
-        "--jobs", type=int, default=1, help="runs at a time (one core each; 1 on a shared machine)"
-    )
-    ap.add_argument(
-        "--stop-starting-after",
-        type=float,
-        metavar="MIN",
-        help="run: start no run once MIN minutes have passed, finish those training, exit (SIGUSR1: at once)",
-    )
+    pool.pool_args(ap)
     ap.add_argument("--warm", default=WARM, help="the warm start (the repository keeps the sweep's)")
     ap.add_argument(
         "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
@@ -422,9 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.part is not None and args.part not in PARTS:
         raise SystemExit(f"k_sweep: part {args.part!r} is not one of {', '.join(PARTS)}")
     parts = (args.part,) if args.part else PARTS
-    drain_after = args.stop_starting_after
-    if drain_after is not None and not (math.isfinite(drain_after) and drain_after >= 0):
-        raise SystemExit(f"k_sweep: --stop-starting-after {drain_after:g}: give the minutes, 0 or more")
+    pool.stop_time(args, "k_sweep")  # a bad value is named before anything starts
     methods = _names(args.methods, METHODS, "methods")
     lags = _names(args.lags, LAGS, "lags", int)
     warm = load_warm_start(args.warm)
@@ -457,9 +442,8 @@ def main(argv: list[str] | None = None) -> None:
             build(Path(args.warm).parent)
             warm = load_warm_start(args.warm)
         pool.on_signals("k_sweep")
-        stop_starting_at = None if drain_after is None else time.monotonic() + drain_after * 60
         runner = Runner(args.runs, warm, warm=args.warm)
-        run_all(runner, args.out, args.jobs, parts, methods, lags, stop_starting_at)
+        run_all(runner, args.out, args.jobs, parts, methods, lags, pool.stop_time(args, "k_sweep"))
         return
     from benchmarks.stress.k_sweep_report import write
 

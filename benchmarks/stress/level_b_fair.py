@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.harness import pool
+from benchmarks.stress import final_eval
 from benchmarks.stress.scored_run import Planned, Runner
 
 LRS = (5e-5, 1.5e-4, 5e-4)
@@ -102,11 +101,8 @@ def read_cells(runs_dir: Path, earlier: Path | None = None) -> dict[tuple, Cell]
         m = NAME.match(path.parent.name)
         if m is None:
             continue
-        acc = json.loads(path.read_text())["accuracy"]
-        if not math.isfinite(acc):
-            raise ValueError(f"{path}: field accuracy is {acc}; delete the file to re-evaluate the run")
         method, lr, k, seed = m.group(1), float(m.group(2)), int(m.group(3)), int(m.group(4))
-        cells[(method, lr, k, seed)] = Cell(method, lr, k, seed, acc)
+        cells[(method, lr, k, seed)] = Cell(method, lr, k, seed, final_eval.read(path.parent))
     return cells
 
 
@@ -212,21 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=OUT, type=Path)
     ap.add_argument("--from-results", type=Path, default=None,
                     help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
-    ap.add_argument(
-        "--jobs", type=int, default=1, help="run: runs at a time (one core each; 1 on a shared machine)"
-    )
     ap.add_argument("--warm", default=WARM, help="run: the warm start (default: make run's SFT)")
-    ap.add_argument("--stop-starting-after", type=float, metavar="MIN",
-                    help="run: start no run once MIN minutes have passed, finish those training, exit (SIGUSR1: at once)")  # fmt: skip
+    pool.pool_args(ap)
     args = ap.parse_args(argv)
     if args.command in ("plan", "run") and args.part not in PARTS:
         raise SystemExit(f"level_b_fair: part {args.part!r} is not one of {', '.join(PARTS)}")
-    after = args.stop_starting_after
-    if after is not None and not (math.isfinite(after) and after >= 0):
-        raise SystemExit(f"level_b_fair: --stop-starting-after {after:g}: give the minutes, 0 or more")
     if args.command == "run":
-        stop_at = None if after is None else time.monotonic() + after * 60
-        run(args.part, args.runs, args.out, args.jobs, args.warm, stop_at)
+        run(args.part, args.runs, args.out, args.jobs, args.warm, pool.stop_time(args, "level_b_fair"))
         return
     src, runs = (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
     cells = read_cells(runs, src)
