@@ -13,8 +13,9 @@
    `--seeds` seeds each: final held-out accuracy, last-10-step reward, the worst ESS ratio and gradient norm,
    mean mismatch and agreement over the run.
 
-Resumable: every stage and cell writes its result under --work (default runs/moe_replay) and is skipped when
-present; an interrupted RL run continues from its last checkpoint. Results: benchmarks/results/moe_replay.{json,md}
+Resumable: every stage writes its result under --work (default runs/moe_replay) and is skipped when present; each
+finished cell is a line of WORK/cells/runs.jsonl (benchmarks/harness/runner.py), skipped by the next invocation; an
+interrupted RL run continues from its last checkpoint. Results: benchmarks/results/moe_replay.{json,md}
 (benchmarks/harness: provenance, mean ± SE, one writer); `--from-results FILE` rewrites them from a results file alone.
 """
 
@@ -34,7 +35,8 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, rewrite, write
+from benchmarks.harness.report import log, results_args, rewrite, table, write
+from benchmarks.harness.runner import Job, Runner, plan, read_runs
 from benchmarks.harness.stats import mean_se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +46,7 @@ MODEL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_ke
              norm_topk_prob=True, max_position_embeddings=2048, initializer_range=0.02)  # fmt: skip
 SFT_TRACES, SFT_DRILL = 1500, 1500
 SFT = dict(epochs=2, lr=2e-3, batch_size=16, max_len=128, warmup_steps=10)
+DTYPES, REPLAYS = ("float32", "bfloat16"), ("off", "rollout")
 
 
 def stage(name: str) -> None:
@@ -186,18 +189,6 @@ def run_summary(records: list[dict]) -> dict[str, float]:
     }
 
 
-def cached(path: Path, fn, *, compute: bool = True):
-    """fn()'s JSON result, computed once: `path` holds it once done. With compute=False: None when not done."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    if not compute:
-        return None
-    value = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value))
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "moe_replay")
@@ -227,30 +218,34 @@ def main(argv: list[str] | None = None) -> int:
         if not (sft / "config.json").is_file():
             warm_start(base, sft, work, args.quick)
         stage("3/4 mismatch and routing agreement, one learner step per cell")
-    mismatch, missing = [], []
-    for dtype in ("float32", "bfloat16"):
-        for replay in ("off", "rollout"):
-            for seed in range(3):
-                cell = cached(work / "cells" / f"mismatch_{dtype}_{replay}_{seed}.json",
-                              lambda: mismatch_cell(sft, dtype, replay, seed, args.samples), compute=compute)  # noqa: B023  # fmt: skip
-                if cell is None:
-                    missing.append(f"mismatch {dtype} replay={replay} seed={seed}")
-                    continue
-                mismatch.append({"dtype": dtype, "replay": replay, "seed": seed, **cell})
-                print(json.dumps(mismatch[-1]), flush=True)
+    # one cell per dtype and replay (3 sampling seeds), one per replay and step count (--seeds seeds), run in the
+    # harness's order and resumed from WORK/cells/runs.jsonl (benchmarks/harness/runner.py)
+    runner, seeds = Runner(work / "cells"), range(args.seeds)
+    mismatch_cells = {f"mismatch {d} {r}": (d, r) for d in DTYPES for r in REPLAYS}
+    rl_cells = {f"rl {r} {args.steps} steps": r for r in REPLAYS}
+
+    def one(job: Job) -> dict:
+        if job.cell in mismatch_cells:
+            return mismatch_cell(sft, *mismatch_cells[job.cell], job.seed, args.samples)
+        replay = rl_cells[job.cell]
+        return rl_cell(sft, work / f"rl_{replay}_{job.seed}", replay, job.seed, args.steps)
+
     if compute:
+        runner.run(plan(list(mismatch_cells), range(3)), one, log)
         stage(f"4/4 RL at k=4 in bf16, replay off / on, {args.seeds} seeds")
-    rl = []
-    for seed in range(args.seeds):
-        for replay in ("off", "rollout"):
-            run_dir = work / f"rl_{replay}_{seed}"
-            cell = cached(work / "cells" / f"rl_{replay}_{seed}_{args.steps}.json",
-                          lambda: rl_cell(sft, run_dir, replay, seed, args.steps), compute=compute)  # noqa: B023  # fmt: skip
-            if cell is None:
-                missing.append(f"RL replay={replay} seed={seed}")
-                continue
-            rl.append({"replay": replay, "seed": seed, **cell})
-            print(json.dumps(rl[-1]), flush=True)
+        runner.run(plan(list(rl_cells), seeds), one, log)
+    done = {
+        k: {n: v for n, v in r.items() if n not in ("cell", "seed")}
+        for k, r in read_runs(runner.path).items()
+    }
+    mismatch = [{"dtype": d, "replay": r, "seed": s, **done[key]} for (c, (d, r)) in mismatch_cells.items()
+                for s in range(3) if (key := Job(c, s).key) in done]  # fmt: skip
+    rl = [{"replay": r, "seed": s, **done[key]} for s in seeds for c, r in rl_cells.items() if (key := Job(c, s).key) in done]  # fmt: skip
+    missing = [f"mismatch {d} replay={r} seed={s}" for c, (d, r) in mismatch_cells.items() for s in range(3)
+               if Job(c, s).key not in done]  # fmt: skip
+    missing += [
+        f"RL replay={r} seed={s}" for s in seeds for c, r in rl_cells.items() if Job(c, s).key not in done
+    ]
     write_results(args, mismatch, rl, prov, missing, partial_pairs(work, args.seeds, rl))
     return 0
 
@@ -319,39 +314,31 @@ def markdown(data: dict) -> str:
         "",
         f"## Engine vs learner, one step on {args['samples']} first turns (mean ± SE over 3 sampling seeds)",
         "",
-        "| dtype | replay | mismatch mean | mismatch max | share > 0.1 | routing agreement |",
-        "|---|---|---|---|---|---|",
     ]  # fmt: skip
-    for dtype in ("float32", "bfloat16"):
-        for replay in ("off", "rollout"):
-            rows = [r for r in mismatch if r["dtype"] == dtype and r["replay"] == replay]
-            lines.append(f"| {dtype} | {replay} | {_agg(rows, 'mismatch_mean')} | {_agg(rows, 'mismatch_max')} | "
-                         f"{_agg(rows, 'mismatch_frac')} | {_agg(rows, 'routing_agreement')} |")  # fmt: skip
-    lines += [
-        "",
-        f"## RL in bf16 at k=4, {args['steps']} steps, {args['seeds']} seeds (mean ± SE; per-seed rows in the JSON)",
-        "",
-        "| replay | held-out accuracy | reward, last 10 steps | min ESS ratio | max grad norm | mismatch mean | agreement |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for replay in ("off", "rollout"):
-        rows = [r for r in rl if r["replay"] == replay]
-        lines.append(f"| {replay} | {_agg(rows, 'accuracy')} | {_agg(rows, 'reward_last10')} | {_agg(rows, 'ess_ratio_min')} | "
-                     f"{_agg(rows, 'grad_norm_max')} | {_agg(rows, 'mismatch_mean')} | {_agg(rows, 'agreement_mean')} |")  # fmt: skip
+    keys = ("mismatch_mean", "mismatch_max", "mismatch_frac", "routing_agreement")
+    rows = [[d, r, *(_agg([x for x in mismatch if (x["dtype"], x["replay"]) == (d, r)], k) for k in keys)]
+            for d in DTYPES for r in REPLAYS]  # fmt: skip
+    lines += table(
+        ["dtype", "replay", "mismatch mean", "mismatch max", "share > 0.1", "routing agreement"], rows
+    )
+    keys = ("accuracy", "reward_last10", "ess_ratio_min", "grad_norm_max", "mismatch_mean", "agreement_mean")
+    lines += ["", f"## RL in bf16 at k=4, {args['steps']} steps, {args['seeds']} seeds (mean ± SE; per-seed rows in the JSON)", "",
+              *table(["replay", "held-out accuracy", "reward, last 10 steps", "min ESS ratio", "max grad norm",
+                      "mismatch mean", "agreement"], [[r, *(_agg([x for x in rl if x["replay"] == r], k) for k in keys)]
+                                                      for r in REPLAYS])]  # fmt: skip
     if partial:
-        lines += [
-            "",
-            "## RL runs not finished: each pair over the steps both logged (no held-out accuracy yet)",
-            "",
-            "| seed | steps | replay | reward mean | reward, last 10 | min ESS ratio | max grad norm | mismatch mean | agreement |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for p in partial:
-            for replay in ("off", "rollout"):
-                r = p[replay]
-                lines.append(f"| {p['seed']} | {p['steps']} | {replay} | {r['reward_mean']:.3g} | {r['reward_last10']:.3g} | "
-                             f"{r['ess_ratio_min']:.3g} | {r['grad_norm_max']:.3g} | {r['mismatch_mean']:.3g} | "
-                             f"{r['agreement_mean']:.3g} |")  # fmt: skip
+        keys = (
+            "reward_mean",
+            "reward_last10",
+            "ess_ratio_min",
+            "grad_norm_max",
+            "mismatch_mean",
+            "agreement_mean",
+        )
+        lines += ["", "## RL runs not finished: each pair over the steps both logged (no held-out accuracy yet)", "",
+                  *table(["seed", "steps", "replay", "reward mean", "reward, last 10", "min ESS ratio", "max grad norm",
+                          "mismatch mean", "agreement"], [[p["seed"], p["steps"], r, *(f"{p[r][k]:.3g}" for k in keys)]
+                                                          for p in partial for r in REPLAYS])]  # fmt: skip
     if missing:
         flags = "" if quick else f" --seeds {args['seeds']} --steps {args['steps']}"
         lines += ["", f"Not run yet ({len(missing)} cells): {'; '.join(missing)}. They run (and the rest are kept) "
