@@ -53,7 +53,7 @@ from pathlib import Path
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import log, results_dir, write
+from benchmarks.harness.report import log, results_dir, table, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 from benchmarks.harness.train import step_records, train
 
@@ -461,10 +461,8 @@ def markdown(out: dict) -> str:
         "5th after, until the first at or above the target, and at the last three (final accuracy: their mean); "
         "so after step 6 a run that reached the target at an odd step counts the next even one.",
         "",
-        "| cell | runs | steps to target (per seed) | median steps | median train s to target | final acc (mean of "
-        "last 3 evals; mean ± SE over seeds) | s/step | teacher wait share |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for key, r in out["table"].items():
         per = ", ".join("never" if s is None else str(s) for s in r.get("steps_to_target", [])) or "-"
         acc = (
@@ -472,11 +470,11 @@ def markdown(out: dict) -> str:
             if "final3_accuracy_mean" in r
             else "-"
         )
-        lines.append(
-            f"| {key} | {r['runs']} | {per} | {f(r.get('steps_to_target_median'), '{:.1f}')} | "
-            f"{f(r.get('seconds_to_target_median'), '{:.0f}')} | {acc} | {r['seconds_per_step_median']:.2f} | "
-            f"{r['teacher_wait_share']:.3f} |"
-        )
+        rows.append([key, r["runs"], per, f(r.get("steps_to_target_median"), "{:.1f}"),
+                     f(r.get("seconds_to_target_median"), "{:.0f}"), acc, f"{r['seconds_per_step_median']:.2f}",
+                     f"{r['teacher_wait_share']:.3f}"])  # fmt: skip
+    lines += table(["cell", "runs", "steps to target (per seed)", "median steps", "median train s to target",
+                    "final acc (mean of last 3 evals; mean ± SE over seeds)", "s/step", "teacher wait share"], rows)  # fmt: skip
     verdict = {True: "reached", False: "NOT reached", None: "not measured"}
     lines += [
         "",
