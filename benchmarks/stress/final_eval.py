@@ -32,6 +32,14 @@ def read(run: Path) -> float | None:
     return acc
 
 
+def write(run: Path, accuracy: float, tasks: int, seed: int) -> None:
+    """RUN/final_eval.json, whole or not at all (written beside, then renamed): a study's report reads run dirs
+    while other runs are being scored."""
+    tmp = run / "final_eval.json.tmp"
+    tmp.write_text(json.dumps({"accuracy": accuracy, "tasks": tasks, "seed": seed}))
+    os.replace(tmp, run / "final_eval.json")
+
+
 def evaluate(run: Path) -> str:
     out = run / "final_eval.json"
     if out.is_file() or not (run / "checkpoints" / "latest").exists():
@@ -45,7 +53,7 @@ def evaluate(run: Path) -> str:
     if proc.returncode:
         return f"FAILED {run.name}: {proc.stderr.strip().splitlines()[-1:]}"
     report = json.loads(proc.stdout[proc.stdout.index("{") :])
-    out.write_text(json.dumps({"accuracy": report["accuracy"], "tasks": report["tasks"], "seed": seed}))
+    write(run, report["accuracy"], report["tasks"], seed)
     return f"{run.name}: {report['accuracy']:.2f}"
 
 

@@ -190,11 +190,18 @@ def run(part: str, runs: Path, out: Path, jobs: int, warm: str, stop_starting_at
         raise SystemExit(
             f"level_b_fair: no warm start at {warm}: run 'make run' first (or name one with --warm DIR)"
         )
+    from benchmarks.harness.provenance import Provenance
+
     pool.on_signals("level_b_fair")
+    prov = Provenance()  # this invocation's: a study resumed over several has the last one's
+
+    def report() -> None:
+        write(read_cells(runs, out), out, quiet=True, meta=prov.meta())
+
     runner = Runner(runs, None, RECIPE, warm, STEPS, eval_every=0)
     drained = pool.drain(lambda: plan(part, read_cells(runs, out)), runner, jobs, "level_b_fair", runner.progress,
-                         stop_starting_at, lambda: write(read_cells(runs, out), out, quiet=True))  # fmt: skip
-    write(read_cells(runs, out), out, quiet=True)
+                         stop_starting_at, report)  # fmt: skip
+    report()
     left = len(plan(part, read_cells(runs, out)))
     print(f"level_b_fair {part}: {left} runs missing"
           + ("; no run started after SIGUSR1 or --stop-starting-after" if drained else ""))  # fmt: skip
@@ -230,7 +237,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     from benchmarks.stress.level_b_fair_report import write
 
-    write(cells, args.out)
+    write(
+        cells, args.out, meta=json.loads(src.read_text()).get("meta") if src.is_file() else None
+    )  # runs' provenance
 
 
 if __name__ == "__main__":

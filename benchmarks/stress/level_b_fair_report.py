@@ -238,8 +238,9 @@ def markdown(report: dict, missing: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(cells: dict[tuple, Cell], out: Path, quiet: bool = False) -> dict:
-    """level_b_fair.{json,md,png} from every finished cell."""
+def write(cells: dict[tuple, Cell], out: Path, quiet: bool = False, meta: dict | None = None) -> dict:
+    """level_b_fair.{json,md,png} from every finished cell (meta: the provenance block of benchmarks/harness, `run`'s
+    own or, for `report`, the one the file had)."""
     sel = selection(cells)
     held = heldout(cells)
     report = {
@@ -252,6 +253,8 @@ def write(cells: dict[tuple, Cell], out: Path, quiet: bool = False) -> dict:
         "summary": summary(held, {m: v["chosen_lr"] for m, v in sel.items()}),
     }  # fmt: skip
     report["missing"] = {part: [p.name for p in plan(part, cells)] for part in PARTS}
+    if meta is not None:
+        report["meta"] = meta
     write_results(out.stem, report, out.parent, lambda r: markdown(r, r["missing"]), quiet)
     _plot(report, out.with_suffix(".png"))
     return report

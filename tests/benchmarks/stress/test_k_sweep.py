@@ -557,7 +557,7 @@ def test_sigusr1_starts_no_new_run_and_the_sweep_exits_once_the_runs_training_fi
         f"ks.Runner.train_cmd = lambda self, p: [sys.executable, '-c', {_TRAIN_UNTIL_RELEASED!r}, "
         f"str(self.runs / p.name), {str(release)!r}]\n"
         "def score(run):  # the final eval (a real one needs a trained model): what it leaves behind\n"
-        "    (run / 'final_eval.json').write_text(json.dumps({'accuracy': 0.5, 'tasks': 100, 'seed': 0}))\n"
+        "    ks.final_eval.write(run, 0.5, 100, 0)\n"
         "    return f'{run.name}: scored'\n"
         "ks.final_eval.evaluate = score\n"
         f"ks.main(['run', 'select', '--methods', 'vcpo', '--jobs', '2', '--runs', {str(runs)!r}, "

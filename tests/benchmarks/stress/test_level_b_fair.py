@@ -205,7 +205,7 @@ def test_run_trains_scores_and_reports_every_planned_run_and_its_command_is_the_
         f"scored_run.Runner.train_cmd = lambda self, p: [sys.executable, '-c', {_TRAIN!r}, str(self.runs / p.name)]\n"
         "def score(run):  # the final eval (a real one needs a trained model): what it leaves behind\n"
         "    acc = 0.7 if '_lr0.00015_' in run.name else 0.4\n"
-        "    (run / 'final_eval.json').write_text(json.dumps({'accuracy': acc, 'tasks': 100, 'seed': 0}))\n"
+        "    scored_run.final_eval.write(run, acc, 100, 0)\n"
         "    return f'{run.name}: scored'\n"
         "scored_run.final_eval.evaluate = score\n"
         f"lb.main(['run', 'select', '--jobs', '2', '--runs', {str(runs)!r}, '--out', {str(out)!r}, '--warm', {str(warm)!r}])\n"
@@ -218,6 +218,9 @@ def test_run_trains_scores_and_reports_every_planned_run_and_its_command_is_the_
     report = json.loads(out.read_text())
     assert len(report["cells"]) == len(BASELINES) * len(LRS) * len(SELECT_SEEDS)
     assert {m: v["chosen_lr"] for m, v in report["selection"].items()} == dict.fromkeys(BASELINES, 1.5e-4)
+    assert report["meta"]["cpu"]["cores"] and len(report["meta"]["load_before"]) == 3  # the run's provenance
+    lb.main(["report", "--runs", str(runs), "--out", str(out)])  # a later report keeps it
+    assert json.loads(out.read_text())["meta"] == report["meta"]
     assert not any((d / "checkpoints").exists() for d in runs.iterdir() if d.is_dir())
     assert "`benchmarks/stress/level_b_fair.sh select`: 0 runs to go" in out.with_suffix(".md").read_text()
     runner = Runner(tmp_path, None, str(root / lb.RECIPE), str(warm), lb.STEPS, eval_every=0)
@@ -231,6 +234,8 @@ def test_run_trains_scores_and_reports_every_planned_run_and_its_command_is_the_
             and str(recipe.model.path) == str(warm)
         )
         assert recipe.algorithm.loss == ("reinforce" if p.method == "plain" else "vcpo")
-        assert recipe.learner.lr == float(lb.NAME.match(p.name).group(2)) and recipe.run_dir == tmp_path / p.name
+        assert (
+            recipe.learner.lr == float(lb.NAME.match(p.name).group(2)) and recipe.run_dir == tmp_path / p.name
+        )
     with pytest.raises(SystemExit, match="no warm start at"):
         lb.main(["run", "select", "--runs", str(runs), "--out", str(out), "--warm", str(tmp_path / "none")])
