@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.harness.report import save_figure, subplots
+from benchmarks.harness.report import save_figure, subplots, table
 from benchmarks.stress.run import METHODS
 from benchmarks.stress.study import StudyConfig
 
@@ -179,49 +179,32 @@ def markdown(study: StudyConfig, cells: list[Cell], n_runs: int, bench: dict | N
                 "",
             ]
         lags = sorted({c.lag for c in cells if c.lr == lr})
-        lines += [
-            "Final held-out reward, mean ± std over seeds (collapsed seeds in brackets when any):",
-            "",
-            "| method | " + " | ".join(f"k={k}" for k in lags) + " | k* | step time vs plain |",
-            "|---|" + "---|" * (len(lags) + 2),
-        ]
-        for m in order({c.method for c in cells if c.lr == lr}):
+        methods = order({c.method for c in cells if c.lr == lr})
+
+        def final(c: Cell | None) -> str:
+            return (
+                ""
+                if c is None
+                else f"{c.final_mean:.2f}±{c.final_std:.2f}" + (f" [{c.collapsed}]" if c.collapsed else "")
+            )
+
+        rows = []
+        for m in methods:
             by_lag = {c.lag: c for c in cells if c.method == m and c.lr == lr}
-            row = []
-            for k in lags:
-                c = by_lag.get(k)
-                row.append(
-                    ""
-                    if c is None
-                    else f"{c.final_mean:.2f}±{c.final_std:.2f}"
-                    + (f" [{c.collapsed}]" if c.collapsed else "")
-                )
             ks = k_star(cells, m, lr, sync) if sync is not None else None
             ov = _bench_ratio(bench, m, study.opob_mode) if bench else _overhead(cells, m, lr)
-            lines.append(
-                f"| {m} | "
-                + " | ".join(row)
-                + f" | {'-' if ks is None else ks} | {'-' if ov is None else f'{ov:.2f}x'} |"
-            )
-        lines.append("")
-        for m in order({c.method for c in cells if c.lr == lr}):
-            rows = sorted((c for c in cells if c.method == m and c.lr == lr), key=lambda c: c.lag)
-            lines += [
-                f"### {m} (lr {lr:g}): " + ", ".join(f"{k}={v}" for k, v in METHODS[m.split("[")[0]].items()),
-                "",
-                "| k | final held-out | mean over run | seeds | ESS/B min | ESS/B median | max w̃ | max abs s "
-                "| KL med | grad norm med | collapsed |",
-                "|---|---|---|---|---|---|---|---|---|---|---|",
-            ]
-            for c in rows:
-                k = f"{c.lag} (= {c.same_as})" if c.same_as else str(c.lag)
-                lines.append(
-                    f"| {k} | {c.final_mean:.3f} ± {c.final_std:.3f} | {c.auc_mean:.3f} | {c.seeds} | {c.ess_min:.3f} | "
-                    f"{c.ess_median:.3f} | {c.is_weight_max:.2f} | {c.log_ratio_max:.1f} | {c.kl_median:.4f} | "
-                    f"{c.grad_norm_median:.3f} | {'yes' if c.collapsed * 2 > c.seeds else 'no'} "
-                    f"({c.collapsed}/{c.seeds}) |"
-                )
-            lines.append("")
+            rows.append([m, *(final(by_lag.get(k)) for k in lags), ks, None if ov is None else f"{ov:.2f}x"])
+        lines += ["Final held-out reward, mean ± std over seeds (collapsed seeds in brackets when any):", "",
+                  *table(["method", *(f"k={k}" for k in lags), "k*", "step time vs plain"], rows), ""]  # fmt: skip
+        for m in methods:
+            rows = [[f"{c.lag} (= {c.same_as})" if c.same_as else str(c.lag), f"{c.final_mean:.3f} ± {c.final_std:.3f}",
+                     f"{c.auc_mean:.3f}", c.seeds, f"{c.ess_min:.3f}", f"{c.ess_median:.3f}", f"{c.is_weight_max:.2f}",
+                     f"{c.log_ratio_max:.1f}", f"{c.kl_median:.4f}", f"{c.grad_norm_median:.3f}",
+                     f"{'yes' if c.collapsed * 2 > c.seeds else 'no'} ({c.collapsed}/{c.seeds})"]
+                    for c in sorted((c for c in cells if c.method == m and c.lr == lr), key=lambda c: c.lag)]  # fmt: skip
+            lines += [f"### {m} (lr {lr:g}): " + ", ".join(f"{k}={v}" for k, v in METHODS[m.split("[")[0]].items()), "",
+                      *table(["k", "final held-out", "mean over run", "seeds", "ESS/B min", "ESS/B median", "max w̃",
+                              "max abs s", "KL med", "grad norm med", "collapsed"], rows), ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.harness.report import write
+from benchmarks.harness.report import table, write
 from benchmarks.harness.stats import mean_se
 from benchmarks.stress import final_eval
 
@@ -90,33 +90,25 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
         "",
         "## rollback under a fixed lag (every batch exactly k stale)",
         "",
-        "| k | no response | rollback | rollbacks made | runs that warned (rollback) |",
-        "|---|---|---|---|---|",
     ]
+    rows = []
     for k in sorted({k for m, k in cells if m == "rollback"}):
         none, rb = cells.get(("none (fixed lag)", k)), cells[("rollback", k)]
         seeds = f"{rb['seeds']} seeds" + (f" vs {none['seeds']}" if none else "")
-        lines.append(f"| {k} ({seeds}) | {_fmt(none)} | {_fmt(rb)} | {rb['rollbacks']:.0f} | {rb['warned']} |")  # fmt: skip
-    lines += [
-        "",
-        "## adapt_staleness in ordinary async runs (buffer.max_staleness = k)",
-        "",
-        "| k | mode | seeds | final | mean bound in force | mean batch staleness | wall s (mean) | wall vs k=0 "
-        "| wall vs fixed k |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    sync = cells.get(("fixed", 0))
+        rows.append([f"{k} ({seeds})", _fmt(none), _fmt(rb), f"{rb['rollbacks']:.0f}", rb["warned"]])
+    lines += table(["k", "no response", "rollback", "rollbacks made", "runs that warned (rollback)"], rows)
+    lines += ["", "## adapt_staleness in ordinary async runs (buffer.max_staleness = k)", ""]
+    sync, rows = cells.get(("fixed", 0)), []
     for k in sorted({k for m, k in cells if m == "adapt"}):
         fixed = cells.get(("fixed", k))
         for mode, c in (("k=0 (sync)", sync), (f"fixed k={k}", fixed), ("adapt_staleness", cells[("adapt", k)])):  # fmt: skip
-            if c is None:
-                continue
-            vs_sync = f"{c['wall_mean'] / sync['wall_mean']:.2f}x" if sync else "-"
-            vs_fixed = f"{c['wall_mean'] / fixed['wall_mean']:.2f}x" if fixed else "-"
-            bound = "-" if c["bound_mean"] is None else f"{c['bound_mean']:.1f}"
-            stale = "-" if c["staleness_mean"] is None else f"{c['staleness_mean']:.2f}"
-            lines.append(f"| {k} | {mode} | {c['seeds']} | {_fmt(c)} | {bound} | {stale} | {c['wall_mean']:.0f} | "
-                         f"{vs_sync} | {vs_fixed} |")  # fmt: skip
+            if c is not None:
+                rows.append([k, mode, c["seeds"], _fmt(c), None if c["bound_mean"] is None else f"{c['bound_mean']:.1f}",
+                             None if c["staleness_mean"] is None else f"{c['staleness_mean']:.2f}", f"{c['wall_mean']:.0f}",
+                             f"{c['wall_mean'] / sync['wall_mean']:.2f}x" if sync else None,
+                             f"{c['wall_mean'] / fixed['wall_mean']:.2f}x" if fixed else None])  # fmt: skip
+    lines += table(["k", "mode", "seeds", "final", "mean bound in force", "mean batch staleness", "wall s (mean)",
+                    "wall vs k=0", "wall vs fixed k"], rows)  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
