@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness.report import write
+from benchmarks.harness.report import table, write
 from benchmarks.stress.signals import first_warning_index, unhealthy_steps
 from vcpo.monitor import MonitorThresholds
 
@@ -344,37 +344,26 @@ def markdown(result: dict) -> str:
             "",
             f"Calibration seeds {e['calibration_seeds']}, evaluation seeds {e['evaluation_seeds']}.",
             "",
-            "| signals | thresholds (chosen on calibration runs) | calib. precision / recall | eval. precision | "
-            "eval. recall | eval. lead (steps) | eval. warned / collapsed / false alarms |",
-            "|---|---|---|---|---|---|---|",
         ]
+        rows = []
         for name, a in e["ablations"].items():
             c, v = a["calibration"], a["evaluation"]
-            lines.append(
-                f"| {name} | {_th_text(MonitorThresholds(**a['thresholds']))} | {c['precision']:.2f} / {c['recall']:.2f} "
-                f"| {v['precision']:.2f} | {v['recall']:.2f} ({v['in_time']}/{v['collapsed']}) | "
-                f"{_lead_text(Score(**{k: v[k] for k in Score.__dataclass_fields__}))} | "
-                f"{v['warned']} / {v['collapsed']} / {v['false_alarms']} |"
-            )
+            rows.append([name, _th_text(MonitorThresholds(**a["thresholds"])), f"{c['precision']:.2f} / {c['recall']:.2f}",
+                         f"{v['precision']:.2f}", f"{v['recall']:.2f} ({v['in_time']}/{v['collapsed']})",
+                         _lead_text(Score(**{k: v[k] for k in Score.__dataclass_fields__})),
+                         f"{v['warned']} / {v['collapsed']} / {v['false_alarms']}"])  # fmt: skip
         lag, cal_lag = e["lag_only"]["evaluation"], e["lag_only"]["calibration"]
-        lines.append(
-            f"| lag only: k >= {e['lag_only']['k_min']} (no signals) | - | {cal_lag['precision']:.2f} / "
-            f"{cal_lag['recall']:.2f} | {lag['precision']:.2f} | {lag['recall']:.2f} ({lag['in_time']}/"
-            f"{lag['collapsed']}) | - | {lag['warned']} / {lag['collapsed']} / {lag['false_alarms']} |"
-        )
-        lines += [
-            "",
-            "Within one lag (evaluation runs at each k where some runs collapsed and some did not; the lag "
-            "alone cannot separate these), thresholds of the 'all' row:",
-            "",
-            "| k | runs | collapsed | precision | recall | false alarms |",
-            "|---|---|---|---|---|---|",
-        ]
-        for k, w in e["within_lag"].items():
-            lines.append(
-                f"| {k} | {w['runs']} | {w['collapsed']} | {w['precision']:.2f} | {w['recall']:.2f} "
-                f"({w['in_time']}/{w['collapsed']}) | {w['false_alarms']} |"
-            )
+        rows.append([f"lag only: k >= {e['lag_only']['k_min']} (no signals)", "-",
+                     f"{cal_lag['precision']:.2f} / {cal_lag['recall']:.2f}", f"{lag['precision']:.2f}",
+                     f"{lag['recall']:.2f} ({lag['in_time']}/{lag['collapsed']})", "-",
+                     f"{lag['warned']} / {lag['collapsed']} / {lag['false_alarms']}"])  # fmt: skip
+        lines += table(["signals", "thresholds (chosen on calibration runs)", "calib. precision / recall",
+                        "eval. precision", "eval. recall", "eval. lead (steps)", "eval. warned / collapsed / false alarms"], rows)  # fmt: skip
+        lines += ["", "Within one lag (evaluation runs at each k where some runs collapsed and some did not; the lag "
+                  "alone cannot separate these), thresholds of the 'all' row:", ""]  # fmt: skip
+        lines += table(["k", "runs", "collapsed", "precision", "recall", "false alarms"],
+                       [[k, w["runs"], w["collapsed"], f"{w['precision']:.2f}", f"{w['recall']:.2f} ({w['in_time']}/"
+                         f"{w['collapsed']})", w["false_alarms"]] for k, w in e["within_lag"].items()])  # fmt: skip
         lines.append("")
     if "a_thresholds_on_b" in result:
         t = result["a_thresholds_on_b"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from agent_rl.viewer.log import read_index, read_step
 from agent_rl.viewer.report import step_json, tokenizer_decoder
 from benchmarks.harness.provenance import portable
-from benchmarks.harness.report import write
+from benchmarks.harness.report import table, write
 from benchmarks.stress.k_sweep import NAME  # a sweep run's name: method, lr, k, seed
 
 PROBLEM = re.compile(r"Start at (\d+) and apply x \* (\d+) \+ (\d+), (\d+) times\.")  # envs.tiny_multistep
@@ -175,19 +175,17 @@ def markdown(result: dict) -> str:
     ]
     for name, g in result["groups"].items():
         out += [f"## {name} ({len(g['runs'])} runs: {', '.join(g['runs'])})", ""]
-        out += ["| steps | N | " + " | ".join(OUTCOMES) + " |", "|---|---|" + "---|" * len(OUTCOMES)]
-        for window in ("first", "last"):
-            for n, c in g[window]["outcomes"].items():
-                label = "first" if window == "first" else "last"
-                out.append(f"| {label} {WINDOW} | {n} | " + " | ".join(_share(c, o) for o in OUTCOMES) + " |")
-        out += ["", "| steps | " + " | ".join(f"copy of {d} digits" for d in _digits(g)) + " |",
-                "|---|" + "---|" * len(_digits(g))]  # fmt: skip
-        for window in ("first", "last"):
-            cells = []
-            for d in _digits(g):
-                c = g[window]["copies"].get(d)
-                cells.append(f"{c['right'] / c['all']:.2f} ({c['all']})" if c and c["all"] else "-")
-            out.append(f"| {window} {WINDOW} | " + " | ".join(cells) + " |")
+        rows = [[f"{w} {WINDOW}", n, *(_share(c, o) for o in OUTCOMES)] for w in ("first", "last")
+                for n, c in g[w]["outcomes"].items()]  # fmt: skip
+        out += table(["steps", "N", *OUTCOMES], rows)
+
+        def copy(c: dict | None) -> str:
+            return f"{c['right'] / c['all']:.2f} ({c['all']})" if c and c["all"] else "-"
+
+        rows = [
+            [f"{w} {WINDOW}", *(copy(g[w]["copies"].get(d)) for d in _digits(g))] for w in ("first", "last")
+        ]
+        out += ["", *table(["steps", *(f"copy of {d} digits" for d in _digits(g))], rows)]
         out.append("")
     return "\n".join(out)
 

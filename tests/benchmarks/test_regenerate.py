@@ -127,3 +127,12 @@ def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None
         (RESULTS / f"{name}.json").read_text()
     )
     assert (tmp_path / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
+
+
+@pytest.mark.parametrize("module, name", [("monitor_eval", "monitor"), ("multistep_failures", "multistep_failures")])
+def test_a_stress_page_is_what_its_json_gives(module: str, name: str) -> None:
+    """The collapse monitor's and the multistep failures' pages rendered from their committed JSON alone (their raw
+    runs are not all committed: the monitor's are, `python -m benchmarks.stress.monitor_eval` regenerates both)."""
+    mod = __import__(f"benchmarks.stress.{module}", fromlist=["markdown"])
+    data = json.loads((RESULTS / "stress" / f"{name}.json").read_text())
+    assert mod.markdown(data) + "\n" == (RESULTS / "stress" / f"{name}.md").read_text()
