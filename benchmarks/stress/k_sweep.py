@@ -393,12 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["plan", "run", "report"])
     ap.add_argument("part", nargs="?", help=f"plan/run: one of {', '.join(PARTS)} (default: all, in order)")
-    ap.add_argument("--runs", default="runs", type=Path)
-    ap.add_argument("--out", default=OUT, type=Path, help="the results (its .md and .png beside)")
-    ap.add_argument("--from-results", type=Path, default=None,
-                    help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
-    pool.pool_args(ap)
-    ap.add_argument("--warm", default=WARM, help="the warm start (the repository keeps the sweep's)")
+    scored_run.study_args(ap, OUT, WARM)
     ap.add_argument(
         "--methods", default=",".join(METHODS), help="plan/run only these methods (comma-separated)"
     )
@@ -447,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from benchmarks.stress.k_sweep_report import write
 
-    src, runs = (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
+    src, runs = scored_run.sources(args)
     kept = json.loads(src.read_text()).get("meta") if src.is_file() else None  # the runs' provenance
     write(read_cells(runs, src, warm), args.out, warm=warm, meta=kept)
 

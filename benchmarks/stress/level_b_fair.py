@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 
 from benchmarks.harness import pool
 from benchmarks.stress import final_eval
-from benchmarks.stress.scored_run import Planned, Runner
+from benchmarks.stress.scored_run import Planned, Runner, sources, study_args
 
 LRS = (5e-5, 1.5e-4, 5e-4)
 RECIPE_LR = 5e-4
@@ -211,19 +210,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["plan", "run", "report"])
     ap.add_argument("part", nargs="?", help=f"plan, run: {' | '.join(PARTS)}")
-    ap.add_argument("--runs", default="runs", type=Path)
-    ap.add_argument("--out", default=OUT, type=Path)
-    ap.add_argument("--from-results", type=Path, default=None,
-                    help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
-    ap.add_argument("--warm", default=WARM, help="run: the warm start (default: make run's SFT)")
-    pool.pool_args(ap)
+    study_args(ap, OUT, WARM)
     args = ap.parse_args(argv)
     if args.command in ("plan", "run") and args.part not in PARTS:
         raise SystemExit(f"level_b_fair: part {args.part!r} is not one of {', '.join(PARTS)}")
     if args.command == "run":
         run(args.part, args.runs, args.out, args.jobs, args.warm, pool.stop_time(args, "level_b_fair"))
         return
-    src, runs = (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
+    src, runs = sources(args)
     cells = read_cells(runs, src)
     if args.command == "plan":
         runs = plan(args.part, cells)

@@ -4,7 +4,9 @@ then dropped. A run counts once final_eval.json exists; one trained but not scor
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -84,3 +86,24 @@ class Runner:
         if final_eval.read(run) is not None:
             shutil.rmtree(run / "checkpoints", ignore_errors=True)
         return msg
+
+
+def study_args(parser: argparse.ArgumentParser, out: Path | str, warm: str) -> None:
+    """The options of a study of scored runs: --runs, --out, --from-results, --warm, and the pool's --jobs and
+    --stop-starting-after."""
+    parser.add_argument("--runs", default="runs", type=Path, help="the run dirs (default: runs)")
+    parser.add_argument(
+        "--out", default=Path(out), type=Path, help="the results file (its .md and .png beside)"
+    )
+    parser.add_argument("--from-results", type=Path, default=None,
+                        help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
+    parser.add_argument(
+        "--warm", default=warm, help="run: the warm start the runs start from (default: %(default)s)"
+    )
+    pool.pool_args(parser)
+
+
+def sources(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(the results file whose kept runs count, the run dirs' folder): --out's and --runs, or with --from-results that
+    file and no run dir."""
+    return (args.out, args.runs) if args.from_results is None else (args.from_results, Path(os.devnull))
