@@ -44,11 +44,36 @@ def _attention(
     if query.shape[0] != 1:
         raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
     bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
-    parts = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs)[0]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-    ]  # each [1, L_i, heads, head_dim]: causal within its document only
+    runs = equal_runs([e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    sizes = [n * k for n, k in runs]
+    # split, not a slice per document: the backward of a slice writes its gradient into a zero tensor of the whole
+    # packed row, one per document, and autograd sums them (O(documents x tokens)); split's backward is one cat
+    parts = []
+    for (n, k), q, kk, v in zip(
+        runs, query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True
+    ):
+        # k documents of n tokens each as a batch of k rows [k, heads, n, head_dim]: one SDPA call
+        q, kk, v = (_rows(x, k, n) for x in (q, kk, v))
+        out = sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0]  # [k, n, heads, head_dim]
+        parts.append(out.reshape(1, n * k, *out.shape[2:]))  # causal within its document only
     return torch.cat(parts, dim=1), None
+
+
+def _rows(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """[1, heads, k * n, d] (k documents of n tokens, one after another) as k rows [k, heads, n, d]."""
+    return x if k == 1 else x[0].unflatten(1, (k, n)).transpose(0, 1)
+
+
+def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive documents of the same length as (length, how many), in order: each run is one SDPA call over a
+    batch of documents (the learner sorts a micro-batch's rows by length, so equal lengths are neighbours)."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
 
 
 def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
