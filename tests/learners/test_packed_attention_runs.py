@@ -171,3 +171,24 @@ def test_a_learner_step_learns_what_it_learned_before(tmp_path: Path) -> None:
         assert not torch.equal(w, w0[name]) or not bool(
             b.any()
         )  # the step moved every weight with a gradient
+
+
+def test_moe_routing_replay_keeps_the_packed_tokens_in_row_order(tmp_path: Path) -> None:
+    """The replayed experts are matched to the packed tokens in row order (routing_replay.py): under replay the rank
+    packs row by row; a dense model's rank packs by length."""
+    from agent_rl.learners._torch_rank import RankSpec, TorchRank
+    from tests.formats.sparse_models import sparse_model
+    from vcpo import StepConfig
+
+    def built(model_dir: Path, replay: str) -> TorchRank:
+        return TorchRank(
+            RankSpec(model_path=str(model_dir), weights_dtype="float32", compute_dtype="float32", lr=1e-5,
+                     betas=(0.9, 0.999), weight_decay=0.0, lr_schedule="constant", warmup_steps=0, total_steps=10,
+                     gradient_checkpointing=False, step=StepConfig(opob_mode="proxy"), seed=0, routing_replay=replay)
+        )  # fmt: skip
+
+    assert built(sparse_model("qwen3_moe", tmp_path / "moe"), "rollout")._lp.pack_by_length is False
+    from agent_rl.tools.tiny import build_tiny, sample_corpus
+
+    dense = build_tiny(tmp_path / "dense", sample_corpus(), vocab_size=128, hidden=32, layers=1, seed=0)
+    assert built(dense, "off")._lp.pack_by_length is True
