@@ -22,7 +22,11 @@ Cases (the baseline is the code before the change, kept here as the reference it
 Times are this process's CPU seconds and wall seconds of one `TorchRank.step`; a ratio is the median of the
 per-round ratios (case / before), with its min and max over rounds. The machine is shared: the load average is
 written before and after. `--profile`: also torch.profiler's top operators of the current code (3 steps).
-Writes benchmarks/results/learner_step_agent_arith.{json,md}.
+Also, the code now at other settings, each against the code now at micro-batch 64: micro-batch 8 (one group per
+forward and backward) and 4 (learner.micro_batch_size's default: proxy OPOB then runs a forward without gradients over
+each group of 8 first), rounding only; and bf16 autocast (learner.dtype: bfloat16), which changes the numerics beyond
+rounding order: a separate cell, never a default (issue 62's acceptance). `--code-only`: only the three code cases.
+Writes benchmarks/results/learner_step_agent_arith.{json,md} (`_2threads` with --threads 2).
 """
 
 from __future__ import annotations
@@ -49,6 +53,21 @@ from benchmarks.harness.stats import spread  # noqa: E402
 from vcpo import PolicyBatch, StepConfig  # noqa: E402
 
 BEFORE, SPLIT, BY_LENGTH = "before", "split", "split, by length (now)"
+MB8, MB4 = (
+    "now, micro-batch 8 (a group per forward)",
+    "now, micro-batch 4 (learner.micro_batch_size's default)",
+)
+MB4_HOLD = "now, micro-batch 4, the group's graphs held (no forward without gradients)"
+BF16 = "now, bf16 autocast (other numerics: a separate cell, not a default)"
+BASE = {
+    SPLIT: BEFORE,
+    BY_LENGTH: BEFORE,
+    MB8: BY_LENGTH,
+    MB4: BY_LENGTH,
+    MB4_HOLD: BY_LENGTH,
+    BF16: BY_LENGTH,
+}
+"""each case's ratio is taken against this one (the micro-batches and bf16 against the code now at micro-batch 64)"""
 TOOL_RATE = 24 / 64  # trajectories calling the tool at vs_trl's first agent-rl step (batches.jsonl)
 
 
@@ -124,12 +143,12 @@ def agent_arith_batch(model_dir: Path, seed: int = 0, groups: int = 8, per_group
     return collate(out, sort_by_length=True).policy
 
 
-def rank(model_dir: Path, micro_batch: int) -> TorchRank:
-    """recipes/agent_arith.yaml's learner and algorithm (fp32, packed), the given micro-batch."""
+def rank(model_dir: Path, micro_batch: int, dtype: str = "float32", hold: bool = False) -> TorchRank:
+    """recipes/agent_arith.yaml's learner and algorithm (fp32, packed), the given micro-batch (and autocast dtype)."""
     step = StepConfig(loss="vcpo", advantage="opob", opob_mode="proxy", ess_lr_rule="sqrt", is_truncation=8.0,
-                      grad_clip=1.0, micro_batch_size=micro_batch)  # fmt: skip
+                      grad_clip=1.0, micro_batch_size=micro_batch, proxy_hold_group=hold)  # fmt: skip
     return TorchRank(
-        RankSpec(model_path=str(model_dir), weights_dtype="float32", compute_dtype="float32", lr=2e-4,
+        RankSpec(model_path=str(model_dir), weights_dtype="float32", compute_dtype=dtype, lr=2e-4,
                  betas=(0.9, 0.999), weight_decay=0.0, lr_schedule="constant", warmup_steps=0, total_steps=1000,
                  gradient_checkpointing=False, step=step, seed=0)
     )  # fmt: skip
@@ -162,14 +181,14 @@ def rounds(cases: dict[str, Case], batch: PolicyBatch, repeats: int) -> dict[str
     return out
 
 
-def ratios(res: dict[str, dict[str, list[float]]], base: str) -> dict[str, dict[str, Any]]:
-    """Per case and clock: the per-round ratios case / base, their median, min and max."""
+def ratios(res: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """Per case and clock: the per-round ratios case / its BASE case, their median, min and max."""
     out = {}
-    for name, r in res.items():
-        if name == base:
+    for name, base in BASE.items():
+        if name not in res:
             continue
         for clock in ("cpu", "wall"):
-            per = [a / b for a, b in zip(r[f"{clock}_s"], res[base][f"{clock}_s"], strict=True)]
+            per = [a / b for a, b in zip(res[name][f"{clock}_s"], res[base][f"{clock}_s"], strict=True)]
             out[f"{name} / {base} ({clock})"] = spread(per) | {"rounds": per}
     return out
 
@@ -198,9 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the k=2 learner process has 1)")
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--code-only", action="store_true", help="only the before / split / by-length cases")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
     args = ap.parse_args(argv)
     out = results_dir(args.out, scratch=False, name="learner_step_agent_arith")
+    name = "learner_step_agent_arith" + ("" if args.threads == 1 else f"_{args.threads}threads")
     prov = Provenance()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
@@ -212,6 +233,14 @@ def main(argv: list[str] | None = None) -> None:
             SPLIT: (rk, lambda: (use_reference(rk, False), setattr(rk._lp, "pack_by_length", False))),
             BY_LENGTH: (rk, lambda: use_reference(rk, False)),
         }
+        if not args.code_only:
+            now = {
+                MB8: rank(model_dir, 8),
+                MB4: rank(model_dir, 4),
+                MB4_HOLD: rank(model_dir, 4, hold=True),
+                BF16: rank(model_dir, args.micro_batch, "bfloat16"),
+            }
+            cases |= {n: (r, lambda r=r: use_reference(r, False)) for n, r in now.items()}
         res = rounds(cases, batch, args.repeats)
         use_reference(rk, False)
         prof = profile(rk, batch) if args.profile else None
@@ -228,10 +257,10 @@ def main(argv: list[str] | None = None) -> None:
         },
         "cases": res,
         "median": {n: {k: statistics.median(r[f"{k}_s"]) for k in ("cpu", "wall")} for n, r in res.items()},
-        "ratios": ratios(res, BEFORE),
+        "ratios": ratios(res),
         "profile": prof,
     }
-    write("learner_step_agent_arith", d, out, markdown)
+    write(name, d, out, markdown)
 
 
 def markdown(d: dict) -> str:
