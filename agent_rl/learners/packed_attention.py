@@ -44,6 +44,16 @@ def _attention(
     if query.shape[0] != 1:
         raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
     bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
+    if torch.compiler.is_compiling():
+        # learner.compile: one call per document, sliced out (inductor does not lower SDPA's backward on the batched
+        # views of `_rows` under dynamic shapes)
+        parts = [
+            sdpa_attention_forward(
+                module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs
+            )[0]
+            for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return torch.cat(parts, dim=1), None
     runs = equal_runs([e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
     sizes = [n * k for n, k in runs]
     # split, not a slice per document: the backward of a slice writes its gradient into a zero tensor of the whole
