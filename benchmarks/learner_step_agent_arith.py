@@ -11,27 +11,28 @@ Micro-batch 64 (vs_trl's tuned agent-rl cells: one forward and backward for the 
 
 Cases (the baseline is the code before the change, kept here as the reference it is measured against):
 - `before`: packed attention as it was: each document's q/k/v sliced out of the packed row, one SDPA call per
-  document (`slice_per_document`), documents packed in row order (proxy OPOB orders a micro-batch's rows group by
-  group, so equal lengths are rarely neighbours).
-- `split`: the documents cut from the packed row with one split (its backward is one cat, where a slice's backward
-  writes a zero tensor the size of the whole row per document, summed by autograd), consecutive documents of one
-  length as one batched SDPA call; row order.
-- `split, by length` (the code now): the same, the rows packed longest first, so documents of one length are
-  neighbours (a permutation of the packed tokens: the sums over tokens of the weights' gradients round differently).
+  document (`slice_per_document`). A slice's backward writes its gradient into a zero tensor the size of the whole
+  packed row, one per document, which autograd then sums: O(documents x tokens).
+- `now`: the documents cut from the packed row with one split (its backward is one cat), consecutive documents of
+  one length as one batched SDPA call (proxy OPOB hands a micro-batch over group by group, each group sorted longest
+  first: a group's members of one length are neighbours). The same arithmetic on the same values.
+  (Packing the rows longest first as well, so that every document of one length joins one call, measured 0.994x of
+  this in CPU time, 0.89-1.12 over 24 rounds: not kept.)
 
 Times are this process's CPU seconds and wall seconds of one `TorchRank.step`; a ratio is the median of the
-per-round ratios (case / before), with its min and max over rounds. The machine is shared: the load average is
-written before and after. `--profile`: also torch.profiler's top operators of the current code (3 steps).
+per-round ratios (case / its baseline), with its min and max over rounds. The machine is shared: the load average is
+written before and after. `--profile`: also torch.profiler's top operators of the code now and before (3 steps each).
 Also, the code now at other settings, each against the code now at micro-batch 64: micro-batch 8 (one group per
 forward and backward) and 4 (learner.micro_batch_size's default: proxy OPOB then runs a forward without gradients over
 each group of 8 first), rounding only; and bf16 autocast (learner.dtype: bfloat16), which changes the numerics beyond
-rounding order: a separate cell, never a default (issue 62's acceptance). `--code-only`: only the three code cases.
+rounding order: a separate cell, never a default (issue 62's acceptance). `--code-only`: only the two code cases.
 Writes benchmarks/results/learner_step_agent_arith.{json,md} (`_2threads` with --threads 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -52,22 +53,15 @@ from benchmarks.harness.report import results_dir, table, write  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
 from vcpo import PolicyBatch, StepConfig  # noqa: E402
 
-BEFORE, SPLIT, BY_LENGTH = "before", "split", "split, by length (now)"
+BEFORE, NOW = "before", "now (one split, runs of one length batched)"
 MB8, MB4 = (
     "now, micro-batch 8 (a group per forward)",
     "now, micro-batch 4 (learner.micro_batch_size's default)",
 )
 MB4_HOLD = "now, micro-batch 4, the group's graphs held (no forward without gradients)"
 BF16 = "now, bf16 autocast (other numerics: a separate cell, not a default)"
-BASE = {
-    SPLIT: BEFORE,
-    BY_LENGTH: BEFORE,
-    MB8: BY_LENGTH,
-    MB4: BY_LENGTH,
-    MB4_HOLD: BY_LENGTH,
-    BF16: BY_LENGTH,
-}
-"""each case's ratio is taken against this one (the micro-batches and bf16 against the code now at micro-batch 64)"""
+BASE = {NOW: (BEFORE,), MB8: (NOW,), MB4: (NOW,), MB4_HOLD: (NOW,), BF16: (NOW,)}
+"""each case's ratios are taken against these (the micro-batches and bf16 against the code now at micro-batch 64)"""
 TOOL_RATE = 24 / 64  # trajectories calling the tool at vs_trl's first agent-rl step (batches.jsonl)
 
 
@@ -87,8 +81,8 @@ def slice_per_document(
     return torch.cat(parts, dim=1), None
 
 
-def use_reference(rank: TorchRank, reference: bool) -> None:
-    """Switch `rank` between the code before (slice per document, row order) and now."""
+def use_reference(reference: bool) -> None:
+    """Switch packed attention between the code before and now (transformers' registry: every model at once)."""
     from transformers import AttentionInterface
 
     from agent_rl.learners import packed_attention
@@ -96,7 +90,6 @@ def use_reference(rank: TorchRank, reference: bool) -> None:
     AttentionInterface.register(
         packed_attention.NAME, slice_per_document if reference else packed_attention._attention
     )
-    rank._lp.pack_by_length = not reference
 
 
 def build(work: Path) -> Path:
@@ -184,12 +177,13 @@ def rounds(cases: dict[str, Case], batch: PolicyBatch, repeats: int) -> dict[str
 def ratios(res: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
     """Per case and clock: the per-round ratios case / its BASE case, their median, min and max."""
     out = {}
-    for name, base in BASE.items():
-        if name not in res:
-            continue
-        for clock in ("cpu", "wall"):
-            per = [a / b for a, b in zip(res[name][f"{clock}_s"], res[base][f"{clock}_s"], strict=True)]
-            out[f"{name} / {base} ({clock})"] = spread(per) | {"rounds": per}
+    for name, bases in BASE.items():
+        for base in bases:
+            if name not in res or base not in res:
+                continue
+            for clock in ("cpu", "wall"):
+                per = [a / b for a, b in zip(res[name][f"{clock}_s"], res[base][f"{clock}_s"], strict=True)]
+                out[f"{name} / {base} ({clock})"] = spread(per) | {"rounds": per}
     return out
 
 
@@ -218,8 +212,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--code-only", action="store_true", help="only the before / split / by-length cases")
+    ap.add_argument(
+        "--from-results", type=Path, default=None, help="run nothing: rewrite FILE's ratios and page"
+    )
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
     args = ap.parse_args(argv)
+    if args.from_results is not None:
+        d = json.loads(args.from_results.read_text())
+        write(
+            args.from_results.stem,
+            d | {"ratios": ratios(d["cases"])},
+            args.out or args.from_results.parent,
+            markdown,
+        )
+        return
     out = results_dir(args.out, scratch=False, name="learner_step_agent_arith")
     name = "learner_step_agent_arith" + ("" if args.threads == 1 else f"_{args.threads}threads")
     prov = Provenance()
@@ -229,9 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         batch = agent_arith_batch(model_dir)
         rk = rank(model_dir, args.micro_batch)
         cases: dict[str, Case] = {
-            BEFORE: (rk, lambda: use_reference(rk, True)),
-            SPLIT: (rk, lambda: (use_reference(rk, False), setattr(rk._lp, "pack_by_length", False))),
-            BY_LENGTH: (rk, lambda: use_reference(rk, False)),
+            BEFORE: (rk, lambda: use_reference(True)),
+            NOW: (rk, lambda: use_reference(False)),
         }
         if not args.code_only:
             now = {
@@ -240,10 +245,15 @@ def main(argv: list[str] | None = None) -> None:
                 MB4_HOLD: rank(model_dir, 4, hold=True),
                 BF16: rank(model_dir, args.micro_batch, "bfloat16"),
             }
-            cases |= {n: (r, lambda r=r: use_reference(r, False)) for n, r in now.items()}
+            cases |= {n: (r, lambda: use_reference(False)) for n, r in now.items()}
         res = rounds(cases, batch, args.repeats)
-        use_reference(rk, False)
-        prof = profile(rk, batch) if args.profile else None
+        prof = None
+        if args.profile:
+            use_reference(True)
+            prof_before = profile(rk, batch)
+            use_reference(False)
+            prof = {"now": profile(rk, batch), "before": prof_before}
+        use_reference(False)
         shape = {"rows": batch.size, "tokens": int(batch.attention_mask.sum()), "loss_tokens": int(batch.loss_mask.sum()),
                  "lengths": sorted(batch.attention_mask.sum(-1).tolist(), reverse=True),
                  "vocab": rk.model.config.vocab_size}  # fmt: skip
@@ -276,11 +286,13 @@ def markdown(d: dict) -> str:
         *table(["case", "CPU s (median)", "wall s (median)"], rows), "",
         *table(["ratio (per round, median)", "median", "min - max"], rat), "",
     ]  # fmt: skip
-    if d.get("profile"):
-        prof = [[p["op"][:60], f"{p['self_ms_per_step']:.1f}", f"{100 * p['share']:.1f} %", f"{p['calls_per_step']:.0f}"]
-                for p in d["profile"]]  # fmt: skip
-        lines += ["Where the current code's step goes (torch.profiler, self CPU time per step):", "",
-                  *table(["operator", "ms / step", "share", "calls / step"], prof), ""]  # fmt: skip
+    for which, title in (("now", "the code now"), ("before", "the code before")):
+        if not (prof := (d.get("profile") or {}).get(which)):
+            continue
+        rows = [[p["op"][:60], f"{p['self_ms_per_step']:.1f}", f"{100 * p['share']:.1f} %", f"{p['calls_per_step']:.0f}"]
+                for p in prof]  # fmt: skip
+        lines += [f"Where the step of {title} goes (torch.profiler, self CPU time per step, top 15 operators):", "",
+                  *table(["operator", "ms / step", "share", "calls / step"], rows), ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -83,7 +83,6 @@ class TorchRank:
             head_fp32=spec.lm_head_fp32,
         )
         self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")
-        self._lp.pack_by_length = self._routing is None  # MoE routers read the packed tokens in row order
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
         self.optimizer = adamw(
             (p for p in model.parameters() if p.requires_grad),

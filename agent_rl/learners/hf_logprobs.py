@@ -51,7 +51,6 @@ class HFLogprobs:
         chunk_tokens: int = CHUNK_TOKENS,
         compile: bool = False,
         head_fp32: bool = False,
-        pack_by_length: bool = True,
     ):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
         if pack and _has_linear_attention(base) and not use_packed_linear_attention(base):
@@ -76,9 +75,6 @@ class HFLogprobs:
             )
         self.compiled = compile
         self.head_fp32 = head_fp32
-        # packed, the rows go longest first: documents of one length side by side run as one attention call. Off
-        # where something reads the packed tokens in row order (MoE routing replay: routing_replay.py)
-        self.pack_by_length = pack_by_length
         self._run = torch.compile(self.decoder, dynamic=True) if compile else self.decoder
 
     def logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -96,10 +92,10 @@ class HFLogprobs:
     ) -> tuple[Tensor, Tensor | None]:
         if model is not self.model:
             raise ValueError("HFLogprobs: called with another model than the one it was built for")
-        at = _Layout.of(attention_mask, by_length=self.pack_by_length and self.pack and self.plain_head)
+        at = _Layout.of(attention_mask)
         dev = input_ids.device
         # pred: [P] index into the flattened [B * T] rows of each position that predicts a token (position t - 1
-        # of row b predicts t; both real under right padding), row by row in packing order
+        # of row b predicts t; both real under right padding), row by row
         pred = at.pred.to(dev, non_blocking=True)
         target = pred + 1  # where each predicted token is, in the same flattened rows
         targets = input_ids.flatten()[target]
@@ -158,36 +154,28 @@ class _Layout:
     read of the device (the rows' lengths): gathering with them, unlike indexing with a boolean mask, does not make
     the host wait for the device to count the mask's entries (tests/learners/test_packed_logprobs.py counts)."""
 
-    pred: Tensor  # [P] the positions that predict a token (t - 1 for every real t >= 1), row by row (packing order)
+    pred: Tensor  # [P] the positions that predict a token (t - 1 for every real t >= 1), row by row
     packed_pred: Tensor  # [P] the same positions among the packed real tokens
-    real: Tensor  # [N] the real tokens, row by row (packing order)
+    real: Tensor  # [N] the real tokens, row by row
     positions: Tensor  # [N] each real token's position in its row
-    cu: Tensor  # [B + 1] int32: where each packed row starts among the real tokens, and N
+    cu: Tensor  # [B + 1] int32: where each row starts among the real tokens, and N
     bounds: tuple[int, ...]  # cu as Python ints
 
     @staticmethod
-    def of(attention_mask: Tensor, by_length: bool = False) -> _Layout:
-        """`by_length`: pack the rows longest first (stable), so that documents of one length are neighbours and
-        packed attention runs them as one batch (packed_attention.py); the positions that predict a token then
-        come in that order too. Else row by row."""
+    def of(attention_mask: Tensor) -> _Layout:
         am, t = attention_mask > 0, attention_mask.shape[1]
         *lengths, misplaced = torch.cat([am.sum(-1), (am[:, 1:] & ~am[:, :-1]).any().reshape(1)]).tolist()
         if misplaced:
             raise ValueError(
                 "HFLogprobs: attention_mask rows must be right-padded (a real token follows padding)"
             )
-        order = (
-            sorted(range(len(lengths)), key=lambda b: -lengths[b]) if by_length else list(range(len(lengths)))
-        )
-        lengths = [lengths[b] for b in order]  # in packing order from here on
-        row_of = torch.tensor(order, dtype=torch.long)  # packing order -> row of the micro-batch
         real_rows, positions, starts = _runs(lengths)
         cu = torch.cat([starts, torch.tensor([sum(lengths)])]).to(torch.int32)
         before_last = [max(n - 1, 0) for n in lengths]  # every real token but a row's last predicts one
         pred_rows, pred_positions, _ = _runs(before_last)
         return _Layout(
-            row_of[pred_rows] * t + pred_positions, starts[pred_rows] + pred_positions,
-            row_of[real_rows] * t + positions, positions, cu, tuple(itertools.accumulate(lengths, initial=0)),
+            pred_rows * t + pred_positions, starts[pred_rows] + pred_positions, real_rows * t + positions,
+            positions, cu, tuple(itertools.accumulate(lengths, initial=0)),
         )  # fmt: skip
 
 

@@ -11,8 +11,12 @@ CUDA-only extra.
 So this registers an attention implementation through transformers' own extension points
 (`AttentionInterface` and `AttentionMaskInterface`, see transformers' attention_interface docs) that,
 given the document boundaries (`cu_seq_lens_q`, FlashAttention's name for them), runs torch's
-`scaled_dot_product_attention` with `is_causal=True` on each document's slice: work Σ L_i², memory O(N),
-and no token attends across documents. Without boundaries (every other call: tests, evaluation) it is
+`scaled_dot_product_attention` with `is_causal=True` on each document: work Σ L_i², memory O(N), and no
+token attends across documents. The documents are cut from the packed row with one `split` (a slice per document
+had a backward that wrote each document's gradient into a zero tensor of the whole row, summed by autograd:
+O(documents x tokens)), and neighbours of one length run as one batched call (fewer, larger calls); on agent_arith's
+step this took 0.91-0.92x the CPU time of a slice and a call per document
+(benchmarks/learner_step_agent_arith.py). Without boundaries (every other call: tests, evaluation) it is
 transformers' SDPA unchanged, masks included.
 """
 
@@ -76,7 +80,8 @@ def _rows(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
 
 def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
     """Consecutive documents of the same length as (length, how many), in order: each run is one SDPA call over a
-    batch of documents (the learner sorts a micro-batch's rows by length, so equal lengths are neighbours)."""
+    batch of documents (the learner's rows come sorted longest first, and proxy OPOB's micro-batches group by group
+    with each group's rows in that order: a group's members of one length are neighbours)."""
     runs: list[tuple[int, int]] = []
     for n in lengths:
         if runs and runs[-1][0] == n:
