@@ -6,7 +6,7 @@ change to it measured against the code it replaced, in one process, cases interl
 The model is agent_arith's (examples/agent_arith.py: its tokenizer and a Qwen2 of hidden 256, 2 layers, 4 heads,
 2 kv heads, vocab ~340; random weights, which do not change the time), the batch one step of recipes/agent_arith.yaml:
 8 prompts x 8 samples of teacher traces rendered as the gateway renders them, 3 in 8 calling the tool (the share in
-vs_trl's runs' first steps), prompt ~34 tokens, ~4.3k tokens in all; VCPO with proxy OPOB, lr 2e-4, grad clip 1.
+vs_trl's runs' first steps), 3935 tokens in all (vs_trl's first steps: 4.3k); VCPO with proxy OPOB, lr 2e-4, grad clip 1.
 Micro-batch 64 (vs_trl's tuned agent-rl cells: one forward and backward for the whole step) unless --micro-batch.
 
 Cases (the baseline is the code before the change, kept here as the reference it is measured against):
