@@ -11,8 +11,12 @@ CUDA-only extra.
 So this registers an attention implementation through transformers' own extension points
 (`AttentionInterface` and `AttentionMaskInterface`, see transformers' attention_interface docs) that,
 given the document boundaries (`cu_seq_lens_q`, FlashAttention's name for them), runs torch's
-`scaled_dot_product_attention` with `is_causal=True` on each document's slice: work Σ L_i², memory O(N),
-and no token attends across documents. Without boundaries (every other call: tests, evaluation) it is
+`scaled_dot_product_attention` with `is_causal=True` on each document: work Σ L_i², memory O(N), and no
+token attends across documents. The documents are cut from the packed row with one `split` (a slice per document
+had a backward that wrote each document's gradient into a zero tensor of the whole row, summed by autograd:
+O(documents x tokens)), and neighbours of one length run as one batched call (fewer, larger calls); on agent_arith's
+step this took 0.91-0.92x the CPU time of a slice and a call per document
+(benchmarks/learner_step_agent_arith.py). Without boundaries (every other call: tests, evaluation) it is
 transformers' SDPA unchanged, masks included.
 """
 
@@ -44,11 +48,47 @@ def _attention(
     if query.shape[0] != 1:
         raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
     bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
-    parts = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs)[0]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-    ]  # each [1, L_i, heads, head_dim]: causal within its document only
+    if torch.compiler.is_compiling():
+        # learner.compile: one call per document, sliced out (inductor does not lower SDPA's backward on the batched
+        # views of `_rows` under dynamic shapes)
+        parts = [
+            sdpa_attention_forward(
+                module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs
+            )[0]
+            for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return torch.cat(parts, dim=1), None
+    runs = equal_runs([e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    sizes = [n * k for n, k in runs]
+    # split, not a slice per document: the backward of a slice writes its gradient into a zero tensor of the whole
+    # packed row, one per document, and autograd sums them (O(documents x tokens)); split's backward is one cat
+    parts = []
+    for (n, k), q, kk, v in zip(
+        runs, query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True
+    ):
+        # k documents of n tokens each as a batch of k rows [k, heads, n, head_dim]: one SDPA call
+        q, kk, v = (_rows(x, k, n) for x in (q, kk, v))
+        out = sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0]  # [k, n, heads, head_dim]
+        parts.append(out.reshape(1, n * k, *out.shape[2:]))  # causal within its document only
     return torch.cat(parts, dim=1), None
+
+
+def _rows(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """[1, heads, k * n, d] (k documents of n tokens, one after another) as k rows [k, heads, n, d]."""
+    return x if k == 1 else x[0].unflatten(1, (k, n)).transpose(0, 1)
+
+
+def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive documents of the same length as (length, how many), in order: each run is one SDPA call over a
+    batch of documents (the learner's rows come sorted longest first, and proxy OPOB's micro-batches group by group
+    with each group's rows in that order: a group's members of one length are neighbours)."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
 
 
 def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:

@@ -279,7 +279,7 @@ def test_a_learner_step_never_makes_a_float32_tokens_by_vocab_tensor(tiny_model_
 @pytest.mark.heavy  # 36 s of make test's budget (CI recorded 1643 of its 1800 s on 2026-11-28): CI's second job
 def test_the_compiled_decoder_gives_the_eager_log_probs_and_gradients() -> None:
     model = _qwen(torch.float32)
-    ids, am = _batch(96, [14, 9, 5])
+    ids, am = _batch(96, [14, 9, 9, 5])  # two documents of one length: eager runs them as one attention call
     out = {}
     for compiled in (False, True):
         f = HFLogprobs(model, pack=True, compile=compiled)
