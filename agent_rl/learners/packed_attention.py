@@ -15,8 +15,8 @@ given the document boundaries (`cu_seq_lens_q`, FlashAttention's name for them),
 token attends across documents. The documents are cut from the packed row with one `split` (a slice per document
 had a backward that wrote each document's gradient into a zero tensor of the whole row, summed by autograd:
 O(documents x tokens)), and neighbours of one length run as one batched call (fewer, larger calls); on agent_arith's
-step this took 0.91-0.92x the CPU time of a slice and a call per document
-(benchmarks/learner_step_agent_arith.py). Without boundaries (every other call: tests, evaluation) it is
+step this took 0.89x (1 thread) and 0.86x (2 threads) the CPU time of a slice and a call per document, per-round
+medians on a shared machine (benchmarks/results/learner_step_agent_arith*.md). Without boundaries (every other call: tests, evaluation) it is
 transformers' SDPA unchanged, masks included.
 """
 
