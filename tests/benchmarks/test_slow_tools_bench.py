@@ -103,7 +103,9 @@ def test_trls_tool_share_is_its_tool_and_reward_phases_and_in_flight_is_littles_
          "episodes": [ep, {**ep, "tool_s": 3.0}], "infra_failed": ["verifier_timeout"]},
     ]  # fmt: skip
     tools, flight = episode_stats(steps)
-    assert tools["tool_share_median"] == (6 / 8 + 4 / 8) / 2  # median of two steps' (tools + reward) / all three
+    assert (
+        tools["tool_share_median"] == (6 / 8 + 4 / 8) / 2
+    )  # median of two steps' (tools + reward) / all three
     assert tools["tool_seconds_median"] == 1.0 and tools["episodes"] == 4 and tools["infra_failed"] == 1
     assert flight == {"mean": 24.0 / 20.0, "episodes": 4}
 
@@ -159,8 +161,9 @@ def test_the_page_with_a_trl_cell_says_both_goals():
 
 
 def test_the_plan_counts_the_trl_tuning_pass_and_runs():
-    from benchmarks.slow_tools import plan_text
     import argparse
+
+    from benchmarks.slow_tools import plan_text
 
     args = argparse.Namespace(
         tasks=300, seeds=3, steps=16, async_steps_factor=1.5, every=4, eval_limit=100, no_trl=False,
@@ -168,4 +171,7 @@ def test_the_plan_counts_the_trl_tuning_pass_and_runs():
     )  # fmt: skip
     text = plan_text(args, [0, 2, 4], None)
     assert "cells sync k=0, async k=2, async k=4, trl" in text and "tuning 8 candidates x 3 steps" in text
-    assert "trl" not in plan_text(argparse.Namespace(**{**vars(args), "no_trl": True}), [0, 2], None).split(";")[1]
+    assert (
+        "trl"
+        not in plan_text(argparse.Namespace(**{**vars(args), "no_trl": True}), [0, 2], None).split(";")[1]
+    )

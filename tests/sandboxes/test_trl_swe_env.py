@@ -18,12 +18,14 @@ from envs.loop_resources import close_shared_sandboxes
 pytestmark = pytest.mark.docker
 
 
-def _episodes(task: str, scripts: dict[str, list[str]]) -> tuple[dict[str, list[str]], dict[str, float | None]]:
+def _episodes(
+    task: str, scripts: dict[str, list[str]]
+) -> tuple[dict[str, list[str]], dict[str, float | None]]:
     """One rollout per name (all on one event loop, as TRL's): its bash calls in turn, then every verdict at once."""
 
     async def go():
         envs = {name: SweTinyEnv() for name in scripts}
-        for name, e in envs.items():
+        for e in envs.values():
             e.reset(task_id=task, prompt=[])  # TRL passes the whole row
         outs = {name: [await envs[name].bash(c) for c in cmds] for name, cmds in scripts.items()}
         rewards = await verdicts(list(envs.values()))
