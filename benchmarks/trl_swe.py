@@ -226,13 +226,13 @@ def sft_row(tok: Any, instruction: str, command: str, passed: str) -> dict:
     with_call = render([*base, call], False)
     with_tool = render([*base, call, {"role": "tool", "name": "bash", "content": passed}], True)
     eos = tok.eos_token
-    assert with_call.startswith(prompt) and with_tool.startswith(with_call), (
-        "the template is not prefix-stable"
-    )
+    if not (with_call.startswith(prompt) and with_tool.startswith(with_call)):
+        raise ValueError(
+            "the tokenizer's chat template is not prefix-stable: TRL's multi-turn loop needs one"
+        )
     call_text = with_call[len(prompt) :]
-    cut = call_text.index(eos) + len(
-        eos
-    )  # the call and its end-of-turn are trained, the newline after is context
+    # the call and its end-of-turn are trained, the newline after it is context
+    cut = call_text.index(eos) + len(eos)
     return {
         "prompt": prompt,
         "response": [
