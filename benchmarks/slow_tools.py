@@ -189,11 +189,12 @@ def evaluate_checkpoints(run_dir: Path, sets: list[str]) -> dict[int, float]:
 
 # -- plan --------------------------------------------------------------------------------------------------------------
 
-# --plan's guesses, per run of --steps steps at the recipe's 8 prompts x 4 samples on an idle 2-core machine (the docs'
-# estimate for agent-rl; TRL's from the --quick run's figures, docs/benchmarks/slow-tools.md, scaled by samples per
-# step): minutes per run of 16 sync steps, seconds per TRL tuning step and per TRL process start, minutes to score one
-# checkpoint on 100 held-out tasks (either side), minutes of one warm start's SFT.
-PLAN = dict(run_min=15.0, trl_step_s=40.0, trl_start_s=20.0, score_min=1.0, sft_min=4.0)
+# --plan's guesses for the recipe's 8 prompts x 4 samples a step on an idle 2-core machine: minutes per agent-rl run of
+# 16 steps (the docs' estimate: 15-30 s a step); TRL's seconds per step and per process start; minutes to score one
+# checkpoint on 100 held-out tasks (either side); minutes of one warm start's SFT. TRL's step: from the TRL-format
+# check of 2026-12-06 (docs/benchmarks/slow-tools.md: 39-48 s for 8 rollouts at load ~10, tool calls one rollout at
+# a time, verifiers 4 at once), guessed 2-3x shorter per rollout idle, x4 rollouts.
+PLAN = dict(run_min=6.0, trl_step_s=75.0, trl_start_s=20.0, score_min=1.0, sft_min=4.0)
 
 
 def plan_text(args: argparse.Namespace, ks: list[int], batch_prompts: int | None) -> str:
