@@ -336,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             extra = QUICK["extra_traces"] if args.quick else swe_tiny.EXTRA_TRACES
             log("TRL warm start (the same traces as tool calls; cached)")
             trl_model = trl_swe_cell.warm_start(args.work, args.work / "tasks", extra, sft)
-            trl_start = trl_swe_cell.score(
-                trl_py, env, [trl_model], args.eval_limit, args.work / "trl_warm_start_score.json"
-            )[str(trl_model)]
+            ws = args.work / f"trl_warm_start_score_{args.eval_limit}.json"  # scored once, kept for a resume
+            known = json.loads(ws.read_text()) if ws.is_file() else {}
+            if str(trl_model) not in known:
+                known = trl_swe_cell.score(trl_py, env, [trl_model], args.eval_limit, ws)
+            trl_start = known[str(trl_model)]
             log(f"TRL warm start held-out accuracy {trl_start:.3f} (TRL's eval loop)")
             trl = trl_swe_cell.tune(
                 trl_py, trl_model, env, args.work, samples=prompts * 4, prompts=prompts,

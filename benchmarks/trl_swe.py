@@ -153,7 +153,8 @@ class SweTinyEnv:
                     start_container, self._task, lp.pool, allow_network=h.allow_network
                 )
             reward: float | None = await lp.work(run_verifier, self._task, self._container)
-        except InfraFailure as e:
+        except InfraFailure as e:  # TRL has no retry: the rollout is unscorable (None), said on stderr
+            print(f"infra_failed: {e}", file=sys.stderr, flush=True)
             _Suite.infra.append(e.cause)
             reward = None
         finally:
