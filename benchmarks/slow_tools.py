@@ -1,7 +1,8 @@
 """Asynchrony where tools are slow: time to a held-out target on the swe_tiny Harbor suite, async k=2 and k=4
-against sync k=0, in one invocation.
+against sync k=0 and against TRL's GRPOTrainer, in one invocation.
 
-    .venv/bin/python benchmarks/slow_tools.py [--quick] [--seeds 3] [--steps 16] [--ks 0,2,4] [--time-limit-min M]
+    .venv/bin/python benchmarks/slow_tools.py [--quick] [--plan] [--seeds 3] [--steps 16] [--ks 0,2,4] [--no-trl]
+        [--tune-steps 3] [--time-limit-min M]
 
 Task: the generated swe_tiny suite (envs/harbor/generate.py, --tasks of them, a stable 34% held out), where
 every tool call does its real work: each episode runs in its own container, its command block applies a sed
@@ -24,7 +25,13 @@ env.step seconds — the command in the container, and on the last turn the veri
 plus env seconds) and the episodes in flight, time-averaged (the seconds of all the run's episodes, start to
 verdict, over its wall time: Little's law on the rollout's own counters).
 
-TRL's GRPOTrainer over the same containers is not a cell: see docs/benchmarks/slow_tools.md for why.
+The TRL cell (`trl`, unless --no-trl; needs .venv-trl): GRPOTrainer(environment_factory=...) with one container per
+rollout from envs/harbor's pool, a `bash` tool running in it and the task's test.sh in it as the reward
+(benchmarks/trl_swe.py, in TRL's venv), from a warm start made as ours on the same traces rendered as tool calls,
+its threads and micro-batches chosen by a tuning pass before the runs, --steps steps, its checkpoints scored by
+TRL's own eval loop on the same held-out tasks (benchmarks/trl_swe_cell.py; docs/benchmarks/slow-tools.md says
+why not agent-rl's evaluator). Its runs are timed to the same per-seed target; the async cells' ratios against it
+are the second goal line. --plan prints what would run and a length estimate (PLAN's guesses).
 
 Results: benchmarks/results/slow_tools.{json,md} and slow_tools.png; --quick writes slow_tools_quick.* under
 runs/bench/slow_tools unless --out names a folder. Runs go through benchmarks/harness (seeds x cells rotated per
