@@ -175,3 +175,17 @@ def test_the_plan_counts_the_trl_tuning_pass_and_runs():
         "trl"
         not in plan_text(argparse.Namespace(**{**vars(args), "no_trl": True}), [0, 2], None).split(";")[1]
     )
+
+
+def test_a_missing_trl_venv_or_a_tuning_pass_too_short_to_time_is_a_one_line_error(tmp_path):
+    import pytest
+
+    from benchmarks.slow_tools import main
+
+    with pytest.raises(
+        SystemExit, match=r"no TRL environment at .*nope: run `bash scripts/setup_trl.sh`, or pass --no-trl"
+    ):
+        main(["--trl-venv", str(tmp_path / "nope"), "--work", str(tmp_path / "w")])
+    with pytest.raises(SystemExit, match="--tune-steps 1: the first step is not timed"):
+        main(["--tune-steps", "1", "--work", str(tmp_path / "w")])
+    assert not (tmp_path / "w").exists()  # nothing started
