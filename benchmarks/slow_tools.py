@@ -568,6 +568,15 @@ def markdown(data: dict) -> str:
             "ratio = never reached. Tool share: env.step seconds (the command block in the container, on the last turn",
             "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: the episodes' seconds",
             f"(start to verdict) over the run's wall time, time-averaged (Little's law); at most {d.get('max_in_flight', '-')}.",
+            *(
+                [
+                    "TRL's row: tool share per step (its tool-call and reward phases over generation + tools + reward: its",
+                    "generation is batch-wide); in flight, its rollouts' reset-to-verdict seconds over its steps' seconds (they",
+                    "wait while the batch's commands run one rollout at a time); episode s, reset to verdict.",
+                ]
+                if "goal_vs_trl" in s
+                else []
+            ),
             "",
         ]
     )
