@@ -53,7 +53,9 @@ def test_a_rollouts_tool_calls_and_its_verdict_share_one_container_and_no_contai
     _Suite.take()
     fix = (d / "solution" / "solve.sh").read_text().split("\n", 1)[1]
     module = next((d / "environment" / "app").glob("*.py")).name
-    outs, rewards = _episodes(next(iter(_Suite.tasks)), {"fixer": ["ls /app", fix], "idle": ["false"], "none": []})
+    outs, rewards = _episodes(
+        next(iter(_Suite.tasks)), {"fixer": ["ls /app", fix], "idle": ["false"], "none": []}
+    )
     assert module in outs["fixer"][0]  # `ls /app` ran in the task's container
     assert outs["idle"][0].endswith("(exit status 1)")  # as the built-in agent shows a failed command
     # the fix made by a tool call is what the verifier judged: the same container from the first call to the verdict
