@@ -138,10 +138,10 @@ bench-trl: install system-deps trl-venv
 	$(PY) benchmarks/vs_trl.py
 	$(PY) benchmarks/vs_trl_profile.py
 
-## Issue 59, item 5: async k=2 and k=4 against sync where every tool call runs pytest in a container (the swe_tiny
-## suite; docs/benchmarks/slow-tools.md). Needs a Docker engine, or root for a private dockerd. SLOW_TOOLS_ARGS=--quick:
-## a machinery check in minutes (results under runs/bench/slow_tools).
-bench-slow-tools: install system-deps
+## Issue 59, item 5: async k=2 and k=4 against sync and TRL's GRPOTrainer (.venv-trl) where every tool call runs pytest in a
+## container (the swe_tiny suite; docs/benchmarks/slow-tools.md). Needs a Docker engine, or root for a private dockerd.
+## SLOW_TOOLS_ARGS=--quick: a machinery check in minutes (results under runs/bench/slow_tools); --plan: its length.
+bench-slow-tools: install system-deps trl-venv
 	$(PY) benchmarks/slow_tools.py $(SLOW_TOOLS_ARGS)
 
 ## The documentation site (mkdocs.yml, docs/; make test builds it): --strict, so a broken link, a missing page or a

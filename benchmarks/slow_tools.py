@@ -1,7 +1,8 @@
 """Asynchrony where tools are slow: time to a held-out target on the swe_tiny Harbor suite, async k=2 and k=4
-against sync k=0, in one invocation.
+against sync k=0 and against TRL's GRPOTrainer, in one invocation.
 
-    .venv/bin/python benchmarks/slow_tools.py [--quick] [--seeds 3] [--steps 16] [--ks 0,2,4] [--time-limit-min M]
+    .venv/bin/python benchmarks/slow_tools.py [--quick] [--plan] [--seeds 3] [--steps 16] [--ks 0,2,4] [--no-trl]
+        [--tune-steps 3] [--time-limit-min M]
 
 Task: the generated swe_tiny suite (envs/harbor/generate.py, --tasks of them, a stable 34% held out), where
 every tool call does its real work: each episode runs in its own container, its command block applies a sed
@@ -24,7 +25,13 @@ env.step seconds — the command in the container, and on the last turn the veri
 plus env seconds) and the episodes in flight, time-averaged (the seconds of all the run's episodes, start to
 verdict, over its wall time: Little's law on the rollout's own counters).
 
-TRL's GRPOTrainer over the same containers is not a cell: see docs/benchmarks/slow_tools.md for why.
+The TRL cell (`trl`, unless --no-trl; needs .venv-trl): GRPOTrainer(environment_factory=...) with one container per
+rollout from envs/harbor's pool, a `bash` tool running in it and the task's test.sh in it as the reward
+(benchmarks/trl_swe.py, in TRL's venv), from a warm start made as ours on the same traces rendered as tool calls,
+its threads and micro-batches chosen by a tuning pass before the runs, --steps steps, its checkpoints scored by
+TRL's own eval loop on the same held-out tasks (benchmarks/trl_swe_cell.py; docs/benchmarks/slow-tools.md says
+why not agent-rl's evaluator). Its runs are timed to the same per-seed target; the async cells' ratios against it
+are the second goal line. --plan prints what would run and a length estimate (PLAN's guesses).
 
 Results: benchmarks/results/slow_tools.{json,md} and slow_tools.png; --quick writes slow_tools_quick.* under
 runs/bench/slow_tools unless --out names a folder. Runs go through benchmarks/harness (seeds x cells rotated per
@@ -35,6 +42,7 @@ seed, every finished run a line of --work/runs.jsonl: a stopped invocation goes 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -57,7 +65,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "swe_tiny.yaml"
 GOAL = 2.0  # issue 59 item 5: async reaches the target >= 2x sooner than sync
 K_FIXED = 2  # the async k of the headline, fixed before the runs (the recipe's)
-QUICK = dict(tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2, extra_traces=0)
+QUICK = dict(
+    tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2, extra_traces=0, tune_steps=2
+)
 
 
 def log(msg: str) -> None:
@@ -67,11 +77,16 @@ def log(msg: str) -> None:
 @dataclass(frozen=True)
 class Cell:
     name: str
-    k: int
+    k: int | None  # None: the TRL cell (synchronous, its own trainer)
+    system: str = "agent-rl"
 
 
-def cells_for(ks: list[int]) -> list[Cell]:
-    return [Cell("sync k=0" if k == 0 else f"async k={k}", k) for k in ks]
+SYNC = "sync k=0"
+TRL = Cell("trl", None, "trl")
+
+
+def cells_for(ks: list[int], trl: bool = False) -> list[Cell]:
+    return [Cell(SYNC if k == 0 else f"async k={k}", k) for k in ks] + ([TRL] if trl else [])
 
 
 # -- the suite, the warm start and the engine ----------------------------------------------------------------------
@@ -179,6 +194,51 @@ def evaluate_checkpoints(run_dir: Path, sets: list[str]) -> dict[int, float]:
     return out
 
 
+# -- plan --------------------------------------------------------------------------------------------------------------
+
+# --plan's guesses for the recipe's 8 prompts x 4 samples a step on an idle 2-core machine: minutes per agent-rl run of
+# 16 steps (the docs' estimate: 15-30 s a step); TRL's seconds per step and per process start; minutes to score one
+# checkpoint on 100 held-out tasks (either side); minutes of one warm start's SFT. TRL's step: from the TRL-format
+# check of 2026-12-06 (docs/benchmarks/slow-tools.md: 39-48 s for 8 rollouts at load ~10, tool calls one rollout at
+# a time, verifiers 4 at once), guessed 2-3x shorter per rollout idle, x4 rollouts.
+PLAN = dict(run_min=6.0, trl_step_s=75.0, trl_start_s=20.0, score_min=1.0, sft_min=4.0)
+
+
+def plan_text(args: argparse.Namespace, ks: list[int], batch_prompts: int | None) -> str:
+    """What an invocation runs and a rough length (PLAN's guesses)."""
+    from benchmarks.trl_swe_cell import candidates
+
+    g = PLAN
+    scale = args.steps / 16 * (batch_prompts or 8) / 8
+    runs = [args.steps] + [round(args.steps * args.async_steps_factor)] * (len(ks) - 1)
+    ours = args.seeds * sum(g["run_min"] * scale * n / args.steps for n in runs)
+    cks = args.seeds * sum(-(-n // args.every) for n in runs) + 1
+    lines = [
+        f"{args.tasks} tasks; cells {', '.join(c.name for c in cells_for(ks, not args.no_trl))}; {args.seeds} seed(s);"
+        f" sync and TRL {args.steps} steps, async {runs[-1]}; {batch_prompts or 8} prompts x 4 samples a step.",
+        f"agent-rl: warm start ~{g['sft_min']:.0f} min, runs ~{ours:.0f} min, {cks} checkpoints scored "
+        f"~{cks * g['score_min'] * args.eval_limit / 100:.0f} min.",
+    ]
+    total = g["sft_min"] + ours + cks * g["score_min"] * args.eval_limit / 100
+    if not args.no_trl:
+        step_s = g["trl_step_s"] * (batch_prompts or 8) / 8
+        n_cand = len(candidates(4 * (batch_prompts or 8), args.quick))
+        tune_min = n_cand * (g["trl_start_s"] + args.tune_steps * step_s) / 60
+        cells_min = args.seeds * (g["trl_start_s"] + args.steps * step_s) / 60
+        trl_cks = args.seeds * -(-args.steps // args.every) + 1
+        score_min = trl_cks * g["score_min"] * args.eval_limit / 100
+        lines.append(
+            f"TRL: warm start ~{g['sft_min']:.0f} min, tuning {n_cand} candidates x {args.tune_steps} steps "
+            f"~{tune_min:.0f} min, runs ~{cells_min:.0f} min, {trl_cks} checkpoints scored ~{score_min:.0f} min."
+        )
+        total += g["sft_min"] + tune_min + cells_min + score_min
+    lines.append(
+        f"~{total / 60:.1f} h in all on an idle 2-core machine (guesses: benchmarks/slow_tools.py PLAN); a loaded "
+        "machine takes longer. Resumable (--work), --time-limit-min ends it between runs."
+    )
+    return "\n".join(lines)
+
+
 # -- main ----------------------------------------------------------------------------------------------------------
 
 
@@ -204,6 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--time-limit-min", type=float, help="start no run after this many minutes")
     p.add_argument(
+        "--trl-venv",
+        type=Path,
+        default=ROOT / ".venv-trl",
+        help="TRL 1.16's venv (bash scripts/setup_trl.sh)",
+    )
+    p.add_argument("--no-trl", action="store_true", help="leave the TRL cell out")
+    p.add_argument(
+        "--tune-steps", type=int, default=3, help="steps per TRL candidate in its tuning pass (>= 2)"
+    )
+    p.add_argument(
+        "--plan", action="store_true", help="print what would run and a length estimate; run nothing"
+    )
+    p.add_argument(
         "--from-results", type=Path, help="write the markdown and plot anew from this results file"
     )
     args = p.parse_args(argv)
@@ -228,6 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if ks[0] != 0:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
+    if args.quick:
+        args.tune_steps = QUICK["tune_steps"]
+    if args.tune_steps < 2:
+        raise SystemExit(f"--tune-steps {args.tune_steps}: the first step is not timed; use 2 or more")
+    trl_py = args.trl_venv / "bin" / "python"
+    if args.plan:
+        print(plan_text(args, ks, batch_prompts))
+        return 0
+    if not args.no_trl and not trl_py.is_file():
+        raise SystemExit(
+            f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh`, or pass --no-trl"
+        )
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     prov = Provenance()
@@ -245,11 +330,66 @@ def main(argv: list[str] | None = None) -> int:
 
         start_acc = evaluate(load_recipe(RECIPE, eval_sets)).accuracy
         log(f"warm start held-out accuracy {start_acc:.3f}")
-        cells = cells_for(ks)
+        cells = cells_for(ks, trl=not args.no_trl)
         by_name = {c.name: c for c in cells}
+        recipe = load_recipe(RECIPE, [], check_model=False)
+        prompts = batch_prompts or recipe.train.batch_prompts
+        trl = None
+        if not args.no_trl:
+            from benchmarks import trl_swe_cell
+            from examples import swe_tiny
+
+            sft = {**swe_tiny.SFT, "epochs": 1} if args.quick else swe_tiny.SFT
+            extra = QUICK["extra_traces"] if args.quick else swe_tiny.EXTRA_TRACES
+            log("TRL warm start (the same traces as tool calls; cached)")
+            trl_model = trl_swe_cell.warm_start(args.work, args.work / "tasks", extra, sft)
+            ws = args.work / f"trl_warm_start_score_{args.eval_limit}.json"  # scored once, kept for a resume
+            known = json.loads(ws.read_text()) if ws.is_file() else {}
+            if str(trl_model) not in known:
+                known = trl_swe_cell.score(trl_py, env, [trl_model], args.eval_limit, ws)
+            trl_start = known[str(trl_model)]
+            log(f"TRL warm start held-out accuracy {trl_start:.3f} (TRL's eval loop)")
+            trl = trl_swe_cell.tune(
+                trl_py, trl_model, env, args.work, samples=prompts * 4, prompts=prompts,
+                lr=recipe.learner.lr, steps=args.tune_steps, quick=args.quick, log=log,
+            )  # fmt: skip
+            log(f"TRL chosen: {trl['chosen']}")
+
+        def run_trl(seed: int, run_dir: Path) -> dict:
+            cfg = trl_swe_cell.TrlConfig(**trl["chosen"])
+            rec = trl_swe_cell.train_process(
+                trl_py, trl_model, env, run_dir, cfg, seed=seed, steps=args.steps, every=args.every,
+                prompts=prompts, lr=recipe.learner.lr,
+            )  # fmt: skip
+            cks = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+            scores = trl_swe_cell.score(
+                trl_py, env, [c / "hf" for c in cks], args.eval_limit, run_dir.parent / f"{run_dir.name}.scores.json",
+                seed=seed,
+            )  # fmt: skip
+            acc = {int(c.name.split("_")[1]): scores[str(c / "hf")] for c in cks}
+            steps = trl_swe_cell.steps_of(run_dir)
+            cum = list(itertools.accumulate(r["step_seconds"] for r in steps))
+            curve = [(0.0, trl_start)] + [(cum[s - 1], a) for s, a in sorted(acc.items()) if s <= len(cum)]
+            tools, flight = trl_swe_cell.episode_stats(steps)
+            return {
+                "run_dir": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
+                "k": None,
+                "steps": args.steps,
+                "config": cfg.label,
+                "curve": curve,
+                "final_accuracy": curve[-1][1],
+                "end_accuracy": curve[-1][1],
+                "train_seconds": cum[-1] if cum else 0.0,
+                "seconds_per_step_median": statistics.median(r["step_seconds"] for r in steps),
+                "tools": tools,
+                "in_flight": flight,
+                **rec,
+            }
 
         def run_one(job: Job) -> dict:
             cell = by_name[job.cell]
+            if cell.system == "trl":
+                return run_trl(job.seed, args.work / f"trl_s{job.seed}")
             steps = args.steps if cell.k == 0 else round(args.steps * args.async_steps_factor)
             run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
             sets = [*base_sets, f"buffer.max_staleness={cell.k}", f"train.steps={steps}",
@@ -295,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
             "batch_prompts": batch_prompts or load_recipe(RECIPE, []).train.batch_prompts,
             "max_in_flight": load_recipe(RECIPE, []).rollout.max_concurrent_episodes,
             "warm_start_accuracy": start_acc,
-            "trl": "not run (docs/benchmarks/slow_tools.md says why)",
+            "trl": "left out (--no-trl)"
+            if trl is None
+            else f"GRPOTrainer(environment_factory=SweTinyEnv) (benchmarks/trl_swe.py), {trl['chosen']}",
+            **({} if trl is None else {"trl_warm_start_accuracy": trl_start, "trl_tuning": trl}),
         },
         "cells": runs,
     }
@@ -305,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarise(runs: list[dict], cells: list[Cell]) -> dict:
-    """Times to each seed's target (sync's final accuracy, same seed) and the ratios against sync."""
-    target = {r["seed"]: r["final_accuracy"] for r in runs if r["k"] == 0}
+    """Times to each seed's target (sync's final accuracy, same seed), the ratios against sync and, with a TRL cell,
+    the async cells' ratios against it (TRL's one cell is its fastest: its configuration is the tuning pass's)."""
+    target = {r["seed"]: r["final_accuracy"] for r in runs if r["cell"] == SYNC}
     per_cell = {}
     for c in cells:
         rs = [r for r in runs if r["cell"] == c.name]
@@ -325,20 +469,32 @@ def summarise(runs: list[dict], cells: list[Cell]) -> dict:
             "episode_seconds_median": median_or_none(r["tools"]["episode_seconds_median"] for r in rs),
             "in_flight_mean": median_or_none(r["in_flight"]["mean"] for r in rs),
         }
-    sync = per_cell["sync k=0"]["time_to_target_s"]
-    ratios = {}
+    sync = per_cell[SYNC]["time_to_target_s"]
+    ratios, vs_trl = {}, {}
+    trl = per_cell.get(TRL.name)
     for name, c in per_cell.items():
-        if c["k"] > 0:
+        if name != SYNC:  # the async cells and TRL against sync
             med, per_seed = median_speedup(sync, c["time_to_target_s"])
             ratios[name] = {"speedup_median": med, "per_seed": per_seed}
+        if trl is not None and c["k"]:  # the async cells against TRL
+            med, per_seed = median_speedup(trl["time_to_target_s"], c["time_to_target_s"])
+            vs_trl[name] = {"speedup_median": med, "per_seed": per_seed}
     fixed = ratios.get(f"async k={K_FIXED}", {}).get("speedup_median")
-    return {
+    out = {
         "target_per_seed": target,
         "per_cell": per_cell,
         "speedup_vs_sync": ratios,
         "goal": f"async k={K_FIXED} reaches sync's final accuracy >= {GOAL}x sooner than sync",
         "goal_reached": None if fixed is None else fixed >= GOAL,
     }
+    if trl is not None:
+        fixed_trl = vs_trl.get(f"async k={K_FIXED}", {}).get("speedup_median")
+        out |= {
+            "speedup_vs_trl": vs_trl,
+            "goal_vs_trl": f"async k={K_FIXED} reaches sync's final accuracy >= {GOAL}x sooner than TRL's fastest cell",
+            "goal_vs_trl_reached": None if fixed_trl is None else fixed_trl >= GOAL,
+        }
+    return out
 
 
 def write(data: dict, folder: Path, stem: str) -> None:
@@ -361,7 +517,22 @@ def markdown(data: dict) -> str:
             f(c["seconds_per_step_median"]), f(c["tool_share_median"]), f(c["episode_seconds_median"], "{:.1f}"),
             f(c["in_flight_mean"], "{:.1f}"),
         ])  # fmt: skip
-    goal = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}[s["goal_reached"]]
+    verdict = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}
+    goal = verdict[s["goal_reached"]]
+    trl_lines = []
+    if "goal_vs_trl" in s:
+        trl_lines = [
+            f"**Goal ({s['goal_vs_trl']}): {verdict[s['goal_vs_trl_reached']]}.** x sooner than TRL (median; per seed): "
+            + "; ".join(
+                f"{name} {f(r['speedup_median'])} ({', '.join(f(x) for x in r['per_seed'])})"
+                for name, r in s["speedup_vs_trl"].items()
+            )
+            + f". TRL's warm start (the same traces as tool calls) {f(d.get('trl_warm_start_accuracy'), '{:.3f}')}, "
+            "scored by TRL's own eval loop (benchmarks/trl_swe.py score); its tuning pass (median s/step): "
+            + "; ".join(f"{k.removeprefix('trl: ')} {f(v)}" for k, v in d["trl_tuning"]["s_per_step"].items())
+            + ".",
+            "",
+        ]
     return "\n".join(
         [
             "# Asynchrony where tools are slow (swe_tiny in containers)",
@@ -377,6 +548,7 @@ def markdown(data: dict) -> str:
             "",
             f"**Goal ({s['goal']}): {goal}.** TRL: {d['trl']}.",
             "",
+            *trl_lines,
             *table(
                 [
                     "cell",
@@ -396,6 +568,15 @@ def markdown(data: dict) -> str:
             "ratio = never reached. Tool share: env.step seconds (the command block in the container, on the last turn",
             "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: the episodes' seconds",
             f"(start to verdict) over the run's wall time, time-averaged (Little's law); at most {d.get('max_in_flight', '-')}.",
+            *(
+                [
+                    "TRL's row: tool share per step (its tool-call and reward phases over generation + tools + reward: its",
+                    "generation is batch-wide); in flight, its rollouts' reset-to-verdict seconds over its steps' seconds (they",
+                    "wait while the batch's commands run one rollout at a time); episode s, reset to verdict.",
+                ]
+                if "goal_vs_trl" in s
+                else []
+            ),
             "",
         ]
     )

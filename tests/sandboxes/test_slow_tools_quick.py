@@ -1,5 +1,6 @@
 """benchmarks/slow_tools.py --quick end to end with a Docker engine (the private dockerd of conftest.py): suite,
-images, warm start, a sync and an async run in containers, their checkpoints evaluated, the results file."""
+images, warm starts, a sync, an async and a TRL run in containers (TRL's tuning pass first), their checkpoints
+evaluated, the results file."""
 
 from __future__ import annotations
 
@@ -21,15 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 # itself: make bench-slow-tools SLOW_TOOLS_ARGS=--quick)
 @pytest.mark.bench
 def test_the_quick_run_writes_its_results_file(docker_host: str, tmp_path: Path):
+    # the TRL cell runs where TRL's venv is (bash scripts/setup_trl.sh), and is left out, saying so, where not
+    trl = (ROOT / ".venv-trl" / "bin" / "python").is_file()
     out = subprocess.run(
         [sys.executable, "benchmarks/slow_tools.py", "--quick", "--docker-host", docker_host,
-         "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+         "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), *([] if trl else ["--no-trl"])],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "slow_tools_quick.json").read_text())
     cells = {r["cell"] for r in data["cells"]}
-    assert cells == {"sync k=0", "async k=2"}
+    assert cells == {"sync k=0", "async k=2", *(["trl"] if trl else [])}
+    if trl:  # TRL's run: its steps timed, its checkpoints scored, its episodes' verdicts recorded
+        (r,) = [r for r in data["cells"] if r["cell"] == "trl"]
+        assert (
+            len(r["curve"]) == 1 + data["design"]["sync_steps"]
+        )  # the warm start and each step's checkpoint
+        assert data["design"]["trl_tuning"]["chosen"] and "goal_vs_trl_reached" in data["summary"]
     for r in data["cells"]:
         assert r["tools"]["episodes"] > 0 and 0 < r["tools"]["tool_share_median"] <= 1
         assert r["in_flight"]["episodes"] > 0 and r["in_flight"]["mean"] > 0
