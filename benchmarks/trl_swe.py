@@ -15,7 +15,7 @@ machine has 3.11), so the env here is the same shape over envs/harbor's containe
 
 - `SweTinyEnv.reset(task_id)`: the rollout's task (the container starts at its first command, as ours);
 - `SweTinyEnv.bash(command)` (async): the command in the rollout's container, through envs/harbor's pool and
-  threads (`_loop_pool`: the same ContainerPool, warm containers, parallel-commands bound and time limits as the
+  threads (`loop_pool`: the same ContainerPool, warm containers, parallel-commands bound and time limits as the
   built-in agent), the output shown as the built-in agent shows it (exit status, time-out note, cut in the middle
   past the observation budget);
 - `verdicts(environments)` (the reward): every rollout's tests/test.sh in its own container (run_verifier), all at
@@ -169,10 +169,10 @@ class SweTinyEnv:
 
     async def _pool(self) -> Any:
         """envs/harbor's container pool and threads of the running event loop (TRL's daemon loop)."""
-        from envs.harbor.env import _loop_pool
+        from envs.harbor.env import loop_pool
 
         if self._lp is None:
-            self._lp = _loop_pool(_Suite.spec)
+            self._lp = loop_pool(_Suite.spec)
         return self._lp
 
 

@@ -88,8 +88,9 @@ min(32, cores + 4) threads, 6 on two cores: 32 episodes queued their commands an
 and whatever else the loop ran in it (an engine's close) waited behind them too."""
 
 
-def _loop_pool(spec: EnvSpec) -> _LoopPool:
-    """This event loop's container pool for the spec's Docker engine (the base image built once) and its threads."""
+def loop_pool(spec: EnvSpec) -> _LoopPool:
+    """This event loop's container pool for the spec's Docker engine (the base image built once) and its threads
+    (public: benchmarks/trl_swe.py runs TRL's tool calls and verifiers in the same pool)."""
     from sandboxes.task_containers import ContainerPool
 
     assert spec.harbor is not None
@@ -235,7 +236,7 @@ class HarborEnv(TurnBudget):
         return StepResult([], reward, True, StepInfo(finish=finish, **ran))
 
     async def _start(self, task: HarborTask) -> Any:
-        self._lp = _loop_pool(self.spec)
+        self._lp = loop_pool(self.spec)
         allow = self.spec.harbor.allow_network  # type: ignore[union-attr]
         return await self._call(start_container, task, self._lp.pool, allow_network=allow)
 
