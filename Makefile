@@ -117,6 +117,8 @@ bench: install system-deps smollm
 	$(PY) benchmarks/packing.py
 	$(PY) -m benchmarks.megatron_attention_memory
 	$(PY) benchmarks/learner_step.py
+	$(PY) benchmarks/learner_step_agent_arith.py --repeats 16 --profile
+	$(PY) benchmarks/learner_step_agent_arith.py --repeats 16 --threads 2 --code-only
 	$(PY) benchmarks/host_reads.py
 	$(PY) benchmarks/env_bench.py
 	$(PY) benchmarks/orchestration.py

@@ -253,6 +253,24 @@ def vs_trl_goals() -> str:
     ])  # fmt: skip
 
 
+def learner_step_agent_arith() -> str:
+    """Each CPU-time ratio of benchmarks/learner_step_agent_arith.py's results (1 and 2 threads): the per-round
+    median with its min and max."""
+    lines = []
+    for name in ("learner_step_agent_arith.json", "learner_step_agent_arith_2threads.json"):
+        d = load(name)
+        c = d["config"]
+        for label, r in d["ratios"].items():
+            if not label.endswith("(cpu)"):
+                continue
+            lines.append(
+                f"- {label[: -len(' (cpu)')]}: **{_ratio(r['median'])}** the CPU time ({r['min']:.2f}-{r['max']:.2f}"
+                f" over {len(r['rounds'])} rounds; {c['threads']} thread(s), "
+                f"{_load_text(*(' '.join(map(str, d['meta'][k])) for k in ('load_before', 'load_after')))})"
+            )
+    return "\n".join(lines)
+
+
 def async_headline() -> str:
     """Async k=K (fixed before the runs) against sync: the median of the per-seed ratios, which it lists."""
     s = load("async_vs_sync.json")["summary"]
@@ -803,6 +821,7 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "vs_trl_headline": lambda docs: vs_trl_headline(),
     "vs_trl_caveats": lambda docs: vs_trl_caveats(),
     "vs_trl_goals": lambda docs: vs_trl_goals(),
+    "learner_step_agent_arith": lambda docs: learner_step_agent_arith(),
     "moe_replay_verdict": lambda docs: moe_replay_verdict(),
     "reliability_faults": lambda docs: reliability_faults(),
     "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),
