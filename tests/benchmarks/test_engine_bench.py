@@ -58,6 +58,6 @@ def test_a_file_written_on_the_harness_names_its_provenance_from_meta_and_keeps_
         if k not in ("date", "cpu", "cpu_count", "loadavg_at_start", "loadavg_at_end")
     }
     page, before = engine_bench.markdown(new), engine_bench.markdown(old)
-    assert f"{describe(old['meta'])} (shared with other jobs), torch" in page
+    assert f"{describe(old['meta'])}, torch" in page
     assert page.split("\n")[3:] == before.split("\n")[3:]
     assert "| 1 | 16 |" in page and "---:|" in page

@@ -110,9 +110,10 @@ def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -
 
 BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step_opob", "moe_replay", "orchestration",
               "env_bench", "constrained_is", "mismatch", "engine_bench", "engine_bench_smollm2_issue62_before",
-              "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2"]  # fmt: skip
+              "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2",
+              "engine_bench_smollm2_issue62_idle", "engine_bench_smollm2_issue62_idle_avx2"]  # fmt: skip
 MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named otherwise than its benchmark
-    f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2")}  # fmt: skip
+    f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2", "idle", "idle_avx2")}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
