@@ -20,6 +20,7 @@ runs/bench/vs_trl/vs_trl_profile_quick.*, a machinery check on the small warm st
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -29,9 +30,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _agent_arith import warm_start  # noqa: E402
-from vs_trl import CORES, K_ASYNC, ROOT, Config, log, relative_args, step_records, train  # noqa: E402
+from vs_trl import (  # noqa: E402
+    CORES,
+    K_ASYNC,
+    ROOT,
+    Config,
+    finished,
+    log,
+    relative_args,
+    step_records,
+    train,
+)
 
-from benchmarks.harness.provenance import Provenance  # noqa: E402
+from benchmarks.harness.provenance import Provenance, portable  # noqa: E402
 from benchmarks.harness.report import results_dir, table, write  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
 
@@ -79,7 +90,22 @@ def phases(steps: list[dict], system: str) -> dict[str, float]:
     return out
 
 
-def record(c: Config, seed: int, run, load: tuple[float, float]) -> dict:
+def timed(c: Config, seed: int, model: Path, d: Path, steps: int, trl_py: Path) -> tuple[object, list, bool]:
+    """One run (train's resume reuses one that finished before) with the load average before and after it: kept
+    beside the run (D.load.json), so that a reused run reports the loads it ran under, not this invocation's."""
+    kept = d.with_suffix(".load.json")
+    reused = finished(d, c, seed, steps) is not None
+    if reused and kept.is_file():
+        return train(c, seed, model, d, steps, steps, trl_py), json.loads(kept.read_text()), True
+    before = os.getloadavg()[0]
+    run = train(c, seed, model, d, steps, steps, trl_py)
+    load = [before, os.getloadavg()[0]]
+    if not reused:
+        kept.write_text(json.dumps(load))
+    return run, (load if not reused else [None, None]), reused
+
+
+def record(c: Config, seed: int, run, load: list, reused: bool = False) -> dict:
     steps = step_records(run)
     times = sorted(r["step_seconds"] for r in steps[1:])
     cpu = run.cpu_per_step or {}
@@ -97,6 +123,7 @@ def record(c: Config, seed: int, run, load: tuple[float, float]) -> dict:
         "process_wall_s": run.process_wall_s,
         "cpu_s": run.cpu_s,
         "load_before_after": load,
+        "reused": reused,
     }
 
 
@@ -167,7 +194,9 @@ def markdown(out: dict) -> str:
                 r["seed"],
                 f"{r['s_per_step']:.2f}",
                 "-" if r["cores_busy"] is None else f"{r['cores_busy']:.2f}",
-                f"{r['load_before_after'][0]:.1f}, {r['load_before_after'][1]:.1f}",
+                "- (reused; not kept)"
+                if r["load_before_after"][0] is None
+                else f"{r['load_before_after'][0]:.1f}, {r['load_before_after'][1]:.1f}",
             ]
             for r in out["runs"]
         ],
@@ -220,16 +249,21 @@ def main(argv: list[str] | None = None) -> int:
             / "profile"
             / f"{c.name} {c.label} s{job.seed}".replace(" ", "_").replace(",", "").replace("=", "")
         )
-        before = os.getloadavg()[0]
-        run = train(c, job.seed, model, d, args.steps, args.steps, trl_py)
-        runs.append(record(c, job.seed, run, (before, os.getloadavg()[0])))
+        runs.append(record(c, job.seed, *timed(c, job.seed, model, d, args.steps, trl_py)))
         log(f"  {runs[-1]['s_per_step']:.2f} s/step, cpu/step {runs[-1]['cpu_s_per_step']}")
     load1 = os.getloadavg()
+    reused = sum(r["reused"] for r in runs)
     out = {
         "command": "benchmarks/vs_trl_profile.py " + relative_args(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load0[0]:.2f} "
-        f"at start, {load1[0]:.2f} at the end (other users of the machine included)",
+        f"at start, {load1[0]:.2f} at the end (other users of the machine included)"
+        + (
+            f"; {reused} of {len(runs)} runs finished in an earlier invocation in {portable(str(work))} and were reused "
+            "(their own loads per run below; delete that folder's profile/ to measure anew)"
+            if reused
+            else ""
+        ),
         "meta": prov.meta(),
         "warm_start": "quick (10% of the SFT data, 1 epoch)" if args.quick else "the agent_arith pipeline's",
         "steps": args.steps,
