@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import log, results_dir, save_figure, subplots  # noqa: E402
+from benchmarks.harness.report import log, results_dir, results_file, save_figure, subplots  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--from-results",
-        type=Path,
+        type=results_file,
         help="only write the summary, markdown and plot anew from this "
         "results file's runs (into the same folder unless --out)",
     )

@@ -37,7 +37,7 @@ from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.tools.tiny import build_tiny, sample_corpus
 from agent_rl.types import Group, Trajectory
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, table, write
+from benchmarks.harness.report import results_dir, results_file, table, write
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, StepConfig
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         "--cases", choices=["all", "opob"], default="all", help="opob: the exact-OPOB norms cell only"
     )
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    ap.add_argument("--from-results", type=Path, default=None,
+    ap.add_argument("--from-results", type=results_file, default=None,
                     help="run nothing: rewrite learner_step_opob.json's ratios and page (into --out) from its rounds")  # fmt: skip
     args = ap.parse_args(argv)
     args.out = results_dir(args.out, scratch=False, name="learner_step")

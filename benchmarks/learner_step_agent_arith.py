@@ -49,7 +49,7 @@ import bench_paths  # noqa: E402, F401  (puts the checkout on sys.path)
 
 from agent_rl.learners._torch_rank import RankSpec, TorchRank  # noqa: E402
 from benchmarks.harness.provenance import Provenance, describe, load_average  # noqa: E402
-from benchmarks.harness.report import results_dir, table, write  # noqa: E402
+from benchmarks.harness.report import results_dir, results_file, table, write  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
 from vcpo import PolicyBatch, StepConfig  # noqa: E402
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--code-only", action="store_true", help="only the before / split / by-length cases")
     ap.add_argument(
-        "--from-results", type=Path, default=None, help="run nothing: rewrite FILE's ratios and page"
+        "--from-results", type=results_file, default=None, help="run nothing: rewrite FILE's ratios and page"
     )
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
     args = ap.parse_args(argv)

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_cmd import train_command  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir, table  # noqa: E402
+from benchmarks.harness.report import results_dir, results_file, table  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import mean_se, median_or_none, median_speedup, time_to  # noqa: E402
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "--plan", action="store_true", help="print what would run and a length estimate; run nothing"
     )
     p.add_argument(
-        "--from-results", type=Path, help="write the markdown and plot anew from this results file"
+        "--from-results", type=results_file, help="write the markdown and plot anew from this results file"
     )
     args = p.parse_args(argv)
     if args.from_results:

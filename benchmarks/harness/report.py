@@ -54,10 +54,26 @@ def write(name: str, data: dict, out: Path, render: Callable[[dict], str], quiet
     return path
 
 
+def results_file(value: str) -> Path:
+    """`--from-results`'s type: a results file that exists and holds JSON, else argparse's one-line error."""
+    path = Path(value)
+    try:
+        json.loads(path.read_text())
+    except OSError as e:
+        raise argparse.ArgumentTypeError(
+            f"{value}: cannot read it ({e.strerror}): name a results .json file"
+        ) from e
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"{value}: not a results file (JSON error at line {e.lineno}: {e.msg})"
+        ) from e
+    return path
+
+
 def results_args(parser: argparse.ArgumentParser, name: str) -> None:
     """The two options of every benchmark on the harness: `--out DIR` and `--from-results FILE`."""
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
-    parser.add_argument("--from-results", type=Path, default=None,
+    parser.add_argument("--from-results", type=results_file, default=None,
                         help=f"run nothing: rewrite {name}.{{json,md}} (into --out) from this results file alone")  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.harness import pool
+from benchmarks.harness.report import results_file
 from benchmarks.stress import final_eval
 
 WARM_RECORD = "warm_start.json"  # in a finished run dir: the warm start it started from
@@ -95,7 +96,7 @@ def study_args(parser: argparse.ArgumentParser, out: Path | str, warm: str) -> N
     parser.add_argument(
         "--out", default=Path(out), type=Path, help="the results file (its .md and .png beside)"
     )
-    parser.add_argument("--from-results", type=Path, default=None,
+    parser.add_argument("--from-results", type=results_file, default=None,
                         help="report: from this results file's kept runs alone (no run dir read), into --out")  # fmt: skip
     parser.add_argument(
         "--warm", default=warm, help="run: the warm start the runs start from (default: %(default)s)"

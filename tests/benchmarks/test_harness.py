@@ -199,3 +199,23 @@ def test_a_failed_train_run_stops_the_benchmark_with_one_line_naming_its_log(tmp
         train.train(tmp_path / "no_such_recipe.yaml", ["train.steps=1"], run_dir, name="cell a seed 0")
     assert not (run_dir / "left_from_before").exists()
     assert "no_such_recipe.yaml" in (tmp_path / "runs" / "r.log").read_text()
+
+
+def test_from_results_names_a_missing_or_broken_file_in_one_line(tmp_path, capsys) -> None:
+    """Every benchmark's --from-results (harness.report.results_file): argparse's one-line error, no traceback."""
+    import argparse
+
+    from benchmarks.harness.report import results_args
+
+    p = argparse.ArgumentParser(prog="bench")
+    results_args(p, "bench")
+    good = tmp_path / "r.json"
+    good.write_text('{"runs": []}')
+    assert p.parse_args(["--from-results", str(good)]).from_results == good
+    (tmp_path / "bad.json").write_text("{bad")
+    for name, says in (("missing.json", "cannot read it"), ("bad.json", "JSON error at line 1")):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(["--from-results", str(tmp_path / name)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("bench: error: argument --from-results:") and name in err and says in err

@@ -232,7 +232,7 @@ def render_ids(tok: Any, messages: list[dict], tools: list[dict] | None) -> list
 def redrawn(tok: Any, ids: list[int], volatile: tuple[str, ...], *, seed: int) -> list[list[int]]:
     """REDRAWS copies of the prompt `ids` with the group of every `volatile` regex drawn anew, character by
     character from its own class (hex or decimal digits; other characters kept); none when nothing matches."""
-    text = tok.decode(ids)
+    text = tok.decode(ids) if volatile else ""
     if not any(re.search(v, text) for v in volatile):
         return []
     rng = random.Random(seed)
