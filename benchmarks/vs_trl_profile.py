@@ -94,15 +94,14 @@ def timed(c: Config, seed: int, model: Path, d: Path, steps: int, trl_py: Path) 
     """One run (train's resume reuses one that finished before) with the load average before and after it: kept
     beside the run (D.load.json), so that a reused run reports the loads it ran under, not this invocation's."""
     kept = d.with_suffix(".load.json")
-    reused = finished(d, c, seed, steps) is not None
-    if reused and kept.is_file():
-        return train(c, seed, model, d, steps, steps, trl_py), json.loads(kept.read_text()), True
+    if finished(d, c, seed, steps) is not None:
+        run = train(c, seed, model, d, steps, steps, trl_py)
+        return run, json.loads(kept.read_text()) if kept.is_file() else [None, None], True
     before = os.getloadavg()[0]
     run = train(c, seed, model, d, steps, steps, trl_py)
     load = [before, os.getloadavg()[0]]
-    if not reused:
-        kept.write_text(json.dumps(load))
-    return run, (load if not reused else [None, None]), reused
+    kept.write_text(json.dumps(load))
+    return run, load, False
 
 
 def record(c: Config, seed: int, run, load: list, reused: bool = False) -> dict:
