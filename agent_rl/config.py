@@ -531,7 +531,8 @@ class MonitorConfig(Strict):
 
     on_warning: Literal["log", "stop", "rollback", "adapt_staleness"] = "log"
     """log: record it; stop: checkpoint and stop with a one-line explanation; rollback: reload the newest
-    checkpoint from before the unhealthy window, lower the lr by `rollback_lr_factor`, go on; adapt_staleness:
+    checkpoint from before the unhealthy window (a reward warning: from before the reward's peak), lower the lr
+    by `rollback_lr_factor`, go on; adapt_staleness:
     the buffer's staleness bound follows the ESS (lowered toward 0 below `adapt_ess_floor`, raised back toward
     buffer.max_staleness while healthy)."""
     window: int = Field(10, ge=1)
@@ -548,6 +549,14 @@ class MonitorConfig(Strict):
     """A step with KL(behaviour || current) per token above this is unhealthy (None: off)."""
     is_weight_ceiling: float | None = Field(None, gt=1)
     """A step whose largest IS weight exceeds this is unhealthy (None: off)."""
+    reward_giveback: float | None = Field(0.8, gt=0)
+    """Warn at once when the training reward's moving average has given back this share of its rise (peak
+    minus the trough before it); None: off. 0.8: the main job's healthy runs gave back at most 0.59, its
+    collapse 1.0 (docs/guides/monitor.md)."""
+    reward_smoothing: float = Field(0.5, gt=0, le=1)
+    """Weight of the newest batch's mean reward in that moving average."""
+    reward_min_rise: float = Field(0.1, ge=0)
+    """No reward judgement before the moving average has risen this much above its trough (rewards in [0, 1])."""
     rollback_lr_factor: float = Field(0.5, gt=0, lt=1)
     """rollback: multiply the lr by this at each rollback."""
     max_rollbacks: int = Field(3, ge=1)

@@ -1,10 +1,15 @@
 """The training loop's collapse monitor: vcpo.monitor's early warning, and what the loop does about it.
 
+Two detectors feed one response: `CollapseMonitor` (the importance weights and gradients of each trained
+step, windowed) and `RewardWatch` (the training reward's moving average giving back most of its rise;
+fed every batch, a skipped one too, except batches holding samples of weights a rollback discarded).
+
 `monitor.on_warning` (agent_rl/config.py: MonitorConfig):
 - log (default): metrics `monitor/warning` (1 while the pattern holds) and `monitor/unhealthy`; the
   first warning is printed once;
 - stop: the loop checkpoints and stops, printing one line that says why and what to change;
-- rollback: reload the newest checkpoint from before the unhealthy window (weights, optimizer,
+- rollback: reload the newest checkpoint from before the unhealthy window, or for a reward warning from
+  before the policy that sampled the reward's peak (weights, optimizer,
   lr schedule, and under fixed_lag the engines' lagged weights), lower the lr by
   `rollback_lr_factor`, go on (after `max_rollbacks`, the next warning stops the run);
 - adapt_staleness: the buffer's staleness bound follows the ESS every step: when ESS/B is below
@@ -26,7 +31,15 @@ from typing import TYPE_CHECKING
 
 from agent_rl import checkpoint
 from agent_rl.config import MonitorConfig
-from vcpo.monitor import CollapseMonitor, CollapseWarning, MonitorThresholds, StepSignals
+from vcpo.monitor import (
+    CollapseMonitor,
+    CollapseWarning,
+    MonitorThresholds,
+    RewardDrop,
+    RewardThresholds,
+    RewardWatch,
+    StepSignals,
+)
 
 if TYPE_CHECKING:
     from agent_rl.learners.facade import RankLearner
@@ -52,12 +65,24 @@ def thresholds(cfg: MonitorConfig) -> MonitorThresholds:
     )
 
 
+def reward_thresholds(cfg: MonitorConfig) -> RewardThresholds:
+    return RewardThresholds(
+        giveback=math.inf if cfg.reward_giveback is None else cfg.reward_giveback,
+        smoothing=cfg.reward_smoothing,
+        min_rise=cfg.reward_min_rise,
+        warmup=cfg.warmup,
+    )
+
+
+MonitorWarning = CollapseWarning | RewardDrop
+
+
 @dataclass
 class Response:
     """What the loop does after this step."""
 
     metrics: dict[str, float]
-    warning: CollapseWarning | None = None
+    warning: MonitorWarning | None = None
     stop: bool = False
     rollback: bool = False
     staleness_bound: int | None = None  # adapt_staleness: the bound to put in force now
@@ -69,41 +94,53 @@ class LoopMonitor:
     cfg: MonitorConfig
     max_staleness: int
     detector: CollapseMonitor = field(init=False)
+    rewards: RewardWatch = field(init=False)
     bound: int = field(init=False)
     healthy_streak: int = 0
     rollbacks: int = 0
     lr_scale: float = 1.0
+    clean_from: int = 0  # batches with samples older than this version are not fed to `rewards`
+    reward_warned: bool = False  # the current reward warning was printed
 
     def __post_init__(self) -> None:
         self.detector = CollapseMonitor(thresholds(self.cfg))
+        self.rewards = RewardWatch(reward_thresholds(self.cfg))
         self.bound = self.max_staleness
 
     def observe(self, step: int, metrics: dict[str, float]) -> Response:
-        """Feed one step's learner metrics (a skipped step, with no vcpo metrics, is not fed)."""
-        if SIGNAL_KEYS["ess_ratio"] not in metrics:
-            return Response({"monitor/warning": 0.0})
-        signals = StepSignals(**{f: float(metrics[k]) for f, k in SIGNAL_KEYS.items()})
-        unhealthy = bool(self.detector.reasons(signals))
+        """Feed one step's metrics. The reward is fed every step; the signals only on a trained step (a skipped
+        one has no vcpo metrics)."""
+        drop = self._reward(step, metrics)
+        trained = SIGNAL_KEYS["ess_ratio"] in metrics
         first_before = self.detector.first_warning
-        warning = self.detector.update(step, signals)
+        warning: MonitorWarning | None = None
+        unhealthy = False
+        if trained:
+            signals = StepSignals(**{f: float(metrics[k]) for f, k in SIGNAL_KEYS.items()})
+            unhealthy = bool(self.detector.reasons(signals))
+            warning = self.detector.update(step, signals)
+        new = (warning is not None and first_before is None) or (drop is not None and not self.reward_warned)
+        warning = warning or drop
         out = Response(
             {
                 "monitor/warning": float(warning is not None),
-                "monitor/unhealthy": float(unhealthy),
+                "monitor/reward_giveback": self.rewards.giveback(),
                 "monitor/rollbacks": float(self.rollbacks),
                 "monitor/lr_scale": self.lr_scale,
             }
+            | ({"monitor/unhealthy": float(unhealthy)} if trained else {})
         )
         out.warning = warning
         on = self.cfg.on_warning
-        if on == "adapt_staleness":
+        if on == "adapt_staleness" and trained:
             observed = metrics.get("learner/staleness_max")
             out.staleness_bound = self._adapt(
-                signals.ess_ratio, warning, None if observed is None else int(observed)
+                float(metrics[SIGNAL_KEYS["ess_ratio"]]), warning, None if observed is None else int(observed)
             )
         if warning is None:
             return out
-        if first_before is None:
+        self.reward_warned = self.reward_warned or drop is not None
+        if new:
             print(f"monitor: {warning.message()} (monitor.on_warning={on})", file=sys.stderr, flush=True)
         if on == "stop" or (on == "rollback" and self.rollbacks >= self.cfg.max_rollbacks):
             out.stop = True
@@ -116,7 +153,14 @@ class LoopMonitor:
             out.rollback = True
         return out
 
-    def _adapt(self, ess_ratio: float, warning: CollapseWarning | None, observed: int | None) -> int:
+    def _reward(self, step: int, metrics: dict[str, float]) -> RewardDrop | None:
+        """Feed the batch's mean reward unless the batch holds samples of weights a rollback discarded."""
+        reward, oldest = metrics.get("rollout/reward_mean"), metrics.get("learner/batch_min_version")
+        if reward is None or oldest is None or oldest < self.clean_from or not math.isfinite(reward):
+            return None  # a non-finite mean reward is the metrics' to show, not a reason to stop
+        return self.rewards.update(step, float(reward), int(oldest))
+
+    def _adapt(self, ess_ratio: float, warning: MonitorWarning | None, observed: int | None) -> int:
         """`observed`: the largest staleness in the batch just trained. Low ESS halves the staleness that is
         actually delivered, not the nominal bound: a bound of 16 over batches 2 stale would otherwise take
         three halvings (three steps of the damage it reacts to) before it changed anything."""
@@ -132,11 +176,12 @@ class LoopMonitor:
         return self.bound
 
     def rollback(
-        self, run_dir: Path, learner: RankLearner, publisher: Publisher, warning: CollapseWarning
+        self, run_dir: Path, learner: RankLearner, publisher: Publisher, warning: MonitorWarning
     ) -> Path:
-        """Restore the newest checkpoint taken before the unhealthy window began, lr x rollback_lr_factor.
+        """Restore the newest checkpoint taken at or before `warning.since` (the unhealthy window's first step;
+        for a reward warning the oldest version that sampled the reward's peak), lr x rollback_lr_factor.
         Returns the checkpoint used. The caller pushes the weights and tells the buffer the new version."""
-        path = checkpoint_before(run_dir, warning.step - self.cfg.window + 1)
+        path = checkpoint_before(run_dir, warning.since)
         if path is None:
             raise RuntimeError(
                 f"monitor.on_warning=rollback at step {warning.step}: no checkpoint in {run_dir / 'checkpoints'}; "
@@ -152,10 +197,19 @@ class LoopMonitor:
             state.publisher, shift=shift
         )  # fixed_lag: the checkpoint's lagged weights, relabelled
         self.detector.reset()
+        self.rewards.restart()
+        self.clean_from, self.reward_warned = learner.version, False  # the restored weights' version
         self.rollbacks += 1
+        late = int(path.name.removeprefix("step_")) > warning.since
+        note = (
+            f"; no checkpoint at or before step {warning.since} was kept, so this one may hold the weights that "
+            "failed: raise checkpoint.keep"
+            if late
+            else ""
+        )
         print(
             f"monitor: rolled back to {path} (lr x{self.lr_scale:g}, rollback {self.rollbacks}"
-            f"/{self.cfg.max_rollbacks})",
+            f"/{self.cfg.max_rollbacks}){note}",
             file=sys.stderr,
             flush=True,
         )

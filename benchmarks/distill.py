@@ -87,6 +87,7 @@ class Cell:
             "eval.every=0",
             "logging.tensorboard=false",
             "logging.trajectories=0",
+            "monitor.on_warning=log",  # the main job's collapse guard off: the cells compare the methods
         ]
         if self.lr is not None:
             out.append(f"learner.lr={self.lr}")

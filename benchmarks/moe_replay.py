@@ -93,7 +93,12 @@ def warm_start(base: Path, out: Path, work: Path, quick: bool) -> Path:
 def recipe_for(model_dir: Path, run_dir: Path, *sets: str):
     from agent_rl.config import load_recipe
 
-    base = [f"model.path={model_dir}", f"logging.run_dir={run_dir}", "logging.tensorboard=false"]
+    base = [
+        f"model.path={model_dir}",
+        f"logging.run_dir={run_dir}",
+        "logging.tensorboard=false",
+        "monitor.on_warning=log",
+    ]
     return load_recipe(ROOT / "recipes" / "tiny_tir.yaml", base + list(sets), check_model=True)
 
 
@@ -147,7 +152,7 @@ def rl_cell(model_dir: Path, run_dir: Path, replay: str, seed: int, steps: int) 
     """One RL run (bf16, k=4) in a subprocess (resumed from its checkpoint), then its held-out eval."""
     sets = [f"model.path={model_dir}", f"logging.run_dir={run_dir}", "logging.tensorboard=false",
             "model.dtype=bfloat16", "learner.dtype=bfloat16", "buffer.max_staleness=4", f"train.steps={steps}",
-            f"train.seed={seed}", f"algorithm.routing_replay={replay}", "checkpoint.every=10", "eval.every=0"]  # fmt: skip
+            f"train.seed={seed}", f"algorithm.routing_replay={replay}", "checkpoint.every=10", "eval.every=0", "monitor.on_warning=log"]  # fmt: skip
     cmd = [
         sys.executable,
         "-m",

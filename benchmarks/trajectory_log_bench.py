@@ -47,7 +47,7 @@ CELLS = {"off": "0", "default": "16", "all": "all"}
 def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:
     run_dir = WORK / f"{name}_{repeat}"
     sets = [f"model.path={WARM}", f"logging.trajectories={CELLS[name]}", f"train.steps={steps}", "eval.every=0",
-            "checkpoint.every=0", "logging.tensorboard=false"]  # fmt: skip
+            "checkpoint.every=0", "monitor.on_warning=log", "logging.tensorboard=false"]  # fmt: skip
     wall = train(RECIPE, sets, run_dir)
     records = step_records(run_dir)
     step_s = [r["perf/step_seconds"] for r in records]

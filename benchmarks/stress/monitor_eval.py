@@ -19,6 +19,11 @@ Scores (per level; a run warns at the first step the monitor raises a warning):
 - precision: collapsed runs that warned at all / runs that warned (a late warning is late, not false);
 - lead: onset step - warning step, over collapsed runs that warned.
 Calibration picks the thresholds with the best F1 of precision and recall (ties: longer median lead).
+
+The reward watch (`vcpo.monitor.RewardWatch`, the training reward giving back most of its rise) is scored at
+the loop's defaults (`MonitorConfig`: give-back 0.8, chosen on the main job's runs, not on these), over every
+run of each level: it sees a fall after it starts, so its lead is mostly negative and its recall counts
+collapsed runs that warned at all.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
+from agent_rl.config import MonitorConfig
+from agent_rl.monitor import reward_thresholds
 from benchmarks.harness.report import table, write
 from benchmarks.stress.signals import first_warning_index, unhealthy_steps
-from vcpo.monitor import MonitorThresholds
+from vcpo.monitor import MonitorThresholds, RewardWatch
 
 OUT = Path("benchmarks/results/stress")
 CALIBRATION_SEEDS = (0, 1, 2)
@@ -74,6 +81,7 @@ class RunSeries:
     signals: dict[str, list[float]]
     collapsed: bool
     onset: int | None  # step from which held-out accuracy stayed down (collapsed runs)
+    rewards: list[float] = field(default_factory=list)  # the training batch's mean reward, step by step
 
 
 @dataclass
@@ -139,6 +147,7 @@ def level_a_runs(path: Path) -> list[RunSeries]:
                 level="a", name=f"{c['method']}[{c['opob_mode']}] k={c['lag']} lr={c['lr']}", lag=c["lag"], seed=c["seed"],
                 steps=list(range(n)), signals={s: r[s] for s in SIGNALS}, collapsed=failed,
                 onset=_onset([v - 1 for v in r["eval_steps"]], h, half) if failed else None,  # eval at version v: after step v-1
+                rewards=r["train_reward"],
             )
         )  # fmt: skip
     return out
@@ -172,6 +181,7 @@ def level_b_runs(path: Path) -> list[RunSeries]:
                 level="b", name=f"{r['method']} k={r['lag']}", lag=r["lag"], seed=r["seed"], steps=r["steps"],
                 signals={s: r[s] for s in SIGNALS}, collapsed=collapsed,
                 onset=_onset(evs, acc, [LEVEL_B_WARM_START] * len(acc)) if collapsed else None,
+                rewards=r["train_reward"],
             )
         )  # fmt: skip
     return out
@@ -277,6 +287,27 @@ def lag_baseline(cal: list[RunSeries], ev: list[RunSeries]) -> dict:
     return {"k_min": best, "calibration": score(cal, best).row(), "evaluation": score(ev, best).row()}
 
 
+def reward_watch(runs: list[RunSeries]) -> dict:
+    """The reward watch at the loop's default thresholds over `runs`: who warned, and when against the onset."""
+    th = reward_thresholds(MonitorConfig())
+    sc = Score(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
+    for r in runs:
+        watch = RewardWatch(th)
+        first = next((i for i, x in enumerate(r.rewards) if watch.update(i, x, i) is not None), None)
+        if first is None:
+            continue
+        sc.warned += 1
+        if not r.collapsed:
+            sc.false_alarms += 1
+            continue
+        assert r.onset is not None
+        step = r.steps[first] if first < len(r.steps) else first
+        sc.true_warned += 1
+        sc.leads.append(r.onset - step)
+        sc.in_time += r.onset - step >= MIN_LEAD
+    return {"thresholds": asdict(th)} | sc.row()
+
+
 def split_seeds(runs: list[RunSeries]) -> tuple[list[int], list[int]]:
     """Calibration and evaluation seeds: 0-2 vs 3-4; with fewer seeds, the last seed is the evaluation one."""
     seeds = sorted({r.seed for r in runs})
@@ -306,6 +337,7 @@ def evaluate(levels: dict[str, list[RunSeries]]) -> dict:
                     for r, w in zip(ev.runs, ev.first_warnings(th), strict=True)
                 ]
         entry["lag_only"] = lag_baseline(cal.runs, ev.runs)
+        entry["reward_watch"] = reward_watch(runs)
         mixed = sorted({r.lag for r in runs if r.collapsed} & {r.lag for r in runs if not r.collapsed})
         th = MonitorThresholds(**entry["ablations"]["all"]["thresholds"])
         entry["within_lag"] = {
@@ -364,6 +396,15 @@ def markdown(result: dict) -> str:
         lines += table(["k", "runs", "collapsed", "precision", "recall", "false alarms"],
                        [[k, w["runs"], w["collapsed"], f"{w['precision']:.2f}", f"{w['recall']:.2f} ({w['in_time']}/"
                          f"{w['collapsed']})", w["false_alarms"]] for k, w in e["within_lag"].items()])  # fmt: skip
+        if "reward_watch" in e:
+            w = e["reward_watch"]
+            th = w["thresholds"]
+            lines += ["", f"The reward watch (the training reward's moving average, smoothing {th['smoothing']:g}, giving "
+                      f"back {th['giveback']:g} of its rise of at least {th['min_rise']:g}; the loop's defaults) over all "
+                      f"{w['runs']} runs: warned on {w['true_warned']} of {w['collapsed']} collapsed runs, "
+                      f"{w['false_alarms']} of the {w['runs'] - w['collapsed']} others; lead "
+                      f"{_lead_text(Score(**{k: w[k] for k in Score.__dataclass_fields__}))} (negative: after the "
+                      "onset)."]  # fmt: skip
         lines.append("")
     if "a_thresholds_on_b" in result:
         t = result["a_thresholds_on_b"]

@@ -27,7 +27,7 @@ run() {  # name [overrides...]
   [ -f "runs/$name/metrics.jsonl" ] && [ "$(wc -l < "runs/$name/metrics.jsonl")" -ge "$STEPS" ] && return 0
   rm -rf "runs/$name"
   OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m agent_rl.cli train recipes/tiny_tir.yaml --set model.path="$WARM" --set train.seed="${name##*_s}" \
-    --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false "$@" > "runs/$name.log" 2>&1 \
+    --set train.steps="$STEPS" --set name="$name" --set logging.tensorboard=false --set monitor.on_warning=log "$@" > "runs/$name.log" 2>&1 \
     || echo "FAILED $name (runs/$name.log)"
   echo "done $name"
 }

@@ -53,7 +53,7 @@ class Runner:
     def train_cmd(self, p: Planned) -> list[str]:
         sets = [f"model.path={self.warm}", f"rollout.fixed_lag={p.k}", f"train.seed={p.seed}",
                 f"train.steps={self.steps}", f"name={p.name}", f"logging.run_dir={self.runs / p.name}",
-                "logging.tensorboard=false", "checkpoint.every=0", f"eval.every={self.eval_every if p.curve else 0}", *p.sets]  # fmt: skip
+                "logging.tensorboard=false", "checkpoint.every=0", "monitor.on_warning=log", f"eval.every={self.eval_every if p.curve else 0}", *p.sets]  # fmt: skip
         cmd = ["nice", "-n", str(self.nice), sys.executable, "-m", "agent_rl.cli", "train", self.recipe]
         return cmd + [x for s in sets for x in ("--set", s)]
 

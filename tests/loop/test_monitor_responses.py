@@ -15,9 +15,10 @@ from loop_paths import DENSE_ENV
 
 from agent_rl import checkpoint
 from agent_rl.buffer import RolloutBuffer
-from agent_rl.config import BufferConfig, ConfigError, MonitorConfig, Recipe
-from agent_rl.monitor import LoopMonitor, checkpoint_before
+from agent_rl.config import BufferConfig, ConfigError, MonitorConfig, Recipe, load_recipe
+from agent_rl.monitor import LoopMonitor, Response, checkpoint_before
 from agent_rl.types import FinishReason, Group, Trajectory
+from vcpo.monitor import RewardDrop
 
 N, B, K = 2, 2, 4
 
@@ -198,6 +199,12 @@ def test_rollback_restores_weights_and_optimizer_state_lowers_the_lr_and_moves_v
     assert learner.version == 6  # 5 updates, then the restored weights as a new version
     # fixed_lag: the engines continue from the checkpoint's lagged weights, relabelled up to the new version
     assert [(v, float(w["w"])) for v, w in sync.history] == [(5, 1.0), (6, 2.0)]
+    # the reward watch starts again from the restored version: a batch holding older samples is not fed to it
+    assert mon.clean_from == 6
+    mon.observe(5, {"rollout/reward_mean": 0.0, "learner/batch_min_version": 5.0})
+    assert mon.rewards.ema is None
+    mon.observe(6, {"rollout/reward_mean": 0.5, "learner/batch_min_version": 6.0})
+    assert mon.rewards.ema == 0.5
     learner.step(_groups(9, learner.version))  # trains on from there
     assert learner.version == 7
 
@@ -250,3 +257,47 @@ def test_stop_checkpoints_and_stops_a_collapsing_fixed_lag_run(
     assert checkpoint.latest(run_dir).name == f"step_{stopped_at + 1:06d}"  # checkpointed where it stopped
     err = capfd.readouterr().err
     assert f"stopped by monitor.on_warning=stop: collapse warning at step {stopped_at}" in err
+
+
+RECORDED = Path(__file__).parent / "data" / "main_job_rewards_2026-12-06.json"
+
+
+def _replay(run: dict, cfg: MonitorConfig) -> list[Response]:
+    """Feed a recorded run's per-step batch reward and oldest sampling version, as the loop does."""
+    mon = LoopMonitor(cfg, max_staleness=2)
+    return [
+        mon.observe(step, {"rollout/reward_mean": r, "learner/batch_min_version": float(v)})
+        for step, (r, v) in enumerate(zip(run["reward_mean"], run["batch_min_version"], strict=True))
+    ]
+
+
+def test_the_main_jobs_recorded_collapse_warns_and_rolls_back_to_before_its_peak_and_no_healthy_run_warns(
+    tmp_path: Path,
+) -> None:
+    """The idle `make run` of 2026-12-06 18:10 (held-out 0.25 -> 0.03): its ESS stayed above the signals'
+    floor, but its training reward gave back all it had gained by step 24. With the main job's monitor the
+    reward warning comes there, and the rollback target is the weights that sampled the peak batch (step 20,
+    sampled by version 18): of the checkpoints recipes/tiny_tir.yaml keeps, step_000015. None of the 14 runs of
+    the same job that learned (held-out 0.66-0.80 after RL) warns."""
+    runs = json.loads(RECORDED.read_text())["runs"]
+    main_job = load_recipe(Path(__file__).parents[2] / "recipes" / "tiny_tir.yaml")
+    cfg = main_job.monitor
+    assert cfg.on_warning == "rollback"
+    collapsed = _replay(runs["tiny_tir"], cfg)
+    warned = [step for step, r in enumerate(collapsed) if r.warning is not None]
+    assert warned[0] == 24 and collapsed[24].rollback
+    drop = collapsed[24].warning
+    assert isinstance(drop, RewardDrop) and (drop.peak_step, drop.since) == (20, 18)
+    assert collapsed[24].metrics["monitor/reward_giveback"] >= 0.8
+    every, keep = main_job.checkpoint.every, main_job.checkpoint.keep
+    saved = [s + 1 for s in range(25) if (s + 1) % every == 0][-keep:]  # what the loop keeps after step 24
+    for s in saved:
+        (tmp_path / "checkpoints" / f"step_{s:06d}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step_{s:06d}" / "loop.pkl").write_bytes(b"")
+    assert checkpoint_before(tmp_path, drop.since).name == "step_000015"
+    healthy = {name: run for name, run in runs.items() if run["after_rl_accuracy"] >= 0.5}
+    assert len(healthy) == 14
+    for name, run in healthy.items():
+        responses = _replay(run, cfg)
+        assert not any(r.warning for r in responses), name
+        assert max(r.metrics["monitor/reward_giveback"] for r in responses) < 0.7, name  # measured: <= 0.59
