@@ -8,6 +8,8 @@ A checkpoint directory `RUN_DIR/checkpoints/step_NNNNNN/` holds:
   hf_adapter/  LoRA only: the PEFT adapter (`PeftModel.from_pretrained(base, hf_adapter)`)
   loop.pkl     next step, data-set cursor, python/torch RNG, and the buffer's state with every
                half-finished trajectory (`Trajectory.to_bytes`): resuming loses no sampled token.
+`step_000000` is the run's start, written only when the monitor may roll back (`monitor.on_warning: rollback`:
+the one checkpoint a rollback can always reach); `keep` never removes it.
 It is written to a temporary directory and renamed into place, then the symlink `latest -> step_NNNNNN`
 is replaced atomically, so a kill at any moment leaves the previous checkpoint intact, and
 `RUN_DIR/checkpoints/latest/hf` is what `agent-rl serve` and `AutoModelForCausalLM.from_pretrained` take.
@@ -31,6 +33,7 @@ HF_CONFIG_FILES = (
     "generation_config.json",
 )  # from model.path; weights and tokenizer are written
 MAX_SHARD_SIZE = "2GB"
+START = "step_000000"  # the run's start (see the module docstring): never pruned
 _FULL_BYTES = 64 << 20  # a write that failed with less free space than this failed for want of space
 
 
@@ -87,7 +90,7 @@ def save(
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _point_latest(root, final.name)
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and p.name != START)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -47,6 +47,13 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             is_truncation=recipe.algorithm.is_truncation, seed=recipe.train.seed, start=start,
         )  # fmt: skip
         monitor = LoopMonitor(recipe.monitor, recipe.buffer_in_force.max_staleness)  # collapse early warning
+
+        def save(step: int) -> None:  # the export carries the run's tokenizer
+            checkpoint.save(run_dir, learner, rt.snapshot(step), model_dir=Path(recipe.model.path),
+                            keep=recipe.checkpoint.keep, tokenizer=rt.tokenizer)  # fmt: skip
+
+        if start == 0 and recipe.monitor.on_warning == "rollback":  # the start, never pruned: a rollback can
+            save(0)  # always reach a checkpoint from before the trouble
         bar = cleanup.enter_context(tqdm(initial=start, total=recipe.train.steps, desc=recipe.name))
         sigterm = cleanup.enter_context(StopOnSigterm())  # SIGTERM: stop after this step, with a checkpoint
         for step in range(start, recipe.train.steps):
@@ -78,10 +85,7 @@ def train(recipe: Recipe, *, resume: str | Path | None = None, address: str | No
             every = recipe.checkpoint.every or recipe.train.steps
             halt = response.stop or sigterm.requested
             if halt or (step + 1) % every == 0 or step + 1 == recipe.train.steps:
-                checkpoint.save(
-                    run_dir, learner, rt.snapshot(step + 1), model_dir=Path(recipe.model.path),
-                    keep=recipe.checkpoint.keep, tokenizer=rt.tokenizer,  # the export carries the run's tokenizer
-                )  # fmt: skip
+                save(step + 1)
             if response.stop:
                 print(f"{recipe.name}: {response.message}", file=sys.stderr, flush=True)
             if halt:

@@ -87,6 +87,16 @@ def test_a_large_export_is_sharded_with_an_index_and_loads(learner_and_tokenizer
     assert _greedy(out, tokenizer, "12 * 34") == _greedy(tiny_model_dir, tokenizer, "12 * 34")
 
 
+def test_keep_never_removes_the_runs_start_checkpoint(learner_and_tokenizer, tiny_model_dir, tmp_path):
+    """step_000000 (written only under monitor.on_warning: rollback) is what a rollback can always reach."""
+    learner, tokenizer = learner_and_tokenizer
+    for step in (0, 5, 10, 15):
+        state = checkpoint.LoopState(step, {}, {})
+        checkpoint.save(tmp_path, learner, state, model_dir=tiny_model_dir, keep=2, tokenizer=tokenizer)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert names == ["step_000000", "step_000010", "step_000015"]  # the start, then the newest 2
+
+
 def test_latest_moves_to_the_newest_step_and_old_text_pointers_still_resume(
     learner_and_tokenizer, tiny_model_dir, tmp_path
 ):

@@ -290,14 +290,39 @@ def test_the_main_jobs_recorded_collapse_warns_and_rolls_back_to_before_its_peak
     assert isinstance(drop, RewardDrop) and (drop.peak_step, drop.since) == (20, 18)
     assert collapsed[24].metrics["monitor/reward_giveback"] >= 0.8
     every, keep = main_job.checkpoint.every, main_job.checkpoint.keep
-    saved = [s + 1 for s in range(25) if (s + 1) % every == 0][-keep:]  # what the loop keeps after step 24
+    saved = [0] + [s + 1 for s in range(25) if (s + 1) % every == 0][
+        -keep:
+    ]  # kept after step 24: the start too
     for s in saved:
         (tmp_path / "checkpoints" / f"step_{s:06d}").mkdir(parents=True)
         (tmp_path / "checkpoints" / f"step_{s:06d}" / "loop.pkl").write_bytes(b"")
     assert checkpoint_before(tmp_path, drop.since).name == "step_000015"
+    assert checkpoint_before(tmp_path, 4).name == "step_000000"  # a peak before the first save: the start
     healthy = {name: run for name, run in runs.items() if run["after_rl_accuracy"] >= 0.5}
     assert len(healthy) == 14
     for name, run in healthy.items():
         responses = _replay(run, cfg)
         assert not any(r.warning for r in responses), name
         assert max(r.metrics["monitor/reward_giveback"] for r in responses) < 0.7, name  # measured: <= 0.59
+
+
+def test_a_run_that_may_roll_back_keeps_its_start_as_a_checkpoint(
+    smoke_recipe: Callable[..., Recipe], tmp_path: Path
+) -> None:
+    """Under monitor.on_warning: rollback the loop saves step_000000 before its first step and keep never removes
+    it: a reward peak before the first periodic checkpoint still has weights from before it to go back to (seen
+    in benchmarks/collapse_guard.py at lr 1e-3: a peak at step 6 with checkpoints from step 5 on rolled back to
+    weights that had already failed, three times)."""
+    from agent_rl.trainer import train
+
+    run_dir = train(
+        smoke_recipe(
+            "monitor.on_warning=rollback", "train.steps=4", "checkpoint.every=1", "checkpoint.keep=1"
+        )
+    )
+    names = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert names == ["step_000000", "step_000004"]
+    assert checkpoint.latest(run_dir).name == "step_000004"
+    plain_dir = f"logging.run_dir={tmp_path / 'plain'}"
+    plain = train(smoke_recipe("train.steps=2", "checkpoint.every=1", "checkpoint.keep=1", plain_dir))  # log
+    assert sorted(p.name for p in (plain / "checkpoints").glob("step_*")) == ["step_000002"]
