@@ -125,6 +125,7 @@ bench: install system-deps smollm
 	$(PY) scripts/reliability.py
 	$(PY) benchmarks/topology.py
 	$(PY) benchmarks/trajectory_log_bench.py
+	$(PY) benchmarks/collapse_guard.py --lr 1e-3
 	$(PY) benchmarks/constrained_is.py
 	$(PY) benchmarks/moe_replay.py
 	$(MAKE) bench-trl
