@@ -142,7 +142,7 @@ def in_flight(recs: list[dict]) -> dict:
     for r in recs:
         done = r["rollout/episodes"] - prev
         prev = r["rollout/episodes"]
-        busy += done * r["rollout/episode_seconds"]
+        busy += done * r.get("rollout/episode_seconds", 0.0)  # absent when none ended in the step (done == 0)
         wall += r["perf/step_seconds"]
     return {"mean": busy / wall if wall > 0 else None, "episodes": prev}
 

@@ -554,7 +554,7 @@ def load_train(work: Path, model: Path) -> dict:
     episodes = last.get("rollout/episodes", 0) - ms[0].get("rollout/episodes", 0)
     step_s = [m["perf/step_seconds"] for m in ms[1:]]
     ep_s = [m["rollout/episode_seconds"] for m in ms[1:] if "rollout/episode_seconds" in m]
-    rates = [m.get("rollout/tool_calls_per_episode", 0.0) for m in ms[1:]]
+    rates = [m["rollout/tool_calls_per_episode"] for m in ms[1:] if "rollout/tool_calls_per_episode" in m]
     pss = [p for _, p in sampler.samples]
     third = max(1, len(pss) // 3)
     out.update(

@@ -143,35 +143,52 @@ class Rates:
         dt = max(now - t_prev, 1e-9)
         d = {k: v - getattr(p, k) for k, v in vars(c).items()}
         self._snap = (now, RolloutCounters(**{**vars(c), "engine_busy_seconds": busy}))
-        eps = max(d["episodes"], 1)
-        return {
-            "perf/rollout_tokens_per_s": d["sampled_tokens"] / dt,
-            "perf/engine_busy_fraction": min(1.0, (busy - p.engine_busy_seconds) / dt),
-            "rollout/episodes": c.episodes,
-            "rollout/turns_per_episode": d["turns"] / eps,
-            "rollout/tool_calls_per_episode": d["tool_calls"] / eps,
-            "rollout/tool_error_rate": d["tool_errors"] / max(d["tool_calls"], 1),
-            "rollout/episode_seconds": d["episode_seconds"] / eps,
-            "rollout/gen_seconds_per_turn": d["gen_seconds"] / max(d["turns"], 1),
-            "rollout/tool_seconds_per_turn": d["tool_seconds"] / max(d["turns"], 1),
-            "rollout/aborts": c.aborts,
-            "rollout/aborted_turn_seconds": d["aborted_turn_seconds"],
-            "rollout/engine_retries": c.engine_retries,
-            "rollout/errors": c.errors,
-            "rollout/abandoned": c.abandoned,
-            # cumulative: episodes left out of their groups as infrastructure failures, by cause; retries
-            "rollout/infra_failed": c.errors,
-            "rollout/infra_retries": c.infra_retries,
-            **{f"rollout/infra_failed/{cause}": n for cause, n in sorted(c.infra_failed.items())},
-        } | (
+        eps, turns, calls = d["episodes"], d["turns"], d["tool_calls"]
+        # Means over what ended in the interval; an interval where nothing ended (a skipped step's instant) has no
+        # mean, so none is written (not a 0 that a curve would read as "the policy stopped using its tool").
+        return (
             {
-                "rollout/agent_calls_per_episode": d["agent_calls"] / eps,
-                "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
-                "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
-                "rollout/agent_errors": c.agent_errors,
-                # cumulative; 0 with the embedded engine (it reports unmasked log-probs), > 0 with SGLang/vLLM
-                "rollout/constrained_masked_fallback_tokens": c.constrained_masked_fallback_tokens,
+                "perf/rollout_tokens_per_s": d["sampled_tokens"] / dt,
+                "perf/engine_busy_fraction": min(1.0, (busy - p.engine_busy_seconds) / dt),
+                "rollout/episodes": c.episodes,
+                "rollout/aborts": c.aborts,
+                "rollout/aborted_turn_seconds": d["aborted_turn_seconds"],
+                "rollout/engine_retries": c.engine_retries,
+                "rollout/errors": c.errors,
+                "rollout/abandoned": c.abandoned,
+                # cumulative: episodes left out of their groups as infrastructure failures, by cause; retries
+                "rollout/infra_failed": c.errors,
+                "rollout/infra_retries": c.infra_retries,
+                **{f"rollout/infra_failed/{cause}": n for cause, n in sorted(c.infra_failed.items())},
             }
-            if c.agent_calls
-            else {}
+            | (
+                {
+                    "rollout/turns_per_episode": turns / eps,
+                    "rollout/tool_calls_per_episode": calls / eps,
+                    "rollout/episode_seconds": d["episode_seconds"] / eps,
+                }
+                if eps
+                else {}
+            )
+            | (
+                {
+                    "rollout/gen_seconds_per_turn": d["gen_seconds"] / turns,
+                    "rollout/tool_seconds_per_turn": d["tool_seconds"] / turns,
+                }
+                if turns
+                else {}
+            )
+            | ({"rollout/tool_error_rate": d["tool_errors"] / calls} if calls else {})
+            | (
+                {
+                    "rollout/agent_splits": c.agent_splits,  # cumulative; 0 when every agent only appends
+                    "rollout/agent_rerendered_share": d["agent_rerendered"] / max(d["agent_calls"], 1),
+                    "rollout/agent_errors": c.agent_errors,
+                    # cumulative; 0 with the embedded engine (it reports unmasked log-probs), > 0 with SGLang/vLLM
+                    "rollout/constrained_masked_fallback_tokens": c.constrained_masked_fallback_tokens,
+                }
+                | ({"rollout/agent_calls_per_episode": d["agent_calls"] / eps} if eps else {})
+                if c.agent_calls
+                else {}
+            )
         )

@@ -116,8 +116,8 @@ def test_agent_rl_train_runs_the_example_agent_through_the_async_loop(tool_model
     for r in records:
         assert math.isfinite(r["rollout/reward_mean"]) and "rollout/agent_splits" in r
     # Per-episode rates cover the episodes that ended during the step; at k=2 the last steps' batches may
-    # all have been sampled earlier (none ended: the rates read 0), so check the steps where some did.
-    ended = [r for r in records if r["rollout/episode_seconds"] > 0]
+    # all have been sampled earlier (none ended: no rate is written), so check the steps where some did.
+    ended = [r for r in records if "rollout/episode_seconds" in r]
     assert ended and all(r["rollout/agent_calls_per_episode"] >= 1 for r in ended)
 
 

@@ -36,7 +36,7 @@ def test_cookbook_smoke_recipe_trains(framework, tool_model, tmp_path):
     assert all(math.isfinite(r["rollout/reward_mean"]) for r in records)
     assert (
         records[0]["rollout/agent_calls_per_episode"] >= 1
-    )  # per step's interval: 0 when no episode ended in it
+    )  # per step's interval: absent when no episode ended in it
     # the embedded engine reports unmasked log-probs for constrained calls: none falls back to the masked ones
     assert records[-1]["rollout/constrained_masked_fallback_tokens"] == 0
     for summary in read_index(run_dir):
