@@ -37,7 +37,7 @@ from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.tools.tiny import build_tiny, sample_corpus
 from agent_rl.types import Group, Trajectory
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, results_file, table, write
+from benchmarks.harness.report import quick_args, results_dir, results_file, table, write
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, StepConfig
 
@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
     ap.add_argument("--from-results", type=results_file, default=None,
                     help="run nothing: rewrite learner_step_opob.json's ratios and page (into --out) from its rounds")  # fmt: skip
+    quick_args(ap, repeats=1)
     args = ap.parse_args(argv)
-    args.out = results_dir(args.out, scratch=False, name="learner_step")
+    args.out = results_dir(args.out, scratch=args.quick, name="learner_step")
     if args.from_results is not None:
         d = json.loads(args.from_results.read_text())
         ratios = OPOB_RATIOS if "batch" in d["config"] else PAD_RATIOS

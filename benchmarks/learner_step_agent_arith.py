@@ -49,7 +49,7 @@ import bench_paths  # noqa: E402, F401  (puts the checkout on sys.path)
 
 from agent_rl.learners._torch_rank import RankSpec, TorchRank  # noqa: E402
 from benchmarks.harness.provenance import Provenance, describe, load_average  # noqa: E402
-from benchmarks.harness.report import results_dir, results_file, table, write  # noqa: E402
+from benchmarks.harness.report import quick_args, results_dir, results_file, table, write  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
 from vcpo import PolicyBatch, StepConfig  # noqa: E402
 
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         "--from-results", type=results_file, default=None, help="run nothing: rewrite FILE's ratios and page"
     )
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    quick_args(ap, repeats=1, code_only=True)
     args = ap.parse_args(argv)
     if args.from_results is not None:
         d = json.loads(args.from_results.read_text())
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
             markdown,
         )
         return
-    out = results_dir(args.out, scratch=False, name="learner_step_agent_arith")
+    out = results_dir(args.out, scratch=args.quick, name="learner_step_agent_arith")
     name = "learner_step_agent_arith" + ("" if args.threads == 1 else f"_{args.threads}threads")
     prov = Provenance()
     torch.set_num_threads(args.threads)

@@ -21,7 +21,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import log, results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import log, quick_args, results_args, results_dir, rewrite, table, write
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of, opob_baseline
 from vcpo.advantages import group_stats
@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
     results_args(ap, "vcpo_overhead")
+    quick_args(ap, repeats=1)
     args = ap.parse_args(argv)
     if rewrite(args, "vcpo_overhead", markdown, lambda r: summarise(r["seconds"], r["cpu_seconds"])):
         return
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         **summarise(times, cpu),
         "opob_proxy_vs_exact": quality,
     }
-    write("vcpo_overhead", result, results_dir(args.out, scratch=False, name="vcpo_overhead"), markdown)
+    write("vcpo_overhead", result, results_dir(args.out, scratch=args.quick, name="vcpo_overhead"), markdown)
 
 
 if __name__ == "__main__":

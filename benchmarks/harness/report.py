@@ -77,6 +77,29 @@ def results_args(parser: argparse.ArgumentParser, name: str) -> None:
                         help=f"run nothing: rewrite {name}.{{json,md}} (into --out) from this results file alone")  # fmt: skip
 
 
+class _Quick(argparse.Action):
+    """`--quick`: sets `quick` and every option of `sizes` to its machinery-check value."""
+
+    def __init__(self, option_strings: list[str], dest: str, sizes: dict, **kwargs) -> None:
+        self.sizes = sizes
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, True)
+        for key, value in self.sizes.items():
+            setattr(namespace, key, value)
+
+
+def quick_args(parser: argparse.ArgumentParser, **sizes: object) -> None:
+    """`--quick` of a benchmark on the harness: a machinery check (every benchmark's runs in CI, tests/benchmarks/
+    test_quick_runs.py), the options in `sizes` set to these values (an option given after `--quick` wins); the
+    benchmark writes it under runs/bench/NAME unless `--out` names a folder (`results_dir(args.out,
+    scratch=args.quick, ...)`), never over the committed results."""
+    shown = ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in sizes.items())
+    parser.add_argument("--quick", action=_Quick, sizes=sizes,
+                        help=f"a machinery check ({shown}); results under runs/bench unless --out")  # fmt: skip
+
+
 def rewrite(
     args: argparse.Namespace,
     name: str,
