@@ -32,6 +32,8 @@ QUICK = {
     "env_bench": "env_bench",
     "constrained_is": "constrained_is",
     "mismatch": "mismatch",
+    "orchestration": "orchestration",
+    "sandbox_bench": "sandbox_bench",
 }
 
 
