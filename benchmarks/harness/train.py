@@ -1,5 +1,6 @@
 """`agent-rl train` runs as the benchmarks make them: one process per run, as a user runs it, its output in a log
-beside the run directory; and the trained steps' metrics records it leaves."""
+beside the run directory; the trained steps' metrics records it leaves; and the random tiny model a `--quick`
+machinery check trains from."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def step_records(run_dir: Path) -> list[dict]:
     from agent_rl.metrics import read_metrics
 
     return [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+
+
+def tiny_model(work: Path) -> Path:
+    """WORK/tiny: a random one-layer model on tiny_arith's tokenizer (built once), the warm start of a `--quick`
+    machinery check that would otherwise need one trained first: it checks the machinery, its numbers mean nothing."""
+    model = work / "tiny"
+    if not (model / "config.json").is_file():
+        from agent_rl.tools.tiny import build_tiny
+        from envs.tiny_arith import corpus
+
+        build_tiny(model, corpus(), vocab_size=512, seed=0, hidden=64, layers=1, heads=2, kv_heads=1)
+    return model

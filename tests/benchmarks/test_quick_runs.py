@@ -2,8 +2,9 @@
 user runs it, in its own process, into a scratch folder; its results file carries the provenance block, and
 `--from-results` gives back the same file and page from the quick run's own raw data.
 
-The benchmarks that train (`async_vs_sync`, `distill`, `moe_replay`) and `engine_bench` have their own `--quick`
-tests (make test-heavy); the TRL and container ones (`vs_trl`, `vs_trl_profile`, `slow_tools`) need .venv-trl or a
+`topology` and `trajectory_log_bench` train (`agent-rl train` per cell, from a random tiny model): heavy. The other
+benchmarks that train (`async_vs_sync`, `distill`, `moe_replay`) and `engine_bench` have their own `--quick` tests
+(make test-heavy); the TRL and container ones (`vs_trl`, `vs_trl_profile`, `slow_tools`) need .venv-trl or a
 Docker engine and are `bench` tests (docs/benchmarks/harness.md, "In CI")."""
 
 from __future__ import annotations
@@ -48,13 +49,8 @@ def _run(*args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bench", list(QUICK))
-def test_the_quick_run_writes_a_results_file_that_regenerates_from_its_runs(
-    tmp_path: Path, bench: str
-) -> None:
-    name = QUICK[bench]
-    _run(f"benchmarks/{bench}.py", "--quick", "--out", str(tmp_path / "quick"))
+def _check(tmp_path: Path, bench: str, name: str, *extra: str) -> None:
+    _run(f"benchmarks/{bench}.py", "--quick", "--out", str(tmp_path / "quick"), *extra)
     data = json.loads((tmp_path / "quick" / f"{name}.json").read_text())
     assert set(data["meta"]) >= META, sorted(META - set(data["meta"]))
     assert data["meta"]["command"].startswith(f"{bench}.py --quick")
@@ -62,6 +58,23 @@ def test_the_quick_run_writes_a_results_file_that_regenerates_from_its_runs(
     _run(f"benchmarks/{bench}.py", "--from-results", str(tmp_path / "quick" / f"{name}.json"), "--out", str(tmp_path / "again"))  # fmt: skip
     assert json.loads((tmp_path / "again" / f"{name}.json").read_text()) == data
     assert (tmp_path / "again" / f"{name}.md").read_text() == page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bench", list(QUICK))
+def test_the_quick_run_writes_a_results_file_that_regenerates_from_its_runs(
+    tmp_path: Path, bench: str
+) -> None:
+    _check(tmp_path, bench, QUICK[bench])
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # `agent-rl train` runs (one per cell) from a random tiny model: make test-heavy
+@pytest.mark.parametrize("bench", ["topology", "trajectory_log_bench"])
+def test_the_quick_training_runs_write_a_results_file_that_regenerates_from_its_runs(
+    tmp_path: Path, bench: str
+) -> None:
+    _check(tmp_path, bench, bench, "--work", str(tmp_path / "work"))
 
 
 def test_quick_sets_its_sizes_and_an_option_after_it_wins() -> None:
