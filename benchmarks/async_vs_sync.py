@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -311,7 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     cells = cells_for(ks)
     by_name = {c.name: c for c in cells}
     prov = Provenance()
-    load = os.getloadavg()
 
     def run_one(job: Job) -> dict:
         cell = by_name[job.cell]
@@ -355,10 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         log(f"{cell.name} seed {rec['seed']}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
     args.seeds = len(done)
+    meta = prov.meta()
+    cpu = meta["cpu"]
     head = {
         "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",
-        "meta": prov.meta(),
+        # the front page's line (scripts/docs/figures.py), from the provenance block
+        "machine": f"{cpu['arch']}, {cpu['cores']} cores, load average at start {meta['load_before'][0]:.2f}",
+        "meta": meta,
         "recipe": str(RECIPE.relative_to(ROOT)),
         "steps": args.steps,
         "seeds": args.seeds,

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -52,7 +51,7 @@ from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
-from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.provenance import Provenance, describe, load_average
 from benchmarks.harness.report import log, results_dir, table, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 from benchmarks.harness.train import step_records, tiny_model, train
@@ -195,7 +194,7 @@ def quick_models(work: Path) -> tuple[Path, Path]:
 
 # -- running and scoring one cell ----------------------------------------------------------------------
 def train_run(cell: Cell, teacher: Path, student: Path, run_dir: Path, extra: list[str]) -> dict:
-    load = os.getloadavg()[0]
+    load = load_average()[0]
     wall = train(RECIPE, [*cell.overrides(teacher, student), *extra], run_dir, name=cell.name)
     return {"process_wall_s": wall, "load_at_start": load}
 

@@ -536,7 +536,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
     after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
     (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
-    load, prov = os.getloadavg(), Provenance()
+    prov = Provenance()
     cands = candidates(args.job, args.quick)
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
     trl = tuned["chosen"]["trl"]
@@ -580,12 +580,12 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         log(f"  {run.process_wall_s:.0f} s")
         session["runs"].append({"dir": str(run.dir), "seed": seed})
         session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
-        load_end = os.getloadavg()
-        session["machine"] = (
-            f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
-            f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
+        meta = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
+        session["machine"] = (  # the front page's line (scripts/docs/figures.py), from that block
+            f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {meta['load_before'][0]:.2f}"
+            f" at start, {meta['load_after'][0]:.2f} after the last run (other users of the machine included)"
         )
-        session["meta"] = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
+        session["meta"] = meta
         session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
