@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness.report import save_figure, subplots  # noqa: E402
 from benchmarks.harness.stats import accuracy_at, median_or_none, median_speedup, ratio, spread, time_to  # noqa: E402
 
 TARGET_SHARE = 0.9  # time to 90% of agent-rl k=0's final accuracy (paired by seed)
@@ -349,12 +350,7 @@ def headline_lines(out: dict) -> list[str]:
 
 
 def plot(out: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(12, 4.5), sharey=True)
     colors: dict[str, str] = {}
     for ax, key, xlabel in zip(
         axes,
@@ -373,6 +369,4 @@ def plot(out: dict, path: Path) -> None:
     axes[0].legend()
     model = out.get("model", "tiny model")
     fig.suptitle(f"agent_arith ({model}, 2 cores): agent-rl vs TRL GRPOTrainer, every seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
