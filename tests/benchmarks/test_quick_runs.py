@@ -61,7 +61,11 @@ def _check(tmp_path: Path, bench: str, name: str, *extra: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bench", list(QUICK))
+@pytest.mark.parametrize(
+    "bench",
+    # orchestration: ~1 min (rollout worker processes, both paths): make test-heavy; the others 2-15 s each
+    [pytest.param(b, marks=pytest.mark.heavy) if b == "orchestration" else b for b in QUICK],
+)
 def test_the_quick_run_writes_a_results_file_that_regenerates_from_its_runs(
     tmp_path: Path, bench: str
 ) -> None:
