@@ -134,6 +134,40 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     plt.close(fig)
 
 
+def time_curves(
+    cells: Sequence[dict],
+    name: Callable[[dict], str],
+    path: Path,
+    title: str,
+    ylabel: str = "held-out accuracy",
+    figsize: tuple[float, float] = (12, 4.5),
+    hline: tuple[float, str] | None = None,
+) -> None:
+    """Every run's accuracy curve in two panels, on training time (`curve`) and on whole-process time
+    (`curve_process`; a panel says so where runs did not record it), one colour per cell (`name(run)`, labelled on
+    seed 0); `hline` (value, label): a reference line on both. Written to `path`."""
+    fig, axes = subplots(1, 2, figsize=figsize, sharey=True)
+    colors: dict[str, str] = {}
+    for ax, key, xlabel in zip(axes, ("curve", "curve_process"),
+                               ("training wall time (s)", "whole-process wall time (s)"), strict=True):  # fmt: skip
+        for r in cells:
+            n = name(r)
+            c = colors.setdefault(n, f"C{len(colors)}")
+            if key not in r:  # runs recorded before the process clock was
+                ax.set_title("whole-process time not recorded by these runs", fontsize=9)
+                continue
+            t, a = zip(*r[key], strict=True)
+            ax.plot(t, a, color=c, alpha=0.8, marker=".", label=n if r["seed"] == 0 else None)
+        if hline is not None:
+            ax.axhline(hline[0], color="k", ls="--", lw=0.8, label=hline[1])
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend()
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
 def log(msg: str) -> None:
     """A progress line with the time of day, flushed (a benchmark's output goes to a log file)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
