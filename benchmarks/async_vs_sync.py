@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -53,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import log, results_dir, results_file, save_figure, subplots  # noqa: E402
+from benchmarks.harness.report import log, results_dir, results_file, time_curves  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import median_or_none, median_speedup, time_to  # noqa: E402
@@ -311,7 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     cells = cells_for(ks)
     by_name = {c.name: c for c in cells}
     prov = Provenance()
-    load = os.getloadavg()
 
     def run_one(job: Job) -> dict:
         cell = by_name[job.cell]
@@ -355,10 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         log(f"{cell.name} seed {rec['seed']}: final {r['final_accuracy']:.3f} in {r['train_seconds']:.0f} s")
     args.seeds = len(done)
+    meta = prov.meta()
+    cpu = meta["cpu"]
     head = {
         "command": "benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average at start {load[0]:.2f}",
-        "meta": prov.meta(),
+        # the front page's line (scripts/docs/figures.py), from the provenance block
+        "machine": f"{cpu['arch']}, {cpu['cores']} cores, load average at start {meta['load_before'][0]:.2f}",
+        "meta": meta,
         "recipe": str(RECIPE.relative_to(ROOT)),
         "steps": args.steps,
         "seeds": args.seeds,
@@ -574,33 +575,9 @@ def markdown(out: dict) -> str:
 
 
 def plot(out: dict, path: Path) -> None:
-    fig, axes = subplots(1, 2, figsize=(13, 5), sharey=True)
-    colors: dict[str, str] = {}
-    for ax, key, xlabel in zip(
-        axes,
-        ("curve", "curve_process"),
-        ("training wall time (s)", "whole-process wall time (s)"),
-        strict=True,
-    ):
-        for r in out["cells"]:
-            c = colors.setdefault(r["name"], f"C{len(colors)}")
-            if key not in r:  # runs recorded before the process clock was
-                ax.set_title("whole-process time not recorded by these runs", fontsize=9)
-                continue
-            t, a = zip(*r[key], strict=True)
-            ax.plot(t, a, color=c, alpha=0.8, label=r["name"] if r["seed"] == 0 else None, marker=".")
-        ax.axhline(
-            out["summary"]["sync_final_accuracy"],
-            color="k",
-            ls="--",
-            lw=0.8,
-            label="sync final (mean over seeds)",
-        )
-        ax.set_xlabel(xlabel)
-    axes[0].set_ylabel("held-out accuracy")
-    axes[0].legend()
-    fig.suptitle("tiny_chain: accuracy vs wall time, every seed")
-    save_figure(fig, path)
+    sync = (out["summary"]["sync_final_accuracy"], "sync final (mean over seeds)")
+    time_curves(out["cells"], lambda r: r["name"], path, "tiny_chain: accuracy vs wall time, every seed",
+                figsize=(13, 5), hline=sync)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance
-from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, table, write
 from benchmarks.harness.stats import spread
 from vcpo.importance import effective_sample_size, ess_lr_scale
 
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=48)
     results_args(p, "constrained_is")
+    quick_args(p, samples=4, seeds=2, max_tokens=8)
     args = p.parse_args(argv)
     if rewrite(args, "constrained_is", markdown):
         return
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, d in models.items()
         }
     settings = {"samples": args.samples, "seeds": args.seeds, "threads": 1}
-    out = results_dir(args.out, scratch=False, name="constrained_is")
+    out = results_dir(args.out, scratch=args.quick, name="constrained_is")
     write("constrained_is", {"meta": prov.meta(), "settings": settings, "results": results}, out, markdown)
 
 

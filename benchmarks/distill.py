@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -52,10 +51,10 @@ from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
-from benchmarks.harness.provenance import Provenance, describe
+from benchmarks.harness.provenance import Provenance, describe, load_average
 from benchmarks.harness.report import log, results_dir, table, write
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
-from benchmarks.harness.train import step_records, train
+from benchmarks.harness.train import step_records, tiny_model, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
@@ -191,18 +190,12 @@ def small_student(work: Path, student: Path, sft_data: Path) -> Path:
 
 def quick_models(work: Path) -> tuple[Path, Path]:
     """--quick: one random tiny model, teacher and student alike (the machinery, not the numbers)."""
-    model = work / "tiny"
-    if not (model / "config.json").is_file():
-        from agent_rl.tools.tiny import build_tiny
-        from envs.tiny_arith import corpus
-
-        build_tiny(model, corpus(), vocab_size=512, seed=0, hidden=64, layers=1, heads=2, kv_heads=1)
-    return model, model
+    return tiny_model(work), tiny_model(work)
 
 
 # -- running and scoring one cell ----------------------------------------------------------------------
 def train_run(cell: Cell, teacher: Path, student: Path, run_dir: Path, extra: list[str]) -> dict:
-    load = os.getloadavg()[0]
+    load = load_average()[0]
     wall = train(RECIPE, [*cell.overrides(teacher, student), *extra], run_dir, name=cell.name)
     return {"process_wall_s": wall, "load_at_start": load}
 

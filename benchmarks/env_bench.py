@@ -23,7 +23,7 @@ import time
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, results_dir, rewrite, write
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, write
 
 
 async def _bounded(n: int, concurrency: int, fn) -> float:
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reward-checks", type=int, default=50)
     results_args(p, "env_bench")
+    quick_args(p, episodes=16, concurrency=4, rounds=1, reward_checks=4)
     args = p.parse_args(argv)
     if rewrite(args, "env_bench", markdown):
         return
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         "env_cpu": bench_env_cpu(2000),
         "rewards": bench_rewards(args.reward_checks),
     }
-    out = results_dir(args.out, scratch=False, name="env_bench")
+    out = results_dir(args.out, scratch=args.quick, name="env_bench")
     write("env_bench", {"meta": prov.meta(), **result}, out, markdown)
 
 

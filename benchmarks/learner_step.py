@@ -27,6 +27,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
@@ -36,8 +37,9 @@ from agent_rl.batch import collate
 from agent_rl.learners._torch_rank import RankSpec, TorchRank
 from agent_rl.tools.tiny import build_tiny, sample_corpus
 from agent_rl.types import Group, Trajectory
-from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_dir, results_file, table, write
+from benchmarks.harness.provenance import Provenance, describe, load_average
+from benchmarks.harness.report import log, quick_args, results_dir, results_file, table, write
+from benchmarks.harness.runner import plan
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, StepConfig
 
@@ -90,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
     ap.add_argument("--from-results", type=results_file, default=None,
                     help="run nothing: rewrite learner_step_opob.json's ratios and page (into --out) from its rounds")  # fmt: skip
+    quick_args(ap, repeats=1)
     args = ap.parse_args(argv)
-    args.out = results_dir(args.out, scratch=False, name="learner_step")
+    args.out = results_dir(args.out, scratch=args.quick, name="learner_step")
     if args.from_results is not None:
         d = json.loads(args.from_results.read_text())
         ratios = OPOB_RATIOS if "batch" in d["config"] else PAD_RATIOS
@@ -127,32 +130,41 @@ def main(argv: list[str] | None = None) -> None:
             "vcpo proxy, group 8, mbs 4": (p4, sorted_tir, 4),
             "vcpo proxy, group 8, mbs 8": (p8, sorted_tir, 8),
         }
-        wall, cpu = time_rounds({n: (rk, b) for n, (rk, b, _) in cases.items()}, args.repeats)
-    res = {n: {"cpu_s": cpu[n], "wall_s": wall[n], "padding_fraction": padding_fraction(b, mbs)}
-           for n, (_, b, mbs) in cases.items()}  # fmt: skip
+        t = time_rounds({n: (rk, b, _same_code) for n, (rk, b, _) in cases.items()}, args.repeats)
+    res = {n: t[n] | {"padding_fraction": padding_fraction(b, mbs)} for n, (_, b, mbs) in cases.items()}
     d = {"meta": prov.meta(), "config": {"repeats": args.repeats, "torch_threads": 1}, "cases": res}
     write("learner_step", d | summarise(res, PAD_RATIOS), args.out, markdown)
 
 
-def time_rounds(cases: dict[str, tuple[TorchRank, PolicyBatch]], repeats: int) -> tuple[dict, dict]:
-    """Wall and CPU seconds of each case's step per round, the cases interleaved round by round (round 0 warms up);
-    every case steps from the same weights and optimizer state (restored before each step)."""
-    ranks = {id(rk): rk for rk, _ in cases.values()}
+def time_rounds(
+    cases: dict[str, tuple[TorchRank, PolicyBatch, Callable[[], None]]], repeats: int
+) -> dict[str, dict[str, list[float]]]:
+    """Per case, the CPU and wall seconds of its step each round and the load average after it: the cases in the
+    harness's order (`runner.plan`, rounds as seeds: rotated by one each round), round 0 a warm-up; every case steps
+    from the same weights and optimizer state (restored before each step), after its `setup()` (the code it runs).
+    Also benchmarks/learner_step_agent_arith.py's."""
+    ranks = {id(rk): rk for rk, _, _ in cases.values()}
     init = {k: v.clone() for k, v in next(iter(ranks.values())).model.state_dict().items()}
     opt_init = {key: rk.optimizer.state_dict() for key, rk in ranks.items()}
-    wall: dict[str, list[float]] = {k: [] for k in cases}
-    cpu: dict[str, list[float]] = {k: [] for k in cases}
-    for rnd in range(repeats + 1):
-        for name, (rk, batch) in cases.items():
-            rk.model.load_state_dict(init)
-            rk.optimizer.load_state_dict(opt_init[id(rk)])
-            t0, c0 = time.perf_counter(), time.process_time()
-            rk.step(batch)
-            if rnd:
-                wall[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
-        print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done", flush=True)
-    return wall, cpu
+    out: dict[str, dict[str, list[float]]] = {n: {"cpu_s": [], "wall_s": [], "load": []} for n in cases}
+    for i, job in enumerate(plan(list(cases), range(repeats + 1))):
+        rk, batch, setup = cases[job.cell]
+        rk.model.load_state_dict(init)
+        rk.optimizer.load_state_dict(opt_init[id(rk)])
+        setup()
+        t0, c0 = time.perf_counter(), time.process_time()
+        rk.step(batch)
+        if job.seed:
+            out[job.cell]["wall_s"].append(time.perf_counter() - t0)
+            out[job.cell]["cpu_s"].append(time.process_time() - c0)
+            out[job.cell]["load"].append(load_average()[0])
+        if i % len(cases) == len(cases) - 1:
+            log(f"round {job.seed} done, load {load_average()[0]}")
+    return out
+
+
+def _same_code() -> None:
+    """A case's `setup` when every case runs the same code."""
 
 
 def summarise(cases: dict[str, dict], ratios: dict[str, tuple[str, str, str]]) -> dict:
@@ -214,8 +226,7 @@ def opob_norms(repeats: int, out: Path, prov: Provenance) -> None:
         }  # fmt: skip
         first = next(iter(ranks.values()))
         batch = collate(make_groups(first.model.config.vocab_size, 8, 8, 48, 256), sort_by_length=True).policy
-        wall, cpu = time_rounds({n: (rk, batch) for n, rk in ranks.items()}, repeats)
-    res = {n: {"cpu_s": cpu[n], "wall_s": wall[n]} for n in ranks}
+        res = time_rounds({n: (rk, batch, _same_code) for n, rk in ranks.items()}, repeats)
     config = {"repeats": repeats, "torch_threads": 1, "torch": torch.__version__,
               "batch": "8 prompts x 8 samples, 48-256 sampled tokens + 24-token prompt, micro-batch 4, fp32",
               "model": "Qwen2, hidden 256, 2 layers, 4 heads, 2 kv heads, vocab 512 (examples/tiny_tir.py)"}  # fmt: skip

@@ -37,7 +37,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,9 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_paths  # noqa: E402, F401  (puts the checkout on sys.path)
 
 from agent_rl.learners._torch_rank import RankSpec, TorchRank  # noqa: E402
-from benchmarks.harness.provenance import Provenance, describe, load_average  # noqa: E402
-from benchmarks.harness.report import results_dir, results_file, table, write  # noqa: E402
+from benchmarks.harness.provenance import Provenance, describe  # noqa: E402
+from benchmarks.harness.report import quick_args, results_dir, results_file, table, write  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
+from benchmarks.learner_step import time_rounds  # noqa: E402
 from vcpo import PolicyBatch, StepConfig  # noqa: E402
 
 BEFORE, NOW = "before", "now (one split, runs of one length batched)"
@@ -151,27 +151,10 @@ Case = tuple[TorchRank, Callable[[], None]]
 
 
 def rounds(cases: dict[str, Case], batch: PolicyBatch, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """CPU and wall seconds of each case's step per round, cases interleaved (their order rotated each round),
-    round 0 a warm-up; every step from the same weights and optimizer state (restored before it)."""
-    ranks = {id(rk): rk for rk, _ in cases.values()}
-    init = {k: v.clone() for k, v in next(iter(ranks.values())).model.state_dict().items()}
-    opt = {key: rk.optimizer.state_dict() for key, rk in ranks.items()}
-    out: dict[str, dict[str, list[float]]] = {n: {"cpu_s": [], "wall_s": [], "load": []} for n in cases}
-    names = list(cases)
-    for rnd in range(repeats + 1):
-        for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
-            rk, setup = cases[name]
-            rk.model.load_state_dict(init)
-            rk.optimizer.load_state_dict(opt[id(rk)])
-            setup()
-            t0, c0 = time.perf_counter(), time.process_time()
-            rk.step(batch)
-            if rnd:
-                out[name]["wall_s"].append(time.perf_counter() - t0)
-                out[name]["cpu_s"].append(time.process_time() - c0)
-                out[name]["load"].append(load_average()[0])
-        print(f"[{time.strftime('%H:%M:%S')}] round {rnd} done, load {load_average()[0]}", flush=True)
-    return out
+    """CPU and wall seconds of each case's step per round and the load after it (benchmarks/learner_step.py
+    `time_rounds`: cases rotated round by round, round 0 a warm-up, every step from the same weights and optimizer
+    state)."""
+    return time_rounds({n: (rk, batch, setup) for n, (rk, setup) in cases.items()}, repeats)
 
 
 def ratios(res: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
@@ -216,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         "--from-results", type=results_file, default=None, help="run nothing: rewrite FILE's ratios and page"
     )
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    quick_args(ap, repeats=1, code_only=True)
     args = ap.parse_args(argv)
     if args.from_results is not None:
         d = json.loads(args.from_results.read_text())
@@ -226,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             markdown,
         )
         return
-    out = results_dir(args.out, scratch=False, name="learner_step_agent_arith")
+    out = results_dir(args.out, scratch=args.quick, name="learner_step_agent_arith")
     name = "learner_step_agent_arith" + ("" if args.threads == 1 else f"_{args.threads}threads")
     prov = Provenance()
     torch.set_num_threads(args.threads)

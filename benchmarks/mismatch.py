@@ -24,7 +24,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance
-from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, table, write
 
 ARCHS = ("qwen2", "llama", "qwen3")
 
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--tokens", type=int, default=48)
     results_args(p, "mismatch")
+    quick_args(p, samples=4, tokens=8)
     args = p.parse_args(argv)
     if rewrite(args, "mismatch", markdown):
         return 0
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     settings = {"smollm2": str(args.smollm2), "samples": args.samples, "tokens": args.tokens}
     data = {"meta": prov.meta(), "args": settings, "rows": rows}
-    write("mismatch", data, results_dir(args.out, scratch=False, name="mismatch"), markdown)
+    write("mismatch", data, results_dir(args.out, scratch=args.quick, name="mismatch"), markdown)
     return 0
 
 

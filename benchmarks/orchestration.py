@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # appended: a cell run in the baseline tree (its PYTHONPATH) imports that tree's code, the harness from here
 sys.path.append(str(ROOT))
 from benchmarks.harness.provenance import Provenance, commit, describe  # noqa: E402
-from benchmarks.harness.report import results_args, results_dir, rewrite, write  # noqa: E402
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import spread  # noqa: E402
 
@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default="tir,agent")
     p.add_argument("--cell", help=argparse.SUPPRESS)
     results_args(p, "orchestration")
+    quick_args(p, rounds=1, steps=1, agent_steps=1, warm=1, baseline="none")
     args = p.parse_args(argv)
     if rewrite(args, "orchestration", _markdown):
         return 0
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": _goals(summary),
         "profiles": profiles,
     }
-    write("orchestration", result, results_dir(args.out, scratch=False, name="orchestration"), _markdown)
+    write("orchestration", result, results_dir(args.out, scratch=args.quick, name="orchestration"), _markdown)
     return 0
 
 

@@ -12,7 +12,8 @@ All in one run, on the same machine state:
    `preload: [numpy, sympy]` (what the math envs now declare): p50/p99 per snippet kind.
 4. docker (warm containers) when `--docker-host` is given.
 Writes benchmarks/results/sandbox_bench.{json,md} with benchmarks/harness (provenance under `meta`, medians and
-ranges by `stats.spread`, each local round kept under its row's `runs`, one writer).
+ranges by `stats.spread`, each local round kept under its row's `runs`, one writer); `--from-results FILE` rewrites
+the page from a results file, `--quick` is a machinery check (results under runs/bench unless --out).
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
 import sandboxes
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import RESULTS, write
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, write
 from benchmarks.harness.stats import spread
 
 PRINT = ("print(1+1)", "2\n")
@@ -243,16 +243,17 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--mix-calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--docker-host", default=None)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)"
-    )
-    args = parser.parse_args()
+    results_args(parser, "sandbox_bench")
+    quick_args(parser, calls=40, mix_calls=10, rounds=1)
+    args = parser.parse_args(argv)
+    if rewrite(args, "sandbox_bench", markdown):
+        return
     prov = Provenance()
     results: dict = {}
     skipped: dict = {}
@@ -286,7 +287,7 @@ async def main() -> None:
         "skipped": skipped,
         "verdict": verdict,
     }
-    write("sandbox_bench", report, args.out, markdown)
+    write("sandbox_bench", report, results_dir(args.out, scratch=args.quick, name="sandbox_bench"), markdown)
 
 
 if __name__ == "__main__":

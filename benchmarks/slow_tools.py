@@ -46,20 +46,18 @@ import itertools
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_cmd import train_command  # noqa: E402
-
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir, results_file, table  # noqa: E402
+from benchmarks.harness.report import log, results_args, results_dir, save_figure, subplots, table  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import mean_se, median_or_none, median_speedup, time_to  # noqa: E402
+from benchmarks.harness.train import step_records, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "swe_tiny.yaml"
@@ -68,10 +66,6 @@ K_FIXED = 2  # the async k of the headline, fixed before the runs (the recipe's)
 QUICK = dict(
     tasks=24, seeds=1, steps=2, every=1, ks="0,2", eval_limit=4, batch_prompts=2, extra_traces=0, tune_steps=2
 )
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -121,17 +115,9 @@ def prepare(work: Path, tasks: int, quick: bool, docker_host: str | None) -> tup
 
 
 def train_run(sets: list[str], run_dir: Path) -> dict:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(RECIPE, [*sets, f"logging.run_dir={run_dir}"])
-    start, t0 = time.time(), time.monotonic()
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    wall = time.monotonic() - t0
-    if rc != 0:
-        raise SystemExit(f"{run_dir.name} failed (exit {rc}); log {run_dir.parent / (run_dir.name + '.log')}")
-    return {"process_wall_s": wall, "process_start": start}
+    """One `agent-rl train` of the recipe into `run_dir` (benchmarks/harness/train.py): its wall seconds and start."""
+    start = time.time()
+    return {"process_wall_s": train(RECIPE, sets, run_dir), "process_start": start}
 
 
 def in_flight(recs: list[dict]) -> dict:
@@ -173,9 +159,7 @@ def tool_share(run_dir: Path) -> dict:
 
 def curve_of(run_dir: Path, accuracy: dict[int, float], start_acc: float) -> tuple[list, list]:
     """(curve on training time, per-step records): [(seconds, accuracy)] from the warm start on."""
-    from agent_rl.metrics import read_metrics
-
-    recs = [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+    recs = step_records(run_dir)
     cum, t = [], 0.0
     for r in recs:
         t += r["perf/step_seconds"]
@@ -258,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="0,2,4")
     p.add_argument("--eval-limit", type=int, default=100, help="held-out tasks per checkpoint")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_slow_tools")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     p.add_argument(
         "--docker-host", default=None, help="default: DOCKER_HOST's engine, else a private dockerd"
     )
@@ -276,13 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--plan", action="store_true", help="print what would run and a length estimate; run nothing"
     )
-    p.add_argument(
-        "--from-results", type=results_file, help="write the markdown and plot anew from this results file"
-    )
+    results_args(p, "slow_tools")
     args = p.parse_args(argv)
-    if args.from_results:
+    if args.from_results:  # any slow_tools*.json: its page and figure, under its own name
         data = json.loads(args.from_results.read_text())
-        write(data, args.out or args.from_results.parent, args.from_results.stem)
+        write(data, results_dir(args.out, scratch=False, name="slow_tools"), args.from_results.stem)
         return 0
     out_dir = results_dir(args.out, scratch=args.quick, name="slow_tools")
     batch_prompts = None
@@ -583,12 +564,7 @@ def markdown(data: dict) -> str:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     colors: dict[str, str] = {}
     for r in data["cells"]:
         c = colors.setdefault(r["cell"], f"C{len(colors)}")
@@ -599,9 +575,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylabel("held-out solve rate")
     ax.legend()
     ax.set_title("swe_tiny: held-out solve rate vs wall time, every seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ from pathlib import Path
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import quick_args, results_args, results_dir, rewrite, table, write
 from benchmarks.harness.runner import Runner, plan
 from benchmarks.harness.stats import median_speedup, spread
-from benchmarks.harness.train import step_records, train
+from benchmarks.harness.train import step_records, tiny_model, train
 
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 METRICS = ("seconds_per_step", "learner_busy", "engine_busy", "weight_sync_seconds", "process_wall_s")
@@ -111,9 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny_tir" / "sft")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_topology")
     results_args(p, "topology")
+    quick_args(p, steps=2, seeds=1, model=None)  # no --model after it: a random tiny model (tiny_model)
     args = p.parse_args(argv)
     if rewrite(args, "topology", markdown, lambda d: summarise(d["runs"])):
         return 0
+    if args.model is None:
+        args.model = tiny_model(args.work)
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"no warm start at {args.model}: run `make run` first (it builds runs/tiny_tir/sft)")
     prov = Provenance()
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     records = Runner(work).run(jobs, lambda j: run(j.cell, j.seed, args.steps, args.model, work)).records
     rows = [{k: v for k, v in r.items() if k != "cell"} for r in records]
     d = {"meta": prov.meta(), "steps": args.steps, "seeds": args.seeds, "runs": rows, **summarise(rows)}
-    write("topology", d, results_dir(args.out, scratch=False, name="topology"), markdown)
+    write("topology", d, results_dir(args.out, scratch=args.quick, name="topology"), markdown)
     return 0
 
 

@@ -29,14 +29,15 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from bench_paths import ROOT
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import log, results_args, results_dir, rewrite, write
+from benchmarks.harness.report import log, quick_args, results_args, results_dir, rewrite, write
 from benchmarks.harness.runner import Job, Runner, plan
 from benchmarks.harness.stats import median_speedup
-from benchmarks.harness.train import step_records, train
+from benchmarks.harness.train import step_records, tiny_model, train
 
 RECIPE = ROOT / "recipes" / "tiny_tir.yaml"
 WARM = ROOT / "runs" / "tiny_tir" / "sft"
@@ -44,9 +45,9 @@ WORK = ROOT / "runs" / "trajectory_log_bench"
 CELLS = {"off": "0", "default": "16", "all": "all"}
 
 
-def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:
-    run_dir = WORK / f"{name}_{repeat}"
-    sets = [f"model.path={WARM}", f"logging.trajectories={CELLS[name]}", f"train.steps={steps}", "eval.every=0",
+def run_cell(name: str, repeat: int, steps: int, model: Path = WARM, work: Path = WORK) -> dict[str, object]:
+    run_dir = work / f"{name}_{repeat}"
+    sets = [f"model.path={model}", f"logging.trajectories={CELLS[name]}", f"train.steps={steps}", "eval.every=0",
             "checkpoint.every=0", "monitor.on_warning=log", "logging.tensorboard=false"]  # fmt: skip
     wall = train(RECIPE, sets, run_dir)
     records = step_records(run_dir)
@@ -55,7 +56,7 @@ def run_cell(name: str, repeat: int, steps: int) -> dict[str, object]:
     out: dict[str, object] = {
         "cell": name,
         "repeat": repeat,
-        "run_dir": str(run_dir.relative_to(ROOT)),
+        "run_dir": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
         "steps": len(records),
         "wall_seconds": wall,
         "step_seconds_median": statistics.median(step_s),
@@ -154,26 +155,35 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--model", type=Path, default=WARM, help="the warm start (default: the main job's, `make run`)"
+    )
+    p.add_argument("--work", type=Path, default=WORK)
     results_args(p, "trajectory_log_bench")
+    quick_args(p, steps=2, repeats=1, model=None)  # no --model after it: a random tiny model (tiny_model)
     args = p.parse_args(argv)
     if rewrite(args, "trajectory_log_bench", markdown, lambda d: {"summary": summarise(d["runs"])}):
         return 0
-    if not (WARM / "config.json").is_file():
+    if args.model is None:
+        args.model = tiny_model(args.work)
+    if not (args.model / "config.json").is_file():
         print(
-            f"{WARM} not found: run `make run` (or python -m examples.tiny_tir) first for the warm start",
+            f"{args.model} not found: run `make run` (or python -m examples.tiny_tir) first for the warm start",
             file=sys.stderr,
         )
         return 2
     prov = Provenance()
 
     def run(job: Job) -> dict:
-        r = run_cell(job.cell, job.seed, args.steps)
+        r = run_cell(job.cell, job.seed, args.steps, args.model, args.work)
         log(f"  median {r['step_seconds_median']:.3f} s/step, log {100 * float(r['log_fraction_of_step']):.2f}% of step time")  # type: ignore[arg-type]  # fmt: skip
         return r
 
-    records = Runner(WORK / f"steps{args.steps}").run(plan(list(CELLS), range(args.repeats)), run).records
+    records = (
+        Runner(args.work / f"steps{args.steps}").run(plan(list(CELLS), range(args.repeats)), run).records
+    )
     runs = [{k: v for k, v in r.items() if k != "seed"} for r in records]
-    out = results_dir(args.out, scratch=False, name="trajectory_log_bench")
+    out = results_dir(args.out, scratch=args.quick, name="trajectory_log_bench")
     write(
         "trajectory_log_bench", {"meta": prov.meta(), "summary": summarise(runs), "runs": runs}, out, markdown
     )

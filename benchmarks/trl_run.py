@@ -20,6 +20,8 @@ its tool-call parser (`response_template`, Qwen's), its loss (`--loss`), and no 
 Writes OUT/steps.jsonl (per optimizer step: wall seconds, save seconds excluded, and the step's phases: wall
 and process-CPU seconds of generation, tool calls, reward, the rest of scoring, forward, backward, optimizer), OUT/checkpoints/step_N/hf
 (the model every --every steps and at the end, scored afterwards by agent-rl's evaluator) and OUT/run.json.
+`grpo_settings`, `step_timer` (that file and the checkpoints) and `PhaseClock` are also benchmarks/trl_swe.py's (the
+TRL cell of benchmarks/slow_tools.py): one way to configure and time a TRL run here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = ROOT / "envs" / "tiny_arith_agent.yaml"
@@ -148,6 +152,96 @@ class PhaseClock:
         return out
 
 
+def grpo_settings(spec, seed: int, samples: int, micro_batches: int) -> dict:
+    """GRPOConfig's settings of every TRL run here (this job's and benchmarks/trl_swe.py's), but the output dir, the
+    steps, the lr and the loss: fp32 on CPU, the env's group and token budgets, one generation batch per optimizer
+    step (`micro_batches` gradient accumulation steps over its `samples`), the prompts in the order given, TRL's own
+    checkpoints, logging and progress bars off."""
+    t = spec.turns
+    return dict(
+        use_cpu=True,
+        bf16=False,  # fp32 as agent-rl's learner (TRL's default on CPU would be bf16 autocast)
+        gradient_checkpointing=False,  # TRL's default is on (~20% slower); off is its fastest here
+        seed=seed,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=samples // micro_batches,
+        gradient_accumulation_steps=micro_batches,
+        num_generations=spec.group_size,
+        num_iterations=1,
+        shuffle_dataset=False,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=t.max_response_tokens,
+        generation_kwargs={"max_new_tokens": t.max_tokens_per_turn},
+        max_tool_calling_iterations=t.max_turns - 1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def save_checkpoint(ck: Path, model: Any, tokenizer: Any = None) -> None:
+    """CK/hf: the model (and its tokenizer, when given), written into CK/.tmp_hf and renamed, so a CK/hf is whole."""
+    model.save_pretrained(ck / ".tmp_hf")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(ck / ".tmp_hf")
+    os.replace(ck / ".tmp_hf", ck / "hf")
+
+
+def step_timer(
+    out: Path,
+    steps: int,
+    every: int,
+    clock: PhaseClock,
+    model: Callable[[], Any],
+    tokenizer: Any = None,
+    extra: Callable[[], dict] = dict,
+) -> Any:
+    """The TrainerCallback of every TRL run here (this job's and benchmarks/trl_swe.py's). Per optimizer step, one
+    line of OUT/steps.jsonl: its wall seconds (`step_seconds`, from the end of the last step, its checkpoint save
+    excluded), the save's seconds, TRL's phases (`clock.take()`; the optimizer's step is timed here) and the rest of
+    the step (`phase_rest`: the Trainer's loop, logging), and `extra()`'s fields. A checkpoint every `every` steps and
+    at the last (`save_checkpoint(OUT/checkpoints/step_N, model(), tokenizer)`)."""
+    from transformers import TrainerCallback
+
+    path = out / "steps.jsonl"
+    path.write_text("")
+
+    class StepTimer(TrainerCallback):
+        t = 0.0
+
+        def on_train_begin(self, *a, **k):
+            self.t = time.monotonic()
+
+        def on_step_end(self, _args, state, _control, **k):
+            now = time.monotonic()
+            step_s, step = now - self.t, state.global_step
+            save_s = 0.0
+            if step % every == 0 or step == steps:
+                save_checkpoint(out / "checkpoints" / f"step_{step}", model(), tokenizer)
+                save_s = time.monotonic() - now
+            rec = {"step": step, "step_seconds": step_s, "save_seconds": save_s, "time": time.time()}
+            phases = clock.take()
+            timed = sum(v for k, v in phases.items() if not k.startswith("phase_cpu_"))
+            rec |= phases | {"phase_rest": round(step_s - timed, 4)} | extra()
+            with path.open("a") as f:  # one line per step, whole
+                f.write(json.dumps(rec) + "\n")
+            print(f"trl step {step}/{steps}: {step_s:.2f} s", flush=True)
+            self.t = time.monotonic()
+
+        def on_pre_optimizer_step(self, *a, **k):
+            clock.enter()
+
+        def on_optimizer_step(self, *a, **k):
+            clock.leave("optimizer")
+
+    return StepTimer()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True)
@@ -168,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     import envs
@@ -191,72 +285,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--micro-batches {args.micro_batches} must divide the {samples} samples of a step")
     config = GRPOConfig(
         output_dir=str(args.out / "trl"),
-        use_cpu=True,
-        bf16=False,  # fp32 as agent-rl's learner (TRL's default on CPU would be bf16 autocast)
-        gradient_checkpointing=False,  # TRL's default is on (~20% slower); off is its fastest here
-        seed=args.seed,
         max_steps=args.steps,
         learning_rate=args.lr,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=samples // args.micro_batches,
-        gradient_accumulation_steps=args.micro_batches,
-        num_generations=group,
-        num_iterations=1,
-        shuffle_dataset=False,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_completion_length=spec.turns.max_response_tokens,
-        generation_kwargs={"max_new_tokens": spec.turns.max_tokens_per_turn},
-        max_tool_calling_iterations=spec.turns.max_turns - 1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+        **grpo_settings(spec, args.seed, samples, args.micro_batches),
         **LOSSES[args.loss],
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    steps_log = open(args.out / "steps.jsonl", "w")  # noqa: SIM115 - closed at the end of main
     clock = PhaseClock()
-
-    class Timer(TrainerCallback):
-        """Per-step wall time; checkpoint saves are timed apart and not counted in the step."""
-
-        def __init__(self):
-            self.t = None
-
-        def on_train_begin(self, *a, **k):
-            self.t = time.monotonic()
-
-        def on_step_end(self, _args, state, _control, **k):
-            now = time.monotonic()
-            step_s, step = now - self.t, state.global_step
-            save_s = 0.0
-            if step % args.every == 0 or step == args.steps:
-                ck = args.out / "checkpoints" / f"step_{step}"
-                trainer.model.save_pretrained(ck / ".tmp_hf")
-                os.replace(ck / ".tmp_hf", ck / "hf")
-                save_s = time.monotonic() - now
-            rec = {"step": step, "step_seconds": step_s, "save_seconds": save_s, "time": time.time()}
-            phases = clock.take()
-            timed = sum(v for k, v in phases.items() if not k.startswith("phase_cpu_"))
-            rec |= phases | {"phase_rest": round(step_s - timed, 4)}  # the Trainer's loop, logging
-            steps_log.write(json.dumps(rec) + "\n")
-            steps_log.flush()
-            print(f"trl step {step}/{args.steps}: {step_s:.2f} s", flush=True)
-            self.t = time.monotonic()
-
-        def on_pre_optimizer_step(self, *a, **k):
-            clock.enter()
-
-        def on_optimizer_step(self, *a, **k):
-            clock.leave("optimizer")
-
-        def on_train_end(self, *a, **k):
-            steps_log.flush()
-
+    timer = step_timer(args.out, args.steps, args.every, clock, lambda: trainer.model)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -264,13 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=data,
         processing_class=tok,
         tools=[python],
-        callbacks=[Timer()],
+        callbacks=[timer],
     )
     for name, phase in PHASES.items():
         clock.wrap(trainer, name, phase)
     t_train = time.time()
     trainer.train()
-    steps_log.close()
     logs = [h for h in trainer.state.log_history if "reward" in h]
     (args.out / "run.json").write_text(
         json.dumps(

@@ -27,9 +27,9 @@ batches turn by turn, and nothing overlaps training. The budgets are the env's (
 max_tokens_per_turn per call, max_response_tokens in all), the prompts and their order agent-rl's PromptSource(seed)
 (benchmarks/trl_run.py), the system prompt the built-in agent's with "call the bash tool" for "write a fenced block".
 
-`train` writes OUT/steps.jsonl (per optimizer step: seconds, TRL's phases as trl_run.py's PhaseClock times them,
-the episodes' tool seconds and their start-to-verdict seconds), OUT/checkpoints/step_N/hf (every --every steps and
-the last) and OUT/run.json. `score` writes {checkpoint: held-out solve rate} for each checkpoint: TRL's own eval
+`train` writes OUT/steps.jsonl (per optimizer step, by trl_run.py's `step_timer`, as the vs_trl runs: seconds, TRL's
+phases; and here the episodes' tool seconds and their start-to-verdict seconds), OUT/checkpoints/step_N/hf (model
+and tokenizer, every --every steps and the last) and OUT/run.json; its GRPOConfig is trl_run.py's `grpo_settings`. `score` writes {checkpoint: held-out solve rate} for each checkpoint: TRL's own eval
 (`GRPOTrainer.evaluate`, one sample per task at the training temperature) on the env's first --limit held-out tasks,
 the mean verdict with an infrastructure failure counted 0 (as agent-rl's evaluator counts it).
 """
@@ -273,31 +273,10 @@ def _common(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def config_kwargs(args: argparse.Namespace, samples: int) -> dict:
-    t = _Suite.spec.turns
-    return dict(
-        use_cpu=True,
-        bf16=False,  # fp32 as agent-rl's learner
-        gradient_checkpointing=False,  # TRL's default is on; off is its fastest here (benchmarks/trl_run.py)
-        seed=args.seed,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=samples // args.micro_batches,
-        gradient_accumulation_steps=args.micro_batches,
-        num_generations=_Suite.spec.group_size,
-        num_iterations=1,
-        shuffle_dataset=False,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_completion_length=t.max_response_tokens,
-        generation_kwargs={"max_new_tokens": t.max_tokens_per_turn},
-        max_tool_calling_iterations=t.max_turns - 1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    """GRPOConfig's settings as benchmarks/trl_run.py's (`grpo_settings`), for this suite's env."""
+    from benchmarks.trl_run import grpo_settings
+
+    return grpo_settings(_Suite.spec, args.seed, samples, args.micro_batches)
 
 
 def close_pool(trainer: Any) -> None:
@@ -313,11 +292,10 @@ def train(args: argparse.Namespace) -> int:
     t_start = time.time()
     torch, tok = _common(args)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from trl_run import LOSSES, PHASES, PhaseClock, prompts_in_agent_rl_order
+    from benchmarks.trl_run import LOSSES, PHASES, PhaseClock, prompts_in_agent_rl_order, step_timer
 
     group = _Suite.spec.group_size
     samples = args.prompts * group
@@ -333,39 +311,14 @@ def train(args: argparse.Namespace) -> int:
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     args.out.mkdir(parents=True, exist_ok=True)
-    steps_log = open(args.out / "steps.jsonl", "w")  # noqa: SIM115 - closed at the end
     clock = PhaseClock()
 
-    class Timer(TrainerCallback):
-        """Per-step wall time (checkpoint saves apart), TRL's phases and the step's episodes."""
+    def episodes() -> dict:
+        """The step's episodes (tool and start-to-verdict seconds) and infrastructure failures."""
+        eps, infra = _Suite.take()
+        return {"episodes": eps, "infra_failed": infra}
 
-        def on_train_begin(self, *a, **k):
-            self.t = time.monotonic()
-
-        def on_step_end(self, _args, state, _control, **k):
-            now = time.monotonic()
-            step_s, step = now - self.t, state.global_step
-            save_s = 0.0
-            if step % args.every == 0 or step == args.steps:
-                ck = args.out / "checkpoints" / f"step_{step}"
-                trainer.model.save_pretrained(ck / ".tmp_hf")
-                tok.save_pretrained(ck / ".tmp_hf")
-                os.replace(ck / ".tmp_hf", ck / "hf")
-                save_s = time.monotonic() - now
-            episodes, infra = _Suite.take()
-            rec = {"step": step, "step_seconds": step_s, "save_seconds": save_s, "time": time.time()}
-            rec |= clock.take() | {"episodes": episodes, "infra_failed": infra}
-            steps_log.write(json.dumps(rec) + "\n")
-            steps_log.flush()
-            print(f"trl step {step}/{args.steps}: {step_s:.2f} s", flush=True)
-            self.t = time.monotonic()
-
-        def on_pre_optimizer_step(self, *a, **k):
-            clock.enter()
-
-        def on_optimizer_step(self, *a, **k):
-            clock.leave("optimizer")
-
+    timer = step_timer(args.out, args.steps, args.every, clock, lambda: trainer.model, tok, episodes)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=verdicts,
@@ -373,7 +326,7 @@ def train(args: argparse.Namespace) -> int:
         train_dataset=Dataset.from_list(rows(tasks)),
         processing_class=tok,
         environment_factory=SweTinyEnv,
-        callbacks=[Timer()],
+        callbacks=[timer],
     )
     for name, phase in PHASES.items():
         clock.wrap(trainer, name, phase)
@@ -381,7 +334,6 @@ def train(args: argparse.Namespace) -> int:
     try:
         trainer.train()
     finally:
-        steps_log.close()
         close_pool(trainer)
     logs = [h for h in trainer.state.log_history if "reward" in h]
     info = {

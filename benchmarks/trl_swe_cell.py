@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.harness.runner import tune as harness_tune
+from benchmarks.harness.train import run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 TRL_SWE = ROOT / "benchmarks" / "trl_swe.py"
@@ -83,29 +83,15 @@ def train_process(
     prompts: int, lr: float,
 ) -> dict:  # fmt: skip
     """One `trl_swe.py train` process; its wall time and start."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        str(trl_py),
-        str(TRL_SWE),
-        "train",
-        "--model",
-        str(model),
-        "--env",
-        str(env),
-        "--out",
-        str(run_dir),
-    ]
-    cmd += ["--seed", str(seed), "--steps", str(steps), "--every", str(every), "--prompts", str(prompts)]
-    cmd += ["--lr", str(lr), "--threads", str(cfg.threads), "--micro-batches", str(cfg.micro_batches)]
-    log_path = run_dir.parent / f"{run_dir.name}.log"
-    start, t0 = time.time(), time.monotonic()
-    with open(log_path, "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"{run_dir.name} (TRL) failed (exit {rc}); log {log_path}")
-    return {"process_wall_s": time.monotonic() - t0, "process_start": start}
+    cmd = [str(trl_py), str(TRL_SWE), "train", "--model", str(model), "--env", str(env)]
+    cmd += ["--out", str(run_dir), "--seed", str(seed), "--steps", str(steps), "--every", str(every)]
+    cmd += ["--prompts", str(prompts), "--lr", str(lr)]
+    cmd += ["--threads", str(cfg.threads), "--micro-batches", str(cfg.micro_batches)]
+    start = time.time()
+    wall = run_logged(cmd, run_dir.parent / f"{run_dir.name}.log", f"{run_dir.name} (TRL)")
+    return {"process_wall_s": wall, "process_start": start}
 
 
 def score(
@@ -115,11 +101,7 @@ def score(
     model = checkpoints[0]
     cmd = [str(trl_py), str(TRL_SWE), "score", "--model", str(model), "--env", str(env), "--out", str(out)]
     cmd += ["--seed", str(seed), "--limit", str(limit), *map(str, checkpoints)]
-    log_path = out.with_suffix(".log")
-    with open(log_path, "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"scoring TRL checkpoints failed (exit {rc}); log {log_path}")
+    run_logged(cmd, out.with_suffix(".log"), "scoring TRL checkpoints")
     return json.loads(out.read_text())
 
 

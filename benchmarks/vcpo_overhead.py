@@ -21,7 +21,8 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 import torch
 
 from benchmarks.harness.provenance import Provenance, describe
-from benchmarks.harness.report import log, results_args, results_dir, rewrite, table, write
+from benchmarks.harness.report import log, quick_args, results_args, results_dir, rewrite, table, write
+from benchmarks.harness.runner import plan
 from benchmarks.harness.stats import median_speedup, spread
 from vcpo import PolicyBatch, Step, StepConfig, logit_grad_proxy_of, logprobs_of, opob_baseline
 from vcpo.advantages import group_stats
@@ -90,26 +91,27 @@ def sample_batch(model: torch.nn.Module, staleness: float) -> PolicyBatch:
 
 
 def time_steps(base: torch.nn.Module, batch: PolicyBatch, repeats: int) -> tuple[dict, dict]:
-    """Wall and process-CPU seconds per step, the three kinds interleaved round by round.
+    """Wall and process-CPU seconds per step, the three kinds interleaved round by round in the harness's order
+    (`runner.plan`, rounds as seeds: rotated by one each round).
 
     CPU time is reported beside wall time because on a shared machine wall time mostly
     measures the neighbours; the min over rounds is the least disturbed wall sample.
     """
     wall: dict[str, list[float]] = {k: [] for k in CONFIGS}
     cpu: dict[str, list[float]] = {k: [] for k in CONFIGS}
-    for rep in range(repeats + 1):  # round 0 is warm-up
-        for name, cfg in CONFIGS.items():
-            model = copy.deepcopy(base)
-            step = Step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), cfg)
-            t0, c0 = time.perf_counter(), time.process_time()
-            metrics = step(batch)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if rep > 0:
-                wall[name].append(dt)
-                cpu[name].append(dc)
-            log(f"round {rep} {name:10s} wall {dt:6.2f} s  cpu {dc:6.2f} s  ess_ratio {metrics.ess_ratio:.3f}  "
-                f"lr_scale {metrics.lr_scale:.3f}")  # fmt: skip
-            del model, step
+    for job in plan(list(CONFIGS), range(repeats + 1)):  # round 0 is warm-up
+        rep, name = job.seed, job.cell
+        model = copy.deepcopy(base)
+        step = Step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), CONFIGS[name])
+        t0, c0 = time.perf_counter(), time.process_time()
+        metrics = step(batch)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if rep > 0:
+            wall[name].append(dt)
+            cpu[name].append(dc)
+        log(f"round {rep} {name:10s} wall {dt:6.2f} s  cpu {dc:6.2f} s  ess_ratio {metrics.ess_ratio:.3f}  "
+            f"lr_scale {metrics.lr_scale:.3f}")  # fmt: skip
+        del model, step
     return wall, cpu
 
 
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         "--staleness", type=float, default=0.02, help="relative weight noise of the behaviour policy"
     )
     results_args(ap, "vcpo_overhead")
+    quick_args(ap, repeats=1)
     args = ap.parse_args(argv)
     if rewrite(args, "vcpo_overhead", markdown, lambda r: summarise(r["seconds"], r["cpu_seconds"])):
         return
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         **summarise(times, cpu),
         "opob_proxy_vs_exact": quality,
     }
-    write("vcpo_overhead", result, results_dir(args.out, scratch=False, name="vcpo_overhead"), markdown)
+    write("vcpo_overhead", result, results_dir(args.out, scratch=args.quick, name="vcpo_overhead"), markdown)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ Times: training wall time (sum of step seconds: generation, learner, weight sync
 writes and logging excluded) and whole-process wall time (from process start to the checkpoint on disk).
 
 Results: benchmarks/results/vs_trl.{json,md,png} (--quick: vs_trl_quick.* under runs/bench/vs_trl unless --out;
-its accuracies mean nothing).
+its accuracies mean nothing). `--from-results FILE` rewrites FILE's summary, page and figure from its cells alone.
 """
 
 from __future__ import annotations
@@ -74,24 +74,20 @@ sys.path.insert(
 )  # the env's agent (examples/) imports from the root
 from _agent_arith import warm_start  # noqa: E402
 from _core_profile import CpuSampler, watch  # noqa: E402
-from train_cmd import train_command  # noqa: E402
 from vs_trl_report import GOAL_SPEEDUP, markdown, plot, summarise  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
-from benchmarks.harness.report import results_dir, write  # noqa: E402
+from benchmarks.harness.report import log, results_args, results_dir, write  # noqa: E402
 from benchmarks.harness.runner import choose as harness_choose  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
 from benchmarks.harness.runner import tune as harness_tune  # noqa: E402
+from benchmarks.harness.train import train_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "agent_arith.yaml"
 TRL_RUN = ROOT / "benchmarks" / "trl_run.py"
 K_ASYNC = 2  # fixed before the runs: the recipe's buffer.max_staleness (recipes/agent_arith.yaml)
 CORES = "0,1"  # both systems get the same two cores
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -540,7 +536,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
     after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
     (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
-    load, prov = os.getloadavg(), Provenance()
+    prov = Provenance()
     cands = candidates(args.job, args.quick)
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
     trl = tuned["chosen"]["trl"]
@@ -584,12 +580,12 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         log(f"  {run.process_wall_s:.0f} s")
         session["runs"].append({"dir": str(run.dir), "seed": seed})
         session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
-        load_end = os.getloadavg()
-        session["machine"] = (
-            f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load[0]:.2f} at "
-            f"start, {load_end[0]:.2f} after the last run (other users of the machine included)"
+        meta = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
+        session["machine"] = (  # the front page's line (scripts/docs/figures.py), from that block
+            f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {meta['load_before'][0]:.2f}"
+            f" at start, {meta['load_after'][0]:.2f} after the last run (other users of the machine included)"
         )
-        session["meta"] = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
+        session["meta"] = meta
         session_file.write_text(json.dumps(session, indent=2) + "\n")
 
 
@@ -650,13 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     p.add_argument("--work", type=Path, default=None, help="default: runs/bench_vs_trl[_smollm2][_quick]")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results folder (default: benchmarks/results; "
-        "--quick: runs/bench/vs_trl, never the committed results)",
-    )
+    results_args(p, "vs_trl")  # --out: --quick's default is runs/bench/vs_trl, never the committed results
     p.add_argument(
         "--score-jobs", type=int, default=1, help="evaluations at a time when scoring (after the runs)"
     )
@@ -666,6 +656,15 @@ def main(argv: list[str] | None = None) -> int:
         help="no training: score the runs already in --work (their .run.json) and write the results",
     )
     args = p.parse_args(argv)
+    if args.from_results is not None:
+        # any vs_trl*.json: its summary, page and figure from its cells, under its own name (no model: the toy's)
+        d = json.loads(args.from_results.read_text())
+        job = next((j for j in JOBS.values() if j.label == d.get("model")), JOBS["tiny"])
+        d["summary"] = summarise(d["cells"], d["k_async_fixed_before_runs"], d["budget_s"], job.goal_speedup)
+        out = results_dir(args.out, scratch=False, name="vs_trl")
+        write(args.from_results.stem, d, out, markdown)
+        plot(d, out / f"{args.from_results.stem}.png")
+        return 0
     args.job = JOBS[args.model]
     args.out = results_dir(args.out, scratch=args.quick, name="vs_trl")
     args.work = args.work or ROOT / "runs" / args.job.stem(args.quick).replace("vs_trl", "bench_vs_trl")

@@ -13,8 +13,9 @@ cell, the cells interleaved (seed by seed, rotated), no scoring: what each step 
   over steps 2..N, so start-up and the first step's warm-up are left out;
 - cores busy in that window (CPU seconds / wall seconds: 2.0 is both cores all the time), and the machine's
   load average before and after the run (other users' jobs slow every cell; the interleaving shares it out).
-Ratios are within this invocation only. Results: benchmarks/results/vs_trl_profile.{json,md} (--quick:
-runs/bench/vs_trl/vs_trl_profile_quick.*, a machinery check on the small warm start).
+Ratios are within this invocation only (each the median over seeds of the per-seed ratios). Results:
+benchmarks/results/vs_trl_profile.{json,md} (--quick: runs/bench/vs_trl/vs_trl_profile_quick.*, a machinery check on
+the small warm start); `--from-results FILE` rewrites FILE's summary and page from its runs alone.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ from vs_trl import (  # noqa: E402
 )
 
 from benchmarks.harness.provenance import Provenance, portable  # noqa: E402
-from benchmarks.harness.report import results_dir, table, write  # noqa: E402
+from benchmarks.harness.report import results_args, results_dir, table, write  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
+from benchmarks.harness.stats import median_or_none, ratio  # noqa: E402
 
 
 def cells() -> list[Config]:
@@ -127,7 +129,8 @@ def record(c: Config, seed: int, run, load: list, reused: bool = False) -> dict:
 
 
 def summary(records: list[dict]) -> dict:
-    """Per cell: medians over seeds; and the in-run ratios against TRL's fastest cell (2 threads)."""
+    """Per cell: medians over seeds; and the in-run ratios against TRL's fastest cell (2 threads): per cell, the median
+    over seeds of its s/step over that cell's at the same seed."""
     by: dict[str, list[dict]] = {}
     for r in records:
         by.setdefault(r["cell"], []).append(r)
@@ -147,12 +150,16 @@ def summary(records: list[dict]) -> dict:
             },
         }
     trl = key(cells()[0])
-    ratios = {
-        name: round(v["s_per_step"] / cellsum[trl]["s_per_step"], 3)
-        for name, v in cellsum.items()
-        if trl in cellsum
-    }
+    trl_s = {r["seed"]: r["s_per_step"] for r in by.get(trl, [])}
+    ratios = {}  # the median of the per-seed ratios (benchmarks/harness/stats.py), never a ratio of medians
+    for name, rs in by.items() if trl_s else ():
+        med = median_or_none(ratio(r["s_per_step"], trl_s.get(r["seed"])) for r in rs)
+        ratios[name] = None if med is None else round(med, 3)
     return {"cells": cellsum, "s_per_step_over_trl_fastest": ratios, "trl_fastest": trl}
+
+
+def fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def markdown(out: dict) -> str:
@@ -172,7 +179,7 @@ def markdown(out: dict) -> str:
     for name, v in s["cells"].items():
         cpu = v["cpu_s_per_step"]
         rows.append(
-            [name, f"{v['s_per_step']:.2f}", f"{s['s_per_step_over_trl_fastest'].get(name, 0):.2f}"]
+            [name, f"{v['s_per_step']:.2f}", fmt(s["s_per_step_over_trl_fastest"].get(name))]
             + [f"{cpu.get(r, 0.0):.2f}" for r in roles]
             + [f"{sum(cpu.values()):.2f}", "-" if v["cores_busy"] is None else f"{v['cores_busy']:.2f}"]
         )
@@ -224,8 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--work", type=Path, default=None, help="default: runs/bench_vs_trl[_quick] (shares the warm start)"
     )
-    p.add_argument("--out", type=Path, default=None)
+    results_args(p, "vs_trl_profile")
     args = p.parse_args(argv)
+    if args.from_results is not None:  # any vs_trl_profile*.json, rewritten under its own name
+        d = json.loads(args.from_results.read_text())
+        out_dir = results_dir(args.out, scratch=False, name="vs_trl")
+        write(args.from_results.stem, d | {"summary": summary(d["runs"])}, out_dir, markdown)
+        return 0
     args.steps = args.steps or (4 if args.quick else 10)
     work = args.work or ROOT / "runs" / ("bench_vs_trl_quick" if args.quick else "bench_vs_trl")
     out_dir = results_dir(args.out, scratch=args.quick, name="vs_trl")
@@ -236,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     log("warm start: the agent_arith pipeline's model + SFT (cached)")
     model = warm_start(work, scale=0.1 if args.quick else 1.0).resolve()
     prov = Provenance()
-    load0 = os.getloadavg()
     by_key = {key(c): c for c in cells()}
     runs = []
     jobs = run_order(list(by_key), range(args.seeds))
@@ -250,20 +261,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs.append(record(c, job.seed, *timed(c, job.seed, model, d, args.steps, trl_py)))
         log(f"  {runs[-1]['s_per_step']:.2f} s/step, cpu/step {runs[-1]['cpu_s_per_step']}")
-    load1 = os.getloadavg()
-    reused = sum(r["reused"] for r in runs)
+    reused, meta = sum(r["reused"] for r in runs), prov.meta()
     out = {
         "command": "benchmarks/vs_trl_profile.py " + relative_args(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {load0[0]:.2f} "
-        f"at start, {load1[0]:.2f} at the end (other users of the machine included)"
+        "machine": f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average "
+        f"{meta['load_before'][0]:.2f} at start, {meta['load_after'][0]:.2f} at the end (other users of the machine "
+        "included)"
         + (
             f"; {reused} of {len(runs)} runs finished in an earlier invocation in {portable(str(work))} and were reused "
             "(their own loads per run below; delete that folder's profile/ to measure anew)"
             if reused
             else ""
         ),
-        "meta": prov.meta(),
+        "meta": meta,
         "warm_start": "quick (10% of the SFT data, 1 epoch)" if args.quick else "the agent_arith pipeline's",
         "steps": args.steps,
         "seeds": args.seeds,

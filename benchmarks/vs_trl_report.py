@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness.report import time_curves  # noqa: E402
 from benchmarks.harness.stats import accuracy_at, median_or_none, median_speedup, ratio, spread, time_to  # noqa: E402
 
 TARGET_SHARE = 0.9  # time to 90% of agent-rl k=0's final accuracy (paired by seed)
@@ -349,30 +350,6 @@ def headline_lines(out: dict) -> list[str]:
 
 
 def plot(out: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    colors: dict[str, str] = {}
-    for ax, key, xlabel in zip(
-        axes,
-        ("curve", "curve_process"),
-        ("training wall time (s)", "whole-process wall time (s)"),
-        strict=True,
-    ):
-        for r in out["cells"]:
-            n = cell_name(r)
-            c = colors.setdefault(n, f"C{len(colors)}")
-            t, a = zip(*r[key], strict=True)
-            ax.plot(t, a, color=c, alpha=0.8, marker=".", label=n if r["seed"] == 0 else None)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out accuracy (agent-rl's evaluator)")
-    axes[0].legend()
     model = out.get("model", "tiny model")
-    fig.suptitle(f"agent_arith ({model}, 2 cores): agent-rl vs TRL GRPOTrainer, every seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = f"agent_arith ({model}, 2 cores): agent-rl vs TRL GRPOTrainer, every seed"
+    time_curves(out["cells"], cell_name, path, title, "held-out accuracy (agent-rl's evaluator)")

@@ -77,6 +77,29 @@ def results_args(parser: argparse.ArgumentParser, name: str) -> None:
                         help=f"run nothing: rewrite {name}.{{json,md}} (into --out) from this results file alone")  # fmt: skip
 
 
+class _Quick(argparse.Action):
+    """`--quick`: sets `quick` and every option of `sizes` to its machinery-check value."""
+
+    def __init__(self, option_strings: list[str], dest: str, sizes: dict, **kwargs) -> None:
+        self.sizes = sizes
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, True)
+        for key, value in self.sizes.items():
+            setattr(namespace, key, value)
+
+
+def quick_args(parser: argparse.ArgumentParser, **sizes: object) -> None:
+    """`--quick` of a benchmark on the harness: a machinery check (every benchmark's runs in CI, tests/benchmarks/
+    test_quick_runs.py), the options in `sizes` set to these values (an option given after `--quick` wins); the
+    benchmark writes it under runs/bench/NAME unless `--out` names a folder (`results_dir(args.out,
+    scratch=args.quick, ...)`), never over the committed results."""
+    shown = ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in sizes.items())
+    parser.add_argument("--quick", action=_Quick, sizes=sizes,
+                        help=f"a machinery check ({shown}); results under runs/bench unless --out")  # fmt: skip
+
+
 def rewrite(
     args: argparse.Namespace,
     name: str,
@@ -109,6 +132,40 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def time_curves(
+    cells: Sequence[dict],
+    name: Callable[[dict], str],
+    path: Path,
+    title: str,
+    ylabel: str = "held-out accuracy",
+    figsize: tuple[float, float] = (12, 4.5),
+    hline: tuple[float, str] | None = None,
+) -> None:
+    """Every run's accuracy curve in two panels, on training time (`curve`) and on whole-process time
+    (`curve_process`; a panel says so where runs did not record it), one colour per cell (`name(run)`, labelled on
+    seed 0); `hline` (value, label): a reference line on both. Written to `path`."""
+    fig, axes = subplots(1, 2, figsize=figsize, sharey=True)
+    colors: dict[str, str] = {}
+    for ax, key, xlabel in zip(axes, ("curve", "curve_process"),
+                               ("training wall time (s)", "whole-process wall time (s)"), strict=True):  # fmt: skip
+        for r in cells:
+            n = name(r)
+            c = colors.setdefault(n, f"C{len(colors)}")
+            if key not in r:  # runs recorded before the process clock was
+                ax.set_title("whole-process time not recorded by these runs", fontsize=9)
+                continue
+            t, a = zip(*r[key], strict=True)
+            ax.plot(t, a, color=c, alpha=0.8, marker=".", label=n if r["seed"] == 0 else None)
+        if hline is not None:
+            ax.axhline(hline[0], color="k", ls="--", lw=0.8, label=hline[1])
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend()
+    fig.suptitle(title)
+    save_figure(fig, path)
 
 
 def log(msg: str) -> None:

@@ -1,5 +1,6 @@
 """`agent-rl train` runs as the benchmarks make them: one process per run, as a user runs it, its output in a log
-beside the run directory; and the trained steps' metrics records it leaves."""
+beside the run directory; the trained steps' metrics records it leaves; and the random tiny model a `--quick`
+machinery check trains from."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ def train_command(recipe: Path, sets: list[str]) -> list[str]:
     return [sys.executable, "-m", "agent_rl.cli", "train", str(recipe), *(a for s in sets for a in ("--set", s))]  # fmt: skip
 
 
+def run_logged(cmd: list[str], log: Path, name: str, env: dict | None = None) -> float:
+    """`cmd` run in the checkout to its end, its output in `log`; its wall seconds. A failure stops the benchmark with
+    one line naming the run (`name`) and its log."""
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        raise SystemExit(f"{name} failed (exit {rc}); log {log}")
+    return time.monotonic() - t0
+
+
 def train(
     recipe: Path, sets: list[str], run_dir: Path, env: dict | None = None, name: str | None = None
 ) -> float:
@@ -24,14 +36,8 @@ def train(
     returns its wall seconds. A failed run stops the benchmark with one line naming the run (`name`) and its log."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{run_dir.name}.log"
     cmd = train_command(recipe, [*sets, f"logging.run_dir={run_dir}"])
-    t0 = time.monotonic()
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    if rc != 0:
-        raise SystemExit(f"{name or run_dir.name} failed (exit {rc}); log {log}")
-    return time.monotonic() - t0
+    return run_logged(cmd, run_dir.parent / f"{run_dir.name}.log", name or run_dir.name, env)
 
 
 def step_records(run_dir: Path) -> list[dict]:
@@ -39,3 +45,15 @@ def step_records(run_dir: Path) -> list[dict]:
     from agent_rl.metrics import read_metrics
 
     return [r for r in read_metrics(run_dir) if "perf/step_seconds" in r]
+
+
+def tiny_model(work: Path) -> Path:
+    """WORK/tiny: a random one-layer model on tiny_arith's tokenizer (built once), the warm start of a `--quick`
+    machinery check that would otherwise need one trained first: it checks the machinery, its numbers mean nothing."""
+    model = work / "tiny"
+    if not (model / "config.json").is_file():
+        from agent_rl.tools.tiny import build_tiny
+        from envs.tiny_arith import corpus
+
+        build_tiny(model, corpus(), vocab_size=512, seed=0, hidden=64, layers=1, heads=2, kv_heads=1)
+    return model

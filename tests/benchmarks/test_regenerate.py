@@ -111,17 +111,22 @@ def test_the_level_a_grid_summary_is_what_its_packed_runs_give(tmp_path: Path) -
 BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step_opob", "moe_replay", "orchestration",
               "env_bench", "constrained_is", "mismatch", "engine_bench", "engine_bench_smollm2_issue62_before",
               "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2",
-              "engine_bench_smollm2_issue62_idle", "engine_bench_smollm2_issue62_idle_avx2"]  # fmt: skip
+              "engine_bench_smollm2_issue62_idle", "engine_bench_smollm2_issue62_idle_avx2", "vs_trl", "vs_trl_quick",
+              "vs_trl_profile", "vs_trl_profile_quick", "learner_step_agent_arith", "learner_step_agent_arith_2threads",
+              "slow_tools_quick"]  # fmt: skip
 MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named otherwise than its benchmark
-    f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2", "idle", "idle_avx2")}  # fmt: skip
+    f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2", "idle", "idle_avx2")} | {
+    "vs_trl_quick": "vs_trl", "vs_trl_profile_quick": "vs_trl_profile", "slow_tools_quick": "slow_tools",
+    "learner_step_agent_arith_2threads": "learner_step_agent_arith"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
     """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
-    (the summaries of topology, trajectory_log_bench, vcpo_overhead and learner_step_opob are recomputed from their
-    runs; moe_replay's, orchestration's, env_bench's and mismatch's are kept, constrained_is's page is computed from its
-    per-seed rows; each page is rendered from the JSON)."""
+    (the summaries of topology, trajectory_log_bench, vcpo_overhead, learner_step_opob, vs_trl, vs_trl_profile and
+    learner_step_agent_arith's ratios are recomputed from their runs; moe_replay's, orchestration's, env_bench's,
+    mismatch's and slow_tools_quick's are kept, constrained_is's page is computed from its per-seed rows; each page is
+    rendered from the JSON)."""
     module = __import__(MODULE.get(name, name))
     module.main(["--from-results", str(RESULTS / f"{name}.json"), "--out", str(tmp_path)])
     assert json.loads((tmp_path / f"{name}.json").read_text()) == json.loads(
@@ -130,7 +135,9 @@ def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None
     assert (tmp_path / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
 
 
-@pytest.mark.parametrize("module, name", [("monitor_eval", "monitor"), ("multistep_failures", "multistep_failures")])
+@pytest.mark.parametrize(
+    "module, name", [("monitor_eval", "monitor"), ("multistep_failures", "multistep_failures")]
+)
 def test_a_stress_page_is_what_its_json_gives(module: str, name: str) -> None:
     """The collapse monitor's and the multistep failures' pages rendered from their committed JSON alone (their raw
     runs are not all committed: the monitor's are, `python -m benchmarks.stress.monitor_eval` regenerates both)."""

@@ -34,3 +34,24 @@ def test_a_reused_run_keeps_the_loads_it_ran_under(tmp_path, monkeypatch) -> Non
     other = tmp_path / "profile" / "cell_s1"
     runs[other] = "older run"  # finished before loads were kept beside runs
     assert vp.timed(None, 0, tmp_path, other, 10, tmp_path) == ("older run", [None, None], True)
+
+
+def _run(cell: str, seed: int, s_per_step: float) -> dict:
+    return {"cell": cell, "seed": seed, "s_per_step": s_per_step, "cores_busy": None, "cpu_s_per_step": {},
+            "phases_s": {"step": s_per_step}}  # fmt: skip
+
+
+def test_a_ratio_to_trl_is_the_median_of_the_per_seed_ratios() -> None:
+    """The cell's s/step over TRL's fastest cell's at the same seed, the median over seeds (benchmarks/harness/stats.py):
+    here 1.0 (per seed 1, 2, 0.5), where the ratio of the two cells' medians would be 4 / 2 = 2.0."""
+    trl, cell = vp.key(vp.cells()[0]), vp.key(vp.cells()[1])
+    runs = [_run(trl, 0, 1.0), _run(trl, 1, 2.0), _run(trl, 2, 8.0)]
+    runs += [_run(cell, 0, 1.0), _run(cell, 1, 4.0), _run(cell, 2, 4.0)]
+    s = vp.summary(runs)
+    assert s["s_per_step_over_trl_fastest"] == {trl: 1.0, cell: 1.0}
+    assert (s["cells"][cell]["s_per_step"], s["cells"][trl]["s_per_step"]) == (4.0, 2.0)
+    # a seed without TRL's run has no ratio; most seeds without one: no median
+    assert vp.summary([_run(trl, 0, 1.0), _run(cell, 1, 4.0)])["s_per_step_over_trl_fastest"] == {
+        trl: 1.0,
+        cell: None,
+    }
