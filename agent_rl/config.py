@@ -549,10 +549,11 @@ class MonitorConfig(Strict):
     """A step with KL(behaviour || current) per token above this is unhealthy (None: off)."""
     is_weight_ceiling: float | None = Field(None, gt=1)
     """A step whose largest IS weight exceeds this is unhealthy (None: off)."""
-    reward_giveback: float | None = Field(0.8, gt=0)
+    reward_giveback: float | None = Field(None, gt=0)
     """Warn at once when the training reward's moving average has given back this share of its rise (peak
-    minus the trough before it); None: off. 0.8: the main job's healthy runs gave back at most 0.59, its
-    collapse 1.0 (docs/guides/monitor.md)."""
+    minus the trough before it); None: off. recipes/tiny_tir.yaml sets 0.8 (its healthy runs gave back at most
+    0.59, its collapse 1.0); off by default, since a batch of few prompts can give back a small rise by chance
+    (docs/guides/monitor.md)."""
     reward_smoothing: float = Field(0.5, gt=0, le=1)
     """Weight of the newest batch's mean reward in that moving average."""
     reward_min_rise: float = Field(0.1, ge=0)

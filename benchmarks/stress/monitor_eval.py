@@ -21,9 +21,9 @@ Scores (per level; a run warns at the first step the monitor raises a warning):
 Calibration picks the thresholds with the best F1 of precision and recall (ties: longer median lead).
 
 The reward watch (`vcpo.monitor.RewardWatch`, the training reward giving back most of its rise) is scored at
-the loop's defaults (`MonitorConfig`: give-back 0.8, chosen on the main job's runs, not on these), over every
-run of each level: it sees a fall after it starts, so its lead is mostly negative and its recall counts
-collapsed runs that warned at all.
+the main job's settings (recipes/tiny_tir.yaml's monitor: give-back 0.8, chosen on the main job's runs, not on
+these), over every run of each level: it sees a fall after it starts, so its lead is mostly negative and its
+recall counts collapsed runs that warned at all.
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ from pathlib import Path
 
 import numpy as np
 
-from agent_rl.config import MonitorConfig
+from agent_rl.config import load_recipe
 from agent_rl.monitor import reward_thresholds
 from benchmarks.harness.report import table, write
 from benchmarks.stress.signals import first_warning_index, unhealthy_steps
 from vcpo.monitor import MonitorThresholds, RewardWatch
 
 OUT = Path("benchmarks/results/stress")
+MAIN_JOB = Path(__file__).resolve().parents[2] / "recipes" / "tiny_tir.yaml"
 CALIBRATION_SEEDS = (0, 1, 2)
 EVALUATION_SEEDS = (3, 4)
 MIN_LEAD = 5
@@ -288,8 +289,8 @@ def lag_baseline(cal: list[RunSeries], ev: list[RunSeries]) -> dict:
 
 
 def reward_watch(runs: list[RunSeries]) -> dict:
-    """The reward watch at the loop's default thresholds over `runs`: who warned, and when against the onset."""
-    th = reward_thresholds(MonitorConfig())
+    """The reward watch at the main job's thresholds over `runs`: who warned, and when against the onset."""
+    th = reward_thresholds(load_recipe(MAIN_JOB).monitor)
     sc = Score(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
     for r in runs:
         watch = RewardWatch(th)
@@ -400,7 +401,7 @@ def markdown(result: dict) -> str:
             w = e["reward_watch"]
             th = w["thresholds"]
             lines += ["", f"The reward watch (the training reward's moving average, smoothing {th['smoothing']:g}, giving "
-                      f"back {th['giveback']:g} of its rise of at least {th['min_rise']:g}; the loop's defaults) over all "
+                      f"back {th['giveback']:g} of its rise of at least {th['min_rise']:g}; the main job's settings) over all "
                       f"{w['runs']} runs: warned on {w['true_warned']} of {w['collapsed']} collapsed runs, "
                       f"{w['false_alarms']} of the {w['runs'] - w['collapsed']} others; lead "
                       f"{_lead_text(Score(**{k: w[k] for k in Score.__dataclass_fields__}))} (negative: after the "
