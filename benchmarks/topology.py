@@ -44,6 +44,7 @@ def run(topology: str, seed: int, steps: int, model: Path, work: Path) -> dict:
         f"train.seed={seed}",
         "eval.every=0",
         "checkpoint.every=0",
+        "monitor.on_warning=log",  # the main job's collapse guard off (it needs checkpoints): the topologies alone
         "logging.tensorboard=false",
         *TOPOLOGIES[topology],
     ]
