@@ -531,8 +531,8 @@ class MonitorConfig(Strict):
 
     on_warning: Literal["log", "stop", "rollback", "adapt_staleness"] = "log"
     """log: record it; stop: checkpoint and stop with a one-line explanation; rollback: reload the newest
-    checkpoint from before the unhealthy window (a reward warning: from before the reward's peak), lower the lr
-    by `rollback_lr_factor`, go on; adapt_staleness:
+    checkpoint from before the unhealthy window (a reward warning: from before the reward's peak; the run's start
+    is saved as step_000000 and kept for it), lower the lr by `rollback_lr_factor`, go on; adapt_staleness:
     the buffer's staleness bound follows the ESS (lowered toward 0 below `adapt_ess_floor`, raised back toward
     buffer.max_staleness while healthy)."""
     window: int = Field(10, ge=1)
