@@ -43,6 +43,8 @@ def run(
     root = recipe.run_dir
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
+    elif (note := finished_note(root)) is not None:
+        print(note, flush=True)
     root.mkdir(parents=True, exist_ok=True)
     base, sft_dir = root / "base", Path(recipe.model.path)
     stage(f"1/5 {base_label}")
@@ -74,6 +76,16 @@ def run(
     (root / "report.txt").write_text(text + "\n")
     print("\n" + text)
     return 0
+
+
+def finished_note(root: Path) -> str | None:
+    """What a rerun over a finished pipeline does (every stage kept, the result reported again), or None."""
+    if not (root / "report.json").is_file():
+        return None
+    return (
+        f"{root}: a finished run is there; its stages are kept and its result is reported again "
+        "(--fresh deletes it and starts a new run)"
+    )
 
 
 def report(
