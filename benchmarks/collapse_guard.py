@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,6 +32,7 @@ from benchmarks.harness.provenance import ROOT, Provenance  # noqa: E402
 from benchmarks.harness.report import RESULTS, results_args, table, write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan  # noqa: E402
 from benchmarks.harness.stats import mean_se, paired  # noqa: E402
+from benchmarks.harness.train import run_logged  # noqa: E402
 
 NAME = "collapse_guard"
 CELLS = ("log", "rollback")
@@ -46,20 +45,15 @@ def results_name(lr: float) -> str:
 
 def run_one(job: Job, lr: float, logs: Path) -> dict:
     """One main job; its report's accuracies, what the monitor did (from metrics.jsonl), its wall time."""
+    from agent_rl.metrics import read_metrics
+
     name = f"{results_name(lr)}_{job.cell}_s{job.seed}"
     sets = [f"name={name}", f"train.seed={job.seed}", f"monitor.on_warning={job.cell}", f"learner.lr={lr}"]
     cmd = [sys.executable, "-m", "examples.tiny_tir", "--fresh", *(x for s in sets for x in ("--set", s))]
-    log = logs / f"{job.cell}_s{job.seed}.log"
-    t0 = time.time()
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    seconds = time.time() - t0
-    if rc != 0:
-        tail = log.read_text().splitlines()[-5:]
-        raise SystemExit(f"{NAME}: {job.key} failed (exit {rc}); its output is in {log}: " + " | ".join(tail))
+    seconds = run_logged(cmd, logs / f"{job.cell}_s{job.seed}.log", f"{NAME}: {job.key}")
     run = ROOT / "runs" / name
     report = json.loads((run / "report.json").read_text())
-    steps = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line]
+    steps = read_metrics(run / "rl")
     warned = [r["step"] for r in steps if r.get("monitor/warning")]
     before, after = report["before"]["accuracy"], report["after"]["accuracy"]
     return {
@@ -122,9 +116,12 @@ def render(data: dict) -> str:
     gap = s["rollback_minus_log"]
     if gap["diff"] is not None:
         words = {True: "separated", False: "within 2 SE: not separated"}
+        said = (
+            f" ({words[gap['separated']]})" if gap["separated"] is not None else ""
+        )  # text says "no spread"
         lines += [
             "",
-            f"rollback − log, paired by seed: {gap['text']} ({words.get(gap['separated'], 'no spread')}).",
+            f"rollback − log, paired by seed: {gap['text']}{said}.",
         ]
     if data["missing"]:
         lines += ["", "Not run (time limit): " + ", ".join(data["missing"])]

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,6 +36,7 @@ from benchmarks.harness.provenance import ROOT, Provenance  # noqa: E402
 from benchmarks.harness.report import RESULTS, table, write  # noqa: E402
 from benchmarks.harness.runner import Job, Runner, plan, read_runs  # noqa: E402
 from benchmarks.harness.stats import difference, mean_se  # noqa: E402
+from benchmarks.harness.train import run_logged  # noqa: E402
 
 NAME = "main_job_seeds"
 WORK = ROOT / "runs" / "bench" / NAME
@@ -63,14 +62,7 @@ def run_one(job: Job, env_spec: Path | None, logs: Path) -> dict:
     cmd = [sys.executable, "-m", "examples.tiny_tir", "--fresh"]
     for s in sets:
         cmd += ["--set", s]
-    log = logs / f"{job.cell}_s{job.seed}.log"
-    t0 = time.time()
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    seconds = time.time() - t0
-    if rc != 0:
-        tail = log.read_text().splitlines()[-5:]
-        raise SystemExit(f"{NAME}: {job.key} failed (exit {rc}); its output is in {log}: " + " | ".join(tail))
+    seconds = run_logged(cmd, logs / f"{job.cell}_s{job.seed}.log", f"{NAME}: {job.key}")
     report = json.loads((ROOT / "runs" / name / "report.json").read_text())
     before, after = report["before"]["accuracy"], report["after"]["accuracy"]
     import torch

@@ -95,6 +95,22 @@ class Score:
     false_alarms: int
     leads: list[int] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, runs: list[RunSeries]) -> Score:
+        return cls(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
+
+    def count(self, run: RunSeries, step: int) -> None:
+        """`run` warned first at `step`: a false alarm, or a collapse caught with its lead to the onset."""
+        self.warned += 1
+        if not run.collapsed:
+            self.false_alarms += 1
+            return
+        assert run.onset is not None
+        lead = run.onset - step
+        self.true_warned += 1
+        self.leads.append(lead)
+        self.in_time += lead >= MIN_LEAD
+
     @property
     def precision(self) -> float:
         return self.true_warned / self.warned if self.warned else 0.0
@@ -203,19 +219,10 @@ class Batch:
 
     def score(self, th: MonitorThresholds) -> Score:
         first = first_warning_index(th, unhealthy_steps(th, *(self.arr[s] for s in SIGNALS)))
-        sc = Score(len(self.runs), sum(r.collapsed for r in self.runs), 0, 0, 0, 0)
+        sc = Score.of(self.runs)
         for r, steps, i in zip(self.runs, self.steps, first, strict=True):
-            if i < 0 or i >= len(steps):
-                continue
-            sc.warned += 1
-            if not r.collapsed:
-                sc.false_alarms += 1
-                continue
-            assert r.onset is not None
-            lead = r.onset - steps[i]
-            sc.true_warned += 1
-            sc.leads.append(lead)
-            sc.in_time += lead >= MIN_LEAD
+            if 0 <= i < len(steps):
+                sc.count(r, steps[i])
         return sc
 
     def first_warnings(self, th: MonitorThresholds) -> list[int | None]:
@@ -271,17 +278,9 @@ def lag_baseline(cal: list[RunSeries], ev: list[RunSeries]) -> dict:
     warning at step 0. The monitor's signals grow with k, so part of what they see is the lag itself."""
 
     def score(runs: list[RunSeries], k_min: int) -> Score:
-        sc = Score(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
-        for r in runs:
-            if r.lag < k_min:
-                continue
-            sc.warned += 1
-            sc.false_alarms += not r.collapsed
-            if r.collapsed:
-                assert r.onset is not None
-                sc.true_warned += 1
-                sc.in_time += r.onset - r.steps[0] >= MIN_LEAD
-                sc.leads.append(r.onset - r.steps[0])
+        sc = Score.of(runs)
+        for r in (r for r in runs if r.lag >= k_min):
+            sc.count(r, r.steps[0])  # warned at once
         return sc
 
     best = max(sorted({r.lag for r in cal} - {0}), key=lambda k: score(cal, k).f1)
@@ -291,21 +290,12 @@ def lag_baseline(cal: list[RunSeries], ev: list[RunSeries]) -> dict:
 def reward_watch(runs: list[RunSeries]) -> dict:
     """The reward watch at the main job's thresholds over `runs`: who warned, and when against the onset."""
     th = reward_thresholds(load_recipe(MAIN_JOB).monitor)
-    sc = Score(len(runs), sum(r.collapsed for r in runs), 0, 0, 0, 0)
+    sc = Score.of(runs)
     for r in runs:
         watch = RewardWatch(th)
         first = next((i for i, x in enumerate(r.rewards) if watch.update(i, x, i) is not None), None)
-        if first is None:
-            continue
-        sc.warned += 1
-        if not r.collapsed:
-            sc.false_alarms += 1
-            continue
-        assert r.onset is not None
-        step = r.steps[first] if first < len(r.steps) else first
-        sc.true_warned += 1
-        sc.leads.append(r.onset - step)
-        sc.in_time += r.onset - step >= MIN_LEAD
+        if first is not None:
+            sc.count(r, r.steps[first] if first < len(r.steps) else first)
     return {"thresholds": asdict(th)} | sc.row()
 
 
