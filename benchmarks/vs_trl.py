@@ -42,8 +42,10 @@ and the chosen configurations are in the results; there is no way to write vs_tr
 
 Headline: agent-rl k=2 against the TRL cell that reaches the target soonest (the target: 90% of agent-rl
 k=0's final accuracy, per seed), in training time, whole-process time and CPU time, with each cell's cores busy
-beside it (benchmarks/vs_trl_report.py). Resumable: a run whose .run.json is in --work for the same
-configuration, seed and steps is not run again, and scores are cached in --work/scores.json.
+beside it (benchmarks/vs_trl_report.py). Resumable: the timed runs go through benchmarks/harness's Runner (every
+finished run a line of --work/runs.jsonl, not run again; past --time-limit-min no run starts, the one running
+finishes, and the seeds whose every cell has run are scored); a run whose .run.json is in --work for the same
+configuration, seed and steps is reused (the tuning pass's too), and scores are cached in --work/scores.json.
 
 Scoring: after all runs, every checkpoint of every run (every --every steps and the last) by agent-rl's
 evaluator (agent_rl.evaluate.evaluate, what `agent-rl eval RECIPE --checkpoint DIR` runs) on the recipe's
@@ -78,6 +80,8 @@ from vs_trl_report import GOAL_SPEEDUP, markdown, plot, summarise  # noqa: E402
 
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import log, results_args, results_dir, write  # noqa: E402
+from benchmarks.harness.runner import Job as RunJob  # noqa: E402
+from benchmarks.harness.runner import Runner, read_runs  # noqa: E402
 from benchmarks.harness.runner import choose as harness_choose  # noqa: E402
 from benchmarks.harness.runner import plan as run_order  # noqa: E402
 from benchmarks.harness.runner import tune as harness_tune  # noqa: E402
@@ -533,9 +537,10 @@ def plan(args: argparse.Namespace) -> str:
 
 
 def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file: Path) -> None:
-    """The tuning pass and the timed cells, interleaved over seeds. What scoring needs goes to `session_file`
-    after every run, with the seeds complete so far, so an invocation stopped part way can still be scored
-    (`--score-only`: the complete seeds only, and the results say how many of the planned ones that is)."""
+    """The tuning pass and the timed cells, interleaved over seeds on the benchmark harness (its Runner: every
+    finished run a line of --work/runs.jsonl, --time-limit-min drains). What scoring needs goes to `session_file`
+    before the first run and after each, so an invocation stopped part way can still be scored (`--score-only`:
+    the seeds whose every cell is in runs.jsonl, and the results say how many of the planned ones that is)."""
     prov = Provenance()
     cands = candidates(args.job, args.quick)
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
@@ -555,9 +560,9 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         "lr": args.job.lr,
         "steps": args.steps,
         "seeds_planned": args.seeds,
-        "seeds": 0,
         "checkpoint_every": args.every,
         "budget_s": args.budget_s,
+        "time_limit_min": args.time_limit_min,
         "tuning": {
             "steps": args.tune_steps,
             "same_invocation": True,
@@ -566,20 +571,16 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
             "failed": tuned["failed"],
             "chosen": {n: asdict(c) | {"label": c.label} for n, c in tuned["chosen"].items()},
         },
-        "runs": [],
     }
     by_name = {c.name: c for c in cells}
-    jobs = run_order(
-        list(by_name), range(args.seeds)
-    )  # seeds x cells, rotated per seed: no cell always first
-    for job in jobs:
-        c, seed = by_name[job.cell], job.seed
-        log(f"[{len(session['runs']) + 1}/{len(jobs)}] {c.name} seed {seed}")
-        d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{seed}"
-        run = train(c, seed, model, d, args.steps, args.every, trl_py, args.job)
+    session["cells"] = list(by_name)
+    session_file.write_text(json.dumps(session, indent=2) + "\n")  # a stopped invocation can be scored
+
+    def run_one(job: RunJob) -> dict:
+        c = by_name[job.cell]
+        d = args.work / "runs" / f"{c.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
+        run = train(c, job.seed, model, d, args.steps, args.every, trl_py, args.job)
         log(f"  {run.process_wall_s:.0f} s")
-        session["runs"].append({"dir": str(run.dir), "seed": seed})
-        session["seeds"] = seed + (len(session["runs"]) == len(cells) * (seed + 1))
         meta = prov.meta()  # benchmarks/harness/provenance.py: commit, CPU, load before and after
         session["machine"] = (  # the front page's line (scripts/docs/figures.py), from that block
             f"{os.cpu_count()} cores; both systems pinned to cores {CORES}; load average {meta['load_before'][0]:.2f}"
@@ -587,11 +588,23 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
         )
         session["meta"] = meta
         session_file.write_text(json.dumps(session, indent=2) + "\n")
+        return {"dir": str(run.dir)}
+
+    # seeds x cells, rotated per seed (no cell always first); each finished run a line of --work/runs.jsonl; past
+    # --time-limit-min no run starts (benchmarks/harness/runner.py)
+    limit = None if args.time_limit_min is None else args.time_limit_min * 60
+    outcome = Runner(args.work, limit).run(run_order(list(by_name), range(args.seeds)), run_one, log)
+    if outcome.missing:
+        log(f"{len(outcome.missing)} runs left: the same command goes on where this one stopped")
 
 
-def complete_runs(session: dict) -> list[str]:
-    """The run directories of the seeds that have all their cells (a stopped invocation's last seed may not)."""
-    return [r["dir"] for r in session["runs"] if r["seed"] < session["seeds"]]
+def complete_runs(work: Path, session: dict) -> tuple[list[str], list[int]]:
+    """The run directories of the seeds that have all their cells in work/runs.jsonl (a stopped invocation's last
+    seed may not), and those seeds."""
+    done = read_runs(work / "runs.jsonl")
+    cells, planned = session["cells"], range(session["seeds_planned"])
+    seeds = [s for s in planned if all(RunJob(c, s).key in done for c in cells)]
+    return [done[j.key]["dir"] for j in run_order(cells, seeds)], seeds
 
 
 def relative_args() -> str:
@@ -643,6 +656,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="training seconds for 'accuracy at a fixed wall-time budget' (toy 60, smollm2 600)",
+    )
+    p.add_argument(
+        "--time-limit-min",
+        type=float,
+        default=None,
+        help="start no timed run after this many minutes of them (the one running finishes); the same command "
+        "goes on where it stopped, and scores the seeds that have all their cells",
     )
     p.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     p.add_argument("--work", type=Path, default=None, help="default: runs/bench_vs_trl[_smollm2][_quick]")
@@ -701,9 +721,11 @@ def main(argv: list[str] | None = None) -> int:
     elif not session_file.is_file():
         raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
     session = json.loads(session_file.read_text())
-    if session["seeds"] == 0:
-        raise SystemExit(f"{session_file}: no seed has all its cells yet; nothing to score")
-    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in complete_runs(session)]
+    dirs, seeds = complete_runs(args.work, session)
+    if not seeds:
+        raise SystemExit(f"{args.work / 'runs.jsonl'}: no seed has all its cells yet; nothing to score")
+    session["seeds"] = len(seeds)
+    runs = [Run.load(Path(d).with_suffix(".run.json")) for d in dirs]
     log(f"scoring every checkpoint on {limit} held-out tasks, {args.score_jobs} at a time")
     start_acc, accs = score_all(runs, model, limit, args.score_jobs, args.work / "scores.json")
     records = [cell_record(run, acc, start_acc) for run, acc in zip(runs, accs, strict=True)]

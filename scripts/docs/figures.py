@@ -310,19 +310,34 @@ class Row:
         return [self.job, self.figure, self.against, self.machine, f"[more]({docs}{self.page})"]
 
 
-def main_job_row() -> Row:
-    r = load("main_job.json")
+def _pipeline_row(name: str, job: str, page: str) -> Row:
+    """A row from a pipeline's results file (examples/pipeline.py: `make run`, `make run-swe`)."""
+    r = load(name)
     b, a = r["report"]["before"], r["report"]["after"]
     start = float(r["load_average_at_start"].split()[0])
     cores = int(r["machine"].split(", ")[1].split()[0])
     return Row(
-        "the main job (`make run`, a 2.1M-parameter toy model)",
+        job,
         f"held-out accuracy **{b['accuracy']:.2f} → {a['accuracy']:.2f}** on {a['tasks']} tasks, "
         f"{r['minutes_total']:.1f} min end to end",
         "its own warm start",
         f"{r['machine']}, {_load_text(r['load_average_at_start'], r['load_average_at_end'])}{_loaded(start, cores)} "
         f"({r['started'][:10]})",
-        "benchmarks/main-job.md",
+        page,
+    )
+
+
+def main_job_row() -> Row:
+    return _pipeline_row(
+        "main_job.json", "the main job (`make run`, a 2.1M-parameter toy model)", "benchmarks/main-job.md"
+    )
+
+
+def swe_tiny_row() -> Row:
+    return _pipeline_row(
+        "swe_tiny.json",
+        "bug fixes in containers (`make run-swe`, toy model, pytest as the reward)",
+        "guides/harbor.md",
     )
 
 
@@ -430,7 +445,7 @@ def gpu_row() -> Row:
     )
 
 
-ROWS = (main_job_row, async_row, vs_trl_row, staleness_row, k_sweep_row, gpu_row)
+ROWS = (main_job_row, swe_tiny_row, async_row, vs_trl_row, staleness_row, k_sweep_row, gpu_row)
 
 
 def headline(docs: str = "docs/") -> str:

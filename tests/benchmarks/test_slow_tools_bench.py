@@ -61,6 +61,12 @@ def test_the_page_says_the_goal_and_the_load():
     }  # fmt: skip
     text = markdown(data)
     assert "REACHED" in text and "load average 3.00 at the start" in text and "| 2.50 (2.50) |" in text
+    # one seed of the three the goal asks for, the rest stopped by the time limit: said, in the verdict too
+    assert "REACHED at 1 seed(s) of the 3 the goal asks (a first reading, not the verdict)" in text
+    assert "1 seed(s) of 3 planned (the time limit stopped the rest)" in text
+    data["design"] |= {"seeds": 3, "seeds_planned": 3}
+    text = markdown(data)
+    assert "first reading" not in text and "planned" not in text
 
 
 def test_the_committed_page_is_what_its_results_file_renders():

@@ -4,6 +4,8 @@ finished run, scoring only complete seeds, and refusing an untuned invocation.""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import vs_trl  # noqa: E402
 
-from benchmarks.harness.runner import interleave  # noqa: E402
+from benchmarks.harness.runner import interleave, plan  # noqa: E402
 
 
 def test_the_tuning_pass_covers_trl_threads_by_micro_batches_and_agent_rl_topologies() -> None:
@@ -52,12 +54,50 @@ def test_a_finished_run_is_reused_only_for_the_same_configuration_seed_and_steps
     assert vs_trl.finished(run.dir, vs_trl.Config("trl", "closest", 0, 1, micro_batches=8), 1, 30) is None
 
 
-def test_a_stopped_invocation_is_scored_on_its_complete_seeds_only() -> None:
-    session = {
-        "seeds": 1,
-        "runs": [{"dir": f"d{seed}{i}", "seed": seed} for seed in (0, 1) for i in range(5)][:8],
+def test_a_stopped_invocation_is_scored_on_its_complete_seeds_only(tmp_path: Path) -> None:
+    cells = ["agent-rl k=0", "agent-rl k=2", "trl shipped"]
+    session = {"cells": cells, "seeds_planned": 3}
+    # seed 0 whole, seed 1 missing one cell, seed 2 whole, and a line cut by a kill
+    lines = [{"cell": c, "seed": s, "dir": f"d_{c}_{s}"} for s in (0, 1, 2) for c in cells][:-1]
+    lines = lines[:5] + lines[6:]  # seed 1's last cell never ran
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"cell": "trl sh')
+    dirs, seeds = vs_trl.complete_runs(tmp_path, session)
+    assert seeds == [0] and sorted(dirs) == sorted(f"d_{c}_0" for c in cells)
+
+
+def test_past_the_time_limit_no_timed_run_starts_and_the_next_invocation_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestration alone, with the tuning pass and the training processes replaced (they need .venv-trl):
+    --time-limit-min 0 starts no timed run and leaves the session scorable; a second invocation runs every run of
+    the plan once, in the harness's rotated order, and a third runs none again."""
+    trained: list[tuple[str, int]] = []
+    config = {k: vs_trl.Config("agent-rl", "vcpo", k, 1, "inprocess") for k in (0, vs_trl.K_ASYNC)}
+    chosen = {f"agent-rl k={k}": c for k, c in config.items()} | {
+        "trl": vs_trl.Config("trl", "shipped", 0, 2, micro_batches=1)
     }
-    assert vs_trl.complete_runs(session) == [f"d0{i}" for i in range(5)]
+    monkeypatch.setattr(
+        vs_trl, "tune", lambda *a, **k: {"chosen": chosen, "s_per_step": {}, "cores_busy": {}, "failed": {}}
+    )
+
+    def train(c, seed, model, d, *a, **k):
+        trained.append((c.name, seed))
+        return vs_trl.Run(c, seed, d, 0.0, 1.0, 1.0, steps=4)
+
+    monkeypatch.setattr(vs_trl, "train", train)
+    args = argparse.Namespace(job=vs_trl.JOBS["tiny"], quick=False, work=tmp_path, tune_steps=2, seeds=2, steps=4,
+                              every=2, budget_s=60.0, time_limit_min=0.0)  # fmt: skip
+    session_file = tmp_path / "session.json"
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    assert trained == [] and json.loads(session_file.read_text())["time_limit_min"] == 0.0
+    assert vs_trl.complete_runs(tmp_path, json.loads(session_file.read_text())) == ([], [])
+    args.time_limit_min = None
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    cells = json.loads(session_file.read_text())["cells"]
+    assert trained == [(j.cell, j.seed) for j in plan(cells, range(2))] and len(cells) == 5
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    assert len(trained) == 10
+    assert vs_trl.complete_runs(tmp_path, json.loads(session_file.read_text()))[1] == [0, 1]
 
 
 def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFixture) -> None:
