@@ -165,6 +165,8 @@ class Runtime:
         return envs.make(self.spec, self.tokenizer, self.sandbox)  # one Env per episode
 
     async def _shutdown(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.stopping()  # an episode that meets the closing engine is not an infrastructure failure
         await (
             self.engines.close()
         )  # first: cancelling episodes mid-call into a live engine would race its thread

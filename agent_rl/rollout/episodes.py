@@ -139,6 +139,9 @@ class EpisodeRunner:
         self.counters = RolloutCounters()
         self.busy = BusyClock()
         self.last_error: str | None = None
+        # set when the run ends: the engines close before the episodes are cancelled (runtime._shutdown), and an
+        # episode that meets the closed engine in between ends as cancelled, not as an infrastructure failure
+        self.stopping = False
         self._gateway: Any = None  # agent_rl.gateway.Gateway, made at the first agent episode
 
     async def close(self) -> None:
@@ -178,6 +181,8 @@ class EpisodeRunner:
                         await self._replay(env, traj)
                     finished = await self._run_turns(env, traj)
             except EpisodeFailure as e:
+                if self.stopping:  # the run is ending: no retry, no infra_failed line, no error counted
+                    raise asyncio.CancelledError from e
                 failure = e
                 self.last_error = str(e)
             finally:

@@ -92,6 +92,11 @@ class ShardedRollouts:
     def start(self) -> None:
         self._spawn(self._run())
 
+    def stopping(self) -> None:
+        """The run is ending (the engines close next, then `stop` cancels the processes' episodes): a process's
+        lost connection or failure from here on is the shutdown's, not an error of the run."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
         for w in self.workers:

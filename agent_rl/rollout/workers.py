@@ -98,6 +98,10 @@ class Rollouts:
         self._producer = asyncio.create_task(self._produce())
         self._producer.add_done_callback(self._check_crash)
 
+    def stopping(self) -> None:
+        """The run is ending: episodes that fail from here on (the engines close first) end as cancelled."""
+        self.runner.stopping = True
+
     async def stop(self) -> None:
         tasks = [t for t in [self._producer, *self._tasks] if t is not None]
         for t in tasks:

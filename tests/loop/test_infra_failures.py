@@ -14,6 +14,7 @@ A group of three; member 1 fails (every try unless said otherwise). Each runner 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -281,6 +282,28 @@ async def test_an_engine_whose_server_stops_mid_episode_is_left_out_as_engine(en
         await remote.close()
     assert_left_out(group, runners, tries, "engine")
     assert runners[1].counters.engine_retries == 1 + CFG.infra_retries  # each try's request was retried once
+
+
+async def test_an_episode_that_meets_the_engine_closed_at_the_runs_end_is_cancelled_not_an_infra_failure(
+    tiny_model_dir: Path, sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's end closes the engines before it cancels the episodes (runtime._shutdown): an episode whose
+    request meets the closed engine in between ends as cancelled (no retry, no infra_failed line, no error
+    counted); while the run goes on, the same closed engine is an infrastructure failure, as before."""
+    closed = EmbeddedEngine(tiny_model_dir, EngineOptions(max_batch=8, max_seq_len=128), seed=0)
+    await closed.close()
+    buf = RolloutBuffer(BufferConfig(max_staleness=0), batch_prompts=1, group_size=N)
+    gid = buf.try_admit(TASK.id)
+    runner = EpisodeRunner(CFG, buf, lambda: TwoTurnEnv(sandbox), closed, max_seq_len=128, seed=0)
+    runner.stopping = True
+    with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+        await runner.run(gid, TASK, 0, None)
+    assert (runner.counters.errors, runner.counters.infra_retries) == (0, 0)
+    assert "infra_failed" not in caplog.text
+    runner.stopping = False
+    await runner.run(gid, TASK, 1, None)
+    assert runner.counters.infra_failed["engine"] == 1 and runner.counters.infra_retries == CFG.infra_retries
+    assert "infra_failed: g0/1 left out" in caplog.text
 
 
 @pytest.mark.slow  # an engine server process starts (~15 s on a loaded 2-core machine)
