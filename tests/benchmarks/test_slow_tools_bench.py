@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from benchmarks.slow_tools import Cell, in_flight, markdown, summarise  # noqa: E402
+from benchmarks.slow_tools import RECIPE, Cell, in_flight, markdown, run_sets, summarise  # noqa: E402
 
 
 def test_episodes_in_flight_are_the_episodes_seconds_over_the_wall_time():
@@ -195,3 +195,15 @@ def test_a_missing_trl_venv_or_a_tuning_pass_too_short_to_time_is_a_one_line_err
     with pytest.raises(SystemExit, match="--tune-steps 1: the first step is not timed"):
         main(["--tune-steps", "1", "--work", str(tmp_path / "w")])
     assert not (tmp_path / "w").exists()  # nothing started
+
+
+def test_no_evaluation_runs_inside_a_timed_run(tmp_path):
+    """The recipe evaluates every 10 steps; a cell's run must not (the checkpoints are scored after the runs)."""
+    from agent_rl.config import load_recipe
+
+    sets = run_sets(tmp_path / "model", tmp_path / "env.yaml", 2)
+    assert load_recipe(RECIPE, [], check_model=False).eval.every == 10  # what the override is for
+    recipe = load_recipe(
+        RECIPE, [s for s in sets if not s.startswith(("model.", "envs."))], check_model=False
+    )
+    assert recipe.eval.every == 0 and recipe.train.batch_prompts == 2
