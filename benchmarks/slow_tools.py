@@ -119,8 +119,10 @@ def run_sets(model: Path, env: Path, batch_prompts: int | None) -> list[str]:
     """What every agent-rl cell sets on the recipe. `eval.every=0`: the recipe evaluates every 10 steps, and an
     evaluation inside a timed run competes with it, while the rollout makes the next batch in its time, which no
     step's seconds count (measured 2026-12-07: sync's step 10 took 1.5 s, its batch ~80 s during the evaluation);
-    the checkpoints are scored after the runs instead."""
+    the checkpoints are scored after the runs instead. `checkpoint.keep=1000`: every checkpoint is scored (the
+    recipe keeps the last 2, which would leave the curve its last two points)."""
     sets = [f"model.path={model}", f"envs.train={env}", "logging.trajectories=all", "eval.every=0"]
+    sets.append("checkpoint.keep=1000")
     return sets + ([f"train.batch_prompts={batch_prompts}"] if batch_prompts else [])
 
 

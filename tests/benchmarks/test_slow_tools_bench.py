@@ -198,7 +198,8 @@ def test_a_missing_trl_venv_or_a_tuning_pass_too_short_to_time_is_a_one_line_err
 
 
 def test_no_evaluation_runs_inside_a_timed_run(tmp_path):
-    """The recipe evaluates every 10 steps; a cell's run must not (the checkpoints are scored after the runs)."""
+    """The recipe evaluates every 10 steps and keeps 2 checkpoints; a cell's run evaluates nothing and keeps
+    every checkpoint (they are scored after the runs)."""
     from agent_rl.config import load_recipe
 
     sets = run_sets(tmp_path / "model", tmp_path / "env.yaml", 2)
@@ -207,3 +208,7 @@ def test_no_evaluation_runs_inside_a_timed_run(tmp_path):
         RECIPE, [s for s in sets if not s.startswith(("model.", "envs."))], check_model=False
     )
     assert recipe.eval.every == 0 and recipe.train.batch_prompts == 2
+    # every checkpoint kept for scoring: the recipe's keep (2) would leave a run's curve its last two points
+    assert (
+        load_recipe(RECIPE, [], check_model=False).checkpoint.keep == 2 and recipe.checkpoint.keep >= 24 // 4
+    )
