@@ -192,12 +192,14 @@ def evaluate_checkpoints(run_dir: Path, sets: list[str]) -> dict[int, float]:
 
 # -- plan --------------------------------------------------------------------------------------------------------------
 
-# --plan's guesses for the recipe's 8 prompts x 4 samples a step on an idle 2-core machine: minutes per agent-rl run of
-# 16 steps (the docs' estimate: 15-30 s a step); TRL's seconds per step and per process start; minutes to score one
-# checkpoint on 100 held-out tasks (either side); minutes of one warm start's SFT. TRL's step: from the TRL-format
-# check of 2026-12-06 (docs/benchmarks/slow-tools.md: 39-48 s for 8 rollouts at load ~10, tool calls one rollout at
-# a time, verifiers 4 at once), guessed 2-3x shorter per rollout idle, x4 rollouts.
-PLAN = dict(run_min=6.0, trl_step_s=75.0, trl_start_s=20.0, score_min=1.0, sft_min=4.0)
+# --plan's figures for the recipe's 8 prompts x 4 samples a step on a 2-core machine with nothing else running:
+# minutes per agent-rl run of 16 steps, start-up and checkpoints included (measured 2026-12-07: sync 16 steps
+# 16.5 min, async k=2 24 steps 24.5 min: ~60 s a step either way, the containers' pytest using both cores); TRL's
+# seconds per step and per process start (guesses: from the TRL-format check of 2026-12-06, docs/benchmarks/
+# slow-tools.md: 39-48 s for 8 rollouts at load ~10, tool calls one rollout at a time, verifiers 4 at once, x4
+# rollouts); minutes to score one checkpoint on the held-out tasks (measured: 2.5); minutes of the first
+# invocation's suite, task images, SFT and warm-start score (measured: 5).
+PLAN = dict(run_min=16.5, trl_step_s=75.0, trl_start_s=20.0, score_min=2.5, sft_min=5.0)
 
 
 def plan_text(args: argparse.Namespace, ks: list[int], batch_prompts: int | None) -> str:

@@ -91,6 +91,7 @@ class Provenance:
     def __init__(self, command: list[str] | None = None) -> None:
         self.started = dt.datetime.now(dt.UTC)
         self.load_before = load_average()
+        self.commit = commit()  # the code that runs: a long benchmark's tree may change before it ends
         argv = command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
         self.command = portable(" ".join(argv))
 
@@ -98,7 +99,7 @@ class Provenance:
         return {
             "command": self.command,
             "date": self.started.isoformat(timespec="seconds"),
-            "commit": commit(),
+            "commit": self.commit,
             "cpu": cpu(),
             "load_before": self.load_before,
             "load_after": load_average(),

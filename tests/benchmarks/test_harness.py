@@ -164,6 +164,15 @@ def test_provenance_records_commit_cpu_load_and_versions():
     assert meta["versions"]["python"] and meta["commit"]
 
 
+def test_provenance_keeps_the_commit_the_benchmark_started_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark of hours records the code that ran, not the tree at its end (found on 2026-12-07: slow_tools
+    wrote a later commit, +dirty, after commits made while it ran)."""
+    monkeypatch.setattr(provenance, "commit", lambda: "aaaaaaa")
+    prov = provenance.Provenance(["bench.py"])
+    monkeypatch.setattr(provenance, "commit", lambda: "bbbbbbb+dirty")
+    assert prov.meta()["commit"] == "aaaaaaa"
+
+
 def test_smoke_runs_write_under_runs_unless_out_is_given(tmp_path):
     assert report.results_dir(None, scratch=False, name="x") == report.RESULTS
     assert report.results_dir(None, scratch=True, name="x") == ROOT / "runs" / "bench" / "x"
