@@ -574,6 +574,9 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     }
     by_name = {c.name: c for c in cells}
     session["cells"] = list(by_name)
+    earlier = json.loads(session_file.read_text()) if session_file.is_file() else {}
+    # a resume that runs nothing keeps the machine line and provenance of the invocation that ran the runs
+    session |= {k: earlier[k] for k in ("machine", "meta") if k in earlier}
     session_file.write_text(json.dumps(session, indent=2) + "\n")  # a stopped invocation can be scored
 
     def run_one(job: RunJob) -> dict:

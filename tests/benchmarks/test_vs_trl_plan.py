@@ -97,6 +97,8 @@ def test_past_the_time_limit_no_timed_run_starts_and_the_next_invocation_goes_on
     assert trained == [(j.cell, j.seed) for j in plan(cells, range(2))] and len(cells) == 5
     vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
     assert len(trained) == 10
+    # the results' header (machine line, provenance) is the one of the invocation that ran the runs
+    assert "machine" in json.loads(session_file.read_text())
     assert vs_trl.complete_runs(tmp_path, json.loads(session_file.read_text()))[1] == [0, 1]
 
 
