@@ -121,8 +121,8 @@ def run_sets(model: Path, env: Path, batch_prompts: int | None) -> list[str]:
     step's seconds count (measured 2026-12-07: sync's step 10 took 1.5 s, its batch ~80 s during the evaluation);
     the checkpoints are scored after the runs instead. `checkpoint.keep=1000`: every checkpoint is scored (the
     recipe keeps the last 2, which would leave the curve its last two points)."""
-    sets = [f"model.path={model}", f"envs.train={env}", "logging.trajectories=all", "eval.every=0"]
-    sets.append("checkpoint.keep=1000")
+    sets = [f"model.path={model}", f"envs.train={env}", "logging.trajectories=all", "eval.every=0",
+            "checkpoint.keep=1000"]  # fmt: skip
     return sets + ([f"train.batch_prompts={batch_prompts}"] if batch_prompts else [])
 
 
@@ -496,14 +496,6 @@ def write(data: dict, folder: Path, stem: str) -> None:
     plot(data, folder / f"{stem}.png")
 
 
-def _seeds_asked(command: str) -> int:
-    """The seeds a command line asked for (results written before `seeds_planned` was kept)."""
-    words = command.split()
-    if "--quick" in words:
-        return QUICK["seeds"]
-    return int(words[words.index("--seeds") + 1]) if "--seeds" in words[:-1] else 3
-
-
 def markdown(data: dict) -> str:
     def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
@@ -520,17 +512,23 @@ def markdown(data: dict) -> str:
             f(c["in_flight_mean"], "{:.1f}"),
         ])  # fmt: skip
     verdict = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}
-    planned = d.get("seeds_planned", _seeds_asked(m["command"]))
-    few = (
-        f" at {d['seeds']} seed(s) of the {GOAL_SEEDS} the goal asks (a first reading, not the verdict)"
-        if d["seeds"] < GOAL_SEEDS
-        else ""
-    )
-    goal = verdict[s["goal_reached"]] + (few if s["goal_reached"] is not None else "")
+    planned = d.get("seeds_planned", d["seeds"])  # not kept before 2026-12-07
+
+    def said(
+        reached: bool | None,
+    ) -> str:  # a verdict on fewer seeds than the goal's says it is a first reading
+        few = d["seeds"] < GOAL_SEEDS and reached is not None
+        return verdict[reached] + (
+            f" at {d['seeds']} seed(s) of the {GOAL_SEEDS} the goal asks (a first reading, not the verdict)"
+            if few
+            else ""
+        )
+
+    goal = said(s["goal_reached"])
     trl_lines = []
     if "goal_vs_trl" in s:
         trl_lines = [
-            f"**Goal ({s['goal_vs_trl']}): {verdict[s['goal_vs_trl_reached']]}{few if s['goal_vs_trl_reached'] is not None else ''}.** x sooner than TRL (median; per seed): "
+            f"**Goal ({s['goal_vs_trl']}): {said(s['goal_vs_trl_reached'])}.** x sooner than TRL (median; per seed): "
             + "; ".join(
                 f"{name} {f(r['speedup_median'])} ({', '.join(f(x) for x in r['per_seed'])})"
                 for name, r in s["speedup_vs_trl"].items()

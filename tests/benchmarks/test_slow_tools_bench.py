@@ -55,7 +55,7 @@ def test_the_page_says_the_goal_and_the_load():
         "meta": {"command": "slow_tools.py", "date": "d", "commit": "c", "cpu": {"model": "m", "cores": 2},
                  "load_before": [3.0, 0, 0], "load_after": [4.0, 0, 0], "elapsed_s": 60},
         "design": {"tasks": 300, "batch_prompts": 8, "sync_steps": 16, "async_steps_factor": 1.5,
-                   "checkpoint_every": 2, "eval_tasks": 100, "warm_start_accuracy": 0.1, "seeds": 1, "trl": "not run",
+                   "checkpoint_every": 2, "eval_tasks": 100, "warm_start_accuracy": 0.1, "seeds": 1, "seeds_planned": 3, "trl": "not run",
                    "max_in_flight": 32},
         "summary": summarise(runs, [Cell("sync k=0", 0), Cell("async k=2", 2)]),
     }  # fmt: skip
