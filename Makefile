@@ -79,7 +79,7 @@ test-latest: system-deps
 ## docs/guides/harnesses.md): installs the pinned harnesses into .harnesses/ first (npm and PyPI, once).
 test-harnesses: install
 	bash scripts/install_harnesses.sh
-	$(PY) -m pytest -q -m harness tests/harnesses
+	$(PY) -m pytest -q -m harness tests/harnesses -n $(TEST_JOBS) --dist loadfile
 
 test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow

@@ -174,7 +174,7 @@ def mini_swe_agent(
     env = {"OPENAI_API_BASE": s.base_url, "OPENAI_API_KEY": s.api_key, "MSWEA_CONFIGURED": "true"}
     env["MSWEA_COST_TRACKING"] = "ignore_errors"  # litellm has no price for a local model
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # else litellm fetches its price list from GitHub at import
-    # one attempt per call: the gateway retries the engines itself, and its 4xx/409 answers are final (mini's
+    # one attempt per call: the gateway retries the engines itself, and its 4xx answers are final (mini's
     # default, 10 attempts 4-60 s apart, keeps a finished episode waiting for minutes)
     env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "1"
     argv = [which("mini", bin_dir), "-y", "--exit-immediately", "-m", f"openai/{MODEL}", "-t", prompt]

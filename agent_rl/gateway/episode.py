@@ -3,13 +3,13 @@
 The buffer's member trajectory is grown live from the gateway's recorded calls (assemble.py), so
 the staleness bound sees its versions while the agent runs; a split starts a fork that the buffer
 delivers with the group, all sharing the episode's reward. A group that goes over the bound stops
-the session (the agent's next call gets a 409) and the episode is abandoned like any other. An
+the session (the agent's next call gets a 410 Gone) and the episode is abandoned like any other. An
 episode interrupted by a checkpoint restarts from scratch on resume: an agent's Python state cannot
 be saved. Engine failures after retries and the gateway's own errors (500) are infrastructure failures of
 cause `engine`, an agent that raises one of `harness_crash` (or the cause of the InfraFailure or SandboxError
 it let through), an external agent that never closes its task one of `harness_timeout`: the episode is retried,
 then left out of its group, never scored 0 (agent_rl/failures.py); an agent that runs out of
-budget (409) without handling it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
+budget (410) without handling it, or raises right after a reply cut by the per-call token budget, scores 0 with finish reason `length`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ async def run_agent_episode(
             raise AgentEpisodeError(
                 f"episode {traj.uid}: agent {who} raised {e!r}{why}; fix the agent"
             ) from e
-        # the budget ran out and the agent did not handle the 409, or it raised on a reply its token budget cut
+        # the budget ran out and the agent did not handle the 410, or it raised on a reply its token budget cut
         # (the Agents SDK's Responses model raises on `incomplete`): the model's doing, scored 0
         finish = FinishReason.LENGTH
     finally:

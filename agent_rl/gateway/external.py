@@ -11,7 +11,7 @@ Routes (on the gateway's port; `agent-rl gateway` and a training run with a `typ
                                 -> an opened session: {session_id, reward, calls, splits, trajectories: [...]}
 
 A claimed task's session samples with the run's `rollout` settings and the env's `turns` budgets, its
-group's staleness bound stops it (the agent's next call is a 409), its calls are continued across weight
+group's staleness bound stops it (the agent's next call is a 410), its calls are continued across weight
 updates (each token keeps the version that sampled it), and the run trains what it recorded, exactly as an
 in-process `type: agent` episode (gateway/episode.py). A task not claimed and closed within the env's
 `external.timeout_s` ends as an error and is sampled again.

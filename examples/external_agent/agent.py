@@ -67,7 +67,9 @@ def solve(client, problem: str, max_turns: int, log: list) -> str | None:
     for _ in range(max_turns):
         try:
             r = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, logprobs=True)
-        except openai.ConflictError:  # the session's budget is spent, or the run stopped it: give up
+        except openai.APIStatusError as e:  # 410: the session's budget is spent, or the run stopped it
+            if e.status_code != 410:
+                raise
             return None
         choice = r.choices[0]
         log.append([x.logprob for x in choice.logprobs.content])

@@ -158,8 +158,9 @@ def test_agent_rl_gateway_serves_sessions_opened_over_http_with_sampling_and_bud
             model="p", messages=conversation()[:1], tools=TOOLS, logprobs=True, temperature=1.5
         )
         assert r.choices[0].message.tool_calls  # temperature forced to 0: the model's greedy tool call
-        with pytest.raises(openai.ConflictError, match="call budget"):
+        with pytest.raises(openai.APIStatusError, match="call budget") as over:
             client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+        assert over.value.status_code == 410
         closed = requests.post(f"{url}/sessions/{opened['session_id']}/close", json={"reward": 1.0}).json()
         (traj,) = closed["trajectories"]
         sampled = [lp for lp, m in zip(traj["logprobs"], traj["loss_mask"], strict=True) if m]

@@ -167,13 +167,61 @@ async def test_streaming_and_n_2_through_the_gateway_record_one_call_per_choice(
             stream_options={"include_usage": True},
         )
         chunks = [c async for c in stream]
-        with pytest.raises(openai.ConflictError, match="call budget"):
+        with pytest.raises(openai.APIStatusError, match="call budget") as over:
             await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
     finally:
         await client.close()
         await gw.close()
     calls = gw.close_session("ep-4").calls
+    assert over.value.status_code == 410
     assert len(r.choices) == 2 and len(calls) == 3
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == tokenizer.decode(list(calls[2].token_ids), skip_special_tokens=True)
     assert chunks[-1].usage.completion_tokens == len(calls[2].token_ids)
+
+
+async def test_a_spent_session_is_final_to_the_sdks_that_retry_conflicts(engine, tokenizer):
+    """The OpenAI and Anthropic SDKs retry a 409 (so do the AI SDK and Claude Code's own wrapper, which
+    ignores `x-should-retry: false` on one): a spent session answers 410, which no client retries, so an SDK
+    allowed three retries sends its refused request once (with a 409 it sent four)."""
+    import anthropic
+    import httpx
+    import httpx2  # what the anthropic SDK speaks
+
+    gw = await start(engine, tokenizer)
+    sent: list[str] = []
+
+    async def count(request) -> None:
+        sent.append(request.url.path)
+
+    gw.open("spent-openai", limits=SessionLimits(max_calls=1))
+    gw.open("spent-anthropic", limits=SessionLimits(max_calls=1))
+    oai = openai.AsyncOpenAI(
+        base_url=gw.base_url("spent-openai"),
+        api_key="unused",
+        max_retries=3,
+        http_client=httpx.AsyncClient(event_hooks={"request": [count]}),
+    )
+    ant = anthropic.AsyncAnthropic(
+        base_url=gw.base_url("spent-anthropic").removesuffix("/v1"),
+        api_key="unused",
+        max_retries=3,
+        http_client=httpx2.AsyncClient(event_hooks={"request": [count]}),
+    )
+    msgs = [{"role": "user", "content": "Compute"}]
+    try:
+        await oai.chat.completions.create(model="p", messages=msgs, max_tokens=2)
+        with pytest.raises(openai.APIStatusError, match="call budget") as over:
+            await oai.chat.completions.create(model="p", messages=msgs, max_tokens=2)
+        await ant.messages.create(model="p", messages=msgs, max_tokens=2)
+        with pytest.raises(anthropic.APIStatusError, match="call budget") as ant_over:
+            await ant.messages.create(model="p", messages=msgs, max_tokens=2)
+    finally:
+        await oai.close()
+        await ant.close()
+        await gw.close()
+    assert over.value.status_code == ant_over.value.status_code == 410
+    assert (
+        sent
+        == ["/sessions/spent-openai/v1/chat/completions"] * 2 + ["/sessions/spent-anthropic/v1/messages"] * 2
+    )

@@ -90,7 +90,7 @@ async def test_the_in_process_client_gets_the_errors_the_http_gateway_answers(en
             msgs = [{"role": "user", "content": QUESTION}]
             try:
                 await c.chat.completions.create(model="p", messages=msgs, max_tokens=4)
-                with pytest.raises(openai.ConflictError, match="call budget") as over:
+                with pytest.raises(openai.APIStatusError, match="call budget") as over:
                     await c.chat.completions.create(model="p", messages=msgs, max_tokens=4)
                 with pytest.raises(openai.BadRequestError) as bad:
                     await c.chat.completions.create(model="p", messages=msgs, n=0)
@@ -106,7 +106,7 @@ async def test_the_in_process_client_gets_the_errors_the_http_gateway_answers(en
         seen["in-process"]
         == seen["http"]
         == [
-            (409, "invalid_request_error"),
+            (410, "invalid_request_error"),
             (400, "invalid_request_error"),
             (404, "not_found_error"),
         ]
