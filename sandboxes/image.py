@@ -1,8 +1,8 @@
 """Build the docker sandbox image offline from the host's Python (no registry needed).
 
-The image holds: the base Python install at its host path (stdlib, without its test suite),
-the chosen site-packages (numpy, sympy and mpmath by default) copied into the base install's site-packages,
-every shared library `ldd` names for those binaries, an empty /tmp, and the fork-server at
+The image holds: the base Python install at its host path (stdlib, without its test suite, its own site-packages
+or the static libpython), the chosen site-packages (numpy, sympy and mpmath by default) copied into the base
+install's site-packages, every shared library `ldd` names for those binaries, an empty /tmp, and the fork-server at
 /opt/agent-rl/forkserver.py. It is streamed as a tar into `docker import` (what
 `tar -C rootfs -c . | docker import - NAME` does), ~3 s. Equivalent shell:
 
@@ -62,8 +62,14 @@ class _Tar:
         self.tar = tar
         self.seen: set[str] = set()
 
-    def add(self, src: Path | str, arcname: str) -> None:
-        self.tar.add(str(src), arcname=arcname.lstrip("/"), filter=self._keep)
+    def add(self, src: Path | str, arcname: str, *, leave_out: Iterable[Path] = ()) -> None:
+        """Add `src` (recursively) as `arcname`; `leave_out`: folders under it left out, with all they hold."""
+        left = {str(p).lstrip("/") for p in leave_out}
+
+        def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return None if info.name in left else self._keep(info)
+
+        self.tar.add(str(src), arcname=arcname.lstrip("/"), filter=keep)
 
     def _keep(self, info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         skip = set(Path(info.name).parts) & _SKIP_DIRS and "site-packages" not in info.name
@@ -98,7 +104,10 @@ def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath"), tools: Se
         for d, mode in (("/tmp", 0o1777), ("/dev", 0o755), ("/proc", 0o555), ("/opt/agent-rl", 0o755)):
             _add_dir_entry(raw, d, mode)
         tar.add(binaries[0], str(base / "bin" / f"python{version}"))
-        tar.add(stdlib, str(stdlib))
+        # the base install's own site-packages stay out (only `packages` go in): on a machine whose system Python
+        # holds scipy, awscli, ... the image was 0.8 GB of them, and the sandbox could import what it never declared;
+        # so does config-3.11-*, the static libpython for linking extensions (46 MB; the image has no compiler)
+        tar.add(stdlib, str(stdlib), leave_out=[site, *stdlib.glob("config-*")])
         libdir = base / "lib"
         for lib in libdir.glob("libpython*.so*"):
             tar.add(lib, str(lib))
@@ -106,6 +115,9 @@ def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath"), tools: Se
         binaries += list((stdlib / "lib-dynload").glob("*.so"))
         for name in packages:
             spec = importlib.util.find_spec(name)
+            if spec is not None and not spec.submodule_search_locations and spec.origin:  # a module, one file
+                tar.add(spec.origin, str(site / Path(spec.origin).name))
+                continue
             if spec is None or not spec.submodule_search_locations:
                 raise SandboxError(f"build-image: package {name!r} is not importable by {sys.executable}")
             pkg_dir = Path(next(iter(spec.submodule_search_locations)))

@@ -22,14 +22,15 @@ from sandboxes.image import build_image, image_python
 from sandboxes.task_containers import ContainerPool, ContainerSpec
 
 BASE_IMAGE = "agent-rl-harbor-base:latest"
-BASE_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging")
-"""In the base besides the standard library: what a test.sh that runs pytest needs."""
+BASE_PACKAGES = ("pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "pygments")
+"""In the base besides the standard library: what a test.sh that runs pytest needs (pytest 9 imports pygments and its
+own `py` shim; tests/sandboxes/test_image.py checks this list against the installed pytest's requirements)."""
 BASE_TOOLS = (
     "bash", "sh", "timeout", "cat", "ls", "mkdir", "cp", "mv", "rm", "chmod", "sed", "grep", "head", "tail",
     "env", "find", "diff", "touch", "wc", "sort", "tee", "dirname", "basename", "sleep", "xargs", "cut", "tr",
     "uniq", "patch", "pwd", "id",
 )  # fmt: skip
-_PIP_NAMES = frozenset({"pytest", "pluggy", "iniconfig", "packaging"})
+_PIP_NAMES = frozenset({"pytest", "pluggy", "iniconfig", "packaging", "pygments"})
 
 
 @cache
