@@ -199,7 +199,11 @@ class EnginePool:
     # ---- WeightGroupMember: every serving member joins, with consecutive rank offsets ----
 
     def host(self) -> str:
-        return _member(self._serving()[0].engine).host()
+        serving = self._serving()
+        if not serving:
+            states = ", ".join(f"{m.name} {m.state}" for m in self.members)
+            raise EngineUnavailable(f"no engine is serving to form a weight group with ({states})")
+        return _member(serving[0].engine).host()
 
     async def weight_group_size(self) -> int:
         return sum(await self._group_sizes(self._serving()))

@@ -6,7 +6,8 @@ requests run on the rollout loop while rank 0 joins. Each push: the engines get
 `/update_weights_from_distributed` (names, dtypes, shapes, version) on the loop while rank 0
 broadcasts; both must finish. Either side is blocking until the other arrives, so each pairing
 waits on both at once and the first failure is raised (instead of waiting out a process-group
-timeout for a peer that has already given up).
+timeout for a peer that has already given up); a learner rank found gone is raised before the engines'
+failure it caused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_rl.engines.api import BadRequest, EngineClient, EngineError, WeightGroupMember
+from agent_rl.errors import UserError
 from agent_rl.weights.group import GroupSpec, TensorMeta, WeightGroupError
 
 if TYPE_CHECKING:
@@ -124,8 +126,10 @@ def together(
             raise EngineError(
                 f"the weight broadcast failed and the learner did not return within {settle_s:.0f} s"
             )
-    for f in (remote, local):
-        if f in done and f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
+    failures = [f.exception() for f in (remote, local) if f in done and f.exception() is not None]
+    if failures:
+        # a learner rank that is gone (RankLost, a UserError that says how to resume) is why the engines' side
+        # failed too (their peer reset the connection): that is the failure to report, not the engines' 500
+        raise next((e for e in failures if isinstance(e, UserError)), failures[0])  # type: ignore[misc]
     remote.result()
     return local.result()

@@ -149,3 +149,14 @@ async def test_the_last_live_engine_cannot_be_removed(two_engines):
     with pytest.raises(EngineError, match="last live engine: add another before removing it"):
         await pool.remove(pool.members[0], drain_s=0.0)
     await pool.close()
+
+
+async def test_with_no_engine_serving_a_weight_group_cannot_form_and_says_why():
+    pool = EnginePool([SGLangClient(f"http://127.0.0.1:{free_port()}")], max_retries=0)
+    with pytest.raises(EngineUnavailable):
+        await pool.generate([1, 2], SP, request_id="x")  # marks the one engine dead
+    with pytest.raises(
+        EngineUnavailable, match=r"no engine is serving to form a weight group with \(.* dead\)"
+    ):
+        pool.host()  # was an IndexError, a traceback out of a run's weight push
+    await pool.close()

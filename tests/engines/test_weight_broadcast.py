@@ -362,3 +362,32 @@ async def test_client_reads_the_group_size_from_a_fake_sglang_server_info(info, 
     finally:
         await client.close()
         await runner.cleanup()
+
+
+def test_a_lost_learner_rank_is_raised_before_the_engines_failure_it_caused():
+    """The engines' side of a push fails first (their peer, the learner rank, reset the connection: a 500),
+    then the learner's side finds its rank gone: the rank's one-line error (a UserError) is what is raised, not
+    the 500, which a push takes for a lost engine and regroups over (found under load in test_multinode)."""
+    import threading
+
+    from agent_rl.engines.api import EngineUnavailable
+    from agent_rl.learners._pool import RankLost
+    from agent_rl.loop_thread import LoopThread
+    from agent_rl.weight_sync.broadcast import together
+
+    engines_failed = threading.Event()
+
+    async def engines() -> None:
+        engines_failed.set()
+        raise EngineUnavailable("POST /update_weights_from_distributed -> 500: connection reset by peer")
+
+    def learner() -> None:
+        assert engines_failed.wait(60)
+        raise RankLost("learner rank 0 is gone (its node or process died): continue with --resume RUN_DIR")
+
+    loop = LoopThread()
+    try:
+        with pytest.raises(RankLost, match="is gone"):
+            together(loop, engines(), learner, settle_s=60.0)
+    finally:
+        loop.close()
