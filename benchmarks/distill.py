@@ -1,6 +1,7 @@
 """On-policy distillation on the main job: steps and wall time to 90 % of the teacher's held-out accuracy.
 
     .venv/bin/python benchmarks/distill.py [--quick] [--main-run runs/tiny_tir] [--seeds 3] [--distill-lr 1e-3]
+        [--time-limit-min M]
     .venv/bin/python benchmarks/distill.py --distill-lr 1e-3 --report-only   # the report from the cells run so far
 
 Teacher: the main job's RL-trained checkpoint (MAIN_RUN/rl/checkpoints/latest/hf); student: its SFT warm start
@@ -31,6 +32,7 @@ above the target, and at the last three (their mean is the final accuracy). Wall
 
 Resumable: each finished cell is appended to benchmarks/results/distill_cells.jsonl (--out) and skipped by a
 rerun; distill.{json,md} are rewritten from all finished cells after each one, and say which cells are done.
+`--time-limit-min M`: past M minutes no cell starts (the one running finishes); the same command goes on.
 Run it under `nice -n 15` on a shared machine. --quick: a machinery check (a random tiny model as teacher and
 student, 2 cells of 3 steps, 8 eval tasks) writing distill_quick.* under runs/bench/distill unless --out; its numbers
 mean nothing.
@@ -53,6 +55,7 @@ import bench_paths  # noqa: F401  (puts the checkout on sys.path)
 
 from benchmarks.harness.provenance import Provenance, describe, load_average
 from benchmarks.harness.report import log, results_dir, table, write
+from benchmarks.harness.runner import TimeLimit
 from benchmarks.harness.stats import mean_se, median_or_none  # noqa: E402
 from benchmarks.harness.train import step_records, tiny_model, train
 
@@ -559,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
         "--cells", default=None,
         help="comma-separated cell names (as the report lists them): run only these, in this order",
     )  # fmt: skip
+    p.add_argument(
+        "--time-limit-min", type=float, default=None,
+        help="start no cell after this many minutes (the one running finishes); the same command goes on",
+    )  # fmt: skip
     args = p.parse_args(argv)
     args.out = results_dir(args.out, scratch=args.quick, name="distill")
     stem = "distill_quick" if args.quick else "distill"
@@ -634,9 +641,16 @@ def main(argv: list[str] | None = None) -> int:
             meta |= {k: old[k] for k in keep if k in old}
         save(quiet=False)
         return 0
+    limit = TimeLimit(None if args.time_limit_min is None else args.time_limit_min * 60)
     for i, cell in enumerate(planned):
         if cell.name in names or (run_only is not None and cell.name not in run_only):
             continue
+        if limit.passed():
+            left = [
+                c for c in planned[i:] if c.name not in names and (run_only is None or c.name in run_only)
+            ]
+            log(f"time limit reached: {len(left)} cells left; the same command runs them")
+            break
         log(f"[{i + 1}/{len(planned)}] {cell.name}")
         if cell.student == "small" and small is None:
             log("the smaller student: 1 decoder layer, SFT on the main job's SFT data")

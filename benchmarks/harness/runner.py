@@ -77,6 +77,17 @@ class Outcome:
         return [s for s in seeds if all(Job(c, s).key not in missing for c in cells)]
 
 
+class TimeLimit:
+    """A time limit that drains, from its making: `passed()` once `limit_s` have gone by (never when None); a loop
+    asks it before starting a run, so the run started last finishes."""
+
+    def __init__(self, limit_s: float | None, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.clock, self.start = limit_s, clock, clock()
+
+    def passed(self) -> bool:
+        return self.limit is not None and self.clock() - self.start >= self.limit
+
+
 class Runner:
     """`Runner(work, time_limit_s).run(jobs, fn)`: fn(job) -> dict (the run's record, JSON-able) for each job not
     already in work/runs.jsonl; stops starting jobs once the limit has passed."""
@@ -92,11 +103,11 @@ class Runner:
     ) -> Outcome:
         self.work.mkdir(parents=True, exist_ok=True)
         done = read_runs(self.path)
-        start = self.clock()
+        limit = TimeLimit(self.limit, self.clock)
         for i, job in enumerate(jobs):
             if job.key in done:
                 continue
-            if self.limit is not None and self.clock() - start >= self.limit:
+            if limit.passed():
                 left = [j for j in jobs[i:] if j.key not in done]
                 log(f"time limit {self.limit:.0f} s reached: {len(left)} runs left for the next invocation")
                 break

@@ -86,6 +86,12 @@ def test_quick_run_writes_its_results_and_names_the_cells_it_ran(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--quick", "--work", str(tmp_path / "w"),
            "--out", str(out)]  # fmt: skip
+    # a time limit already passed starts no cell, and the results file says both are missing
+    stopped = subprocess.run([*cmd, "--time-limit-min", "0"], cwd=ROOT, check=True, capture_output=True, text=True,
+                             timeout=1200)  # fmt: skip
+    res = json.loads((out / "distill_quick.json").read_text())
+    assert res["cells_done"] == [] and res["cells_missing"] == ["distill k=0 s0", "rl k=0 s0"], res
+    assert "time limit reached: 2 cells left" in stopped.stdout + stopped.stderr
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=1200)
     res = json.loads((out / "distill_quick.json").read_text())
     assert res["cells_done"] == ["distill k=0 s0", "rl k=0 s0"] and res["cells_missing"] == []
