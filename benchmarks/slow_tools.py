@@ -514,9 +514,8 @@ def markdown(data: dict) -> str:
     verdict = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}
     planned = d.get("seeds_planned", d["seeds"])  # not kept before 2026-12-07
 
-    def said(
-        reached: bool | None,
-    ) -> str:  # a verdict on fewer seeds than the goal's says it is a first reading
+    def said(reached: bool | None) -> str:
+        """The verdict's words; on fewer seeds than the goal asks, it says it is a first reading."""
         few = d["seeds"] < GOAL_SEEDS and reached is not None
         return verdict[reached] + (
             f" at {d['seeds']} seed(s) of the {GOAL_SEEDS} the goal asks (a first reading, not the verdict)"

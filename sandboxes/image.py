@@ -85,6 +85,13 @@ def _add_dir_entry(tar: tarfile.TarFile, path: str, mode: int) -> None:
     tar.addfile(info)
 
 
+def base_stdlib() -> Path:
+    """The base install's standard library folder (the image keeps it at this path; its site-packages is inside)."""
+    return Path(
+        sysconfig.get_paths(vars={"installed_base": sys.base_prefix, "base": sys.base_prefix})["stdlib"]
+    )
+
+
 def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath"), tools: Sequence[str] = ()) -> bytes:
     """The image's root filesystem as an uncompressed tar (built from *this* interpreter).
 
@@ -93,9 +100,7 @@ def rootfs_tar(packages: Sequence[str] = ("numpy", "sympy", "mpmath"), tools: Se
     """
     base = Path(sys.base_prefix)
     version = sysconfig.get_config_var("VERSION")
-    stdlib = Path(
-        sysconfig.get_paths(vars={"installed_base": sys.base_prefix, "base": sys.base_prefix})["stdlib"]
-    )
+    stdlib = base_stdlib()
     site = stdlib / "site-packages"
     binaries = [Path(os.path.realpath(base / "bin" / f"python{version}"))]
     buf = io.BytesIO()

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import io
-import sys
-import sysconfig
 import tarfile
-from pathlib import Path
 
 
 def test_the_rootfs_holds_only_the_declared_site_packages_and_no_static_libpython() -> None:
-    from sandboxes.image import rootfs_tar
+    from sandboxes.image import base_stdlib, rootfs_tar
 
     with tarfile.open(fileobj=io.BytesIO(rootfs_tar(("numpy",)))) as tar:
         names = tar.getnames()
-    stdlib = Path(
-        sysconfig.get_paths(vars={"installed_base": sys.base_prefix, "base": sys.base_prefix})["stdlib"]
-    )
+    stdlib = base_stdlib()
     site = str(stdlib / "site-packages").lstrip("/") + "/"
     top = {n[len(site) :].split("/")[0] for n in names if n.startswith(site)}
     # the base install's own packages (pip at least, wherever Python was installed with it) stay out
