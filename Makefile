@@ -84,10 +84,10 @@ test-harnesses: install
 test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow
 
-## The heaviest slow tests, which make test leaves out (async_vs_sync --quick end to end, SmolLM2, multi-node
-## recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either; in TEST_JOBS workers as
-## make test (docs/tests.md: 15.3 min of pytest in two, 19.4 in one).
-test-heavy: install system-deps smollm
+## The heaviest slow tests, which make test leaves out (async_vs_sync --quick end to end, vs_trl --quick against TRL,
+## SmolLM2, multi-node recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either; in
+## TEST_JOBS workers as make test (docs/tests.md says how long it takes).
+test-heavy: install system-deps smollm trl-venv
 	$(PY) -m pytest -q -m heavy -n $(TEST_JOBS) --dist loadfile
 
 ## The suite under 1 and 2 torch threads and ATEN_CPU_CAPABILITY=default, avx2, avx512 (where the CPU has them):
@@ -131,10 +131,11 @@ bench: install system-deps smollm
 	$(MAKE) bench-trl
 	$(MAKE) bench-slow-tools
 
-## agent-rl against TRL's GRPOTrainer on agent_arith (its own venv, .venv-trl; ~60 min; --quick: 15 min), then
-## where each core's time goes in both (benchmarks/vs_trl_profile.py).
+## agent-rl against TRL's GRPOTrainer on agent_arith (~60 min; --quick: ~3 min, in make test-heavy), then where each
+## core's time goes in both (benchmarks/vs_trl_profile.py). TRL in .venv-trl, layered on .venv: .venv's packages, and
+## only what TRL adds (requirements-trl.lock) installed there (scripts/setup_trl.sh, ~10 s).
 trl-venv: .venv-trl/.installed
-.venv-trl/.installed: scripts/setup_trl.sh
+.venv-trl/.installed: scripts/setup_trl.sh requirements-trl.lock $(STAMP)
 	bash scripts/setup_trl.sh
 
 bench-trl: install system-deps trl-venv

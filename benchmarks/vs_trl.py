@@ -148,11 +148,11 @@ class Job:
     checkpoint_gb: tuple[
         float, float
     ]  # disk per checkpoint: agent-rl's (weights, AdamW state), TRL's (weights)
-    # --quick: prompts per step, SFT share, the first N candidates of each cell (None: all), and
-    # (steps, checkpoint every, tuning steps, budget s, eval tasks)
+    # --quick: prompts per step, SFT share, the candidates of each cell it tunes (their places in candidates()'
+    # lists), and (steps, checkpoint every, tuning steps, budget s, eval tasks)
     quick_prompts: int
     quick_sft_scale: float
-    quick_candidates: int | None
+    quick_candidates: tuple[int, ...]
     quick_sizes: tuple[int, int, int, float, int]
 
     @property
@@ -169,7 +169,10 @@ JOBS = {
     "tiny": Job(
         "tiny", "toy model", prompts=8, lr=2e-4, every=5, sft_scale=1.0, goal_speedup=GOAL_SPEEDUP,
         budget_s=60.0, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=(0.04, 0.01),
-        quick_prompts=8, quick_sft_scale=0.1, quick_candidates=None, quick_sizes=(8, 4, 3, 15.0, 20),
+        # --quick in CI (make test-heavy): each cell's first and last candidate (the ends of every dimension: 1
+        # thread in-process and the processes topology with the whole-step micro-batch; TRL 1 thread, 1
+        # micro-batch and 2 threads, 8), 4 steps
+        quick_prompts=8, quick_sft_scale=0.1, quick_candidates=(0, -1), quick_sizes=(4, 2, 3, 15.0, 20),
     ),
     # SmolLM2-135M (134.5M parameters, fp32): a full step (generation of 32 episodes, learner on ~3k tokens,
     # AdamW over every weight) is tens of seconds on 2 cores, so 4 prompts (32 samples) a step and checkpoints
@@ -181,7 +184,7 @@ JOBS = {
     "smollm2": Job(
         "smollm2", "SmolLM2-135M-Instruct", prompts=4, lr=1e-5, every=10, sft_scale=0.04, goal_speedup=1.3,
         budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=(2.2, 0.54),
-        quick_prompts=1, quick_sft_scale=0.01, quick_candidates=2, quick_sizes=(4, 2, 2, 30.0, 8),
+        quick_prompts=1, quick_sft_scale=0.01, quick_candidates=(0, 1), quick_sizes=(4, 2, 2, 30.0, 8),
     ),
 }  # fmt: skip
 
@@ -205,8 +208,9 @@ def candidates(job: Job = JOBS["tiny"], quick: bool = False) -> dict[str, list[C
         for k in (0, K_ASYNC)
     }
     out = agent | {"trl": trl}
-    n = job.quick_candidates if quick else None
-    return {name: cs[:n] for name, cs in out.items()}
+    if not quick:
+        return out
+    return {name: [cs[i] for i in job.quick_candidates] for name, cs in out.items()}
 
 
 @dataclass
@@ -621,8 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check: small warm start, 1 seed, few steps and eval tasks -> vs_trl[_MODEL]_quick.* (toy: 8 "
-        "steps, 20 tasks, under 15 min; smollm2: 1 prompt a step, 2 candidates a cell, 4 steps, 8 tasks)",
+        help="machinery check: small warm start, 1 seed, 2 candidates a cell, few steps and eval tasks -> "
+        "vs_trl[_MODEL]_quick.* (toy: 4 steps, 20 tasks, ~3 min; smollm2: 1 prompt a step, 4 steps, 8 tasks)",
     )
     p.add_argument(
         "--model",

@@ -141,10 +141,20 @@ def test_smollm2_tunes_the_same_grid_on_its_own_step_and_quick_on_a_part_of_it()
     for k in (0, vs_trl.K_ASYNC):
         assert {c.learner_micro_batch for c in full[f"agent-rl k={k}"]} == {None, job.samples}
     quick = vs_trl.candidates(job, quick=True)
-    assert quick == {n: cs[: job.quick_candidates] for n, cs in full.items()}
-    assert (
-        vs_trl.candidates(vs_trl.JOBS["tiny"], quick=True) == tiny
-    )  # the toy's --quick tunes the whole grid
+    assert quick == {n: cs[:2] for n, cs in full.items()}  # SmolLM2's --quick: the first two of each cell
+
+
+def test_the_toy_quick_run_tunes_the_ends_of_every_dimension() -> None:
+    """The toy's --quick (in CI) tunes two candidates a cell, which between them take every value of each dimension
+    the full pass tries at its ends: agent-rl 1 thread in-process with the recipe's micro-batch and the processes
+    topology with the whole step's; TRL 1 thread and 1 micro-batch, 2 threads and 8."""
+    quick = vs_trl.candidates(vs_trl.JOBS["tiny"], quick=True)
+    assert all(len(cs) == 2 for cs in quick.values())
+    for k in (0, vs_trl.K_ASYNC):
+        first, last = quick[f"agent-rl k={k}"]
+        assert (first.threads, first.topology, first.learner_micro_batch) == (1, "inprocess", None)
+        assert (last.topology, last.learner_micro_batch) == ("processes", vs_trl.JOBS["tiny"].samples)
+    assert [(c.threads, c.micro_batches) for c in quick["trl"]] == [(1, 1), (2, 8)]
 
 
 def _sets(cmd: list[str]) -> list[str]:
