@@ -545,7 +545,7 @@ def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file:
     finished run a line of --work/runs.jsonl, --time-limit-min drains). What scoring needs goes to `session_file`
     before the first run and after each, so an invocation stopped part way can still be scored (`--score-only`:
     the seeds whose every cell is in runs.jsonl, and the results say how many of the planned ones that is)."""
-    prov = Provenance()
+    prov = Provenance(venvs={"trl": trl_py})  # TRL's side runs in .venv-trl: its versions too
     cands = candidates(args.job, args.quick)
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
     trl = tuned["chosen"]["trl"]

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log("warm start: the agent_arith pipeline's model + SFT (cached)")
     model = warm_start(work, scale=0.1 if args.quick else 1.0).resolve()
-    prov = Provenance()
+    prov = Provenance(venvs={"trl": trl_py})
     by_key = {key(c): c for c in cells(args.quick)}
     runs = []
     jobs = run_order(list(by_key), range(args.seeds))

@@ -196,6 +196,17 @@ def summarise(records: list[dict], k_async: int, budget_s: float, goal_speedup: 
     return out
 
 
+def versions_line(meta: dict) -> str:
+    """' Versions: agent-rl ..., TRL ... (its venv: ...)' where the file recorded TRL's venv (files before 2f16eaf did not)."""
+    trl, ours = meta.get("venvs", {}).get("trl"), meta.get("versions", {})
+    if not trl:
+        return ""
+    both = ("torch", "transformers")
+    return (f" Versions: agent-rl {ours.get('agent-rl')}, TRL {trl.get('trl')}; "
+            + ", ".join(f"{p} {ours.get(p)}" + ("" if trl.get(p) == ours.get(p) else f" (TRL's venv: {trl.get(p)})")
+                        for p in both) + ".")  # fmt: skip
+
+
 def markdown(out: dict) -> str:
     def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
@@ -214,7 +225,7 @@ def markdown(out: dict) -> str:
         f"`{out['command'].strip()}`, {out['date']}; {out['machine']}. {out['recipe']}, {out['steps']} steps, "
         f"{out['seeds']} seed(s) per cell{planned(out)}, checkpoints every {out['checkpoint_every']} steps scored by agent-rl's "
         f"evaluator on {out['eval_tasks']} held-out tasks; warm start {out['warm_start_accuracy']:.3f}. "
-        f"agent-rl async k={k}, fixed before the runs.",
+        f"agent-rl async k={k}, fixed before the runs.{versions_line(out.get('meta', {}))}",
         "",
     ]
     lines += headline_lines(out)

@@ -9,6 +9,7 @@ tests/test_portable_tree.py checks that no committed file names a path of one ma
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -81,6 +82,18 @@ def versions() -> dict[str, str]:
     return out
 
 
+def versions_of(python: Path) -> dict[str, str]:
+    """`versions()` as another interpreter sees them: a benchmark's second venv (TRL's, .venv-trl), whose side of the
+    comparison runs there. {} where it cannot be run (the benchmark then fails on its own, saying why)."""
+    code = "import json, sys; sys.path.insert(0, sys.argv[1]); from provenance import versions; print(json.dumps(versions()))"
+    try:
+        out = subprocess.run([str(python), "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                             check=True, timeout=120).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return json.loads(out)
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -88,15 +101,18 @@ def load_average() -> list[float]:
 class Provenance:
     """Taken at a benchmark's start (`Provenance()`), closed at its end (`.meta()` adds the load after)."""
 
-    def __init__(self, command: list[str] | None = None) -> None:
+    def __init__(self, command: list[str] | None = None, venvs: dict[str, Path] | None = None) -> None:
+        """`venvs`: the other interpreters a side of the comparison runs in, by name ({"trl": .venv-trl's python}):
+        their versions go in `meta()["venvs"]`."""
         self.started = dt.datetime.now(dt.UTC)
         self.load_before = load_average()
         self.commit = commit()  # the code that runs: a long benchmark's tree may change before it ends
         argv = command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
         self.command = portable(" ".join(argv))
+        self.venvs = {name: versions_of(python) for name, python in (venvs or {}).items()}
 
     def meta(self) -> dict:
-        return {
+        meta = {
             "command": self.command,
             "date": self.started.isoformat(timespec="seconds"),
             "commit": self.commit,
@@ -106,6 +122,7 @@ class Provenance:
             "elapsed_s": round((dt.datetime.now(dt.UTC) - self.started).total_seconds(), 1),
             "versions": versions(),
         }
+        return meta | ({"venvs": self.venvs} if self.venvs else {})
 
 
 def describe(meta: dict) -> str:

@@ -164,6 +164,18 @@ def test_provenance_records_commit_cpu_load_and_versions():
     assert meta["versions"]["python"] and meta["commit"]
 
 
+def test_provenance_records_the_versions_of_a_second_venv_as_that_interpreter_sees_them(
+    tmp_path: Path,
+) -> None:
+    """A side that runs in its own venv (TRL's) has its versions under meta.venvs, read by running that interpreter:
+    here this one (the same versions as `versions()`) and one that cannot run ({}: the benchmark fails on its own)."""
+    meta = provenance.Provenance(
+        ["bench.py"], venvs={"trl": Path(sys.executable), "gone": tmp_path / "nope"}
+    ).meta()
+    assert meta["venvs"] == {"trl": provenance.versions(), "gone": {}}
+    assert "venvs" not in provenance.Provenance(["bench.py"]).meta()
+
+
 def test_provenance_keeps_the_commit_the_benchmark_started_at(monkeypatch: pytest.MonkeyPatch) -> None:
     """A benchmark of hours records the code that ran, not the tree at its end (found on 2026-12-07: slow_tools
     wrote a later commit, +dirty, after commits made while it ran)."""

@@ -55,6 +55,13 @@ def test_the_quick_runs_tune_train_score_and_profile_both_systems(tmp_path: Path
     data = json.loads((out / "vs_trl_quick.json").read_text())
     job = vs_trl.JOBS["tiny"]
     assert set(data["meta"]) >= META, sorted(META - set(data["meta"]))
+    # TRL's side ran in .venv-trl, layered on .venv: the same torch and transformers as agent-rl's, and the page says so
+    ours, trl = data["meta"]["versions"], data["meta"]["venvs"]["trl"]
+    assert trl["trl"] and all(trl[p] == ours[p] for p in ("torch", "transformers")), (ours, trl)
+    assert (
+        f"TRL {trl['trl']}; torch {ours['torch']}, transformers {ours['transformers']}."
+        in (out / "vs_trl_quick.md").read_text()
+    )
     assert (data["model"], data["samples_per_step"]) == (job.label, job.quick_prompts * vs_trl.GROUP)
     assert {cell_name(r) for r in data["cells"]} == CELLS
     check_tuning(data, vs_trl.candidates(job, quick=True))
