@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
-    prov = Provenance()
+    prov = Provenance(venvs={} if args.no_trl else {"trl": trl_py})  # the TRL cell runs in .venv-trl
     from envs.harbor.private_dockerd import docker_engine
 
     with docker_engine(args.docker_host, data_root=args.work / "dockerd") as host:

@@ -4,8 +4,8 @@ user runs it, in its own process, into a scratch folder; its results file carrie
 
 `topology` and `trajectory_log_bench` train (`agent-rl train` per cell, from a random tiny model): heavy. The other
 benchmarks that train (`async_vs_sync`, `distill`, `moe_replay`) and `engine_bench` have their own `--quick` tests
-(make test-heavy), and so do the TRL ones (`vs_trl`, `vs_trl_profile`: test_vs_trl_quick.py, in .venv-trl); the
-container one (`slow_tools`) needs a Docker engine and is a `bench` test (docs/benchmarks/harness.md, "In CI")."""
+(make test-heavy), and so do the TRL ones (`vs_trl`, `vs_trl_profile`: test_vs_trl_quick.py, in .venv-trl) and the
+container one (`slow_tools`: tests/sandboxes/test_slow_tools_quick.py); docs/benchmarks/harness.md, "In CI"."""
 
 from __future__ import annotations
 
