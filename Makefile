@@ -84,7 +84,7 @@ test-harnesses: install
 test-slow: install system-deps smollm
 	$(PY) -m pytest -q -m slow
 
-## The heaviest slow tests, which make test leaves out (async_vs_sync --quick end to end, vs_trl --quick against TRL,
+## The heaviest slow tests, which make test leaves out (async_vs_sync, vs_trl and slow_tools --quick end to end,
 ## SmolLM2, multi-node recovery): CI's second job (.ci/run heavy), so that they do not rot unseen either; in
 ## TEST_JOBS workers as make test (docs/tests.md says how long it takes).
 test-heavy: install system-deps smollm trl-venv

@@ -197,7 +197,8 @@ def summarise(records: list[dict], k_async: int, budget_s: float, goal_speedup: 
 
 
 def versions_line(meta: dict) -> str:
-    """' Versions: agent-rl ..., TRL ... (its venv: ...)' where the file recorded TRL's venv (files before 2f16eaf did not)."""
+    """' Versions: agent-rl A, TRL T; torch X, transformers Y (TRL's venv: Z where it differs).' where the file
+    recorded TRL's venv (files before 3cb3e83 did not); '' where not."""
     trl, ours = meta.get("venvs", {}).get("trl"), meta.get("versions", {})
     if not trl:
         return ""
