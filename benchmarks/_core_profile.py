@@ -178,22 +178,3 @@ def watch(
 ) -> CpuSampler:
     """Start sampling the process tree under `pid` now; `steps_file`: mark when each step ends (its lines)."""
     return CpuSampler(pid, interval, inprocess, steps_file).start()
-
-
-def cores_busy_now(cores: tuple[int, ...], seconds: float) -> dict[int, float]:
-    """Machine-wide share busy of each core over `seconds` (/proc/stat): what every user of the machine did."""
-
-    def read() -> dict[int, tuple[int, int]]:
-        out = {}
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("cpu") and line[3:4].isdigit():
-                name, *vals = line.split()
-                v = list(map(int, vals))
-                idle = v[3] + v[4]
-                out[int(name[3:])] = (sum(v) - idle, sum(v))
-        return out
-
-    a = read()
-    time.sleep(seconds)
-    b = read()
-    return {c: (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in cores if c in a and c in b}

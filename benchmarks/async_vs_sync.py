@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import cores  # noqa: E402
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import log, results_dir, results_file, time_curves  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
@@ -127,26 +128,14 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
 
 
 # -- one run ------------------------------------------------------------------------------
-def cpu_times() -> list[tuple[int, int]]:
-    """(busy, total) jiffies per core from /proc/stat."""
-    out = []
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("cpu") and line[3].isdigit():
-            v = [int(x) for x in line.split()[1:]]
-            idle = v[3] + v[4]
-            out.append((sum(v) - idle, sum(v)))
-    return out
-
-
 def train_run(cell: Cell, seed: int, model: Path, run_dir: Path, steps: int, every: int) -> dict:
     sets = [f"model.path={model}", f"train.steps={steps}", f"train.seed={seed}", f"checkpoint.every={every}",
             *cell.overrides()]  # fmt: skip
     env = dict(os.environ) | ({"OMP_NUM_THREADS": str(cell.threads)} if cell.threads else {})
     shutil.rmtree(run_dir, ignore_errors=True)  # emptied before the process clock starts
-    before, start = cpu_times(), time.time()
+    before, start = cores.cpu_times(), time.time()
     wall = train(RECIPE, sets, run_dir, env=env, name=f"{cell.name} seed {seed}")
-    after = cpu_times()
-    core_busy = [(a[0] - b[0]) / max(1, a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    core_busy = cores.busy(before, cores.cpu_times())
     return {"process_wall_s": wall, "process_start": start, "core_busy": core_busy}
 
 

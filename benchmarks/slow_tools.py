@@ -48,10 +48,12 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import cores  # noqa: E402
 from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.report import log, results_args, results_dir, save_figure, subplots, table  # noqa: E402
 from benchmarks.harness.report import write as report_write  # noqa: E402
@@ -130,6 +132,14 @@ def train_run(sets: list[str], run_dir: Path) -> dict:
     """One `agent-rl train` of the recipe into `run_dir` (benchmarks/harness/train.py): its wall seconds and start."""
     start = time.time()
     return {"process_wall_s": train(RECIPE, sets, run_dir), "process_start": start}
+
+
+def machine_busy(run: Callable[[], dict]) -> dict:
+    """`run()`'s record with `core_busy`: each core's share busy over it, machine-wide (benchmarks/harness/cores.py:
+    the containers' pytest under dockerd included, which no process tree of the run holds)."""
+    before = cores.cpu_times()
+    rec = run()
+    return rec | {"core_busy": cores.busy(before, cores.cpu_times())}
 
 
 def in_flight(recs: list[dict]) -> dict:
@@ -275,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     results_args(p, "slow_tools")
     args = p.parse_args(argv)
-    if args.from_results:  # any slow_tools*.json: its page and figure, under its own name
+    if args.from_results:  # any slow_tools*.json: its summary (from its runs), page and figure, under its own name
         data = json.loads(args.from_results.read_text())
+        trl_ran = any(r["cell"] == TRL.name for r in data["cells"])
+        data["summary"] = summarise(data["cells"], cells_for(data["design"]["ks"], trl=trl_ran))
         write(data, results_dir(args.out, scratch=False, name="slow_tools"), args.from_results.stem)
         return 0
     out_dir = results_dir(args.out, scratch=args.quick, name="slow_tools")
@@ -350,10 +362,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_trl(seed: int, run_dir: Path) -> dict:
             cfg = trl_swe_cell.TrlConfig(**trl["chosen"])
-            rec = trl_swe_cell.train_process(
+            rec = machine_busy(lambda: trl_swe_cell.train_process(
                 trl_py, trl_model, env, run_dir, cfg, seed=seed, steps=args.steps, every=args.every,
                 prompts=prompts, lr=recipe.learner.lr,
-            )  # fmt: skip
+            ))  # fmt: skip
             cks = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
             scores = trl_swe_cell.score(
                 trl_py, env, [c / "hf" for c in cks], args.eval_limit, run_dir.parent / f"{run_dir.name}.scores.json",
@@ -387,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.work / f"{cell.name.replace(' ', '_').replace('=', '')}_s{job.seed}"
             sets = [*base_sets, f"buffer.max_staleness={cell.k}", f"train.steps={steps}",
                     f"train.seed={job.seed}", f"checkpoint.every={args.every}"]  # fmt: skip
-            rec = train_run(sets, run_dir)
+            rec = machine_busy(lambda: train_run(sets, run_dir))
             acc = evaluate_checkpoints(run_dir, eval_sets)
             curve, recs = curve_of(run_dir, acc, start_acc)
             sync_steps = [a for s, a in sorted(acc.items()) if s <= args.steps]
@@ -462,6 +474,8 @@ def summarise(runs: list[dict], cells: list[Cell]) -> dict:
             "tool_share_median": median_or_none(r["tools"]["tool_share_median"] for r in rs),
             "episode_seconds_median": median_or_none(r["tools"]["episode_seconds_median"] for r in rs),
             "in_flight_mean": median_or_none(r["in_flight"]["mean"] for r in rs),
+            # cores busy machine-wide over the run (of all of them); runs before 2026-12-07 did not record it
+            "cores_busy_median": median_or_none(sum(r["core_busy"]) for r in rs if "core_busy" in r),
         }
     sync = per_cell[SYNC]["time_to_target_s"]
     ratios, vs_trl = {}, {}
@@ -509,7 +523,7 @@ def markdown(data: dict) -> str:
             f(c["time_to_target_median_s"], "{:.0f}"),
             "-" if r is None else f"{f(r['speedup_median'])} ({', '.join(f(x) for x in r['per_seed'])})",
             f(c["seconds_per_step_median"]), f(c["tool_share_median"]), f(c["episode_seconds_median"], "{:.1f}"),
-            f(c["in_flight_mean"], "{:.1f}"),
+            f(c["in_flight_mean"], "{:.1f}"), f(c.get("cores_busy_median")),
         ])  # fmt: skip
     verdict = {True: "REACHED", False: "NOT reached", None: "not decided (no ratio)"}
     planned = d.get("seeds_planned", d["seeds"])  # not kept before 2026-12-07
@@ -567,6 +581,7 @@ def markdown(data: dict) -> str:
                     "tool share of an episode (median)",
                     "episode s (median)",
                     "episodes in flight (mean / max)",
+                    f"cores busy (of {m['cpu']['cores']}, machine-wide)",
                 ],
                 rows,
             ),  # fmt: skip
@@ -575,6 +590,8 @@ def markdown(data: dict) -> str:
             "ratio = never reached. Tool share: env.step seconds (the command block in the container, on the last turn",
             "the verifier's pytest) over generation + env seconds, per recorded episode. In flight: the episodes' seconds",
             f"(start to verdict) over the run's wall time, time-averaged (Little's law); at most {d.get('max_in_flight', '-')}.",
+            "Cores busy: the machine's cores busy over the run's process (/proc/stat, the containers' pytest included),",
+            "the median over runs; at all of them, no core is left idle for asynchrony to fill (- : not recorded).",
             *(
                 [
                     "TRL's row: tool share per step (its tool-call and reward phases over generation + tools + reward: its",

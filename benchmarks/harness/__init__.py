@@ -5,5 +5,6 @@
 - `provenance`: commit, CPU model and flags, cores, load before and after, versions;
 - `report`: where results go (committed or scratch), the JSON + markdown writer, the figure helpers;
 - `pool`: runs in their own processes, N at a time, re-planned as each finishes, drained and stopped by signal;
-- `train`: an `agent-rl train` run in its own process, and its step records.
+- `train`: an `agent-rl train` run in its own process, and its step records;
+- `cores`: how busy the machine's cores were over a run (/proc/stat, every user of the machine).
 """

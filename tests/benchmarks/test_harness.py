@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import provenance, report, runner, stats
+from benchmarks.harness import cores, provenance, report, runner, stats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,6 +174,13 @@ def test_provenance_records_the_versions_of_a_second_venv_as_that_interpreter_se
     ).meta()
     assert meta["venvs"] == {"trl": provenance.versions(), "gone": {}}
     assert "venvs" not in provenance.Provenance(["bench.py"]).meta()
+
+
+def test_cores_busy_is_each_cores_busy_share_between_two_readings() -> None:
+    # core 0: 50 of 100 ticks busy; core 1: idle throughout; a core with no ticks between the readings: 0, not NaN
+    assert cores.busy([(10, 100), (50, 100), (7, 7)], [(60, 200), (50, 200), (7, 7)]) == [0.5, 0.0, 0.0]
+    now = cores.cpu_times()  # this machine: one (busy, total) per core, busy never above total
+    assert len(now) == os.cpu_count() and all(0 <= b <= t for b, t in now)
 
 
 def test_provenance_keeps_the_commit_the_benchmark_started_at(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -123,9 +123,9 @@ MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named other
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
     """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
-    (the summaries of topology, trajectory_log_bench, vcpo_overhead, learner_step_opob, vs_trl, vs_trl_profile and
-    learner_step_agent_arith's ratios are recomputed from their runs; moe_replay's, orchestration's, env_bench's,
-    mismatch's and slow_tools_quick's are kept, constrained_is's page is computed from its per-seed rows; each page is
+    (the summaries of topology, trajectory_log_bench, vcpo_overhead, learner_step_opob, vs_trl, vs_trl_profile,
+    slow_tools and learner_step_agent_arith's ratios are recomputed from their runs; moe_replay's, orchestration's,
+    env_bench's and mismatch's are kept, constrained_is's page is computed from its per-seed rows; each page is
     rendered from the JSON)."""
     module = __import__(MODULE.get(name, name))
     module.main(["--from-results", str(RESULTS / f"{name}.json"), "--out", str(tmp_path)])

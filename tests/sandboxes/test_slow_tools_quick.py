@@ -41,6 +41,8 @@ def test_the_quick_run_writes_its_results_file(docker_host: str, tmp_path: Path)
         assert data["meta"]["venvs"]["trl"]["trl"]  # TRL's side's versions, from its own venv
     for r in data["cells"]:
         assert r["tools"]["episodes"] > 0 and 0 < r["tools"]["tool_share_median"] <= 1
+        # the machine's cores busy over the run: one share per core, the run itself kept some busy
+        assert len(r["core_busy"]) == os.cpu_count() and 0 < sum(r["core_busy"]) <= os.cpu_count()
         assert r["in_flight"]["episodes"] > 0 and r["in_flight"]["mean"] > 0
     assert (tmp_path / "out" / "slow_tools_quick.md").is_file() and (
         tmp_path / "out" / "slow_tools_quick.png"
