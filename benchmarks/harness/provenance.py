@@ -15,6 +15,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -37,8 +38,11 @@ PACKAGES = ("agent-rl", "torch", "transformers", "trl", "vllm", "megatron-core")
 
 def portable(text: str) -> str:
     """`text` with this checkout's absolute path written `.` and its parent folder's `..`: whole path prefixes
-    only, so a checkout in /work leaves `tir/workers=1` as it is (no path character before or after the match)."""
-    for path, short in ((ROOT, "."), (ROOT.parent, "..")):
+    only, so a checkout in /work leaves `tir/workers=1` as it is (no path character before or after the match).
+    A checkout in the system's temporary folder (a clone in /tmp) keeps other /tmp paths whole: they are scratch
+    folders, not its siblings, and a results file rewritten from there must read as it was written."""
+    pairs = [(ROOT, ".")] + ([(ROOT.parent, "..")] if ROOT.parent != Path(tempfile.gettempdir()) else [])
+    for path, short in pairs:
         text = re.sub(rf"(?<![\w.-]){re.escape(str(path))}(?![\w.-])", short, text)
     return text
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -207,6 +208,17 @@ def test_portable_rewrites_whole_path_prefixes_only(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(provenance, "ROOT", Path(f"{w}/main"))
     text = f"{w}/main/benchmarks/x.py {w}/other cd {w}/main; current/tir/workers=1 {w}/main-old"
     assert provenance.portable(text) == "./benchmarks/x.py ../other cd .; current/tir/workers=1 ../main-old"
+
+
+def test_a_checkout_in_the_temporary_folder_keeps_other_temporary_paths_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh clone in /tmp: its own paths are shortened, a scratch folder beside it in /tmp is not (a committed
+    results file naming one, rewritten there by --from-results, reads as it was written)."""
+    tmp = Path(tempfile.gettempdir())
+    monkeypatch.setattr(provenance, "ROOT", tmp / "ci")
+    text = f"{tmp}/ci/benchmarks/x.py --out {tmp}/eb_idle/out"
+    assert provenance.portable(text) == f"./benchmarks/x.py --out {tmp}/eb_idle/out"
 
 
 def test_complete_seeds_are_those_with_every_cell_run() -> None:
