@@ -828,6 +828,29 @@ def gpu_learners_since(docs: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def slow_tools_bound() -> str:
+    """How busy the swe_tiny runs kept the machine's cores (benchmarks/results/slow_tools_bound.json, the per-run
+    `core_busy` of benchmarks/slow_tools.py): the most that any overlap of the same work can shorten sync's step is
+    cores / cores busy."""
+    d = load("slow_tools_bound.json")
+    m, design = d["meta"], d["design"]
+    n = m["cpu"]["cores"]
+
+    def busy(cell: str) -> tuple[float, str]:
+        runs = [sum(r["core_busy"]) for r in d["cells"] if r["cell"] == cell]
+        return d["summary"]["per_cell"][cell]["cores_busy_median"], ", ".join(f"{x:.2f}" for x in runs)
+
+    (sync, sync_runs), (k2, k2_runs) = busy("sync k=0"), busy("async k=2")
+    return (
+        f"- **What bounds it, measured**: sync k=0 kept **{sync:.2f} of the {n} cores** busy machine-wide (median of "
+        f"{design['seeds']} runs: {sync_runs}), async k=2 {k2:.2f} ({k2_runs}), the containers' pytest included "
+        f"(/proc/stat over each run). Overlapping the same work can then shorten a step by at most {n} / {sync:.2f} = "
+        f"**{n / sync:.2f}×**: the 2× goal cannot be reached on these {n} cores. "
+        f"([results](../../benchmarks/results/slow_tools_bound.md): `{m['command']}`, {design['sync_steps']} sync "
+        f"steps a run, {m['date'][:10]}, commit {m['commit']}, load {m['load_before'][0]:.2f} at the start.)"
+    )
+
+
 GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" in a page under docs/)
     "headline": lambda docs: headline(docs=docs),
     "staleness_verdict": lambda docs: staleness_verdict(),
@@ -842,4 +865,5 @@ GENERATED = {  # name -> function of the docs prefix ("docs/" in README.md, "" i
     "gpu_learners_goals": lambda docs: gpu_learners_goals(docs),
     "gpu_learners_table": lambda docs: gpu_learners_table(docs),
     "gpu_learners_since": lambda docs: gpu_learners_since(docs),
+    "slow_tools_bound": lambda docs: slow_tools_bound(),
 }
