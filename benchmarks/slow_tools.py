@@ -203,13 +203,14 @@ def evaluate_checkpoints(run_dir: Path, sets: list[str]) -> dict[int, float]:
 # -- plan --------------------------------------------------------------------------------------------------------------
 
 # --plan's figures for the recipe's 8 prompts x 4 samples a step on a 2-core machine with nothing else running:
-# minutes per agent-rl run of 16 steps, start-up and checkpoints included (measured 2026-12-07: sync 16 steps
-# 16.5 min, async k=2 24 steps 24.5 min: ~60 s a step either way, the containers' pytest using both cores); TRL's
+# minutes per agent-rl run of 16 steps, start-up and checkpoints included (measured 2026-12-07 on the idle machine,
+# benchmarks/results/slow_tools_bound.json: sync 22-25 s a step, async k=2 23-35 s, ~8 s of start-up; the first
+# reading's 16.5 min for 16 sync steps was at load 8); TRL's
 # seconds per step and per process start (guesses: from the TRL-format check of 2026-12-06, docs/benchmarks/
 # slow-tools.md: 39-48 s for 8 rollouts at load ~10, tool calls one rollout at a time, verifiers 4 at once, x4
 # rollouts); minutes to score one checkpoint on the held-out tasks (measured: 2.5); minutes of the first
 # invocation's suite, task images, SFT and warm-start score (measured: 5).
-PLAN = dict(run_min=16.5, trl_step_s=75.0, trl_start_s=20.0, score_min=2.5, sft_min=5.0)
+PLAN = dict(run_min=7.5, trl_step_s=75.0, trl_start_s=20.0, score_min=2.5, sft_min=5.0)
 
 
 def plan_text(args: argparse.Namespace, ks: list[int], batch_prompts: int | None) -> str:
