@@ -31,6 +31,11 @@ if [ -x "$VENV/bin/python" ] && ! compgen -G "$VENV/lib/python*/site-packages/$L
   echo "setup_trl.sh: $VENV predates the layering on $BASE: making it anew"
   rm -rf "$VENV"
 fi
+version='import sys; print(sys.version_info[:2])'
+if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c "$version")" != "$("$BASE/bin/python" -c "$version")" ]; then
+  echo "setup_trl.sh: $VENV has another Python than $BASE (made again since?): making it anew"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$base_python" -m venv "$VENV"
 fi
