@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     results_args(p, "slow_tools")
     args = p.parse_args(argv)
-    if args.from_results:  # any slow_tools*.json: its summary (from its runs), page and figure, under its own name
+    # any slow_tools*.json: its summary (from its runs), page and figure, under its own name
+    if args.from_results:
         data = json.loads(args.from_results.read_text())
         trl_ran = any(r["cell"] == TRL.name for r in data["cells"])
         data["summary"] = summarise(data["cells"], cells_for(data["design"]["ks"], trl=trl_ran))

@@ -39,7 +39,8 @@ RESOURCE_WARNING = re.compile(
 )
 
 # Run from a fresh clone, in this order (the quick ones first, so a broken install shows early).
-RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs", "test-harnesses")  # test-slow covers test-heavy
+# test-slow covers test-heavy
+RUN = ("test", "run", "test-slow", "test-vllm", "run-real", "docs", "test-harnesses")
 # Documented, but not run here, and why.
 NOT_RUN = {
     "install": "every target above runs it first",

@@ -144,7 +144,8 @@ class Gateway:
         """An `openai.AsyncOpenAI` for session `sid` served in this process (inprocess.py); close it after."""
         if self._transport is None:
             self._transport = InProcessTransport(self)
-        s = self.sessions.get(sid)  # a session not open: its client's calls are answered 404 (or 401 if guarded)
+        # a session not open: its client's calls are answered 404 (or 401 if guarded)
+        s = self.sessions.get(sid)
         return session_client(self._transport, sid, s.token if s is not None else "")
 
     def base_url(self, sid: str) -> str:

@@ -79,7 +79,10 @@ class TorchRank:
         model.train()
         self.model = model
         self._lp = HFLogprobs(
-            model, pack=spec.pack, chunk_tokens=spec.logprob_chunk_tokens, compile=spec.compile,
+            model,
+            pack=spec.pack,
+            chunk_tokens=spec.logprob_chunk_tokens,
+            compile=spec.compile,
             head_fp32=spec.lm_head_fp32,
         )
         self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")

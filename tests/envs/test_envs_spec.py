@@ -97,7 +97,8 @@ def test_data_root_precedence_yaml_then_env_var_then_shared(tmp_path, monkeypatc
 
     monkeypatch.delenv("AGENT_RL_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    beside = ENV_DIR.parents[1] / "shared" / "data"  # the project's snapshot, where the checkout has one beside it
+    # the project's snapshot, where the checkout has one beside it
+    beside = ENV_DIR.parents[1] / "shared" / "data"
     assert default_data_root() == (beside if beside.is_dir() else tmp_path / "cache" / "agent-rl" / "data")
     monkeypatch.setenv("AGENT_RL_DATA", str(tmp_path / "elsewhere"))
     path = tmp_path / "ok.yaml"
