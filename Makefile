@@ -81,7 +81,7 @@ test-harnesses: install
 	bash scripts/install_harnesses.sh
 	$(PY) -m pytest -q -m harness tests/harnesses -n $(TEST_JOBS) --dist loadfile
 
-test-slow: install system-deps smollm
+test-slow: install system-deps smollm trl-venv
 	$(PY) -m pytest -q -m slow
 
 ## The heaviest slow tests, which make test leaves out (async_vs_sync, vs_trl and slow_tools --quick end to end,

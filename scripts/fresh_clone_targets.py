@@ -57,7 +57,7 @@ NOT_RUN = {
     "run-swe": "the swe_tiny learning run in containers (tens of minutes); its --quick pipeline runs in make test-heavy",
     "bench-trl": "the TRL comparison, about an hour, in its own venv",
     "bench-slow-tools": "the slow-tools benchmark in containers, hours (estimated); part of make bench",
-    "trl-venv": "bench-trl's venv",
+    "trl-venv": "TRL's venv, which make test-slow (and test-heavy, bench-trl) makes first",
     "lock": "re-resolves requirements.lock against the registry (changes the file)",
     "lint": "ruff; make test runs ruff check",
 }
