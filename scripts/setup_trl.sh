@@ -31,6 +31,9 @@ if [ -x "$VENV/bin/python" ] && ! compgen -G "$VENV/lib/python*/site-packages/$L
   echo "setup_trl.sh: $VENV predates the layering on $BASE: making it anew"
   rm -rf "$VENV"
 fi
+if [ "${1:-}" = "--lock" ]; then
+  rm -rf "$VENV"  # re-resolved from nothing: no package of an older resolution left to be frozen into the lock
+fi
 version='import sys; print(sys.version_info[:2])'
 if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c "$version")" != "$("$BASE/bin/python" -c "$version")" ]; then
   echo "setup_trl.sh: $VENV has another Python than $BASE (made again since?): making it anew"

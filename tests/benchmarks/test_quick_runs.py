@@ -49,15 +49,19 @@ def _run(*args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+def _regenerates(bench: str, out: Path, name: str, again: Path) -> None:
+    """`--from-results` of OUT/NAME.json writes the same file and page into AGAIN."""
+    _run(f"benchmarks/{bench}.py", "--from-results", str(out / f"{name}.json"), "--out", str(again))
+    assert json.loads((again / f"{name}.json").read_text()) == json.loads((out / f"{name}.json").read_text())
+    assert (again / f"{name}.md").read_text() == (out / f"{name}.md").read_text()
+
+
 def _check(tmp_path: Path, bench: str, name: str, *extra: str) -> None:
     _run(f"benchmarks/{bench}.py", "--quick", "--out", str(tmp_path / "quick"), *extra)
     data = json.loads((tmp_path / "quick" / f"{name}.json").read_text())
     assert set(data["meta"]) >= META, sorted(META - set(data["meta"]))
     assert data["meta"]["command"].startswith(f"{bench}.py --quick")
-    page = (tmp_path / "quick" / f"{name}.md").read_text()
-    _run(f"benchmarks/{bench}.py", "--from-results", str(tmp_path / "quick" / f"{name}.json"), "--out", str(tmp_path / "again"))  # fmt: skip
-    assert json.loads((tmp_path / "again" / f"{name}.json").read_text()) == data
-    assert (tmp_path / "again" / f"{name}.md").read_text() == page
+    _regenerates(bench, tmp_path / "quick", name, tmp_path / "again")
 
 
 @pytest.mark.slow

@@ -7,8 +7,6 @@ gives back the same file and page from its own cells."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,28 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vs_trl  # noqa: E402
 import vs_trl_profile  # noqa: E402
+from test_quick_runs import META, _regenerates, _run  # noqa: E402
 from test_vs_trl_results import check_summary, check_tuning  # noqa: E402
 from vs_trl_report import cell_name  # noqa: E402
 
-META = {"command", "date", "commit", "cpu", "load_before", "load_after", "elapsed_s", "versions"}
 CELLS = {"agent-rl k=0", "agent-rl k=2", "trl shipped", "trl shipped-constant-lr", "trl closest"}
-
-
-def _run(*args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def _regenerates(bench: str, out: Path, name: str, again: Path) -> None:
-    _run(f"benchmarks/{bench}.py", "--from-results", str(out / f"{name}.json"), "--out", str(again))
-    assert json.loads((again / f"{name}.json").read_text()) == json.loads((out / f"{name}.json").read_text())
-    assert (again / f"{name}.md").read_text() == (out / f"{name}.md").read_text()
 
 
 @pytest.mark.slow
