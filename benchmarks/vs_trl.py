@@ -540,12 +540,13 @@ def plan(args: argparse.Namespace) -> str:
     )
 
 
-def run_cells(args: argparse.Namespace, model: Path, trl_py: Path, session_file: Path) -> None:
+def run_cells(
+    args: argparse.Namespace, model: Path, trl_py: Path, session_file: Path, prov: Provenance
+) -> None:
     """The tuning pass and the timed cells, interleaved over seeds on the benchmark harness (its Runner: every
     finished run a line of --work/runs.jsonl, --time-limit-min drains). What scoring needs goes to `session_file`
     before the first run and after each, so an invocation stopped part way can still be scored (`--score-only`:
     the seeds whose every cell is in runs.jsonl, and the results say how many of the planned ones that is)."""
-    prov = Provenance(venvs={"trl": trl_py})  # TRL's side runs in .venv-trl: its versions too
     cands = candidates(args.job, args.quick)
     tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
     trl = tuned["chosen"]["trl"]
@@ -719,12 +720,15 @@ def main(argv: list[str] | None = None) -> int:
     recipe = load_recipe(RECIPE, [], check_model=False)
     limit = args.eval_limit or recipe.eval.limit
     args.work.mkdir(parents=True, exist_ok=True)
+    # taken before the warm start: its SFT (minutes, uncached) would be the load "at the start" otherwise; TRL's side
+    # runs in .venv-trl, its versions too
+    prov = Provenance(venvs={"trl": trl_py})
     log(f"warm start: the agent_arith pipeline's SFT on the {args.job.label} (cached)")
     smollm2 = args.smollm2_dir if args.model == "smollm2" else None
     model = warm_start(args.work, scale=args.job.sft_scale, smollm2=smollm2).resolve()
     session_file = args.work / "session.json"
     if not args.score_only:
-        run_cells(args, model, trl_py, session_file)
+        run_cells(args, model, trl_py, session_file, prov)
     elif not session_file.is_file():
         raise SystemExit(f"--score-only: no {session_file}: run the benchmark without it first")
     session = json.loads(session_file.read_text())

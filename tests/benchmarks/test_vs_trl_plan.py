@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import vs_trl  # noqa: E402
 
+from benchmarks.harness.provenance import Provenance  # noqa: E402
 from benchmarks.harness.runner import interleave, plan  # noqa: E402
 
 
@@ -88,14 +89,14 @@ def test_past_the_time_limit_no_timed_run_starts_and_the_next_invocation_goes_on
     args = argparse.Namespace(job=vs_trl.JOBS["tiny"], quick=False, work=tmp_path, tune_steps=2, seeds=2, steps=4,
                               every=2, budget_s=60.0, time_limit_min=0.0)  # fmt: skip
     session_file = tmp_path / "session.json"
-    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file, Provenance(["vs_trl.py"]))
     assert trained == [] and json.loads(session_file.read_text())["time_limit_min"] == 0.0
     assert vs_trl.complete_runs(tmp_path, json.loads(session_file.read_text())) == ([], [])
     args.time_limit_min = None
-    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file, Provenance(["vs_trl.py"]))
     cells = json.loads(session_file.read_text())["cells"]
     assert trained == [(j.cell, j.seed) for j in plan(cells, range(2))] and len(cells) == 5
-    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file)
+    vs_trl.run_cells(args, tmp_path, tmp_path / "python", session_file, Provenance(["vs_trl.py"]))
     assert len(trained) == 10
     # the results' header (machine line, provenance) is the one of the invocation that ran the runs
     assert "machine" in json.loads(session_file.read_text())
