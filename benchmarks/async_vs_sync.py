@@ -133,9 +133,10 @@ def train_run(cell: Cell, seed: int, model: Path, run_dir: Path, steps: int, eve
             *cell.overrides()]  # fmt: skip
     env = dict(os.environ) | ({"OMP_NUM_THREADS": str(cell.threads)} if cell.threads else {})
     shutil.rmtree(run_dir, ignore_errors=True)  # emptied before the process clock starts
-    before, start = cores.cpu_times(), time.time()
-    wall = train(RECIPE, sets, run_dir, env=env, name=f"{cell.name} seed {seed}")
-    core_busy = cores.busy(before, cores.cpu_times())
+    start = time.time()
+    wall, core_busy = cores.busy_during(
+        lambda: train(RECIPE, sets, run_dir, env=env, name=f"{cell.name} seed {seed}")
+    )
     return {"process_wall_s": wall, "process_start": start, "core_busy": core_busy}
 
 

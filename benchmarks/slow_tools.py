@@ -137,9 +137,8 @@ def train_run(sets: list[str], run_dir: Path) -> dict:
 def machine_busy(run: Callable[[], dict]) -> dict:
     """`run()`'s record with `core_busy`: each core's share busy over it, machine-wide (benchmarks/harness/cores.py:
     the containers' pytest under dockerd included, which no process tree of the run holds)."""
-    before = cores.cpu_times()
-    rec = run()
-    return rec | {"core_busy": cores.busy(before, cores.cpu_times())}
+    rec, core_busy = cores.busy_during(run)
+    return rec | {"core_busy": core_busy}
 
 
 def in_flight(recs: list[dict]) -> dict:

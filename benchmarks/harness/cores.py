@@ -8,7 +8,11 @@ psutil is not a dependency of the benchmarks' venvs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def cpu_times() -> list[tuple[int, int]]:
@@ -29,3 +33,10 @@ def cpu_times() -> list[tuple[int, int]]:
 def busy(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[float]:
     """Each core's share busy (0..1) between two `cpu_times()` readings."""
     return [(a[0] - b[0]) / max(1, a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+
+
+def busy_during(run: Callable[[], T]) -> tuple[T, list[float]]:
+    """`run()`'s result, and each core's share busy while it ran."""
+    before = cpu_times()
+    out = run()
+    return out, busy(before, cpu_times())

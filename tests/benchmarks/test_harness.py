@@ -182,6 +182,9 @@ def test_cores_busy_is_each_cores_busy_share_between_two_readings() -> None:
     assert cores.busy([(10, 100), (50, 100), (7, 7)], [(60, 200), (50, 200), (7, 7)]) == [0.5, 0.0, 0.0]
     now = cores.cpu_times()  # this machine: one (busy, total) per core, busy never above total
     assert len(now) == os.cpu_count() and all(0 <= b <= t for b, t in now)
+    # a run that spins: its result back, and the machine busier than nothing while it ran
+    out, during = cores.busy_during(lambda: sum(i * i for i in range(3_000_000)))
+    assert out > 0 and len(during) == os.cpu_count() and sum(during) > 0
 
 
 def test_provenance_keeps_the_commit_the_benchmark_started_at(monkeypatch: pytest.MonkeyPatch) -> None:
