@@ -270,6 +270,11 @@ class LearnerConfig(Strict):
     without it), required by context parallelism (cp > 1 splits each packed sequence). Torch: position ids
     restart per trajectory, causal SDPA per trajectory (flash-attention 2's variable-length kernel where
     installed). Default (None): on for both."""
+    share_prefixes: bool = True
+    """torch, packed: trajectories of a micro-batch that begin with the same tokens (a group's prompt) run those
+    tokens once, and each one's own tokens attend to them (learners/shared_prefix.py); the same log-probs and
+    gradient up to float rounding, less compute where prompts are a large share of the tokens. Off by itself
+    under exact OPOB with ghost norms, routing replay, compile and models with linear-attention layers."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (torch learner; `pip install 'agent-rl[lora]'`)."""
     mismatch_threshold: float = Field(0.1, gt=0)
@@ -335,6 +340,7 @@ class LearnerConfig(Strict):
         torch_only = {
             "logprob_chunk_tokens": "its chunked log-softmax; megatron's is vocab-parallel",
             "compile": "torch.compile of its decoder",
+            "share_prefixes": "its shared-prefix packing",
             "proxy_hold_group": "its proxy OPOB under recompute; megatron never holds a group",
         }
         for name, what in torch_only.items():

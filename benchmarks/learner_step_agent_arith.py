@@ -18,6 +18,8 @@ Cases (the baseline is the code before the change, kept here as the reference it
   first: a group's members of one length are neighbours). The same arithmetic on the same values.
   (Packing the rows longest first as well, so that every document of one length joins one call, measured 0.994x of
   this in CPU time, 0.89-1.12 over 24 rounds: not kept.)
+- `now, common prefixes shared` (learner.share_prefixes, on by default since): a group's 8 samples run their prompt
+  once (agent_rl/learners/shared_prefix.py); against `now`. Also at micro-batch 4, against `now` at 4.
 
 Times are this process's CPU seconds and wall seconds of one `TorchRank.step`; a ratio is the median of the
 per-round ratios (case / its baseline), with its min and max over rounds. The machine is shared: the load average is
@@ -25,7 +27,7 @@ written before and after. `--profile`: also torch.profiler's top operators of th
 Also, the code now at other settings, each against the code now at micro-batch 64: micro-batch 8 (one group per
 forward and backward) and 4 (learner.micro_batch_size's default: proxy OPOB then runs a forward without gradients over
 each group of 8 first), rounding only; and bf16 autocast (learner.dtype: bfloat16), which changes the numerics beyond
-rounding order: a separate cell, never a default (issue 62's acceptance). `--code-only`: only the two code cases.
+rounding order: a separate cell, never a default (issue 62's acceptance). `--code-only`: only the code cases (before, now, shared).
 Writes benchmarks/results/learner_step_agent_arith.{json,md} (`_2threads` with --threads 2).
 """
 
@@ -60,7 +62,17 @@ MB8, MB4 = (
 )
 MB4_HOLD = "now, micro-batch 4, the group's graphs held (no forward without gradients)"
 BF16 = "now, bf16 autocast (other numerics: a separate cell, not a default)"
-BASE = {NOW: (BEFORE,), MB8: (NOW,), MB4: (NOW,), MB4_HOLD: (NOW,), BF16: (NOW,)}
+SHARED = "now, common prefixes shared (learner.share_prefixes)"
+SHARED_MB4 = "now, micro-batch 4, common prefixes shared"
+BASE = {
+    NOW: (BEFORE,),
+    SHARED: (NOW,),
+    MB8: (NOW,),
+    MB4: (NOW,),
+    SHARED_MB4: (MB4,),
+    MB4_HOLD: (NOW,),
+    BF16: (NOW,),
+}
 """each case's ratios are taken against these (the micro-batches and bf16 against the code now at micro-batch 64)"""
 TOOL_RATE = 24 / 64  # trajectories calling the tool at vs_trl's first agent-rl step (batches.jsonl)
 
@@ -136,14 +148,17 @@ def agent_arith_batch(model_dir: Path, seed: int = 0, groups: int = 8, per_group
     return collate(out, sort_by_length=True).policy
 
 
-def rank(model_dir: Path, micro_batch: int, dtype: str = "float32", hold: bool = False) -> TorchRank:
-    """recipes/agent_arith.yaml's learner and algorithm (fp32, packed), the given micro-batch (and autocast dtype)."""
+def rank(
+    model_dir: Path, micro_batch: int, dtype: str = "float32", hold: bool = False, share: bool = False
+) -> TorchRank:
+    """recipes/agent_arith.yaml's learner and algorithm (fp32, packed), the given micro-batch (and autocast dtype);
+    common prefixes shared only with `share` (learner.share_prefixes: every other case measures the code before it)."""
     step = StepConfig(loss="vcpo", advantage="opob", opob_mode="proxy", ess_lr_rule="sqrt", is_truncation=8.0,
                       grad_clip=1.0, micro_batch_size=micro_batch, proxy_hold_group=hold)  # fmt: skip
     return TorchRank(
         RankSpec(model_path=str(model_dir), weights_dtype="float32", compute_dtype=dtype, lr=2e-4,
                  betas=(0.9, 0.999), weight_decay=0.0, lr_schedule="constant", warmup_steps=0, total_steps=1000,
-                 gradient_checkpointing=False, step=step, seed=0)
+                 gradient_checkpointing=False, step=step, seed=0, share_prefixes=share)
     )  # fmt: skip
 
 
@@ -194,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the k=2 learner process has 1)")
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--code-only", action="store_true", help="only the before / split / by-length cases")
+    ap.add_argument("--code-only", action="store_true", help="only the code cases: before, now, shared")
     ap.add_argument(
         "--from-results", type=results_file, default=None, help="run nothing: rewrite FILE's ratios and page"
     )
@@ -221,11 +236,13 @@ def main(argv: list[str] | None = None) -> None:
         cases: dict[str, Case] = {
             BEFORE: (rk, lambda: use_reference(True)),
             NOW: (rk, lambda: use_reference(False)),
+            SHARED: (rank(model_dir, args.micro_batch, share=True), lambda: use_reference(False)),
         }
         if not args.code_only:
             now = {
                 MB8: rank(model_dir, 8),
                 MB4: rank(model_dir, 4),
+                SHARED_MB4: rank(model_dir, 4, share=True),
                 MB4_HOLD: rank(model_dir, 4, hold=True),
                 BF16: rank(model_dir, args.micro_batch, "bfloat16"),
             }

@@ -55,6 +55,7 @@ class RankSpec:
     pack: bool = True  # a micro-batch's trajectories as one packed row (hf_logprobs.py); False: padded rows
     logprob_chunk_tokens: int = CHUNK_TOKENS  # tokens per chunk of the output head + log-softmax
     compile: bool = False  # torch.compile the decoder (dynamic shapes)
+    share_prefixes: bool = True  # run a micro-batch's common prefixes once (shared_prefix.py)
     routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's experts (routing_replay.py)
     lm_head_fp32: bool = False  # the output head in fp32 outside bf16 autocast (hf_logprobs.py)
 
@@ -84,6 +85,7 @@ class TorchRank:
             chunk_tokens=spec.logprob_chunk_tokens,
             compile=spec.compile,
             head_fp32=spec.lm_head_fp32,
+            share_prefixes=spec.share_prefixes,
         )
         self._routing = RoutingReplay.attach(model, replay=spec.routing_replay == "rollout")
         self._weight_group: tuple[dist.ProcessGroup, str] | None = None  # (group, backend) once joined
@@ -115,6 +117,13 @@ class TorchRank:
             proxy_fn=self._proxy,
             # the log-probs call the output head as a function of the decoder's last hidden state
             ghost_head=(self._lp.head, self._lp.decoder) if self._lp.plain_head else None,
+        )
+        # ghost norms read each trajectory's own activations, routing replay each token's own routes: no sharing
+        self._lp.share_prefixes = (
+            spec.share_prefixes
+            and self._lp.share_prefixes
+            and self._step.ghost is None
+            and self._routing is None
         )
 
     def _optimizer_starts(self, *_: Any) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from agent_rl.learners import shared_prefix
 from agent_rl.learners.packed_attention import NAME as PACKED
 from agent_rl.learners.packed_attention import use_packed_attention
 from agent_rl.learners.packed_linear_attention import use_packed_linear_attention
@@ -51,6 +52,7 @@ class HFLogprobs:
         chunk_tokens: int = CHUNK_TOKENS,
         compile: bool = False,
         head_fp32: bool = False,
+        share_prefixes: bool = False,
     ):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
         if pack and _has_linear_attention(base) and not use_packed_linear_attention(base):
@@ -75,6 +77,9 @@ class HFLogprobs:
             )
         self.compiled = compile
         self.head_fp32 = head_fp32
+        # shared-prefix packing (shared_prefix.py) needs our packed SDPA and eager layers; the ghost norms' per-row
+        # activations and routing replay's per-token routes turn it off from outside (TorchRank)
+        self.share_prefixes = share_prefixes and self.attention == PACKED and not compile
         self._run = torch.compile(self.decoder, dynamic=True) if compile else self.decoder
 
     def logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -92,7 +97,8 @@ class HFLogprobs:
     ) -> tuple[Tensor, Tensor | None]:
         if model is not self.model:
             raise ValueError("HFLogprobs: called with another model than the one it was built for")
-        at = _Layout.of(attention_mask)
+        share = self.share_prefixes and input_ids.shape[0] > 1
+        at = _Layout.of(attention_mask, input_ids if share else None)
         dev = input_ids.device
         # pred: [P] index into the flattened [B * T] rows of each position that predicts a token (position t - 1
         # of row b predicts t; both real under right padding), row by row
@@ -131,7 +137,13 @@ class HFLogprobs:
     def _hidden(self, input_ids: Tensor, at: _Layout) -> Tensor:
         """The decoder's last hidden state: [1, N, H] for the packed real tokens, or [B, T, H] per row."""
         rows, dev = input_ids.shape[0], input_ids.device
-        if self.pack and rows > 1:
+        if self.pack and rows > 1 and at.calls:  # prefixes shared: the attention runs the layout's calls
+            out = self._run(
+                input_ids=input_ids.flatten()[at.real.to(dev, non_blocking=True)][None],
+                position_ids=at.positions.to(dev, non_blocking=True)[None],
+                use_cache=False, packed_calls=at.calls,
+            )  # fmt: skip
+        elif self.pack and rows > 1:
             bounds = at.bounds  # Python ints: no read of the device here, nor in any layer
             longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
             cu = at.cu.to(dev, non_blocking=True)
@@ -158,21 +170,41 @@ class _Layout:
     packed_pred: Tensor  # [P] the same positions among the packed real tokens
     real: Tensor  # [N] the real tokens, row by row
     positions: Tensor  # [N] each real token's position in its row
-    cu: Tensor  # [B + 1] int32: where each row starts among the real tokens, and N
+    cu: Tensor  # [B + 1] int32: where each row starts among the real tokens, and N (empty when prefixes are shared)
     bounds: tuple[int, ...]  # cu as Python ints
+    calls: tuple[
+        shared_prefix.Call, ...
+    ] = ()  # the attention's calls when prefixes are shared (shared_prefix.py)
 
     @staticmethod
-    def of(attention_mask: Tensor) -> _Layout:
+    def of(attention_mask: Tensor, input_ids: Tensor | None = None) -> _Layout:
+        """`input_ids` given: with the rows' common prefixes shared (shared_prefix.py), read in the same read."""
         am, t = attention_mask > 0, attention_mask.shape[1]
-        *lengths, misplaced = torch.cat([am.sum(-1), (am[:, 1:] & ~am[:, :-1]).any().reshape(1)]).tolist()
+        head = torch.cat([am.sum(-1), (am[:, 1:] & ~am[:, :-1]).any().reshape(1)])
+        values = (
+            torch.cat([head, input_ids.flatten().to(head.dtype)]) if input_ids is not None else head
+        ).tolist()
+        *lengths, misplaced = values[: len(head)]
         if misplaced:
             raise ValueError(
                 "HFLogprobs: attention_mask rows must be right-padded (a real token follows padding)"
             )
-        real_rows, positions, starts = _runs(lengths)
-        cu = torch.cat([starts, torch.tensor([sum(lengths)])]).to(torch.int32)
         before_last = [max(n - 1, 0) for n in lengths]  # every real token but a row's last predicts one
         pred_rows, pred_positions, _ = _runs(before_last)
+        if input_ids is not None:
+            ids = values[len(head) :]
+            shared = shared_prefix.plan([ids[b * t : b * t + n] for b, n in enumerate(lengths)])
+            if shared.saved:
+                index = torch.tensor(
+                    [i for row, n in zip(shared.index, before_last, strict=True) for i in row[:n]]
+                )
+                src = torch.tensor(shared.sources, dtype=torch.long).reshape(-1, 2)
+                return _Layout(
+                    pred_rows * t + pred_positions, index, src[:, 0] * t + src[:, 1], src[:, 1],
+                    torch.zeros(0, dtype=torch.int32), (), shared.calls,
+                )  # fmt: skip
+        real_rows, positions, starts = _runs(lengths)
+        cu = torch.cat([starts, torch.tensor([sum(lengths)])]).to(torch.int32)
         return _Layout(
             pred_rows * t + pred_positions, starts[pred_rows] + pred_positions, real_rows * t + positions,
             positions, cu, tuple(itertools.accumulate(lengths, initial=0)),

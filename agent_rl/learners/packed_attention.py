@@ -38,11 +38,15 @@ def _attention(
     attention_mask: torch.Tensor | None,
     cu_seq_lens_q: torch.Tensor | None = None,
     packed_bounds: tuple[int, ...] | None = None,
+    packed_calls: tuple[tuple[str, int, int], ...] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """`packed_bounds`: cu_seq_lens_q as Python ints, when the caller has them (no device sync per layer)."""
+    """`packed_bounds`: cu_seq_lens_q as Python ints, when the caller has them (no device sync per layer);
+    `packed_calls`: a shared-prefix layout's calls instead (shared_prefix.py)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if packed_calls is not None:
+        return _shared(module, query, key, value, packed_calls, **kwargs), None
     if (cu_seq_lens_q is None and packed_bounds is None) or attention_mask is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if query.shape[0] != 1:
@@ -71,6 +75,49 @@ def _attention(
         out = sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0]  # [k, n, heads, head_dim]
         parts.append(out.reshape(1, n * k, *out.shape[2:]))  # causal within its document only
     return torch.cat(parts, dim=1), None
+
+
+def _shared(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    calls: tuple[tuple[str, int, int], ...],
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Attention over a shared-prefix packed row (shared_prefix.py): causal documents and prefixes as above; a run
+    of n members' suffixes of s tokens as a batch of n rows whose keys are the prefix's then their own, under a
+    [s, P + s] mask (all of the prefix, causal over the suffix). The prefix's keys and values go to every member's
+    call, so autograd sums its gradient over the members."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[0] != 1:
+        raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
+    sizes = [n * length for _, n, length in calls]
+    parts, prefix = [], None
+    for (kind, n, length), q, kk, v in zip(
+        calls, query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True
+    ):
+        q, kk, v = (_rows(x, n, length) for x in (q, kk, v))
+        mask = None
+        if kind == "suffix":
+            assert prefix is not None, "a suffix call follows its prefix"
+            pk, pv = prefix
+            kk = torch.cat([pk.expand(n, -1, -1, -1), kk], dim=2)
+            v = torch.cat([pv.expand(n, -1, -1, -1), v], dim=2)
+            mask = _suffix_mask(length, pk.shape[2], q.device)
+        elif kind == "prefix":
+            prefix = (kk, v)
+        out = sdpa_attention_forward(module, q, kk, v, mask, **kwargs)[0]  # [n, length, heads, head_dim]
+        parts.append(out.reshape(1, n * length, *out.shape[2:]))
+    return torch.cat(parts, dim=1)
+
+
+def _suffix_mask(s: int, p: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, s, p + s] bool (batch and heads broadcast), True where a suffix token may look: the whole prefix, and
+    its suffix up to itself."""
+    own = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+    return torch.cat([torch.ones(s, p, dtype=torch.bool, device=device), own], dim=1)[None, None]
 
 
 def _rows(x: torch.Tensor, k: int, n: int) -> torch.Tensor:

@@ -59,6 +59,7 @@ def rank_spec(spec: LearnerSpec) -> RankSpec:
         pack=lc.pack_sequences is not False,
         logprob_chunk_tokens=lc.logprob_chunk_tokens,
         compile=lc.compile,
+        share_prefixes=lc.share_prefixes,
         routing_replay=ac.routing_replay,
         lm_head_fp32=spec.model.lm_head_fp32,
     )

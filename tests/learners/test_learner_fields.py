@@ -17,7 +17,7 @@ VALUES: dict[str, object] = {
     "recompute_modules": ["mlp"], "micro_batch_size": 2, "micro_batch_tokens": 64,
     "pack_sequences": False,  # both pack by default
     "lora": {"torch": {"rank": 4}, "megatron": {"rank": 4}}, "mismatch_threshold": 0.2, "device": "cpu",
-    "logprob_chunk_tokens": 256, "compile": True, "proxy_hold_group": False,
+    "logprob_chunk_tokens": 256, "compile": True, "proxy_hold_group": False, "share_prefixes": False,
 }  # fmt: skip
 # What a field needs to be in effect at all (alone it is refused: e.g. recompute_method without recompute).
 NEEDS = {

@@ -116,7 +116,7 @@ def test_a_learner_step_learns_what_it_learned_before(tmp_path: Path) -> None:
     batch = collate(_groups(model_dir), sort_by_length=True).policy
     out = {}
     for reference in (True, False):
-        rk = rank(model_dir, 64)  # the same weights from the same directory
+        rk = rank(model_dir, 64)  # the same weights from the same directory; common prefixes not shared
         grads: dict[str, torch.Tensor] = {}  # what the optimizer steps on (after clipping)
         rk.optimizer.register_step_pre_hook(
             lambda *_, rk=rk, grads=grads: grads.update(
