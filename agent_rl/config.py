@@ -274,7 +274,8 @@ class LearnerConfig(Strict):
     """torch, packed: trajectories of a micro-batch that begin with the same tokens (a group's prompt) run those
     tokens once, and each one's own tokens attend to them (learners/shared_prefix.py); the same log-probs and
     gradient up to float rounding, less compute where prompts are a large share of the tokens. Off by itself
-    under exact OPOB with ghost norms, routing replay, compile and models with linear-attention layers."""
+    under exact OPOB with ghost norms, for MoE models (routing replay reads each token's route), under compile and
+    for models with linear-attention layers."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (torch learner; `pip install 'agent-rl[lora]'`)."""
     mismatch_threshold: float = Field(0.1, gt=0)

@@ -11,7 +11,7 @@ changing one thing at a time and measuring |Δ log p| over the sampled tokens:
 | dtype | the learner as configured against the learner in fp32 end to end (no autocast, fp32 head) |
 | lm head | the learner as configured against the same with `model.lm_head_fp32` flipped |
 | routing | MoE: the learner with the engine's routes replayed against its own routing |
-| packing | the micro-batch packed into one row against each trajectory scored alone |
+| packing | the micro-batch packed into one row (common prefixes shared, as configured) against each trajectory alone |
 | engine kernels | the engine's decode log-probs against its own prefill of the same tokens |
 
 Each row reports mean, max and RMS |Δ| and the share above 0.1; `--threshold [SOURCE=]RMS` makes the command exit
@@ -200,12 +200,19 @@ class Scorer:
         self.moe = RoutingReplay.attach(self.model, replay=True)
 
     def __call__(
-        self, *, dtype: str, head_fp32: bool, pack: bool, replay: bool, alone: bool = False
+        self,
+        *,
+        dtype: str,
+        head_fp32: bool,
+        pack: bool,
+        replay: bool,
+        share: bool = False,
+        alone: bool = False,
     ) -> torch.Tensor:
         from agent_rl.learners.hf_logprobs import HFLogprobs
         from agent_rl.learners.routing_replay import RouteBatch
 
-        lp = HFLogprobs(self.model, pack=pack, head_fp32=head_fp32)
+        lp = HFLogprobs(self.model, pack=pack, head_fp32=head_fp32, share_prefixes=share)
         rows = [slice(r, r + 1) for r in range(self.ids.shape[0])] if alone else [slice(None)]
         out = []
         for sl in rows:
@@ -241,7 +248,9 @@ def measure(recipe: Any, model_dir: Path, *, prompts: int, n: int, tokens: int) 
     dtype, head = recipe.learner.dtype, recipe.model.lm_head_fp32
     pack = recipe.learner.pack_sequences is not False
     replay = recipe.algorithm.routing_replay == "rollout"
-    cfg = dict(dtype=dtype, head_fp32=head, pack=pack, replay=replay and score.moe is not None)
+    # common prefixes shared as the torch learner shares them (never for MoE models: learners/_torch_rank.py)
+    share = recipe.learner.share_prefixes and score.moe is None
+    cfg = dict(dtype=dtype, head_fp32=head, pack=pack, replay=replay and score.moe is not None, share=share)
     learner = score(**cfg)
     m = sampled
     gaps = [Gap.of("total", "learner as configured vs engine decode", learner[m], mu[m])]
@@ -267,7 +276,8 @@ def measure(recipe: Any, model_dir: Path, *, prompts: int, n: int, tokens: int) 
         gaps.append(Gap.of("routing", "engine decode vs learner, replay off", own[m], mu[m]))
     alone = score(**(cfg | {"pack": True}), alone=True)
     packed = score(**(cfg | {"pack": True}))
-    gaps.append(Gap.of("packing", "packed micro-batch vs each trajectory alone", packed[m], alone[m]))
+    what = "packed micro-batch" + (", prefixes shared," if share else "") + " vs each trajectory alone"
+    gaps.append(Gap.of("packing", what, packed[m], alone[m]))
     if any(s.prefill is None for s in samples):
         gaps.append(Gap("engine kernels", "engine cannot score (no prefill log-probs)", note="n/a"))
     else:

@@ -283,7 +283,8 @@ def markdown(out: dict) -> str:
     busy = t.get("cores_busy", {})
     lines += [
         "",
-        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step after the first step"
+        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step "
+        + ("over the last half of the steps" if t.get("timed") == "last half" else "after the first step")
         + (
             ", in this invocation, candidates interleaved; **chosen** in bold"
             if t.get("same_invocation")

@@ -163,7 +163,7 @@ class HFLogprobs:
 @dataclass(frozen=True)
 class _Layout:
     """Where a right-padded micro-batch's tokens are, as host index tensors into its flattened [B*T] rows, from one
-    read of the device (the rows' lengths): gathering with them, unlike indexing with a boolean mask, does not make
+    read of the device (the rows' lengths, and their tokens when prefixes are shared): gathering with them, unlike indexing with a boolean mask, does not make
     the host wait for the device to count the mask's entries (tests/learners/test_packed_logprobs.py counts)."""
 
     pred: Tensor  # [P] the positions that predict a token (t - 1 for every real t >= 1), row by row
@@ -172,9 +172,8 @@ class _Layout:
     positions: Tensor  # [N] each real token's position in its row
     cu: Tensor  # [B + 1] int32: where each row starts among the real tokens, and N (empty when prefixes are shared)
     bounds: tuple[int, ...]  # cu as Python ints
-    calls: tuple[
-        shared_prefix.Call, ...
-    ] = ()  # the attention's calls when prefixes are shared (shared_prefix.py)
+    # the attention's calls when prefixes are shared (shared_prefix.py); empty otherwise
+    calls: tuple[shared_prefix.Call, ...] = ()
 
     @staticmethod
     def of(attention_mask: Tensor, input_ids: Tensor | None = None) -> _Layout:
@@ -196,7 +195,8 @@ class _Layout:
             shared = shared_prefix.plan([ids[b * t : b * t + n] for b, n in enumerate(lengths)])
             if shared.saved:
                 index = torch.tensor(
-                    [i for row, n in zip(shared.index, before_last, strict=True) for i in row[:n]]
+                    [i for row, n in zip(shared.index, before_last, strict=True) for i in row[:n]],
+                    dtype=torch.long,
                 )
                 src = torch.tensor(shared.sources, dtype=torch.long).reshape(-1, 2)
                 return _Layout(
