@@ -77,9 +77,12 @@ class HFLogprobs:
             )
         self.compiled = compile
         self.head_fp32 = head_fp32
-        # shared-prefix packing (shared_prefix.py) needs our packed SDPA and eager layers; the ghost norms' per-row
+        # shared-prefix packing (shared_prefix.py) needs our packed SDPA in every layer (a Gated DeltaNet layer's state
+        # runs along the packed row) and eager layers; the ghost norms' per-row
         # activations and routing replay's per-token routes turn it off from outside (TorchRank)
-        self.share_prefixes = share_prefixes and self.attention == PACKED and not compile
+        self.share_prefixes = (
+            share_prefixes and self.attention == PACKED and not compile and not _has_linear_attention(base)
+        )
         self._run = torch.compile(self.decoder, dynamic=True) if compile else self.decoder
 
     def logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -108,7 +108,7 @@ def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFi
         vs_trl.main(["--tune-steps", "0", "--plan"])
     assert vs_trl.main(["--plan"]) == 0
     out = capsys.readouterr().out
-    assert "tuning pass: 20 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert "tuning pass: 20 candidates x 10 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
 
 
 def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
@@ -182,7 +182,7 @@ def test_the_smollm2_plan_states_its_sizes(capsys: pytest.CaptureFixture) -> Non
     assert vs_trl.main(["--model", "smollm2", "--plan"]) == 0
     out = capsys.readouterr().out
     assert "SmolLM2-135M-Instruct, 4 prompt(s) x 8 samples a step, lr 1e-05" in out
-    assert "tuning pass: 20 candidates x 5 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert "tuning pass: 20 candidates x 10 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
     assert "scoring: 46 evaluations" in out  # checkpoints every 10 steps: 15 runs x 3, and the warm start
     assert vs_trl.main(["--model", "smollm2", "--quick", "--plan"]) == 0
     out = capsys.readouterr().out
