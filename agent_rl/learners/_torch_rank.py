@@ -120,10 +120,7 @@ class TorchRank:
         )
         # ghost norms read each trajectory's own activations, routing replay each token's own routes: no sharing
         self._lp.share_prefixes = (
-            spec.share_prefixes
-            and self._lp.share_prefixes
-            and self._step.ghost is None
-            and self._routing is None
+            self._lp.share_prefixes and self._step.ghost is None and self._routing is None
         )
 
     def _optimizer_starts(self, *_: Any) -> None:

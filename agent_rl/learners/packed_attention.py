@@ -22,10 +22,13 @@ transformers' SDPA unchanged, masks included.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from agent_rl.learners.shared_prefix import Call
 
 NAME = "agent_rl_packed_sdpa"
 
@@ -38,7 +41,7 @@ def _attention(
     attention_mask: torch.Tensor | None,
     cu_seq_lens_q: torch.Tensor | None = None,
     packed_bounds: tuple[int, ...] | None = None,
-    packed_calls: tuple[tuple[str, int, int], ...] | None = None,
+    packed_calls: tuple[Call, ...] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """`packed_bounds`: cu_seq_lens_q as Python ints, when the caller has them (no device sync per layer);
@@ -82,7 +85,7 @@ def _shared(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    calls: tuple[tuple[str, int, int], ...],
+    calls: tuple[Call, ...],
     **kwargs: Any,
 ) -> torch.Tensor:
     """Attention over a shared-prefix packed row (shared_prefix.py): causal documents and prefixes as above; a run

@@ -11,8 +11,8 @@ attention (packed_attention.py), not a dependency.
 
 `plan` sorts the rows lexicographically (rows with a common prefix become neighbours), then chooses where to cut
 the sorted rows into clusters by dynamic programming over the tokens saved: a cluster of m rows whose common prefix
-is P tokens saves (m - 1) P. A cluster shares only if P >= MIN_SHARED (below it the extra attention calls cost more
-than the tokens they save) and P is shorter than each member (every member keeps a token of its own). The packed
+is P tokens saves (m - 1) P. A cluster shares only if P >= MIN_SHARED (a heuristic, not measured: a shorter prefix
+saves a few tokens for extra attention calls) and P is shorter than each member (every member keeps a token of its own). The packed
 row is cluster after cluster: a lone row as it is, a shared cluster as its prefix, then each member's suffix.
 `Calls` tells the attention what to run (packed_attention.py): causal documents, a prefix, and runs of members'
 suffixes of one length attending to the last prefix and causally to themselves.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 MIN_SHARED = 8  # tokens; a shorter common prefix is not shared
 WINDOW = 256  # the most rows one cluster may hold (bounds the planning's work at B x WINDOW)
@@ -29,12 +30,12 @@ WINDOW = 256  # the most rows one cluster may hold (bounds the planning's work a
 # one attention call over a run of packed tokens: (kind, n, length); kind "causal": n documents of `length` tokens
 # each, causal within each; "prefix": one shared prefix of `length` tokens, causal; "suffix": n members' suffixes of
 # `length` tokens each, each attending to the last prefix and causally to itself
-Call = tuple[str, int, int]
+Call = tuple[Literal["causal", "prefix", "suffix"], int, int]
 
 
 @dataclass(frozen=True)
 class SharedLayout:
-    """Where each packed token comes from and what the attention runs, for rows of `lengths` tokens."""
+    """Where each packed token comes from and what the attention runs, for the rows `plan` was given."""
 
     sources: list[tuple[int, int]]  # per packed token: (row, position in the row)
     index: list[list[int]]  # per row, per position < its length: that token's place in the packed row
