@@ -283,8 +283,11 @@ def markdown(out: dict) -> str:
     busy = t.get("cores_busy", {})
     lines += [
         "",
-        f"Tuning pass ({t['steps']} steps per candidate, seed 0, median s/step "
-        + ("over the last half of the steps" if t.get("timed") == "last half" else "after the first step")
+        f"Tuning pass ({t['steps']} steps per candidate, seed 0, "
+        + {
+            "last half": "median s/step over the last half of the steps",
+            "last half, mean": "mean s/step over the last half of the steps",
+        }.get(t.get("timed", ""), "median s/step after the first step")  # fmt: skip
         + (
             ", in this invocation, candidates interleaved; **chosen** in bold"
             if t.get("same_invocation")
