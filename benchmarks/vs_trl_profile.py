@@ -250,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     if not trl_py.is_file():
         raise SystemExit(f"no TRL environment at {args.trl_venv}: run `bash scripts/setup_trl.sh` first")
     work.mkdir(parents=True, exist_ok=True)
-    prov = Provenance(
-        venvs={"trl": trl_py}
-    )  # before the warm start, whose SFT would be the load "at the start"
+    # before the warm start, whose SFT would be the load "at the start"
+    prov = Provenance(venvs={"trl": trl_py})
     log("warm start: the agent_arith pipeline's model + SFT (cached)")
     model = warm_start(work, scale=0.1 if args.quick else 1.0).resolve()
     by_key = {key(c): c for c in cells(args.quick)}

@@ -48,12 +48,14 @@ def _attention(
     `packed_calls`: a shared-prefix layout's calls instead (shared_prefix.py)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if packed_calls is not None:
-        return _shared(module, query, key, value, packed_calls, **kwargs), None
-    if (cu_seq_lens_q is None and packed_bounds is None) or attention_mask is not None:
+    if (
+        packed_calls is None and cu_seq_lens_q is None and packed_bounds is None
+    ) or attention_mask is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
+    if packed_calls is not None:
+        return _run_calls(module, query, key, value, packed_calls, **kwargs), None
     bounds = list(packed_bounds) if packed_bounds is not None else cu_seq_lens_q.tolist()  # type: ignore[union-attr]
     if torch.compiler.is_compiling():
         # learner.compile: one call per document, sliced out (inductor does not lower SDPA's backward on the batched
@@ -66,21 +68,10 @@ def _attention(
         ]
         return torch.cat(parts, dim=1), None
     runs = equal_runs([e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
-    sizes = [n * k for n, k in runs]
-    # split, not a slice per document: the backward of a slice writes its gradient into a zero tensor of the whole
-    # packed row, one per document, and autograd sums them (O(documents x tokens)); split's backward is one cat
-    parts = []
-    for (n, k), q, kk, v in zip(
-        runs, query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True
-    ):
-        # k documents of n tokens each as a batch of k rows [k, heads, n, head_dim]: one SDPA call
-        q, kk, v = (_rows(x, k, n) for x in (q, kk, v))
-        out = sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0]  # [k, n, heads, head_dim]
-        parts.append(out.reshape(1, n * k, *out.shape[2:]))  # causal within its document only
-    return torch.cat(parts, dim=1), None
+    return _run_calls(module, query, key, value, tuple(("causal", k, n) for n, k in runs), **kwargs), None
 
 
-def _shared(
+def _run_calls(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -88,14 +79,15 @@ def _shared(
     calls: tuple[Call, ...],
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Attention over a shared-prefix packed row (shared_prefix.py): causal documents and prefixes as above; a run
-    of n members' suffixes of s tokens as a batch of n rows whose keys are the prefix's then their own, under a
-    [s, P + s] mask (all of the prefix, causal over the suffix). The prefix's keys and values go to every member's
-    call, so autograd sums its gradient over the members."""
+    """The packed row cut into its calls with one split (not a slice per document: a slice's backward writes its
+    gradient into a zero tensor of the whole packed row, one per document, summed by autograd, O(documents x
+    tokens); split's backward is one cat). n documents of one length run as a batch of n rows [n, heads, length,
+    head_dim], one SDPA call, causal within each. A shared prefix (shared_prefix.py) runs the same way; a run of n
+    members' suffixes of s tokens runs as n rows whose keys are the last prefix's then their own, under a [s, P + s]
+    mask (all of the prefix, causal over the suffix): the prefix's keys and values go to every member's call, so
+    autograd sums its gradient over the members."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.shape[0] != 1:
-        raise ValueError(f"{NAME}: packed documents come as one row, got a batch of {query.shape[0]}")
     sizes = [n * length for _, n, length in calls]
     parts, prefix = [], None
     for (kind, n, length), q, kk, v in zip(
