@@ -56,6 +56,9 @@ class EngineConfig(Strict):
     """Embedded engines: requests decoded together (KV-cache slots)."""
     max_seq_len: int = Field(EngineOptions.max_seq_len, ge=16)
     """Embedded engines: prompt + output tokens per request (the KV cache's length)."""
+    copy_prefixes: bool = EngineOptions.copy_prefixes
+    """Embedded engines: a new prompt sharing a prefix with a running request's (a GRPO group's other members, a
+    system prompt) copies those keys instead of prefilling them. Off: for an A/B (benchmarks/engine_fork.py)."""
     weight_sync: Literal["memory", "disk", "nccl"] = "memory"
     """memory: tensors handed over in-process (same machine); disk: safetensors dir; nccl: torch.distributed
     broadcast from learner rank 0 into the engines (SGLang's weight group): NCCL on GPUs, gloo on CPU."""
@@ -70,7 +73,7 @@ class EngineConfig(Strict):
 
     def options(self, dtype: str, lm_head_fp32: bool = False) -> EngineOptions:
         """What each embedded engine is built with (`dtype`: model.dtype; `lm_head_fp32`: model.lm_head_fp32)."""
-        return EngineOptions(self.max_batch, self.max_seq_len, dtype, lm_head_fp32)
+        return EngineOptions(self.max_batch, self.max_seq_len, dtype, lm_head_fp32, self.copy_prefixes)
 
     @property
     def started_here(self) -> int:

@@ -4,6 +4,7 @@ the training loop (main thread) submits coroutines to it and waits on their resu
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Coroutine
@@ -24,7 +25,11 @@ class LoopThread:
         self.loop.call_soon_threadsafe(name_this_thread, "rollouts")  # the OS name too (a /proc profile)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the loop and return at once; its result (or exception) comes through the future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what is still running on the loop and let it unwind (its `finally` blocks and `async with`

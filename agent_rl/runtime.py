@@ -11,6 +11,7 @@ however we leave.
 
 from __future__ import annotations
 
+import concurrent.futures
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ import envs
 from agent_rl import checkpoint, hosts, placement
 from agent_rl.buffer import RolloutBuffer
 from agent_rl.config import ModelConfig, Recipe
+from agent_rl.engines.elastic import Engines
 from agent_rl.learners.api import Learner
 from agent_rl.loop_thread import LoopThread
 from agent_rl.rollout import build_rollouts
@@ -61,21 +63,37 @@ class Runtime:
             self.sandbox = envs.make_sandbox(self.spec)
             self._stack.callback(lambda: self.loop.call(self.sandbox.close()))
             self._stack.callback(lambda: self.loop.call(envs.close_shared_sandboxes()))  # + MCP tool servers
-            if with_learner:
-                from agent_rl.learners import build
-
-                cores = self.plan.cores.learner_ranks if self.plan.cores else None
-                self.learner = build(recipe.learner_spec, rank_cores=cores)
-                self._stack.callback(self.learner.close)
-            self.engines = self.loop.call(
-                hosts.start_engines(
-                    self.plan, recipe.engines, self.model, seed=recipe.train.seed, lora=recipe.learner.lora
-                )
+            start = partial(
+                hosts.start_engines, self.plan, recipe.engines, self.model, seed=recipe.train.seed,
+                lora=recipe.learner.lora,
+            )  # fmt: skip
+            # Embedded engine servers on cores of their own (topology processes) boot while the learner's process
+            # loads: nothing shared to race for, so start-up takes the slower of the two, not their sum. GPU
+            # engines (SGLang, vLLM) start after the learner, whose memory they then see as taken.
+            booting = (
+                self.loop.submit(start())
+                if self.plan.cores is not None and recipe.engines.type == "embedded"
+                else None
             )
-            self._stack.callback(lambda: self.loop.call(self._shutdown()))
+            try:
+                if with_learner:
+                    from agent_rl.learners import build
+
+                    cores = self.plan.cores.learner_ranks if self.plan.cores else None
+                    self.learner = build(recipe.learner_spec, rank_cores=cores)
+                    self._stack.callback(self.learner.close)
+            except BaseException:
+                if booting is not None:  # stopped with the rest below once they are up
+                    self._adopt(booting)
+                raise
+            self._adopt(booting or self.loop.submit(start()))
         except BaseException:
             self._stack.close()
             raise
+
+    def _adopt(self, started: concurrent.futures.Future[Engines]) -> None:
+        self.engines = started.result()
+        self._stack.callback(lambda: self.loop.call(self._shutdown()))
 
     def __enter__(self) -> Runtime:
         return self

@@ -49,6 +49,9 @@ class EngineOptions:
     """Weights and KV cache: float32, bfloat16 or float16."""
     lm_head_fp32: bool = False
     """The final norm's output and the LM head's matmul in fp32 (config.ModelConfig.lm_head_fp32)."""
+    copy_prefixes: bool = True
+    """A new prompt that shares a prefix with a running request's prompt copies those keys from its slot instead
+    of prefilling them (vLLM's prefix caching, over running requests; engines/embedded/prefixes.py)."""
 
 
 @dataclass(frozen=True)

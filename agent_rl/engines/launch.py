@@ -74,6 +74,8 @@ def launch_server(
         cmd += ["--cores", ",".join(map(str, cores))]
     if opts.lm_head_fp32:
         cmd += ["--lm-head-fp32"]
+    if not opts.copy_prefixes:
+        cmd += ["--no-copy-prefixes"]
     return start_server(
         cmd, lambda text: m.group(1) if (m := READY.search(text)) else None, timeout_s, log_path
     )

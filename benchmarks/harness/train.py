@@ -30,13 +30,20 @@ def run_logged(cmd: list[str], log: Path, name: str, env: dict | None = None) ->
 
 
 def train(
-    recipe: Path, sets: list[str], run_dir: Path, env: dict | None = None, name: str | None = None
+    recipe: Path,
+    sets: list[str],
+    run_dir: Path,
+    env: dict | None = None,
+    name: str | None = None,
+    cores: str | None = None,
 ) -> float:
     """One run into `run_dir` (emptied first; `logging.run_dir` set to it), its output in RUN_DIR.log beside it;
-    returns its wall seconds. A failed run stops the benchmark with one line naming the run (`name`) and its log."""
+    returns its wall seconds. `cores` ("0,1"): pinned there with taskset, its children too. A failed run stops the
+    benchmark with one line naming the run (`name`) and its log."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = train_command(recipe, [*sets, f"logging.run_dir={run_dir}"])
+    cmd = cmd if cores is None else ["taskset", "-c", cores, *cmd]
     return run_logged(cmd, run_dir.parent / f"{run_dir.name}.log", name or run_dir.name, env)
 
 

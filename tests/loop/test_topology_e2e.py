@@ -48,3 +48,39 @@ def test_processes_topology_trains_and_every_token_carries_the_version_that_samp
     # cumulative per step: every push after the first step aborted turns in flight
     aborts = [r["rollout/aborts"] for r in metrics]
     assert all(b > a for a, b in zip(aborts, aborts[1:], strict=False)), aborts
+
+
+def test_engine_servers_boot_while_the_learner_builds_and_stop_when_it_fails(
+    smoke_recipe, monkeypatch
+) -> None:
+    """Under `placement.topology: processes` the engine server starts beside the learner's process, not after it
+    (start-up is the slower of the two); a learner that fails to build leaves no engine server running."""
+    import threading
+
+    import psutil
+    import pytest
+
+    import agent_rl.learners
+    from agent_rl import hosts
+    from agent_rl.runtime import Runtime
+
+    entered = threading.Event()
+    real = hosts.start_engines
+
+    async def start_engines(*args, **kwargs):
+        entered.set()
+        return await real(*args, **kwargs)
+
+    def build(*args, **kwargs):
+        assert entered.wait(600), (
+            "the engines were not started while the learner was built"
+        )  # a guard, no timing
+        raise RuntimeError("the learner could not be built")
+
+    monkeypatch.setattr(hosts, "start_engines", start_engines)
+    monkeypatch.setattr(agent_rl.learners, "build", build)
+    recipe = smoke_recipe("placement.topology=processes", "engines.weight_sync=nccl")
+    with pytest.raises(RuntimeError, match="could not be built"):
+        Runtime(recipe, with_learner=True)
+    servers = [p for p in psutil.Process().children(recursive=True) if "agent_rl.engines.embedded.server" in " ".join(p.cmdline())]  # fmt: skip
+    assert servers == []

@@ -49,6 +49,18 @@ class KVCache:
         rows = slice(step.start, step.start + step.batch)
         return kc[rows, :, : step.key_len], vc[rows, :, : step.key_len]
 
+    @property
+    def forkable(self) -> bool:
+        """Whether a slot's first positions can be copied to another slot (`fork`): true for keys and values."""
+        return True
+
+    def fork(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot `src` into slot `dst` in every layer (a shared prompt's keys)."""
+        for buf in (*self.k, *self.v):
+            buf[dst, :, :length] = buf[src, :, :length]
+        if self.routes is not None:
+            self.routes.fork(src, dst, length)
+
     def swap(self, a: int, b: int, length: int) -> None:
         """Exchange the first `length` positions of slots a and b in every layer."""
         if a == b or length <= 0:

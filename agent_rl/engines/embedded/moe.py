@@ -94,6 +94,9 @@ class RoutingTable:
         ids.frombytes(self.ids[slot, : max(positions, 0)].contiguous().numpy().tobytes())
         return RoutedExperts(self.layers * self.top_k, ids)
 
+    def fork(self, src: int, dst: int, length: int) -> None:
+        self.ids[dst, :length] = self.ids[src, :length]
+
     def swap(self, a: int, b: int, length: int) -> None:
         if a == b or length <= 0:
             return

@@ -8,6 +8,12 @@ One `step()`: admit waiting requests into free slots (a slot whose cached tokens
 with the new prompt is preferred, and only the unshared suffix is prefilled), prefill them in one
 padded forward, then decode one token for every request that was already running.
 
+A new prompt that shares a longer prefix with a running request's prompt (a GRPO group's other members,
+a system prompt) copies those keys from its slot instead (`prefixes.PrefixIndex`, `KVCache.fork`). When the
+source is admitted in the same step, the copy waits for its prefill: the step prefills in two forwards,
+sources first, then the requests that copy from them (placed after them, so each forward's rows are packed
+slots), and samples every new row's first token after both.
+
 A scoring request (`Request.score_from`: log-probs of given tokens, a distillation teacher's call)
 is admitted and prefilled like any other, in the same batched forward; it reads the log-prob of
 every token from `score_from` on off that prefill and finishes without sampling. Its slot keeps the
@@ -34,6 +40,7 @@ from agent_rl.engines.api import BadRequest, EngineOptions, FinishReason, Genera
 from agent_rl.engines.embedded import constrained
 from agent_rl.engines.embedded.cache import KVCache
 from agent_rl.engines.embedded.loader import load_model
+from agent_rl.engines.embedded.prefixes import PrefixIndex, block_keys
 from agent_rl.engines.embedded.sampling import RowParams, TopList, sample
 from agent_rl.weights.tensors import copy_weights_, read_safetensors_dir
 
@@ -80,6 +87,8 @@ class Request:
     created: float = field(default_factory=time.monotonic)
     score_from: int | None = None  # scoring: return log-probs of prompt[score_from:], sample nothing
     scores: list[float] | None = None
+    blocks: list[int] = field(default_factory=list)  # prefixes.block_keys(prompt), when the cache can fork
+    source: Request | None = None  # the running request whose first cached_tokens keys this one copies
 
 
 @dataclass
@@ -106,6 +115,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.slots = [SlotState() for _ in range(max_batch)]
+        self.prefixes: PrefixIndex | None = (
+            PrefixIndex() if opts.copy_prefixes and self.cache.forkable else None
+        )
         self._clock = 0
         self._grammars: constrained.Grammars | None = None  # built at the first constrained request
 
@@ -144,6 +156,8 @@ class Scheduler:
         sp = req.sampling
         generator = None if sp.seed is None else torch.Generator().manual_seed(sp.seed)
         req.row = RowParams(sp.temperature, sp.top_p, sp.top_k, generator, req.top_n)
+        if self.prefixes is not None:
+            req.blocks = block_keys(req.prompt)
         if sp.constraint is not None:
             if self._grammars is None:
                 self._grammars = constrained.Grammars(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids)
@@ -183,6 +197,8 @@ class Scheduler:
         ) in self.slots:  # cached keys were computed by the old weights: never reuse them for a new prompt
             if not s.busy:
                 s.tokens = []
+        if self.prefixes is not None:  # nor copy a running request's
+            self.prefixes.clear()
 
     def has_work(self) -> bool:
         return bool(self.running) or (bool(self.waiting) and not self.paused)
@@ -203,30 +219,56 @@ class Scheduler:
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
-        budget = MAX_PREFILL_TOKENS
+        copies: list[Request] = []  # copy a prompt admitted in this step: placed after the others
         while self.waiting and not self.paused:
             dense = len(self.running)  # running requests hold slots 0..dense-1
-            if dense == self.max_batch:
+            if dense + len(copies) == self.max_batch:
                 break
             req = self.waiting[0]
-            slot, shared = self._pick_slot(range(dense, self.max_batch), req.prompt)
+            slot, shared = self._pick_slot(range(dense, self.max_batch - len(copies)), req.prompt)
+            source, forked = (
+                (None, 0) if self.prefixes is None else self.prefixes.find(req.prompt, req.blocks)
+            )
+            if forked <= shared:
+                source = None
             # The last prompt token is always fed, even when cached: its logits are needed (scoring: every
             # position from score_from - 1 on).
-            start = min(shared, (len(req.prompt) if req.score_from is None else req.score_from) - 1)
-            width = max([len(r.prompt) - r.cached_tokens for r in admitted] + [len(req.prompt) - start])
-            if admitted and width * (len(admitted) + 1) > budget:
+            start = min(
+                max(shared, forked), (len(req.prompt) if req.score_from is None else req.score_from) - 1
+            )
+            queued = [*admitted, *copies]
+            width = max([len(r.prompt) - r.cached_tokens for r in queued] + [len(req.prompt) - start])
+            if queued and width * (len(queued) + 1) > MAX_PREFILL_TOKENS:
                 break
             self.waiting.popleft()
-            self._swap(slot, dense)
-            req.slot, req.cached_tokens = dense, start
-            self.slots[dense] = SlotState(tokens=req.prompt[:start], busy=True)
+            req.cached_tokens, req.source = start, source
+            if source is not None and source in admitted:
+                copies.append(req)
+                continue
+            self._place(
+                req, slot if source is None else self._lru(range(dense, self.max_batch - len(copies)))
+            )
             admitted.append(req)
-            self.running.append(req)
-        return admitted
+        for req in copies:
+            self._place(req, self._lru(range(len(self.running), self.max_batch)))
+        return admitted + copies
+
+    def _place(self, req: Request, slot: int) -> None:
+        """Run `req` in the first free slot, moving `slot`'s cached keys there (those of its shared prefix)."""
+        dense = len(self.running)
+        self._swap(slot, dense)
+        req.slot = dense
+        self.slots[dense] = SlotState(tokens=req.prompt[: req.cached_tokens], busy=True)
+        self.running.append(req)
+        if self.prefixes is not None:
+            self.prefixes.add(req)
+
+    def _lru(self, free: range) -> int:
+        return min(free, key=lambda i: self.slots[i].last_used)
 
     def _pick_slot(self, free: range, prompt: list[int]) -> tuple[int, int]:
         """The free slot sharing the longest cached prefix with `prompt`, else the least recently used one."""
-        best, best_len = min(free, key=lambda i: self.slots[i].last_used), 0
+        best, best_len = self._lru(free), 0
         for i in free:
             n = self.cache.usable_prefix(self.slots[i].tokens, prompt)
             if n > best_len:
@@ -249,7 +291,32 @@ class Scheduler:
             r.slot = b if i == a else a
 
     def _prefill(self, reqs: list[Request]) -> None:
-        reqs = sorted(reqs, key=lambda r: r.slot)
+        """Prefill the admitted requests (those copying a prompt admitted with them in a second forward), then
+        sample each new row's first token and finish the scoring ones."""
+        later = [r for r in reqs if r.source is not None and r.source in reqs]
+        first = [r for r in reqs if r not in later]
+        rows: list[Request] = []
+        logits: list[torch.Tensor] = []
+        for group in (first, later):
+            if not group:
+                continue
+            for r in group:
+                if r.source is not None:
+                    self.cache.fork(r.source.slot, r.slot, r.cached_tokens)
+                    r.source = None  # copied: keep no reference to it
+            sampling, out = self._prefill_rows(sorted(group, key=lambda r: r.slot))
+            rows += sampling
+            logits += [out] if sampling else []
+        if rows:
+            self._sample_rows(rows, logits[0] if len(logits) == 1 else torch.cat(logits))
+        for r in reqs:
+            if r.score_from is not None:
+                self._finish(r, "stop", None)
+
+    def _prefill_rows(self, reqs: list[Request]) -> tuple[list[Request], torch.Tensor]:
+        """One padded forward over packed slots: the sampling rows and their last logits [n, V] (scoring rows
+        get `scores`)."""
+        self._check_packed(reqs)
         chunks = [r.prompt[r.cached_tokens :] for r in reqs]
         width = max(len(c) for c in chunks)
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
@@ -261,17 +328,14 @@ class Scheduler:
         last = torch.tensor([len(c) - 1 for c in chunks])
         key_len = min(self.max_seq_len, max(r.cached_tokens for r in reqs) + width)
         if all(r.score_from is None for r in reqs):
-            return self._forward_and_sample(reqs, tokens, positions, key_len, last)
+            return reqs, self.model(tokens, positions, reqs[0].slot, key_len, self.cache, last)
         hidden = self.model.hidden_states(tokens, positions, reqs[0].slot, key_len, self.cache, last)
-        scoring = [(i, r) for i, r in enumerate(reqs) if r.score_from is not None]
-        for i, r in scoring:
-            r.scores = self._score(r, hidden[i])
+        for i, r in enumerate(reqs):
+            if r.score_from is not None:
+                r.scores = self._score(r, hidden[i])
         rest = [i for i, r in enumerate(reqs) if r.score_from is None]
-        if rest:
-            at = torch.tensor(rest)
-            self._sample_rows([reqs[i] for i in rest], self.model.logits(hidden[at, last[at]]))
-        for _, r in scoring:
-            self._finish(r, "stop", None)
+        at = torch.tensor(rest, dtype=torch.long)
+        return [reqs[i] for i in rest], self.model.logits(hidden[at, last[at]]) if rest else hidden[:0, 0]
 
     def _score(self, r: Request, hidden: torch.Tensor) -> list[float]:
         """log p(prompt[t] | prompt[:t]) for t = score_from..n-1, from the row's hidden states (chunk positions,
@@ -296,9 +360,13 @@ class Scheduler:
         )
 
     def _forward_and_sample(self, reqs: list[Request], tokens, positions, key_len: int, last) -> None:
+        self._check_packed(reqs)
+        self._sample_rows(reqs, self.model(tokens, positions, reqs[0].slot, key_len, self.cache, last))
+
+    @staticmethod
+    def _check_packed(reqs: list[Request]) -> None:
         start = reqs[0].slot
         assert [r.slot for r in reqs] == list(range(start, start + len(reqs))), "rows must be packed slots"
-        self._sample_rows(reqs, self.model(tokens, positions, start, key_len, self.cache, last))
 
     def _sample_rows(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample one token per request from its row of logits [B, V]; append it and check for the end."""
@@ -342,6 +410,8 @@ class Scheduler:
         routes = None
         if r.routed_experts and self.cache.routes is not None and r in self.running:
             routes = self.cache.routes.read(r.slot, len(r.prompt) + len(r.tokens) - 1)
+        if self.prefixes is not None:
+            self.prefixes.remove(r)
         if r in self.running:
             self._clock += 1
             # Keys/values exist for the prompt and every output token but the last (never fed back).
@@ -366,6 +436,8 @@ class Scheduler:
             self._finish(r, "abort", None, error=f"engine step failed: {type(error).__name__}: {error}")
         for s in self.slots:
             s.tokens, s.busy = [], False
+        if self.prefixes is not None:
+            self.prefixes.clear()
 
 
 def _load_tokenizer(model_dir: str | Path):

@@ -270,7 +270,9 @@ async def serve(args: argparse.Namespace) -> None:
     auth.check_serve_bind(args.host, key, insecure=args.insecure, service="agent-rl serve")
     engine = EmbeddedEngine(
         args.model_dir,
-        EngineOptions(args.max_batch, args.max_seq_len, args.dtype, args.lm_head_fp32),
+        EngineOptions(
+            args.max_batch, args.max_seq_len, args.dtype, args.lm_head_fp32, not args.no_copy_prefixes
+        ),
         seed=args.seed,
     )
     app = build_app(
@@ -337,6 +339,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--lm-head-fp32",
         action="store_true",
         help="the final norm's output and the LM head's matmul in fp32 (a bf16 model; model.lm_head_fp32)",
+    )
+    p.add_argument(
+        "--no-copy-prefixes",
+        action="store_true",
+        help="prefill every prompt whole, never copying a running request's prompt keys (engines.copy_prefixes)",
     )
     p.add_argument("--served-model-name", default=None, help="OpenAI model id (default: MODEL_DIR as given)")
     p.add_argument(

@@ -179,6 +179,10 @@ class SparseCache(KVCache):
         n = len(cached)
         return n if 0 < n < len(prompt) and prompt[:n] == cached else 0
 
+    @property
+    def forkable(self) -> bool:  # a recurrent state holds a whole sequence, not a prefix of it
+        return self.linear is None
+
     def swap(self, a: int, b: int, length: int) -> None:
         super().swap(a, b, length)
         if self.linear is not None:
