@@ -112,6 +112,7 @@ bench: install system-deps smollm
 	$(PY) benchmarks/sandbox_bench.py
 	$(PY) benchmarks/engine_bench.py
 	$(PY) benchmarks/engine_packed_linears.py
+	$(PY) benchmarks/engine_fork.py
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/long_context.py
 	$(PY) benchmarks/packing.py

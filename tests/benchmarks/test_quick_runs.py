@@ -2,7 +2,8 @@
 user runs it, in its own process, into a scratch folder; its results file carries the provenance block, and
 `--from-results` gives back the same file and page from the quick run's own raw data.
 
-`topology` and `trajectory_log_bench` train (`agent-rl train` per cell, from a random tiny model): heavy. The other
+`topology` and `trajectory_log_bench` train (`agent-rl train` per cell, from a random tiny model), `engine_fork` too
+(from the agent_arith pipeline's small warm start, built in the test's work folder): heavy. The other
 benchmarks that train (`async_vs_sync`, `distill`, `moe_replay`) and `engine_bench` have their own `--quick` tests
 (make test-heavy), and so do the TRL ones (`vs_trl`, `vs_trl_profile`: test_vs_trl_quick.py, in .venv-trl) and the
 container one (`slow_tools`: tests/sandboxes/test_slow_tools_quick.py); docs/benchmarks/harness.md, "In CI"."""
@@ -78,7 +79,7 @@ def test_the_quick_run_writes_a_results_file_that_regenerates_from_its_runs(
 
 @pytest.mark.slow
 @pytest.mark.heavy  # `agent-rl train` runs (one per cell) from a random tiny model: make test-heavy
-@pytest.mark.parametrize("bench", ["topology", "trajectory_log_bench"])
+@pytest.mark.parametrize("bench", ["topology", "trajectory_log_bench", "engine_fork"])
 def test_the_quick_training_runs_write_a_results_file_that_regenerates_from_its_runs(
     tmp_path: Path, bench: str
 ) -> None:

@@ -113,7 +113,7 @@ BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step
               "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2",
               "engine_bench_smollm2_issue62_idle", "engine_bench_smollm2_issue62_idle_avx2", "vs_trl", "vs_trl_quick",
               "vs_trl_profile", "vs_trl_profile_quick", "learner_step_agent_arith", "learner_step_agent_arith_2threads",
-              "slow_tools_quick", "slow_tools", "slow_tools_bound"]  # fmt: skip
+              "slow_tools_quick", "slow_tools", "slow_tools_bound", "engine_fork"]  # fmt: skip
 MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named otherwise than its benchmark
     f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2", "idle", "idle_avx2")} | {
     "vs_trl_quick": "vs_trl", "vs_trl_profile_quick": "vs_trl_profile", "slow_tools_quick": "slow_tools",
@@ -125,7 +125,7 @@ MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named other
 def test_a_results_file_is_what_its_runs_give(tmp_path: Path, name: str) -> None:
     """`--from-results FILE` rewrites NAME.{json,md} from the committed file's own runs: the same numbers and words
     (the summaries of topology, trajectory_log_bench, vcpo_overhead, learner_step_opob, vs_trl, vs_trl_profile,
-    slow_tools and learner_step_agent_arith's ratios are recomputed from their runs; moe_replay's, orchestration's,
+    slow_tools, engine_fork and learner_step_agent_arith's ratios are recomputed from their runs; moe_replay's, orchestration's,
     env_bench's and mismatch's are kept, constrained_is's page is computed from its per-seed rows; each page is
     rendered from the JSON)."""
     module = __import__(MODULE.get(name, name))
