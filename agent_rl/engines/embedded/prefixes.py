@@ -15,12 +15,19 @@ admitted request and one insert/remove per request, all on the engine thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agent_rl.engines.embedded.scheduler import Request
+from typing import Generic, Protocol, TypeVar
 
 BLOCK = 16
+
+
+class Prompted(Protocol):
+    """What the index keeps: a request's prompt and its `block_keys` (scheduler.Request)."""
+
+    prompt: list[int]
+    blocks: list[int]
+
+
+R = TypeVar("R", bound=Prompted)
 
 
 def block_keys(tokens: list[int]) -> list[int]:
@@ -32,20 +39,20 @@ def block_keys(tokens: list[int]) -> list[int]:
     return keys
 
 
-class PrefixIndex:
+class PrefixIndex(Generic[R]):
     """Requests whose prompt keys are in the cache at the current weights, by prompt block."""
 
     def __init__(self) -> None:
-        self._by_key: dict[int, dict[Request, None]] = {}  # an insertion-ordered set per key
+        self._by_key: dict[int, dict[R, None]] = {}  # an insertion-ordered set per key
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def add(self, req: Request) -> None:
+    def add(self, req: R) -> None:
         for k in req.blocks:
             self._by_key.setdefault(k, {})[req] = None
 
-    def remove(self, req: Request) -> None:
+    def remove(self, req: R) -> None:
         for k in req.blocks:
             held = self._by_key.get(k)
             if held is not None:
@@ -56,7 +63,7 @@ class PrefixIndex:
     def clear(self) -> None:
         self._by_key.clear()
 
-    def find(self, prompt: list[int], keys: list[int]) -> tuple[Request | None, int]:
+    def find(self, prompt: list[int], keys: list[int]) -> tuple[R | None, int]:
         """The indexed request sharing the longest prefix with `prompt` (whose block keys are `keys`), and how
         many leading tokens they share; (None, 0) when no full block is shared."""
         source, n = None, 0

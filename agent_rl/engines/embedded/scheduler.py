@@ -115,7 +115,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.slots = [SlotState() for _ in range(max_batch)]
-        self.prefixes: PrefixIndex | None = (
+        self.prefixes: PrefixIndex[Request] | None = (
             PrefixIndex() if opts.copy_prefixes and self.cache.forkable else None
         )
         self._clock = 0
