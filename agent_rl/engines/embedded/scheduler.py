@@ -57,7 +57,7 @@ class Output:
     rid: str
     generation: Generation
     prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose KV came from a previous request's slot
+    cached_tokens: int  # prompt tokens whose KV came from a free slot or was copied from a running request
     matched: int | str | None  # the stop token id or stop string that ended it
     latency_s: float
     error: str | None = None  # engine failure: callers raise it rather than treat it as an abort
