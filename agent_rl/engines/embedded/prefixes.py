@@ -3,7 +3,7 @@ shares with one of them instead of prefilling it again.
 
 A GRPO group sends the same prompt n times at once, and every agent turn starts with the same system prompt:
 on agent_arith 64 % of the tokens the engine prefilled were a prompt another running request had just
-prefilled (benchmarks/engine_fork.py measures it). The index is vLLM's automatic prefix caching reduced to
+prefilled (counted by hand; benchmarks/engine_fork.py measures what copying them saves a training step). The index is vLLM's automatic prefix caching reduced to
 what a slot cache needs: each prompt is cut into BLOCK-token blocks, block i keyed by a hash chained over
 blocks 0..i (so a key names the whole prefix up to it), and a lookup walks the new prompt's keys until one is
 missing, then extends the match token by token inside the next block. A hit is checked against the source's
@@ -45,7 +45,7 @@ class PrefixIndex(Generic[R]):
     def __init__(self) -> None:
         self._by_key: dict[int, dict[R, None]] = {}  # an insertion-ordered set per key
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # blocks indexed (0: no request's prompt held)
         return len(self._by_key)
 
     def add(self, req: R) -> None:
