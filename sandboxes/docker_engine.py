@@ -34,16 +34,29 @@ LABEL_OWNER = "agent-rl.owner"
 # counts, not only the fork-server: while `docker exec` sets the fork-server up, its process is already in
 # the namespace under another command line, and a watchdog looking for the fork-server's command line
 # alone saw "started, none alive" in that window and stopped the container under it (CI, a busy machine).
-# Sandboxed processes left behind by a dead fork-server keep the container until their rlimits end them.
-WATCHDOG = (
+# The order of the two probes matters: "started" is read before "alive", so a process created between
+# them is seen alive. Read the other way round (as it was until CI failed so), an exec's first process
+# created after the alive probe and before the started probe read as "started, none alive", and the
+# container stopped under its fork-server before the handshake (tests/sandboxes/test_watchdog.py plays
+# every interleaving). Sandboxed processes left behind by a dead fork-server keep the container until
+# their rlimits end them. `watch` is plain Python of the image's interpreter: nothing of ours is there.
+WATCHDOG_LOOP = (
+    "def watch(started, alive, elapsed, sleep, patience=120.0):\n"
+    "    while True:\n"
+    "        seen = started()\n"
+    "        if not alive() and (seen or (elapsed() > patience and not started())):\n"
+    "            return\n"
+    "        sleep(1)\n"
+)
+WATCHDOG = WATCHDOG_LOOP + (
     "import os, time\n"
     "me, start = os.getpid(), time.monotonic()\n"
-    "def alive():\n"
-    "    return any(p.isdigit() and int(p) not in (1, me) for p in os.listdir('/proc'))\n"
-    "def started():\n"
-    "    return int(open('/proc/loadavg').read().split()[-1]) > me\n"
-    "while alive() or not (started() or time.monotonic() - start > 120):\n"
-    "    time.sleep(1)\n"
+    "watch(\n"
+    "    lambda: int(open('/proc/loadavg').read().split()[-1]) > me,\n"
+    "    lambda: any(p.isdigit() and int(p) not in (1, me) for p in os.listdir('/proc')),\n"
+    "    lambda: time.monotonic() - start,\n"
+    "    time.sleep,\n"
+    ")\n"
 )
 
 

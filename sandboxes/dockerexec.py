@@ -29,6 +29,7 @@ from sandboxes.worker import INSIDE_FORKSERVER, Transport, Worker
 
 DEFAULT_IMAGE = f"agent-rl-sandbox:py{sys.version_info.major}.{sys.version_info.minor}"
 _FRAME = struct.Struct(">BxxxL")
+_ERR_KEPT = 4000
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,18 @@ class DockerOptions:
     """Value of the containers' `agent-rl.run` label (default: the owning process, host:pid:start-time)."""
 
 
-async def _demux(raw: asyncio.StreamReader, out: asyncio.StreamReader) -> None:
-    """Docker multiplexes stdout/stderr of a non-tty exec into frames; keep stdout's bytes."""
+async def _demux(raw: asyncio.StreamReader, out: asyncio.StreamReader, err: bytearray) -> None:
+    """Docker multiplexes stdout/stderr of a non-tty exec into frames: stdout's bytes go to `out`, the last
+    `_ERR_KEPT` of stderr's to `err` (what the fork-server said if it dies before its handshake)."""
     try:
         while True:
             kind, size = _FRAME.unpack(await raw.readexactly(_FRAME.size))
             payload = await raw.readexactly(size)
             if kind == 1:
                 out.feed_data(payload)
+            elif kind == 2:
+                err += payload
+                del err[:-_ERR_KEPT]
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:
@@ -109,23 +114,46 @@ async def launch_docker(
     raw_sock.setblocking(False)
     raw_reader, writer = await asyncio.open_connection(sock=raw_sock)
     reader = asyncio.StreamReader(limit=1 << 26)
-    demux = asyncio.ensure_future(_demux(raw_reader, reader))
+    stderr = bytearray()
+    demux = asyncio.ensure_future(_demux(raw_reader, reader, stderr))
+
+    ready = False
+    post_mortem = ""  # what is known of a fork-server killed before its handshake
 
     async def kill() -> None:
+        nonlocal post_mortem
         with contextlib.suppress(OSError):
             writer.close()
         demux.cancel()
+        if not ready and not post_mortem:
+            post_mortem = await asyncio.to_thread(_post_mortem, container, stderr)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(container.remove, force=True)
 
     worker = Worker(Transport(reader, writer, kill, f"docker[{container.short_id}]"))
-    hello = await worker.handshake(30.0)
+    try:
+        hello = await worker.handshake(30.0)
+    except SandboxError as e:
+        raise SandboxError(f"{e}; {post_mortem}") from e
+    ready = True
     if hello.get("seccomp") != opts.seccomp:
         await worker.kill()
         raise SandboxError(
             f"docker backend: fork-server has seccomp={hello.get('seccomp')}, expected {opts.seccomp}"
         )
     return worker
+
+
+def _post_mortem(container: Any, stderr: bytearray) -> str:
+    """What is known of a fork-server that died before its handshake: its stderr and its container's state."""
+    try:
+        container.reload()
+        state = container.attrs.get("State", {})
+        where = f"its container was {state.get('Status')} (exit code {state.get('ExitCode')})"
+    except Exception as e:  # removed (auto_remove): it stopped
+        where = f"its container is gone ({type(e).__name__}: it stopped and the engine removed it)"
+    said = stderr.decode(errors="replace").strip() or "nothing"
+    return f"{where}; the fork-server's stderr said: {said}"
 
 
 def docker_sandbox(opts: DockerOptions, *, pool_size: int, limits: Limits, max_calls: int) -> PooledSandbox:
