@@ -33,9 +33,14 @@ Same for both systems: weights and tokenizer, prompts and their order (agent-rl'
 8 prompts x 8 samples, lr 2e-4 (the model's Job), --steps steps, token budgets, sandbox, reward, fp32.
 
 "As fast as it goes": before the cells, in the same invocation, a tuning pass (--tune-steps steps per
-candidate, 10 by default, seed 0, the candidates of all systems interleaved) runs every candidate configuration and
-keeps the fastest by its mean s/step over the last half of its steps (the early steps, before the policy calls the
-tool, mislead, and an async step's median misstates their sum: `tuned_s_per_step`): TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
+candidate: on the toy as many as the cells run, on SmolLM2 10; seed 0, the candidates of all systems interleaved)
+runs every candidate configuration and keeps the fastest by its mean s/step over the last half of its steps (the
+early steps, before the policy calls the tool, mislead, and an async step's median misstates their sum:
+`tuned_s_per_step`). The toy tunes on the cells' whole length because 10 steps misranked: on 2026-12-07 two idle
+invocations with 10-step candidates ranked k=2's learner micro-batches opposite ways (the whole step 0.71 s/step
+against 4's 0.80, then 0.96 against 0.79), while in their 30-step cells k=2 trained in 24 s a seed with the whole
+step and 32 s with 4 (k=0, the same configuration in both, 28 s and 30 s): the learner's share grows as the
+episodes grow tool calls, after step 10. Candidates: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
 or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), the whole step (64)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
@@ -142,6 +147,7 @@ class Job:
         float  # issue 62's goal for agent-rl async against the fastest TRL cell (the toy's: as before)
     )
     budget_s: float  # training seconds for "accuracy at a fixed wall-time budget"
+    tune_steps: int | None  # steps per tuning candidate; None: the cells' --steps
     # --plan's guesses: s/step of a tuned cell, s of start-up per process, s to score one checkpoint on 100 tasks
     s_per_step: float
     startup_s: float
@@ -169,7 +175,7 @@ JOBS = {
     # start-up a process, on a quiet machine); scoring one checkpoint on 100 tasks: a guess
     "tiny": Job(
         "tiny", "toy model", prompts=8, lr=2e-4, every=5, sft_scale=1.0, goal_speedup=GOAL_SPEEDUP,
-        budget_s=60.0, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=(0.04, 0.01),
+        budget_s=60.0, tune_steps=None, s_per_step=1.8, startup_s=8.0, eval_s=12.0, checkpoint_gb=(0.04, 0.01),
         # --quick in CI (make test-heavy): each cell's first and last candidate (the ends of every dimension: 1
         # thread in-process and the processes topology with the whole-step micro-batch; TRL 1 thread, 1
         # micro-batch and 2 threads, 8), 4 steps
@@ -184,7 +190,7 @@ JOBS = {
     # guesses: from the --quick run (docs/benchmarks/vs-trl-smollm2.md), scaled by samples per step.
     "smollm2": Job(
         "smollm2", "SmolLM2-135M-Instruct", prompts=4, lr=1e-5, every=10, sft_scale=0.04, goal_speedup=1.3,
-        budget_s=600.0, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=(2.2, 0.54),
+        budget_s=600.0, tune_steps=10, s_per_step=60.0, startup_s=30.0, eval_s=90.0, checkpoint_gb=(2.2, 0.54),
         quick_prompts=1, quick_sft_scale=0.01, quick_candidates=(0, 1), quick_sizes=(4, 2, 2, 30.0, 8),
     ),
 }  # fmt: skip
@@ -668,9 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tune-steps",
         type=int,
-        default=10,
+        default=None,
         help="steps per candidate in the tuning pass (at least 2: the first step is not timed; the last half "
-        "is timed)",
+        "is timed; default: toy as many as the cells' --steps, smollm2 10)",
     )
     p.add_argument(
         "--plan", action="store_true", help="print what would run and a length estimate; run nothing"
@@ -718,10 +724,12 @@ def main(argv: list[str] | None = None) -> int:
         args.eval_limit = args.eval_limit or quick_tasks
         args.job = replace(args.job, prompts=args.job.quick_prompts, sft_scale=args.job.quick_sft_scale)
     args.every, args.budget_s = args.every or args.job.every, args.budget_s or args.job.budget_s
+    if args.tune_steps is None:
+        args.tune_steps = args.job.tune_steps or args.steps
     if args.tune_steps < 2:
         raise SystemExit(
             f"--tune-steps {args.tune_steps}: the results carry the tuning pass of the invocation that measures, "
-            "and it needs at least 2 steps per candidate (the first is not timed); use 2 or more (default 5)"
+            "and it needs at least 2 steps per candidate (the first is not timed); use 2 or more"
         )
     if args.plan:
         print(plan(args))

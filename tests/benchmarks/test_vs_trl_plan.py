@@ -108,7 +108,9 @@ def test_an_invocation_without_a_tuning_pass_is_refused(capsys: pytest.CaptureFi
         vs_trl.main(["--tune-steps", "0", "--plan"])
     assert vs_trl.main(["--plan"]) == 0
     out = capsys.readouterr().out
-    assert "tuning pass: 20 candidates x 10 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert "tuning pass: 20 candidates x 30 steps" in out and "cells: 5 x 3 seed(s) x 30 steps" in out
+    assert vs_trl.main(["--plan", "--steps", "12"]) == 0  # the toy tunes on the cells' length, whatever it is
+    assert "tuning pass: 20 candidates x 12 steps" in capsys.readouterr().out
 
 
 def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
