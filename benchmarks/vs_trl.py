@@ -36,11 +36,13 @@ Same for both systems: weights and tokenizer, prompts and their order (agent-rl'
 candidate: on the toy as many as the cells run, on SmolLM2 10; seed 0, the candidates of all systems interleaved)
 runs every candidate configuration and keeps the fastest by its mean s/step over the last half of its steps (the
 early steps, before the policy calls the tool, mislead, and an async step's median misstates their sum:
-`tuned_s_per_step`). The toy tunes on the cells' whole length because 10 steps misranked: on 2026-12-07 two idle
-invocations with 10-step candidates ranked k=2's learner micro-batches opposite ways (the whole step 0.71 s/step
-against 4's 0.80, then 0.96 against 0.79), while in their 30-step cells k=2 trained in 24 s a seed with the whole
-step and 32 s with 4 (k=0, the same configuration in both, 28 s and 30 s): the learner's share grows as the
-episodes grow tool calls, after step 10. Candidates: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
+`tuned_s_per_step`). The toy tunes on the cells' whole length, so that each candidate is timed in the regime the
+cells run (the learner's share of a step grows as the episodes grow tool calls, after step 10). It did not settle
+what it was meant to: k=2's two learner micro-batches (4 and the whole step) came within about a tenth of each other
+in every invocation (over 30 steps as over 10; two 10-step passes ranked them opposite ways), while in the cells the
+whole step was the faster
+(docs/benchmarks/vs-trl.md, the three invocations of 2026-12-07); telling such close candidates apart needs more
+than one run each. Candidates: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
 or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), the whole step (64)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
