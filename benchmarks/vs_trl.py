@@ -34,15 +34,12 @@ Same for both systems: weights and tokenizer, prompts and their order (agent-rl'
 
 "As fast as it goes": before the cells, in the same invocation, a tuning pass (--tune-steps steps per
 candidate: on the toy as many as the cells run, on SmolLM2 10; seed 0, the candidates of all systems interleaved)
-runs every candidate configuration and keeps the fastest by its mean s/step over the last half of its steps (the
-early steps, before the policy calls the tool, mislead, and an async step's median misstates their sum:
-`tuned_s_per_step`). The toy tunes on the cells' whole length, so that each candidate is timed in the regime the
-cells run (the learner's share of a step grows as the episodes grow tool calls, after step 10). It did not settle
-what it was meant to: k=2's two learner micro-batches (4 and the whole step) came within about a tenth of each other
-in every invocation (over 30 steps as over 10; two 10-step passes ranked them opposite ways), while in the cells the
-whole step was the faster
-(docs/benchmarks/vs-trl.md, the three invocations of 2026-12-07); telling such close candidates apart needs more
-than one run each. Candidates: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
+runs every candidate configuration and keeps the fastest by `tuned_s_per_step`: on the toy, whose pass runs the
+cells' length, its mean s/step over every step but the first (the rate of the cells' training time); on a shorter
+pass, over the last half of its steps (the early steps, before the policy calls the tool, mislead, and an async
+step's median misstates their sum). Timing the last half of 30 steps instead put k=2's learner micro-batch of 4
+ahead of the whole step's, though the whole step's runs were the shorter over all their steps, and its cells the
+faster (docs/benchmarks/vs-trl.md, the invocations of 2026-12-07). Candidates: TRL {1, 2} torch threads x {1, 2, 4, 8} micro-batches (one choice for the three TRL
 cells: the loss and the lr schedule do not change what a step costs); agent-rl k=0 and k=2 {in-process with 1
 or 2 torch threads, the processes topology} x the learner's micro-batch {4 (the recipe's), the whole step (64)}. Both systems also skip what costs and does not train: agent-rl
 without the trajectory log and in-training eval, TRL without gradient checkpointing. Every candidate's median
@@ -478,10 +475,16 @@ def cell_record(run: Run, acc: dict[int, float], start_acc: float) -> dict:
 
 
 def tune(
-    cands: dict[str, list[Config]], model: Path, work: Path, steps: int, trl_py: Path, job: Job = JOBS["tiny"]
+    cands: dict[str, list[Config]],
+    model: Path,
+    work: Path,
+    steps: int,
+    trl_py: Path,
+    job: Job = JOBS["tiny"],
+    whole_run: bool = False,
 ) -> dict:
     """Run every candidate for `steps` steps (seed 0, interleaved across cells: benchmarks/harness/runner.py);
-    per cell, the fastest by mean s/step over the last half of its steps (`tuned_s_per_step`), with each
+    per cell, the fastest by `tuned_s_per_step` (`whole_run`: the pass runs the cells' length), with each
     candidate's cores busy. A candidate's
     checkpoints are deleted once it is measured: they are never scored (an agent-rl SmolLM2 one is 2.2 GB)."""
     busy: dict[str, float | None] = {}
@@ -499,9 +502,9 @@ def tune(
             log(f"  failed, left out of the choice: {failed[key]}")
             return None
         shutil.rmtree(d / "checkpoints", ignore_errors=True)
-        s = tuned_s_per_step([r["step_seconds"] for r in step_records(run)])
+        s = tuned_s_per_step([r["step_seconds"] for r in step_records(run)], whole_run)
         busy[key] = None if run.cpu_s is None else run.cpu_s / run.process_wall_s
-        log(f"  {s:.2f} s/step (mean over the last half)")
+        log(f"  {s:.2f} s/step (mean over {'all but the first step' if whole_run else 'the last half'})")
         return s
 
     t = harness_tune(cands, measure, label=lambda c: c.label)
@@ -513,16 +516,26 @@ def tune(
     }
 
 
-def tuned_s_per_step(step_seconds: list[float]) -> float:
-    """A candidate's figure: the mean step time over the last half of its steps (at least the last one after step
-    1). The job's steps lengthen as the policy learns to call the tool, and the early ones mislead: on 2026-12-07 a
+def tuned_s_per_step(step_seconds: list[float], whole_run: bool = False) -> float:
+    """A candidate's figure. `whole_run` (the pass runs as many steps as the cells): the mean step time after the
+    first, the rate of the cells' training time (its sum) less the first step's start-up. An async cell that starts
+    fast and ends slower is as fast as its sum says: on 2026-12-07 a pass timing the last half of 30 steps put k=2's
+    learner micro-batch of 4 ahead of the whole step's (1.10 against 1.15 s/step) while the whole step's runs were
+    the shorter ones over all their steps (1.03 against 1.07), and three seeds of each, interleaved (by hand, the same
+    hour), trained in less time with the whole step in every seed. Otherwise: the mean over the last half of its
+    steps (at least the last one after step 1). The job's steps lengthen as the policy learns to call the tool, and the early ones mislead: on 2026-12-07 a
     5-step pass (median after step 1) timed agent-rl k=2 in-process on 1 thread at 0.41 s/step and chose it; over
     30 steps it ran at 1.33 (its driver, engine and learner share one process as the episodes grow a tool call),
     while TRL's fastest went from 0.96 to 1.16. The mean, not the median: an async step alternates between waiting
     for generation and not, and a median of such steps misstates their sum, the training time (0.42 s median
     against 0.68 mean in the same run of vs_trl_profile)."""
-    later = step_seconds[max(1, len(step_seconds) // 2) :]
+    later = step_seconds[1 if whole_run else max(1, len(step_seconds) // 2) :]
     return sum(later) / len(later)
+
+
+def timed(whole_run: bool) -> str:
+    """What the tuning pass's figure is, as the results file says it (`tuning.timed`, vs_trl_report.py)."""
+    return "all but the first, mean" if whole_run else "last half, mean"
 
 
 def choose(cands: dict[str, list[Config]], seen: dict[str, float | None]) -> dict[str, Config]:
@@ -570,7 +583,8 @@ def run_cells(
     before the first run and after each, so an invocation stopped part way can still be scored (`--score-only`:
     the seeds whose every cell is in runs.jsonl, and the results say how many of the planned ones that is)."""
     cands = candidates(args.job, args.quick)
-    tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job)
+    whole_run = args.tune_steps == args.steps
+    tuned = tune(cands, model, args.work, args.tune_steps, trl_py, args.job, whole_run)
     trl = tuned["chosen"]["trl"]
     cells = [
         tuned["chosen"]["agent-rl k=0"],
@@ -592,7 +606,9 @@ def run_cells(
         "time_limit_min": args.time_limit_min,
         "tuning": {
             "steps": args.tune_steps,
-            "timed": "last half, mean",  # tuned_s_per_step: the mean over the last half of each candidate's steps
+            "timed": timed(
+                whole_run
+            ),  # tuned_s_per_step: which of each candidate's steps its figure averages
             "same_invocation": True,
             "median_s_per_step": tuned["s_per_step"],
             "cores_busy": tuned["cores_busy"],

@@ -287,6 +287,7 @@ def markdown(out: dict) -> str:
         + {
             "last half": "median s/step over the last half of the steps",
             "last half, mean": "mean s/step over the last half of the steps",
+            "all but the first, mean": "mean s/step over every step but the first (the cells' length)",
         }.get(t.get("timed", ""), "median s/step after the first step")  # fmt: skip
         + (
             ", in this invocation, candidates interleaved; **chosen** in bold"
