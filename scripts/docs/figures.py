@@ -355,9 +355,9 @@ def async_row() -> Row:
     )
 
 
-VS_TRL_EARLIER = ("vs_trl_mb64.json", "vs_trl_rerun.json")
-"""Earlier invocations of vs_trl.py committed beside vs_trl.json (the same job and cells; their tuning passes ran 10
-steps a candidate and chose k=2's learner micro-batch differently), oldest first."""
+VS_TRL_EARLIER = ("vs_trl_mb64.json", "vs_trl_rerun.json", "vs_trl_lasthalf.json")
+"""Earlier invocations of vs_trl.py committed beside vs_trl.json (the same job and cells; their tuning passes timed
+the last half of each candidate's steps, 10 or 30, and chose k=2's learner micro-batch differently), oldest first."""
 
 
 def _vs_trl_earlier() -> str:
@@ -385,7 +385,7 @@ def vs_trl_invocations() -> str:
         return f"{secs(d, cell)[0]:.0f}-{secs(d, cell)[-1]:.0f}"
 
     rows = [
-        "| invocation | tuning steps a candidate | k=2 processes, micro-batch 4 / whole step: tuned s/step | k=2 chose "
+        "| invocation | tuning: steps a candidate, timed | k=2 processes, micro-batch 4 / whole step: tuned s/step | k=2 chose "
         "| training s a seed: k=2 / fastest TRL cell / k=0 | k=2 sooner: training, whole-process |",
         "|---|---|---|---|---|---|",
     ]
@@ -400,7 +400,7 @@ def vs_trl_invocations() -> str:
             {name(c) for c in d["cells"] if c["system"] == "trl"}, key=lambda n: statistics.median(secs(d, n))
         )
         rows.append(
-            f"| [{d['date']}](../../benchmarks/results/{file.removesuffix('.json')}.md) | {d['tuning']['steps']} | "
+            f"| [{d['date']}](../../benchmarks/results/{file.removesuffix('.json')}.md) | {d['tuning']['steps']}, {d['tuning']['timed'].removesuffix(', mean')} | "
             f"{four:.2f} / {whole:.2f} | {'whole step' if chosen['learner_micro_batch'] else 'micro-batch 4'} | "
             f"{span(d, k)} / {span(d, trl)} / {span(d, 'agent-rl k=0')} | "
             f"{_ratio(h[k]['speedup_train'])}, {_ratio(h[k]['speedup_process'])} |"

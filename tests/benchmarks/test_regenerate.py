@@ -113,10 +113,10 @@ BENCHMARKS = ["topology", "trajectory_log_bench", "vcpo_overhead", "learner_step
               "engine_bench_smollm2_issue62_after", "engine_bench_smollm2_issue62_after_avx2",
               "engine_bench_smollm2_issue62_idle", "engine_bench_smollm2_issue62_idle_avx2", "vs_trl", "vs_trl_quick",
               "vs_trl_profile", "vs_trl_profile_quick", "learner_step_agent_arith", "learner_step_agent_arith_2threads",
-              "slow_tools_quick", "slow_tools", "slow_tools_bound", "engine_fork", "vs_trl_rerun", "vs_trl_mb64"]  # fmt: skip
+              "slow_tools_quick", "slow_tools", "slow_tools_bound", "engine_fork", "vs_trl_rerun", "vs_trl_mb64", "vs_trl_lasthalf"]  # fmt: skip
 MODULE = {"learner_step_opob": "learner_step"} | {  # a results file named otherwise than its benchmark
     f"engine_bench_smollm2_issue62_{x}": "engine_bench" for x in ("before", "after", "after_avx2", "idle", "idle_avx2")} | {
-    "vs_trl_quick": "vs_trl", "vs_trl_rerun": "vs_trl", "vs_trl_mb64": "vs_trl", "vs_trl_profile_quick": "vs_trl_profile", "slow_tools_quick": "slow_tools",
+    "vs_trl_quick": "vs_trl", "vs_trl_rerun": "vs_trl", "vs_trl_mb64": "vs_trl", "vs_trl_lasthalf": "vs_trl", "vs_trl_profile_quick": "vs_trl_profile", "slow_tools_quick": "slow_tools",
     "slow_tools_bound": "slow_tools",
     "learner_step_agent_arith_2threads": "learner_step_agent_arith"}  # fmt: skip
 
