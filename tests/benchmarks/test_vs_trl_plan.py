@@ -125,12 +125,16 @@ def test_the_tuning_pass_chooses_the_fastest_candidate_that_ran() -> None:
         vs_trl.choose(cands, seen)
 
 
-def test_a_pass_over_the_cells_length_times_every_step_but_the_first_and_a_shorter_one_its_last_half() -> None:
+def test_a_pass_over_the_cells_length_times_every_step_but_the_first_and_a_shorter_one_its_last_half() -> (
+    None
+):
     # an async candidate that starts fast and ends slow (sum 4+6 after the first) against a steady one (sum 10.5)
     fast_then_slow, steady = [9.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0], [9.0] + [1.75] * 6
     assert vs_trl.tuned_s_per_step(fast_then_slow, whole_run=True) == pytest.approx(10 / 6)
     assert vs_trl.tuned_s_per_step(steady, whole_run=True) == pytest.approx(1.75)  # slower over the whole run
-    assert vs_trl.tuned_s_per_step(fast_then_slow) == pytest.approx((1 + 1 + 3 + 3) / 4)  # steps 3..6: ranked last
+    assert vs_trl.tuned_s_per_step(fast_then_slow) == pytest.approx(
+        (1 + 1 + 3 + 3) / 4
+    )  # steps 3..6: ranked last
     assert vs_trl.tuned_s_per_step(steady) == pytest.approx(1.75)
     assert vs_trl.timed(True) != vs_trl.timed(False)
 

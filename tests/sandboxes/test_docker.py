@@ -170,7 +170,9 @@ def test_orphans_whose_owner_is_gone_are_removed_at_start(docker_host: str) -> N
                 c.remove(force=True)
 
 
-async def test_a_fork_server_that_dies_before_its_handshake_is_reported_with_its_stderr(docker_host: str) -> None:
+async def test_a_fork_server_that_dies_before_its_handshake_is_reported_with_its_stderr(
+    docker_host: str,
+) -> None:
     sb = sandboxes.create("docker", image=TEST_IMAGE, docker_host=docker_host, preload=["no_such_module_q"])
     with pytest.raises(SandboxError, match="(?s)stderr said: .*No module named 'no_such_module_q'"):
         await sb.start()
