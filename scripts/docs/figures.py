@@ -9,13 +9,13 @@ benchmarks/harness/stats.py, the one statistics module).
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from benchmarks.harness.stats import SEPARATED_AT_SE, Gap, mean_se
 from benchmarks.stress.level_b_fair_report import lr_text
+from benchmarks.vs_trl_report import cell_name
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -375,18 +375,15 @@ def vs_trl_invocations() -> str:
     """The committed invocations of vs_trl.py side by side: k=2's two processes-topology candidates in each tuning
     pass (the recipe's learner micro-batch and the whole step), what it chose, and each cell's training seconds."""
 
-    def name(c: dict) -> str:
-        return f"agent-rl k={c['k']}" if c["system"] == "agent-rl" else f"trl {c['loss']}"
-
     def secs(d: dict, cell: str) -> list[float]:
-        return sorted(c["train_seconds"] for c in d["cells"] if name(c) == cell)
+        return sorted(c["train_seconds"] for c in d["cells"] if cell_name(c) == cell)
 
     def span(d: dict, cell: str) -> str:
         return f"{secs(d, cell)[0]:.0f}-{secs(d, cell)[-1]:.0f}"
 
     rows = [
         "| invocation | tuning: steps a candidate, timed | k=2 processes, micro-batch 4 / whole step: tuned s/step | k=2 chose "
-        "| training s a seed: k=2 / fastest TRL cell / k=0 | k=2 sooner: training, whole-process |",
+        "| training s a seed: k=2 / the TRL cell it is set against / k=0 | k=2 sooner: training, whole-process |",
         "|---|---|---|---|---|---|",
     ]
     for file in (*VS_TRL_EARLIER, "vs_trl.json"):
@@ -396,13 +393,10 @@ def vs_trl_invocations() -> str:
         four = tune[f"{k}: default threads, processes"]
         whole = tune[f"{k}: default threads, processes, learner micro-batch {d['samples_per_step']}"]
         h = d["summary"]["headline"]
-        trl = min(
-            {name(c) for c in d["cells"] if c["system"] == "trl"}, key=lambda n: statistics.median(secs(d, n))
-        )
         rows.append(
             f"| [{d['date']}](../../benchmarks/results/{file.removesuffix('.json')}.md) | {d['tuning']['steps']}, {d['tuning']['timed'].removesuffix(', mean')} | "
             f"{four:.2f} / {whole:.2f} | {'whole step' if chosen['learner_micro_batch'] else 'micro-batch 4'} | "
-            f"{span(d, k)} / {span(d, trl)} / {span(d, 'agent-rl k=0')} | "
+            f"{span(d, k)} / {span(d, h['against'])} / {span(d, 'agent-rl k=0')} | "
             f"{_ratio(h[k]['speedup_train'])}, {_ratio(h[k]['speedup_process'])} |"
         )
     return "\n".join(rows)
