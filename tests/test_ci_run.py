@@ -4,6 +4,7 @@ copy of the script beside a Makefile whose targets only echo, so nothing heavy r
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,7 +22,14 @@ def _ci(tmp_path: Path, failing: str | None, *args: str) -> subprocess.Completed
         for t in ("test", "test-heavy", "test-harnesses")
     ]
     (tmp_path / "Makefile").write_text("".join(rules))
-    return subprocess.run(["bash", str(tmp_path / ".ci" / "run"), *args], capture_output=True, text=True)
+    # as CI starts it: not under a make of its own (`make test` runs this file: its MAKEFLAGS and MAKELEVEL would
+    # make the inner make print "Entering directory" lines)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    }
+    return subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run"), *args], capture_output=True, text=True, env=env
+    )
 
 
 def test_all_runs_the_three_jobs_in_order_and_prints_each_ones_time(tmp_path: Path) -> None:
