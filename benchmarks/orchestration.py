@@ -21,7 +21,7 @@ default: the merge base with main, i.e. before this branch's changes) and the cu
 driver per path and tree goes into the md. Results: benchmarks/results/orchestration.{json,md}.
 
 On benchmarks/harness: the rounds are `plan`'s seeds (cells rotated per round), each finished (cell, round) a line
-of WORK/runs.jsonl (`Runner`: a rerun resumes), medians and ranges from `stats.spread`, the provenance block and
+of --work's runs.jsonl (`Runner`: a rerun resumes), medians and ranges from `stats.spread`, the provenance block and
 the writer; `--from-results FILE` rewrites the JSON and markdown from a results file alone.
 """
 
@@ -228,13 +228,13 @@ class CpuSampler:
 
 
 # -- the driver of the benchmark ----------------------------------------------------------
-def _build_tokenizers() -> dict[str, Path]:
-    """The tiny tokenizers the main job and the agent example use (trained offline, cached under runs/)."""
+def _build_tokenizers(work: Path) -> dict[str, Path]:
+    """The tiny tokenizers the main job and the agent example use (trained offline, cached in `work`)."""
     from agent_rl.openai.templates import HERMES_TOOLS
     from agent_rl.tools.tiny import train_tokenizer
     from envs import tiny_arith
 
-    out = {"tir": WORK / "tok_tir", "agent": WORK / "tok_agent"}
+    out = {"tir": work / "tok_tir", "agent": work / "tok_agent"}
     if not (out["tir"] / "tokenizer.json").is_file():
         train_tokenizer(tiny_arith.corpus(), 512).save_pretrained(str(out["tir"]))
     if not (out["agent"] / "tokenizer.json").is_file():
@@ -252,12 +252,12 @@ def _build_tokenizers() -> dict[str, Path]:
     return out
 
 
-def _baseline_tree(ref: str) -> tuple[Path, str]:
-    """A git worktree of `ref` under runs/ (created once, kept at that commit)."""
+def _baseline_tree(ref: str, work: Path) -> tuple[Path, str]:
+    """A git worktree of `ref` in `work` (created once, kept at that commit)."""
     sha = subprocess.run(
         ["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
-    tree = WORK / f"base_{sha[:10]}"
+    tree = work / f"base_{sha[:10]}"
     if not (tree / "agent_rl").is_dir():
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
         subprocess.run(
@@ -302,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="rollout process counts of the current tree")
     p.add_argument("--paths", default="tir,agent")
     p.add_argument("--cell", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=WORK,
+        help=f"tokenizers, baseline tree and runs (default {WORK.relative_to(ROOT)})",
+    )
     results_args(p, "orchestration")
     quick_args(p, rounds=1, steps=1, agent_steps=1, warm=1, baseline="none")
     args = p.parse_args(argv)
@@ -312,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(_cell(c["path"], c["workers"], c["steps"], c["warm"], Path(c["tok"]), c["profile"]))
         print(json.dumps(out))
         return 0
-    WORK.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     prov = Provenance()
-    toks = _build_tokenizers()
+    toks = _build_tokenizers(args.work)
     trees = {"current": (ROOT, _head(ROOT))}
     if args.baseline != "none":
         ref = args.baseline
@@ -322,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             ref = subprocess.run(
                 ["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True, text=True, check=True
             ).stdout.strip()
-        trees["baseline"] = _baseline_tree(ref)
+        trees["baseline"] = _baseline_tree(ref, args.work)
     paths = args.paths.split(",")
     ns = [int(n) for n in args.workers.split(",")]
     grid = {f"{t}/{path}/workers={n}": (t, path, n)
@@ -337,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # one work folder per trees and settings measured (a dirty tree never resumes): a rerun resumes only those runs
     tag = "_".join(sha[:10] for _, sha in trees.values()) + ("_dirty" if commit().endswith("+dirty") else "")
-    work = WORK / f"{tag}_s{args.steps}_a{args.agent_steps}_w{args.warm}"
+    work = args.work / f"{tag}_s{args.steps}_a{args.agent_steps}_w{args.warm}"
     if tag.endswith("_dirty"):
         shutil.rmtree(work, ignore_errors=True)
     jobs = plan(list(grid), range(args.rounds))
